@@ -1,0 +1,242 @@
+/*
+ * hora.h: the C ABI of libhora, the only header hora installs.
+ *
+ * What it is for: every framework (PyTorch, JAX, NumPy through ctypes, a plain
+ * C program) reaches hora through these functions; tensors are described as
+ * DLPack DLTensors, so no framework headers or C++ types cross this boundary.
+ *
+ * Threads: any thread may call any function once a runtime exists. Collective
+ * calls only enqueue work and return a request handle; hora's background
+ * threads negotiate and run it. Completion callbacks run on a hora thread:
+ * they must be short and must not call hora_wait or any other blocking hora
+ * function.
+ *
+ * Errors: every function returns a hora_status_t (0 = success). On failure a
+ * one-line message naming what failed, where (rank, tensor, op) and what to
+ * try is available from hora_last_error_message() on the same thread until
+ * that thread's next hora call. A request that fails asynchronously stores its
+ * status and message on the request; hora_wait/hora_test copy the message into
+ * the calling thread's last-error slot when they report it.
+ *
+ * Compatibility: C99; enums are int32_t values that are only ever appended;
+ * config/options structs begin with struct_size and only grow at the end;
+ * hora_init() checks the header version against the library version.
+ */
+#ifndef HORA_HORA_H_
+#define HORA_HORA_H_
+
+#include <dlpack/dlpack.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hora/version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(HORA_BUILDING_LIBRARY)
+#define HORA_API __attribute__((visibility("default")))
+#else
+#define HORA_API
+#endif
+
+/* ---- status codes (values are ABI: append only) ---- */
+typedef int32_t hora_status_t;
+#define HORA_SUCCESS 0
+#define HORA_ERR_INVALID_ARGUMENT 1 /* bad argument; nothing else was disturbed */
+#define HORA_ERR_INVALID_USAGE 2    /* wrong moment: duplicate name in flight, wrong state */
+#define HORA_ERR_NOT_INITIALIZED 3
+#define HORA_ERR_SHUT_DOWN 4      /* the runtime shut down (or is shutting down) */
+#define HORA_ERR_SYSTEM 5         /* an OS call failed (socket, memory) */
+#define HORA_ERR_BACKEND 6        /* the data-plane library (Gloo) failed */
+#define HORA_ERR_REMOTE 7         /* a peer rank was lost or failed */
+#define HORA_ERR_TIMEOUT 8        /* a deadline passed; for hora_wait: still running */
+#define HORA_IN_PROGRESS 9        /* not an error: still running */
+#define HORA_ERR_NOT_SUPPORTED 10 /* e.g. GPU memory without a GPU backend */
+#define HORA_ERR_MISMATCH 11      /* ranks disagree about a tensor (shape, dtype, op...) */
+#define HORA_ERR_AUTH 12          /* rendezvous rejected the job secret */
+#define HORA_ERR_PROTOCOL 13      /* malformed message on the wire */
+#define HORA_ERR_INTERNAL 14      /* a bug in hora: please report it */
+#define HORA_STATUS_COUNT 15
+
+/* ---- reduction ops ---- */
+typedef int32_t hora_reduce_op_t;
+#define HORA_OP_SUM 0
+#define HORA_OP_AVERAGE 1
+#define HORA_OP_MIN 2
+#define HORA_OP_MAX 3
+#define HORA_OP_PRODUCT 4
+
+/* ---- opaque handles ---- */
+typedef struct hora_runtime_s* hora_runtime_t;
+typedef struct hora_process_set_s* hora_process_set_t;
+typedef struct hora_request_s* hora_request_t;
+
+/* ---- configuration ----
+ * Zero/NULL/-1 fields mean "take it from the HORA_* environment parameter,
+ * else the default" (see docs/params.md). Fill with hora_config_init(). */
+typedef struct hora_config {
+  uint32_t struct_size; /* sizeof(hora_config_t) of the caller's header */
+  int32_t rank;         /* -1: HORA_RANK, or OMPI_/PMI_/SLURM_ variables */
+  int32_t size;         /* -1: HORA_SIZE, ... */
+  int32_t local_rank;   /* -1: HORA_LOCAL_RANK, else derived */
+  int32_t local_size;
+  int32_t cross_rank;
+  int32_t cross_size;
+  const char* store_addr; /* NULL: HORA_STORE_ADDR */
+  int32_t store_port;     /* 0: HORA_STORE_PORT */
+  int32_t store_external; /* -1: HORA_STORE_EXTERNAL; 1: a launcher hosts the store */
+  const char* secret;     /* NULL: HORA_SECRET or HORA_SECRET_FILE */
+  const char* hostname;   /* NULL: HORA_HOSTNAME; address peers use to reach this rank */
+  /* Tunables; negative means "from environment/default". */
+  double cycle_time_ms;
+  int64_t fusion_threshold_bytes;
+  int32_t cache_capacity;
+  double stall_warning_time_s;
+  double stall_shutdown_time_s;
+  double peer_timeout_s;
+  double start_timeout_s;
+  const char* log_level; /* NULL: HORA_LOG_LEVEL */
+} hora_config_t;
+
+HORA_API void hora_config_init(hora_config_t* config);
+
+/* ---- lifecycle ---- */
+HORA_API hora_status_t hora_init_versioned(const hora_config_t* config, hora_runtime_t* out,
+                                           int32_t header_major, int32_t header_minor);
+/* Starts a runtime: rendezvous with every rank, start the background
+ * threads. Blocks until every rank arrived or start_timeout_s passed.
+ * config may be NULL (everything from the environment). */
+static inline hora_status_t hora_init(const hora_config_t* config, hora_runtime_t* out) {
+  return hora_init_versioned(config, out, HORA_VERSION_MAJOR, HORA_VERSION_MINOR);
+}
+/* Completes every pending request with HORA_ERR_SHUT_DOWN, stops the
+ * threads and frees the runtime. Requests stay valid until freed. Safe to
+ * call once per runtime; NULL is ignored. */
+HORA_API hora_status_t hora_shutdown(hora_runtime_t runtime);
+
+HORA_API void hora_get_version(int32_t* major, int32_t* minor, int32_t* patch);
+HORA_API const char* hora_status_string(hora_status_t status);
+HORA_API const char* hora_last_error_message(void);
+
+/* ---- identity ---- */
+HORA_API hora_status_t hora_rank(hora_runtime_t runtime, int32_t* out);
+HORA_API hora_status_t hora_size(hora_runtime_t runtime, int32_t* out);
+HORA_API hora_status_t hora_local_rank(hora_runtime_t runtime, int32_t* out);
+HORA_API hora_status_t hora_local_size(hora_runtime_t runtime, int32_t* out);
+HORA_API hora_status_t hora_cross_rank(hora_runtime_t runtime, int32_t* out);
+HORA_API hora_status_t hora_cross_size(hora_runtime_t runtime, int32_t* out);
+
+/* ---- process sets ----
+ * The global set contains every rank. hora_process_set_create is called by
+ * every member with the same sorted rank list (non-members need not call
+ * it); it blocks until all members joined or start_timeout_s passed. Each
+ * set has its own coordinator (its lowest rank) and can be used concurrently
+ * with the others. Ranks and roots in collectives are ranks within the set. */
+HORA_API hora_status_t hora_global_process_set(hora_runtime_t runtime, hora_process_set_t* out);
+HORA_API hora_status_t hora_process_set_create(hora_runtime_t runtime, const int32_t* ranks,
+                                               int32_t nranks, hora_process_set_t* out);
+HORA_API hora_status_t hora_process_set_destroy(hora_process_set_t set);
+HORA_API hora_status_t hora_process_set_rank(hora_process_set_t set, int32_t* out);
+HORA_API hora_status_t hora_process_set_size(hora_process_set_t set, int32_t* out);
+
+/* ---- collective options ---- */
+/* Called on a hora thread when a request completes (success or failure). */
+typedef void (*hora_callback_t)(void* user, hora_request_t request, hora_status_t status);
+/* Allocates output memory for results whose size is known only after
+ * negotiation (allgather, alltoall, reducescatter). Fill *data with a
+ * CPU pointer to nbytes bytes owned by the caller, return 0; non-zero fails
+ * the request. Called on a hora thread. */
+typedef int (*hora_alloc_t)(void* user, int32_t ndim, const int64_t* shape, DLDataType dtype,
+                            size_t nbytes, void** data);
+
+typedef struct hora_options {
+  uint32_t struct_size;
+  hora_process_set_t process_set; /* NULL: the global set */
+  const char* name;      /* must be the same on every rank; NULL: "<op>.noname.<n>" by call order */
+  hora_reduce_op_t op;   /* allreduce / reducescatter; default HORA_OP_SUM */
+  double prescale;       /* multiply inputs before reducing (default 1) */
+  double postscale;      /* multiply results after reducing (default 1) */
+  int32_t root;          /* broadcast root, rank within the set */
+  hora_callback_t callback;
+  void* callback_user;
+  hora_alloc_t alloc;    /* NULL: results go to a library-owned buffer (hora_request_output) */
+  void* alloc_user;
+} hora_options_t;
+
+HORA_API void hora_options_init(hora_options_t* options);
+
+/* ---- collectives (asynchronous) ----
+ * Inputs are read and outputs written on hora threads after the call
+ * returns: keep them alive and unmodified until the request completes.
+ * Tensors must be CPU memory, compact row-major (strides NULL or matching),
+ * with a supported dtype: uint8, int8, int16, int32, int64, float16, bfloat16,
+ * float32, float64, bool. On any non-success return no request was created. */
+
+/* out may equal in (in place). Same shape and dtype on every rank. */
+HORA_API hora_status_t hora_allreduce_async(hora_runtime_t runtime, const DLTensor* in,
+                                            DLTensor* out, const hora_options_t* options,
+                                            hora_request_t* request);
+/* n tensors completed as one request; they are negotiated and fused together.
+ * Names are "<options->name>.<i>" (or generated). */
+HORA_API hora_status_t hora_grouped_allreduce_async(hora_runtime_t runtime, int32_t n,
+                                                    const DLTensor* const* in,
+                                                    DLTensor* const* out,
+                                                    const hora_options_t* options,
+                                                    hora_request_t* request);
+/* Concatenates along dimension 0; the first dimension may differ per rank,
+ * the others must agree. Output: library-owned or through options->alloc. */
+HORA_API hora_status_t hora_allgather_async(hora_runtime_t runtime, const DLTensor* in,
+                                            const hora_options_t* options,
+                                            hora_request_t* request);
+/* In place: the root's tensor is copied into every rank's tensor. */
+HORA_API hora_status_t hora_broadcast_async(hora_runtime_t runtime, DLTensor* tensor,
+                                            const hora_options_t* options,
+                                            hora_request_t* request);
+/* splits[r] rows (dimension 0) go to rank r; splits NULL = equal split (dim 0
+ * must divide by the set size). nsplits must equal the set size. The
+ * received splits are available from hora_request_received_splits. */
+HORA_API hora_status_t hora_alltoall_async(hora_runtime_t runtime, const DLTensor* in,
+                                           const int64_t* splits, int32_t nsplits,
+                                           const hora_options_t* options,
+                                           hora_request_t* request);
+/* Reduces across ranks, then rank r keeps rows [start_r, start_r + n_r) of
+ * dimension 0, where ranks below (dim0 % size) get one extra row. op: sum or
+ * average. Output: library-owned or through options->alloc. */
+HORA_API hora_status_t hora_reducescatter_async(hora_runtime_t runtime, const DLTensor* in,
+                                                const hora_options_t* options,
+                                                hora_request_t* request);
+HORA_API hora_status_t hora_barrier_async(hora_runtime_t runtime, const hora_options_t* options,
+                                          hora_request_t* request);
+/* Declares that this rank has no more data (uneven inputs): until every rank
+ * has joined, this rank takes part in the others' allreduces contributing
+ * the op's identity (sum: zeros), and averages divide by the number of
+ * ranks that contributed. Completes when all ranks joined; the last rank to
+ * join is reported by hora_request_join_last_rank. Global set only. */
+HORA_API hora_status_t hora_join_async(hora_runtime_t runtime, const hora_options_t* options,
+                                       hora_request_t* request);
+
+/* ---- requests ---- */
+/* *done = 1 when finished. Returns the request's final status when done
+ * (message in hora_last_error_message), HORA_SUCCESS while running. */
+HORA_API hora_status_t hora_test(hora_request_t request, int32_t* done);
+/* Waits up to timeout_s seconds (negative: forever). HORA_ERR_TIMEOUT if
+ * still running (the request is unaffected), else the request's status. */
+HORA_API hora_status_t hora_wait(hora_request_t request, double timeout_s);
+/* For allgather/alltoall/reducescatter without options->alloc: the result,
+ * owned by the request (valid until hora_request_free). */
+HORA_API hora_status_t hora_request_output(hora_request_t request, const DLTensor** out);
+/* For alltoall: rows received from each rank (nsplits = set size). */
+HORA_API hora_status_t hora_request_received_splits(hora_request_t request, const int64_t** splits,
+                                                    int32_t* nsplits);
+HORA_API hora_status_t hora_request_join_last_rank(hora_request_t request, int32_t* rank);
+/* Releases the handle. A request still running keeps running: hora holds
+ * its own reference, but its callback and output are discarded. */
+HORA_API hora_status_t hora_request_free(hora_request_t request);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HORA_HORA_H_ */

@@ -1,0 +1,85 @@
+// The parts of the C ABI that need no runtime: version, status strings, the
+// thread-local last-error slot, and struct initializers.
+#include <cstring>
+#include <string>
+
+#include "c_api_internal.h"
+#include "hora/hora.h"
+
+namespace hora::capi {
+
+namespace {
+thread_local std::string tlsLastError;
+}
+
+hora_status_t setError(hora_status_t status, const std::string& message) {
+  tlsLastError = message;
+  return status;
+}
+
+hora_status_t setError(const Status& status) {
+  if (status.isOk()) return HORA_SUCCESS;
+  tlsLastError = status.message();
+  return static_cast<hora_status_t>(status.code());
+}
+
+void clearError() { tlsLastError.clear(); }
+
+}  // namespace hora::capi
+
+extern "C" {
+
+HORA_API void hora_get_version(int32_t* major, int32_t* minor, int32_t* patch) {
+  if (major) *major = HORA_VERSION_MAJOR;
+  if (minor) *minor = HORA_VERSION_MINOR;
+  if (patch) *patch = HORA_VERSION_PATCH;
+}
+
+HORA_API const char* hora_status_string(hora_status_t status) {
+  switch (status) {
+    case HORA_SUCCESS: return "success";
+    case HORA_ERR_INVALID_ARGUMENT: return "invalid argument: check the arguments named in hora_last_error_message()";
+    case HORA_ERR_INVALID_USAGE: return "invalid usage: the call is not valid now (duplicate name in flight, wrong state)";
+    case HORA_ERR_NOT_INITIALIZED: return "not initialized: call hora_init first";
+    case HORA_ERR_SHUT_DOWN: return "shut down: the runtime (or a peer) shut down; no more collectives can run";
+    case HORA_ERR_SYSTEM: return "system error: an OS call failed (network, memory, file)";
+    case HORA_ERR_BACKEND: return "backend error: the data-plane library failed";
+    case HORA_ERR_REMOTE: return "remote error: a peer rank was lost or failed; see the message for which";
+    case HORA_ERR_TIMEOUT: return "timeout: a deadline passed";
+    case HORA_IN_PROGRESS: return "in progress";
+    case HORA_ERR_NOT_SUPPORTED: return "not supported in this build or on this device";
+    case HORA_ERR_MISMATCH: return "mismatch: ranks submitted different requests for the same tensor";
+    case HORA_ERR_AUTH: return "authentication failed: check HORA_SECRET / HORA_SECRET_FILE";
+    case HORA_ERR_PROTOCOL: return "protocol error: malformed message (mixed hora versions or a stray client?)";
+    case HORA_ERR_INTERNAL: return "internal error: a bug in hora, please report it";
+    default: return "unknown status code";
+  }
+}
+
+HORA_API const char* hora_last_error_message(void) { return hora::capi::tlsLastError.c_str(); }
+
+HORA_API void hora_config_init(hora_config_t* c) {
+  if (!c) return;
+  std::memset(c, 0, sizeof(*c));
+  c->struct_size = sizeof(*c);
+  c->rank = c->size = c->local_rank = c->local_size = c->cross_rank = c->cross_size = -1;
+  c->store_external = -1;
+  c->cycle_time_ms = -1;
+  c->fusion_threshold_bytes = -1;
+  c->cache_capacity = -1;
+  c->stall_warning_time_s = -1;
+  c->stall_shutdown_time_s = -1;
+  c->peer_timeout_s = -1;
+  c->start_timeout_s = -1;
+}
+
+HORA_API void hora_options_init(hora_options_t* o) {
+  if (!o) return;
+  std::memset(o, 0, sizeof(*o));
+  o->struct_size = sizeof(*o);
+  o->op = HORA_OP_SUM;
+  o->prescale = 1.0;
+  o->postscale = 1.0;
+}
+
+}  // extern "C"

@@ -1,0 +1,422 @@
+#include "controllers/control_plane.h"
+
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "core/wire.h"
+
+namespace hora {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using SteadyClock = std::chrono::steady_clock;
+
+namespace {
+constexpr uint32_t kMaxFrameBytes = 64u << 20;
+constexpr char kHelloMagic[] = "hora-ctrl-v1";
+
+std::string randomToken() {
+  std::random_device rd;  // /dev/urandom on Linux
+  std::string out;
+  static const char* hex = "0123456789abcdef";
+  for (int i = 0; i < 32; ++i) out += hex[rd() & 15];
+  return out;
+}
+
+std::string frame(FrameType type, const std::string& payload) {
+  std::string f(5, '\0');
+  uint32_t len = static_cast<uint32_t>(payload.size() + 1);
+  std::memcpy(&f[0], &len, 4);
+  f[4] = static_cast<char>(type);
+  f += payload;
+  return f;
+}
+
+Result<tcp::endpoint> resolve(asio::io_context& io, const std::string& host, int port) {
+  boost::system::error_code ec;
+  auto addr = asio::ip::make_address(host, ec);
+  if (!ec) return tcp::endpoint(addr, static_cast<unsigned short>(port));
+  tcp::resolver resolver(io);
+  auto results = resolver.resolve(tcp::v4(), host, std::to_string(port), ec);
+  if (ec || results.empty())
+    return systemError("cannot resolve host '" + host + "': " + ec.message() +
+                       " (set HORA_HOSTNAME to an address the other ranks can reach)");
+  return results.begin()->endpoint();
+}
+
+// Runs handlers on this thread until done() or the deadline.
+bool runUntil(asio::io_context& io, const std::function<bool()>& done, SteadyClock::time_point deadline) {
+  while (!done()) {
+    auto now = SteadyClock::now();
+    if (now >= deadline) return false;
+    io.restart();
+    io.run_for(std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(50)));
+  }
+  return true;
+}
+}  // namespace
+
+const char* frameTypeName(FrameType t) {
+  switch (t) {
+    case FrameType::kHello: return "hello";
+    case FrameType::kWelcome: return "welcome";
+    case FrameType::kRequests: return "requests";
+    case FrameType::kResponses: return "responses";
+    case FrameType::kNack: return "nack";
+    case FrameType::kHeartbeat: return "heartbeat";
+    case FrameType::kAbort: return "abort";
+    case FrameType::kGoodbye: return "goodbye";
+  }
+  return "unknown";
+}
+
+struct ControlPlane::Peer {
+  explicit Peer(asio::io_context& io) : sock(io) {}
+  int rank = -1;
+  tcp::socket sock;
+  std::string addr;
+  std::deque<std::string> outq;
+  bool writing = false;
+  bool lost = false;
+  char hdr[5];
+  std::string body;
+  SteadyClock::time_point lastHeard = SteadyClock::now();
+};
+
+ControlPlane::ControlPlane(ControlPlaneOptions options, Logger logger)
+    : opts_(std::move(options)), logger_(std::move(logger)), timer_(io_) {}
+
+ControlPlane::~ControlPlane() {
+  boost::system::error_code ec;
+  for (auto& p : peers_)
+    if (p) p->sock.close(ec);
+}
+
+std::string ControlPlane::peerName(int peer) const {
+  int global = peer < static_cast<int>(opts_.globalRanks.size()) ? opts_.globalRanks[peer] : peer;
+  std::string s = "rank " + std::to_string(global);
+  if (opts_.setName != "global") s += " (rank " + std::to_string(peer) + " of set " + opts_.setName + ")";
+  if (peer >= 0 && peer < static_cast<int>(peers_.size()) && peers_[peer] && !peers_[peer]->addr.empty())
+    s += " at " + peers_[peer]->addr;
+  return s;
+}
+
+Result<std::unique_ptr<ControlPlane>> ControlPlane::create(std::shared_ptr<Store> store,
+                                                           ControlPlaneOptions options,
+                                                           Logger logger) {
+  std::unique_ptr<ControlPlane> cp(new ControlPlane(std::move(options), std::move(logger)));
+  if (cp->opts_.size > 1) {
+    Status s = cp->isCoordinator() ? cp->rendezvousCoordinator(*store) : cp->rendezvousWorker(*store);
+    if (!s.isOk()) return s;
+  }
+  return cp;
+}
+
+Status ControlPlane::rendezvousCoordinator(Store& store) {
+  auto ep = resolve(io_, opts_.hostname, 0);
+  if (!ep.isOk()) return ep.status();
+  tcp::acceptor acceptor(io_);
+  boost::system::error_code ec;
+  acceptor.open(ep.value().protocol(), ec);
+  if (!ec) acceptor.bind(ep.value(), ec);
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec)
+    return systemError("coordinator of set " + opts_.setName + " cannot listen on " +
+                       opts_.hostname + ": " + ec.message() +
+                       " (set HORA_HOSTNAME to a local address other ranks can reach)");
+  std::string token = randomToken();
+  int port = acceptor.local_endpoint().port();
+  HORA_RETURN_IF_ERROR(store.set("ctrl", opts_.hostname + " " + std::to_string(port) + " " + token));
+
+  peers_.assign(opts_.size, nullptr);
+  int connected = 0;
+  std::function<void()> acceptNext;
+  acceptNext = [&]() {
+    auto p = std::make_shared<Peer>(io_);
+    acceptor.async_accept(p->sock, [&, p](boost::system::error_code aec) {
+      if (aec) return;
+      boost::system::error_code e2;
+      auto remote = p->sock.remote_endpoint(e2);
+      p->addr = e2 ? "?" : remote.address().to_string() + ":" + std::to_string(remote.port());
+      p->sock.set_option(tcp::no_delay(true), e2);
+      acceptNext();
+      // Hello: u32 len, u8 type, then magic, i32 rank, token.
+      asio::async_read(p->sock, asio::buffer(p->hdr, 5), [&, p](boost::system::error_code rec, size_t) {
+        uint32_t len = 0;
+        std::memcpy(&len, p->hdr, 4);
+        if (rec || static_cast<FrameType>(p->hdr[4]) != FrameType::kHello || len < 2 || len > 4096) {
+          HORA_LOG(logger_, kWarning) << "control plane of set " << opts_.setName
+                                      << ": rejected connection from " << p->addr
+                                      << ": not a hora hello (stray client or port scan?)";
+          return;
+        }
+        p->body.resize(len - 1);
+        asio::async_read(p->sock, asio::buffer(&p->body[0], len - 1), [&, p](boost::system::error_code rec2, size_t) {
+          if (rec2) return;
+          ByteReader rd(p->body);
+          std::string magic, tok;
+          int32_t rank = -1;
+          Status s = rd.str(&magic, "magic", 64);
+          if (s.isOk()) s = rd.i32(&rank, "rank");
+          if (s.isOk()) s = rd.str(&tok, "token", 256);
+          std::string why;
+          if (!s.isOk() || magic != kHelloMagic) why = "malformed hello";
+          else if (tok != token) why = "wrong session token";
+          else if (rank <= 0 || rank >= opts_.size) why = "rank " + std::to_string(rank) + " out of range";
+          else if (peers_[rank]) why = "rank " + std::to_string(rank) + " connected twice";
+          if (!why.empty()) {
+            HORA_LOG(logger_, kWarning) << "control plane of set " << opts_.setName
+                                        << ": rejected connection from " << p->addr << ": " << why;
+            boost::system::error_code ce;
+            p->sock.close(ce);
+            return;
+          }
+          p->rank = rank;
+          peers_[rank] = p;
+          ++connected;
+        });
+      });
+    });
+  };
+  acceptNext();
+  auto deadline = SteadyClock::now() + opts_.startTimeout;
+  bool ok = runUntil(io_, [&] { return connected == opts_.size - 1; }, deadline);
+  acceptor.close(ec);
+  io_.restart();
+  io_.poll();  // let the cancelled accept finish while its captures are alive
+  if (!ok) {
+    std::string missing;
+    for (int r = 1; r < opts_.size; ++r)
+      if (!peers_[r]) missing += (missing.empty() ? "" : ",") + std::to_string(opts_.globalRanks.empty() ? r : opts_.globalRanks[r]);
+    return timeoutError("process set " + opts_.setName + ": ranks " + missing +
+                        " did not connect to the coordinator within " +
+                        std::to_string(opts_.startTimeout.count() / 1000) +
+                        " s (HORA_START_TIMEOUT_S): were they started, with the same HORA_SIZE and store?");
+  }
+  for (int r = 1; r < opts_.size; ++r) {
+    std::string f = frame(FrameType::kWelcome, "");
+    asio::write(peers_[r]->sock, asio::buffer(f), ec);
+    if (ec) return systemError("cannot welcome " + peerName(r) + ": " + ec.message());
+  }
+  return Status::ok();
+}
+
+Status ControlPlane::rendezvousWorker(Store& store) {
+  auto value = store.get("ctrl", opts_.startTimeout);
+  if (!value.isOk())
+    return value.status().withContext("process set " + opts_.setName +
+                                      ": waiting for the coordinator's address");
+  std::istringstream is(value.value());
+  std::string host, token;
+  int port = 0;
+  is >> host >> port >> token;
+  if (host.empty() || port <= 0 || token.empty())
+    return protocolError("malformed coordinator address in store: '" + value.value() + "'");
+  auto ep = resolve(io_, host, port);
+  if (!ep.isOk()) return ep.status();
+  auto p = std::make_shared<Peer>(io_);
+  p->rank = 0;
+  p->addr = host + ":" + std::to_string(port);
+  peers_.assign(1, p);
+  auto deadline = SteadyClock::now() + opts_.startTimeout;
+  boost::system::error_code ec;
+  for (;;) {
+    bool finished = false;
+    p->sock.async_connect(ep.value(), [&](boost::system::error_code cec) {
+      ec = cec;
+      finished = true;
+    });
+    if (!runUntil(io_, [&] { return finished; }, deadline)) {
+      p->sock.close(ec);
+      io_.restart();
+      io_.poll();
+      return timeoutError("could not connect to the coordinator of set " + opts_.setName + " at " +
+                          p->addr + " within the start timeout");
+    }
+    if (!ec) break;
+    p->sock.close(ec);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (SteadyClock::now() >= deadline)
+      return timeoutError("could not connect to the coordinator of set " + opts_.setName + " at " +
+                          p->addr + ": " + ec.message());
+  }
+  p->sock.set_option(tcp::no_delay(true), ec);
+  ByteWriter w;
+  w.str(kHelloMagic);
+  w.i32(opts_.rank);
+  w.str(token);
+  std::string f = frame(FrameType::kHello, w.take());
+  asio::write(p->sock, asio::buffer(f), ec);
+  if (ec) return systemError("cannot say hello to the coordinator at " + p->addr + ": " + ec.message());
+  bool got = false;
+  boost::system::error_code rec;
+  asio::async_read(p->sock, asio::buffer(p->hdr, 5), [&](boost::system::error_code e, size_t) {
+    rec = e;
+    got = true;
+  });
+  if (!runUntil(io_, [&] { return got; }, deadline)) {
+    p->sock.close(ec);
+    io_.restart();
+    io_.poll();
+    return timeoutError("the coordinator of set " + opts_.setName + " at " + p->addr +
+                        " did not welcome rank " + std::to_string(opts_.rank) +
+                        " before the start timeout (are other ranks missing?)");
+  }
+  if (rec || static_cast<FrameType>(p->hdr[4]) != FrameType::kWelcome)
+    return protocolError("the coordinator at " + p->addr + " refused rank " + std::to_string(opts_.rank) +
+                         (rec ? ": " + rec.message() : ""));
+  return Status::ok();
+}
+
+void ControlPlane::start(ControlPlaneCallbacks callbacks) {
+  cb_ = std::move(callbacks);
+  io_.restart();
+  work_ = std::make_unique<asio::executor_work_guard<asio::io_context::executor_type>>(io_.get_executor());
+  for (auto& p : peers_)
+    if (p) {
+      p->lastHeard = SteadyClock::now();
+      readHeader(p);
+    }
+  if (opts_.size > 1) tick();
+}
+
+void ControlPlane::run() { io_.run(); }
+
+void ControlPlane::stop() {
+  asio::post(io_, [this] {
+    boost::system::error_code ec;
+    timer_.cancel();
+    for (auto& p : peers_)
+      if (p) p->sock.close(ec);
+    work_.reset();
+    io_.stop();
+  });
+}
+
+void ControlPlane::readHeader(std::shared_ptr<Peer> p) {
+  asio::async_read(p->sock, asio::buffer(p->hdr, 5), [this, p](boost::system::error_code ec, size_t) {
+    if (p->lost) return;
+    if (ec) {
+      lose(p, Status(Code::kRemoteError,
+                     peerName(p->rank) + " closed its control connection (" + ec.message() +
+                         "): the process exited, crashed or was killed"));
+      return;
+    }
+    uint32_t len = 0;
+    std::memcpy(&len, p->hdr, 4);
+    uint8_t type = static_cast<uint8_t>(p->hdr[4]);
+    if (len < 1 || len > kMaxFrameBytes || type < 1 || type > 8) {
+      lose(p, protocolError("malformed control frame from " + peerName(p->rank) + " (type " +
+                            std::to_string(type) + ", length " + std::to_string(len) +
+                            "): is a different program or hora version talking to this port?"));
+      return;
+    }
+    readBody(p, len - 1);
+  });
+}
+
+void ControlPlane::readBody(std::shared_ptr<Peer> p, uint32_t len) {
+  p->body.resize(len);
+  auto buf = len ? asio::buffer(&p->body[0], len) : asio::buffer(p->hdr, 0);
+  asio::async_read(p->sock, buf, [this, p](boost::system::error_code ec, size_t) {
+    if (p->lost) return;
+    if (ec) {
+      lose(p, Status(Code::kRemoteError, peerName(p->rank) + " closed its control connection mid-message (" +
+                                             ec.message() + ")"));
+      return;
+    }
+    p->lastHeard = SteadyClock::now();
+    auto type = static_cast<FrameType>(p->hdr[4]);
+    if (type == FrameType::kGoodbye) {
+      lose(p, Status(Code::kShutDown, peerName(p->rank) + " has shut down (called hora_shutdown)"));
+      return;
+    }
+    if (type != FrameType::kHeartbeat && cb_.onFrame) {
+      std::string payload = std::move(p->body);
+      p->body.clear();
+      cb_.onFrame(isCoordinator() ? p->rank : 0, type, std::move(payload));
+    }
+    if (!p->lost) readHeader(p);
+  });
+}
+
+void ControlPlane::send(int peer, FrameType type, std::string payload) {
+  if (peer < 0 || peer >= static_cast<int>(peers_.size())) return;
+  auto& p = peers_[isCoordinator() ? peer : 0];
+  if (!p || p->lost) return;
+  p->outq.push_back(frame(type, payload));
+  if (!p->writing) flush(p);
+}
+
+void ControlPlane::broadcast(FrameType type, const std::string& payload) {
+  for (int r = 1; r < static_cast<int>(peers_.size()); ++r) send(r, type, payload);
+}
+
+void ControlPlane::flush(std::shared_ptr<Peer> p) {
+  if (p->outq.empty() || p->lost) {
+    p->writing = false;
+    if (closing_ && p->outq.empty()) {
+      boost::system::error_code ec;
+      p->sock.shutdown(tcp::socket::shutdown_send, ec);
+    }
+    return;
+  }
+  p->writing = true;
+  asio::async_write(p->sock, asio::buffer(p->outq.front()), [this, p](boost::system::error_code ec, size_t) {
+    if (ec) {
+      p->outq.clear();
+      p->writing = false;
+      if (!p->lost && !closing_)
+        lose(p, Status(Code::kRemoteError, "cannot send to " + peerName(p->rank) + ": " + ec.message()));
+      return;
+    }
+    p->outq.pop_front();
+    flush(p);
+  });
+}
+
+void ControlPlane::lose(const std::shared_ptr<Peer>& p, Status why) {
+  if (p->lost) return;
+  p->lost = true;
+  boost::system::error_code ec;
+  p->sock.close(ec);
+  if (closing_) return;
+  if (why.code() != Code::kShutDown) HORA_LOG(logger_, kWarning) << why.message();
+  if (cb_.onPeerLost) cb_.onPeerLost(isCoordinator() ? p->rank : 0, why);
+}
+
+void ControlPlane::tick() {
+  auto now = SteadyClock::now();
+  for (auto& p : peers_) {
+    if (!p || p->lost) continue;
+    if (now - p->lastHeard > opts_.peerTimeout) {
+      lose(p, Status(Code::kRemoteError,
+                     peerName(p->rank) + " sent nothing on the control plane for " +
+                         std::to_string(opts_.peerTimeout.count() / 1000) +
+                         " s (HORA_PEER_TIMEOUT_S): it is stopped, overloaded or unreachable"));
+      continue;
+    }
+    if (!p->writing && p->outq.empty()) {
+      p->outq.push_back(frame(FrameType::kHeartbeat, ""));
+      flush(p);
+    }
+  }
+  timer_.expires_after(opts_.heartbeatInterval);
+  timer_.async_wait([this](boost::system::error_code ec) {
+    if (!ec && !closing_) tick();
+  });
+}
+
+void ControlPlane::closeGracefully() {
+  if (closing_) return;
+  for (auto& p : peers_)
+    if (p && !p->lost) p->outq.push_back(frame(FrameType::kGoodbye, ""));
+  closing_ = true;
+  timer_.cancel();
+  for (auto& p : peers_)
+    if (p && !p->lost && !p->writing) flush(p);
+}
+
+}  // namespace hora

@@ -1,0 +1,116 @@
+// ControlPlane: the sockets that carry one process set's negotiation, in a
+// star around the set's coordinator (its lowest rank), over Boost.Asio.
+//
+// Why hora has its own control sockets instead of negotiating over the data
+// library: the control plane must keep working while the data plane is busy
+// or stuck. Heartbeats flow during a long allreduce, a crashed peer is seen as
+// a closed connection within milliseconds, a stalled one after
+// HORA_PEER_TIMEOUT_S of silence, and the coordinator can tell every rank
+// which peer was lost so every error names it. Messages are event driven:
+// nothing is sent while no rank has work.
+//
+// Threads: create() runs on the thread that creates the process set (it
+// drives the io_context itself until every rank is connected). After start(),
+// the io_context belongs to the set's control thread, which calls run(); all
+// callbacks run on that thread, and every other method must be called on it
+// too (use post() from elsewhere).
+//
+// Frames: u32 length, u8 type, payload. Lengths above 64 MiB, unknown types
+// or a bad hello are protocol errors: before the hello the connection is
+// dropped and logged (a stray client), after it the peer is treated as lost.
+#pragma once
+
+#include <boost/asio.hpp>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/logging.h"
+#include "core/status.h"
+#include "core/store.h"
+
+namespace hora {
+
+enum class FrameType : uint8_t {
+  kHello = 1,
+  kWelcome = 2,
+  kRequests = 3,   // worker -> coordinator: encoded RequestList
+  kResponses = 4,  // coordinator -> all: encoded ResponseList
+  kNack = 5,       // coordinator -> one worker: RequestList of stale hits
+  kHeartbeat = 6,
+  kAbort = 7,    // coordinator -> all: the set failed (payload: i32 code, message)
+  kGoodbye = 8,  // a rank is shutting down cleanly
+};
+
+struct ControlPlaneOptions {
+  int rank = 0;  // rank within the set
+  int size = 1;
+  std::vector<int> globalRanks;  // set rank -> global rank, for messages
+  std::string hostname = "127.0.0.1";
+  std::chrono::milliseconds startTimeout{120000};
+  std::chrono::milliseconds heartbeatInterval{1000};
+  std::chrono::milliseconds peerTimeout{30000};
+  std::string setName = "global";
+};
+
+struct ControlPlaneCallbacks {
+  // Coordinator side: a frame from set rank `from`. Worker side: from == 0.
+  std::function<void(int from, FrameType type, std::string payload)> onFrame;
+  // A peer was lost, sent garbage, or said goodbye (code kShutDown). Called
+  // once per peer; the status message names the peer.
+  std::function<void(int peer, Status why)> onPeerLost;
+};
+
+class ControlPlane {
+ public:
+  // Rendezvous through `store` (keys under the store's own prefix): the
+  // coordinator listens and publishes its address and a session token;
+  // workers connect and say hello. Blocks until all are connected.
+  static Result<std::unique_ptr<ControlPlane>> create(std::shared_ptr<Store> store,
+                                                      ControlPlaneOptions options, Logger logger);
+  ~ControlPlane();
+
+  boost::asio::io_context& io() { return io_; }
+  // Starts reads and heartbeats; call on the control thread before run().
+  void start(ControlPlaneCallbacks callbacks);
+  // Runs the event loop until stop(). Control thread only.
+  void run();
+  // Thread-safe: stops run() soon.
+  void stop();
+
+  // Control thread only.
+  void send(int peer, FrameType type, std::string payload);
+  void broadcast(FrameType type, const std::string& payload);
+  bool isCoordinator() const { return opts_.rank == 0; }
+  // Sends goodbye to every connected peer and closes the sockets after the
+  // queued writes drain (bounded by a short deadline).
+  void closeGracefully();
+
+ private:
+  struct Peer;
+  ControlPlane(ControlPlaneOptions options, Logger logger);
+  Status rendezvousCoordinator(Store& store);
+  Status rendezvousWorker(Store& store);
+  void readHeader(std::shared_ptr<Peer> p);
+  void readBody(std::shared_ptr<Peer> p, uint32_t len);
+  void flush(std::shared_ptr<Peer> p);
+  void lose(const std::shared_ptr<Peer>& p, Status why);
+  void tick();
+  std::string peerName(int peer) const;
+
+  ControlPlaneOptions opts_;
+  Logger logger_;
+  boost::asio::io_context io_;
+  std::unique_ptr<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
+  boost::asio::steady_timer timer_;
+  std::vector<std::shared_ptr<Peer>> peers_;  // indexed by set rank (coordinator) or [0]
+  ControlPlaneCallbacks cb_;
+  bool closing_ = false;
+};
+
+const char* frameTypeName(FrameType t);
+
+}  // namespace hora

@@ -1,0 +1,389 @@
+#include "controllers/coordinator.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace hora {
+namespace {
+
+std::string rankList(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i) s += ",";
+    s += std::to_string(ranks[i]);
+  }
+  return s;
+}
+
+// Renders "rank 2 has X, rank 0 has Y" grouping ranks with equal values.
+std::string describeDisagreement(const std::vector<std::pair<int, std::string>>& values) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (const auto& [rank, v] : values) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.first == v; });
+    if (it == groups.end())
+      groups.push_back({v, {rank}});
+    else
+      it->second.push_back(rank);
+  }
+  // Minority values first: they are usually the culprit.
+  std::stable_sort(groups.begin(), groups.end(),
+                   [](auto& a, auto& b) { return a.second.size() < b.second.size(); });
+  std::string s;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (i) s += ", ";
+    const auto& ranks = groups[i].second;
+    s += (ranks.size() == 1 ? "rank " : "ranks ") + rankList(ranks) +
+         (ranks.size() == 1 ? " has " : " have ") + groups[i].first;
+  }
+  return s;
+}
+
+std::string shapeText(const Request& r) { return describeTensor(r.dtype, r.shape); }
+
+std::string trailingShape(const Request& r) {
+  std::vector<int64_t> rest(r.shape.size() > 1 ? r.shape.begin() + 1 : r.shape.end(), r.shape.end());
+  std::string s = dataTypeName(r.dtype);
+  s += "[*";
+  for (int64_t d : rest) s += "," + std::to_string(d);
+  return s + "]";
+}
+
+std::string scaleText(const Request& r) {
+  std::ostringstream os;
+  os << "prescale " << r.prescale << " postscale " << r.postscale;
+  return os.str();
+}
+
+struct FusionKey {
+  DataType dtype;
+  ReduceOp op;
+  double pre, post;
+  Device device;
+  std::vector<int32_t> joined;
+  bool operator==(const FusionKey& o) const {
+    return dtype == o.dtype && op == o.op && pre == o.pre && post == o.post && device == o.device &&
+           joined == o.joined;
+  }
+};
+
+FusionKey keyOf(const Response& r) {
+  return FusionKey{r.dtype, r.op, r.prescale, r.postscale, r.device, r.joined};
+}
+
+}  // namespace
+
+Coordinator::Coordinator(CoordinatorOptions options, ResponseCache* cache, Logger logger)
+    : opts_(std::move(options)), cache_(cache), logger_(std::move(logger)),
+      joined_(opts_.size, false) {}
+
+Status Coordinator::onRequests(int rank, const RequestList& list, Clock::time_point now,
+                               std::vector<CacheHit>* nacks) {
+  if (rank < 0 || rank >= opts_.size)
+    return protocolError("request list from unknown rank " + std::to_string(rank));
+  std::vector<Request> requests = list.requests;
+  for (const auto& hit : list.hits) {
+    const Response* cached = cache_ ? cache_->peek(hit.bit, hit.signature) : nullptr;
+    if (!cached) {
+      nacks->push_back(hit);
+      continue;
+    }
+    // Rebuild the request the hit stands for; it then goes through the same
+    // validation as a full request, so a hit can never hide a mismatch.
+    Request r;
+    r.kind = static_cast<CollectiveKind>(cached->kind);
+    r.dtype = cached->dtype;
+    r.op = cached->op;
+    r.device = cached->device;
+    r.root = cached->root;
+    r.prescale = cached->prescale;
+    r.postscale = cached->postscale;
+    r.name = cached->name;
+    r.shape = cached->shape;
+    requests.push_back(std::move(r));
+  }
+  for (auto& r : requests) {
+    r.rank = rank;
+    if (r.kind == CollectiveKind::kJoin) {
+      if (!joined_[rank]) {
+        joined_[rank] = true;
+        ++joinedCount_;
+      }
+      lastJoined_ = rank;
+      if (joinedCount_ == opts_.size) {
+        Response j;
+        j.kind = ResponseKind::kJoin;
+        j.name = r.name;
+        j.lastJoinedRank = lastJoined_;
+        ready_.push_back(j);
+        std::fill(joined_.begin(), joined_.end(), false);
+        joinedCount_ = 0;
+      } else {
+        // Tensors that waited only for this rank are now ready.
+        std::vector<std::string> names;
+        for (auto& kv : table_) names.push_back(kv.first);
+        std::sort(names.begin(), names.end());  // deterministic order
+        for (const auto& n : names) markReadyIfComplete(n);
+      }
+      continue;
+    }
+    auto [it, inserted] = table_.try_emplace(r.name);
+    Pending& p = it->second;
+    if (inserted) {
+      p.byRank.resize(opts_.size);
+      p.first = now;
+    }
+    if (p.byRank[rank]) {
+      return protocolError("rank " + std::to_string(rank) + " submitted \"" + r.name +
+                           "\" twice before it completed");
+    }
+    p.byRank[rank] = std::move(r);
+    ++p.count;
+    markReadyIfComplete(it->first);
+  }
+  return Status::ok();
+}
+
+void Coordinator::markReadyIfComplete(const std::string& name) {
+  auto it = table_.find(name);
+  if (it == table_.end()) return;
+  Pending& p = it->second;
+  for (int r = 0; r < opts_.size; ++r)
+    if (!p.byRank[r] && !joined_[r]) return;
+  ready_.push_back(constructResponse(name, p));
+  table_.erase(it);
+}
+
+Response Coordinator::constructResponse(const std::string& name, Pending& p) {
+  const Request* first = nullptr;
+  std::vector<const Request*> present;
+  std::vector<int32_t> joined;
+  for (int r = 0; r < opts_.size; ++r) {
+    if (p.byRank[r]) {
+      present.push_back(&*p.byRank[r]);
+      if (!first) first = &*p.byRank[r];
+    } else {
+      joined.push_back(r);
+    }
+  }
+  Response resp;
+  resp.name = name;
+  resp.kind = static_cast<ResponseKind>(first->kind);
+  resp.dtype = first->dtype;
+  resp.op = first->op;
+  resp.device = first->device;
+  resp.root = first->root;
+  resp.prescale = first->prescale;
+  resp.postscale = first->postscale;
+  resp.shape = first->shape;
+  resp.joined = joined;
+  resp.signature = first->signature();
+
+  auto fail = [&](Code code, const std::string& what) {
+    Response e;
+    e.kind = ResponseKind::kError;
+    e.name = name;
+    e.errorCode = static_cast<int32_t>(code);
+    e.error = what;
+    return e;
+  };
+  // Compare one field across ranks; returns the error text or "".
+  auto compare = [&](const char* field, auto render) -> std::string {
+    std::vector<std::pair<int, std::string>> values;
+    bool differ = false;
+    std::string v0 = render(*first);
+    for (const Request* q : present) {
+      std::string v = render(*q);
+      differ |= v != v0;
+      values.push_back({q->rank, v});
+    }
+    if (!differ) return "";
+    return std::string(collectiveName(first->kind)) + " \"" + name + "\" in process set " +
+           opts_.setName + ": mismatched " + field + ": " + describeDisagreement(values) +
+           ". Every rank must submit the same " + field +
+           " for a tensor name; check for rank-dependent code paths or data shapes.";
+  };
+  std::string err;
+  err = compare("operation", [](const Request& q) { return std::string(collectiveName(q.kind)); });
+  if (err.empty())
+    err = compare("device", [](const Request& q) { return deviceName(q.device); });
+  if (err.empty()) {
+    switch (first->kind) {
+      case CollectiveKind::kAllreduce:
+      case CollectiveKind::kBroadcast:
+      case CollectiveKind::kReducescatter:
+        err = compare("shape", shapeText);
+        break;
+      case CollectiveKind::kAllgather:
+      case CollectiveKind::kAlltoall:
+        err = compare("dtype and trailing shape", trailingShape);
+        if (err.empty()) {
+          for (const Request* q : present)
+            if (q->shape.empty())
+              err = std::string(collectiveName(q->kind)) + " \"" + name + "\": rank " +
+                    std::to_string(q->rank) +
+                    " submitted a rank-zero tensor; it needs at least one dimension.";
+        }
+        break;
+      default:
+        break;
+    }
+  }
+  if (err.empty() &&
+      (first->kind == CollectiveKind::kAllreduce || first->kind == CollectiveKind::kReducescatter)) {
+    err = compare("reduction op", [](const Request& q) { return std::string(reduceOpName(q.op)); });
+    if (err.empty()) err = compare("scale factors", scaleText);
+  }
+  if (err.empty() && first->kind == CollectiveKind::kBroadcast)
+    err = compare("root rank", [](const Request& q) { return "root " + std::to_string(q.root); });
+  if (!err.empty()) return fail(Code::kMismatch, err);
+
+  if (!joined.empty()) {
+    std::string joinedText = "ranks " + rankList(std::vector<int>(joined.begin(), joined.end()));
+    if (first->kind == CollectiveKind::kAlltoall)
+      return fail(Code::kInvalidUsage, "alltoall \"" + name + "\" cannot run while " + joinedText +
+                                           " have joined; call it before join or on every rank.");
+    if (first->kind == CollectiveKind::kBroadcast &&
+        std::find(joined.begin(), joined.end(), first->root) != joined.end())
+      return fail(Code::kInvalidUsage, "broadcast \"" + name + "\": root rank " +
+                                           std::to_string(first->root) +
+                                           " has already joined and cannot send.");
+  }
+
+  if (first->kind == CollectiveKind::kAllgather) {
+    resp.sizes.assign(opts_.size, 0);
+    int64_t total = 0;
+    for (const Request* q : present) {
+      resp.sizes[q->rank] = q->shape[0];
+      total += q->shape[0];
+    }
+    resp.shape[0] = total;
+  } else if (first->kind == CollectiveKind::kAlltoall) {
+    resp.sizes.assign(static_cast<size_t>(opts_.size) * opts_.size, 0);
+    for (const Request* q : present)
+      for (int d = 0; d < opts_.size; ++d) resp.sizes[q->rank * opts_.size + d] = q->splits[d];
+  }
+  return resp;
+}
+
+ResponseList Coordinator::emit(std::vector<std::vector<Response>>* resolved) {
+  std::vector<std::vector<Response>> groups =
+      planFusion(std::move(ready_), opts_.fusionThresholdBytes);
+  ready_.clear();
+  ResponseList list;
+  list.groups.reserve(groups.size());
+  for (auto& g : groups) {
+    ResponseGroup wire;
+    for (auto& resp : g) {
+      ResponseItem item;
+      int32_t bit = -1;
+      if (cache_ && resp.cacheable()) {
+        bit = cache_->lookup(resp.name, resp.signature);
+        if (bit >= 0) {
+          cache_->touch(static_cast<uint32_t>(bit));
+        } else {
+          cache_->put(resp);
+        }
+      }
+      item.cacheBit = bit;
+      if (bit < 0) item.response = resp;
+      wire.items.push_back(std::move(item));
+    }
+    list.groups.push_back(std::move(wire));
+  }
+  if (resolved) *resolved = std::move(groups);
+  return list;
+}
+
+std::vector<int> Coordinator::missingRanks(const Pending& p) const {
+  std::vector<int> missing;
+  for (int r = 0; r < opts_.size; ++r)
+    if (!p.byRank[r] && !joined_[r]) missing.push_back(r);
+  return missing;
+}
+
+std::vector<std::string> Coordinator::inspectStalls(Clock::time_point now) {
+  std::vector<std::string> warnings;
+  std::vector<std::string> expired;
+  for (auto& [name, p] : table_) {
+    double waited = std::chrono::duration<double>(now - p.first).count();
+    const Request& any = *std::find_if(p.byRank.begin(), p.byRank.end(),
+                                       [](const auto& o) { return o.has_value(); })
+                              ->operator->();
+    std::vector<int> have;
+    for (int r = 0; r < opts_.size; ++r)
+      if (p.byRank[r]) have.push_back(r);
+    std::string report = std::string(collectiveName(any.kind)) + " \"" + name +
+                         "\" in process set " + opts_.setName + " has waited " +
+                         std::to_string(static_cast<int>(waited)) + " s: submitted by ranks " +
+                         rankList(have) + ", missing on ranks " + rankList(missingRanks(p));
+    if (joinedCount_ > 0) {
+      std::vector<int> j;
+      for (int r = 0; r < opts_.size; ++r)
+        if (joined_[r]) j.push_back(r);
+      report += " (joined: " + rankList(j) + ")";
+    }
+    if (opts_.stallShutdownS > 0 && waited >= opts_.stallShutdownS) {
+      Response e;
+      e.kind = ResponseKind::kError;
+      e.name = name;
+      e.errorCode = static_cast<int32_t>(Code::kTimeout);
+      e.error = report + ". Failing it after HORA_STALL_SHUTDOWN_TIME_S=" +
+                std::to_string(static_cast<int>(opts_.stallShutdownS)) +
+                ". The missing ranks never submitted it: look for rank-dependent control flow, "
+                "uneven data (use join), or a rank that is stuck or slow.";
+      ready_.push_back(e);
+      expired.push_back(name);
+    } else if (!p.warned && waited >= opts_.stallWarningS) {
+      p.warned = true;
+      warnings.push_back(report + " (stall warning; fails after HORA_STALL_SHUTDOWN_TIME_S=" +
+                         std::to_string(static_cast<int>(opts_.stallShutdownS)) + ")");
+    }
+  }
+  for (const auto& n : expired) table_.erase(n);
+  return warnings;
+}
+
+std::string Coordinator::pendingSummary(size_t maxNames) const {
+  if (table_.empty()) return "no tensors pending";
+  std::string s;
+  size_t n = 0;
+  for (const auto& [name, p] : table_) {
+    if (n++ == maxNames) {
+      s += ", ...";
+      break;
+    }
+    if (!s.empty()) s += "; ";
+    s += "\"" + name + "\" missing on ranks " + rankList(missingRanks(p));
+  }
+  return std::to_string(table_.size()) + " tensors pending: " + s;
+}
+
+std::vector<std::vector<Response>> planFusion(std::deque<Response> ready, int64_t thresholdBytes) {
+  std::vector<std::vector<Response>> groups;
+  std::vector<std::pair<size_t, int64_t>> open;  // (group index, bytes) of fusable groups
+  for (auto& r : ready) {
+    if (!r.fusable() || thresholdBytes <= 0 || r.byteSize() >= thresholdBytes) {
+      groups.push_back({std::move(r)});
+      continue;
+    }
+    FusionKey key = keyOf(r);
+    bool placed = false;
+    // Look back over open groups with the same key (Horovod's look-ahead:
+    // mixed-precision tensors interleave without breaking fusion).
+    for (auto& [gi, bytes] : open) {
+      if (keyOf(groups[gi].front()) == key && bytes + r.byteSize() <= thresholdBytes) {
+        bytes += r.byteSize();
+        groups[gi].push_back(std::move(r));
+        placed = true;
+        break;
+      }
+    }
+    if (!placed) {
+      open.push_back({groups.size(), r.byteSize()});
+      groups.push_back({std::move(r)});
+    }
+  }
+  return groups;
+}
+
+}  // namespace hora

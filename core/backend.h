@@ -1,0 +1,58 @@
+// Backend: executes one collective on flat, already-fused buffers for one
+// communicator (the ranks of one process set).
+//
+// A backend knows nothing about tensor names, fusion, negotiation or
+// frameworks: the runtime has already agreed with every rank on what runs,
+// in which order, with which sizes. All calls are synchronous and made only
+// from the runtime's executor thread, in the same order on every rank,
+// except abort(), which any thread may call and which must not block: it
+// makes a call in progress (and every later call) fail promptly, used when
+// the control plane has learned that a peer is lost.
+//
+// Errors: a failed call returns kBackendError (or kRemoteError/kTimeout when
+// the library says a peer vanished or timed out); the message names the
+// collective, the element count and dtype. Third-party exceptions never
+// escape a backend.
+//
+// Implementations: ops/gloo (CPU memory). Buffers are CPU memory here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/types.h"
+
+namespace hora {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // In place over `count` elements. `op` is kSum, kMin, kMax or kProduct
+  // (averaging is a sum plus a scale, done by the caller).
+  virtual Status allreduce(void* data, size_t count, DataType dtype, ReduceOp op) = 0;
+  // Rank r contributes counts[r] elements; `out` receives all of them in
+  // rank order (sum(counts) elements). `in` may be null when counts[rank]==0.
+  virtual Status allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
+                            DataType dtype) = 0;
+  virtual Status broadcast(void* data, size_t count, DataType dtype, int root) = 0;
+  // send[r] elements go to rank r from consecutive regions of `in`; recv[r]
+  // elements arrive from rank r into consecutive regions of `out`.
+  virtual Status alltoallv(const void* in, const std::vector<int64_t>& send, void* out,
+                           const std::vector<int64_t>& recv, DataType dtype) = 0;
+  // `inout` holds sum(counts) elements; on return its region for this rank
+  // (offset sum(counts[0..rank)), counts[rank] elements) holds the reduction.
+  // Other regions are clobbered. `op` as for allreduce.
+  virtual Status reducescatter(void* inout, const std::vector<size_t>& counts, DataType dtype,
+                               ReduceOp op) = 0;
+  virtual Status barrier() = 0;
+  virtual void abort() noexcept = 0;
+};
+
+}  // namespace hora

@@ -1,0 +1,239 @@
+#include "core/message.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "core/wire.h"
+
+namespace hora {
+namespace {
+
+constexpr uint8_t kRequestListTag = 0x51;
+constexpr uint8_t kResponseListTag = 0x52;
+
+uint64_t fnv(uint64_t h, const void* p, size_t n) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= b[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+template <typename T>
+uint64_t fnvv(uint64_t h, const T& v) {
+  return fnv(h, &v, sizeof(v));
+}
+
+Status enumCheck(uint8_t v, uint8_t count, const char* what) {
+  if (v >= count)
+    return protocolError(std::string("invalid ") + what + " value " + std::to_string(v));
+  return Status::ok();
+}
+
+}  // namespace
+
+uint64_t Request::signature() const {
+  uint64_t h = 1469598103934665603ull;
+  h = fnvv(h, static_cast<uint8_t>(kind));
+  h = fnvv(h, static_cast<uint8_t>(dtype));
+  h = fnvv(h, static_cast<uint8_t>(op));
+  h = fnvv(h, static_cast<uint8_t>(device.kind));
+  h = fnvv(h, device.index);
+  h = fnvv(h, root);
+  h = fnvv(h, prescale);
+  h = fnvv(h, postscale);
+  h = fnv(h, name.data(), name.size());
+  h = fnvv(h, shape.size());
+  h = fnv(h, shape.data(), shape.size() * sizeof(int64_t));
+  h = fnvv(h, splits.size());
+  h = fnv(h, splits.data(), splits.size() * sizeof(int64_t));
+  return h;
+}
+
+std::string Request::describe() const {
+  std::ostringstream os;
+  os << collectiveName(kind) << " \"" << name << "\": " << describeTensor(dtype, shape);
+  return os.str();
+}
+
+int64_t Response::numElements() const { return hora::numElements(shape); }
+
+void encodeRequest(ByteWriter& w, const Request& r) {
+  w.i32(r.rank);
+  w.u8(static_cast<uint8_t>(r.kind));
+  w.u8(static_cast<uint8_t>(r.dtype));
+  w.u8(static_cast<uint8_t>(r.op));
+  w.u8(static_cast<uint8_t>(r.device.kind));
+  w.i32(r.device.index);
+  w.i32(r.root);
+  w.f64(r.prescale);
+  w.f64(r.postscale);
+  w.str(r.name);
+  w.i64s(r.shape);
+  w.i64s(r.splits);
+}
+
+Status decodeRequest(ByteReader& rd, Request* r) {
+  uint8_t kind, dtype, op, dev;
+  HORA_RETURN_IF_ERROR(rd.i32(&r->rank, "request rank"));
+  HORA_RETURN_IF_ERROR(rd.u8(&kind, "request kind"));
+  HORA_RETURN_IF_ERROR(enumCheck(kind, static_cast<uint8_t>(CollectiveKind::kCount), "collective"));
+  HORA_RETURN_IF_ERROR(rd.u8(&dtype, "request dtype"));
+  HORA_RETURN_IF_ERROR(enumCheck(dtype, static_cast<uint8_t>(DataType::kCount), "dtype"));
+  HORA_RETURN_IF_ERROR(rd.u8(&op, "request op"));
+  HORA_RETURN_IF_ERROR(enumCheck(op, static_cast<uint8_t>(ReduceOp::kCount), "reduce op"));
+  HORA_RETURN_IF_ERROR(rd.u8(&dev, "request device"));
+  HORA_RETURN_IF_ERROR(enumCheck(dev, 2, "device kind"));
+  r->kind = static_cast<CollectiveKind>(kind);
+  r->dtype = static_cast<DataType>(dtype);
+  r->op = static_cast<ReduceOp>(op);
+  r->device.kind = static_cast<DeviceKind>(dev);
+  HORA_RETURN_IF_ERROR(rd.i32(&r->device.index, "request device index"));
+  HORA_RETURN_IF_ERROR(rd.i32(&r->root, "request root"));
+  HORA_RETURN_IF_ERROR(rd.f64(&r->prescale, "request prescale"));
+  HORA_RETURN_IF_ERROR(rd.f64(&r->postscale, "request postscale"));
+  HORA_RETURN_IF_ERROR(rd.str(&r->name, "request name", 64 * 1024));
+  HORA_RETURN_IF_ERROR(rd.i64s(&r->shape, "request shape", 64));
+  HORA_RETURN_IF_ERROR(rd.i64s(&r->splits, "request splits", 1 << 20));
+  for (int64_t d : r->shape)
+    if (d < 0) return protocolError("negative dimension in request \"" + r->name + "\"");
+  return Status::ok();
+}
+
+void encodeResponse(ByteWriter& w, const Response& r) {
+  w.u8(static_cast<uint8_t>(r.kind));
+  w.str(r.name);
+  w.u8(static_cast<uint8_t>(r.dtype));
+  w.u8(static_cast<uint8_t>(r.op));
+  w.u8(static_cast<uint8_t>(r.device.kind));
+  w.i32(r.device.index);
+  w.i32(r.root);
+  w.f64(r.prescale);
+  w.f64(r.postscale);
+  w.i64s(r.shape);
+  w.i64s(r.sizes);
+  w.i32s(r.joined);
+  w.i32(r.lastJoinedRank);
+  w.i32(r.errorCode);
+  w.str(r.error);
+  w.u64(r.signature);
+}
+
+Status decodeResponse(ByteReader& rd, Response* r) {
+  uint8_t kind, dtype, op, dev;
+  HORA_RETURN_IF_ERROR(rd.u8(&kind, "response kind"));
+  HORA_RETURN_IF_ERROR(enumCheck(kind, static_cast<uint8_t>(ResponseKind::kError) + 1, "response kind"));
+  r->kind = static_cast<ResponseKind>(kind);
+  HORA_RETURN_IF_ERROR(rd.str(&r->name, "response name", 64 * 1024));
+  HORA_RETURN_IF_ERROR(rd.u8(&dtype, "response dtype"));
+  HORA_RETURN_IF_ERROR(enumCheck(dtype, static_cast<uint8_t>(DataType::kCount), "dtype"));
+  HORA_RETURN_IF_ERROR(rd.u8(&op, "response op"));
+  HORA_RETURN_IF_ERROR(enumCheck(op, static_cast<uint8_t>(ReduceOp::kCount), "reduce op"));
+  HORA_RETURN_IF_ERROR(rd.u8(&dev, "response device"));
+  HORA_RETURN_IF_ERROR(enumCheck(dev, 2, "device kind"));
+  r->dtype = static_cast<DataType>(dtype);
+  r->op = static_cast<ReduceOp>(op);
+  r->device.kind = static_cast<DeviceKind>(dev);
+  HORA_RETURN_IF_ERROR(rd.i32(&r->device.index, "response device index"));
+  HORA_RETURN_IF_ERROR(rd.i32(&r->root, "response root"));
+  HORA_RETURN_IF_ERROR(rd.f64(&r->prescale, "response prescale"));
+  HORA_RETURN_IF_ERROR(rd.f64(&r->postscale, "response postscale"));
+  HORA_RETURN_IF_ERROR(rd.i64s(&r->shape, "response shape", 64));
+  HORA_RETURN_IF_ERROR(rd.i64s(&r->sizes, "response sizes", 1 << 22));
+  HORA_RETURN_IF_ERROR(rd.i32s(&r->joined, "response joined ranks", 1 << 20));
+  HORA_RETURN_IF_ERROR(rd.i32(&r->lastJoinedRank, "response last joined rank"));
+  HORA_RETURN_IF_ERROR(rd.i32(&r->errorCode, "response error code"));
+  HORA_RETURN_IF_ERROR(rd.str(&r->error, "response error", 1 << 20));
+  HORA_RETURN_IF_ERROR(rd.u64(&r->signature, "response signature"));
+  for (int64_t d : r->shape)
+    if (d < 0) return protocolError("negative dimension in response \"" + r->name + "\"");
+  return Status::ok();
+}
+
+std::string encode(const RequestList& list) {
+  ByteWriter w;
+  w.u8(kRequestListTag);
+  w.u8(kWireVersion);
+  w.u32(static_cast<uint32_t>(list.requests.size()));
+  for (const auto& r : list.requests) encodeRequest(w, r);
+  w.u32(static_cast<uint32_t>(list.hits.size()));
+  for (const auto& h : list.hits) {
+    w.u32(h.bit);
+    w.u64(h.signature);
+  }
+  return w.take();
+}
+
+namespace {
+Status header(ByteReader& rd, uint8_t tag, const char* what) {
+  uint8_t t = 0, v = 0;
+  HORA_RETURN_IF_ERROR(rd.u8(&t, what));
+  HORA_RETURN_IF_ERROR(rd.u8(&v, what));
+  if (t != tag) return protocolError(std::string("not a ") + what + " (tag " + std::to_string(t) + ")");
+  if (v != kWireVersion)
+    return protocolError(std::string(what) + " has wire version " + std::to_string(v) +
+                         ", this library speaks " + std::to_string(kWireVersion) +
+                         ": are all ranks running the same hora version?");
+  return Status::ok();
+}
+}  // namespace
+
+Status decode(const std::string& bytes, RequestList* out) {
+  ByteReader rd(bytes);
+  HORA_RETURN_IF_ERROR(header(rd, kRequestListTag, "request list"));
+  uint32_t n = 0;
+  HORA_RETURN_IF_ERROR(rd.u32(&n, "request count"));
+  if (n > rd.remaining()) return protocolError("request count " + std::to_string(n) + " exceeds message");
+  out->requests.resize(n);
+  for (auto& r : out->requests) HORA_RETURN_IF_ERROR(decodeRequest(rd, &r));
+  HORA_RETURN_IF_ERROR(rd.u32(&n, "cache hit count"));
+  if (static_cast<size_t>(n) * 12 > rd.remaining())
+    return protocolError("cache hit count " + std::to_string(n) + " exceeds message");
+  out->hits.resize(n);
+  for (auto& h : out->hits) {
+    HORA_RETURN_IF_ERROR(rd.u32(&h.bit, "cache hit bit"));
+    HORA_RETURN_IF_ERROR(rd.u64(&h.signature, "cache hit signature"));
+  }
+  if (!rd.done()) return protocolError("trailing bytes after request list");
+  return Status::ok();
+}
+
+std::string encode(const ResponseList& list) {
+  ByteWriter w;
+  w.u8(kResponseListTag);
+  w.u8(kWireVersion);
+  w.u32(static_cast<uint32_t>(list.groups.size()));
+  for (const auto& g : list.groups) {
+    w.u32(static_cast<uint32_t>(g.items.size()));
+    for (const auto& it : g.items) {
+      w.i32(it.cacheBit);
+      if (it.cacheBit < 0) encodeResponse(w, it.response);
+    }
+  }
+  return w.take();
+}
+
+Status decode(const std::string& bytes, ResponseList* out) {
+  ByteReader rd(bytes);
+  HORA_RETURN_IF_ERROR(header(rd, kResponseListTag, "response list"));
+  uint32_t ng = 0;
+  HORA_RETURN_IF_ERROR(rd.u32(&ng, "group count"));
+  if (ng > rd.remaining()) return protocolError("group count " + std::to_string(ng) + " exceeds message");
+  out->groups.resize(ng);
+  for (auto& g : out->groups) {
+    uint32_t ni = 0;
+    HORA_RETURN_IF_ERROR(rd.u32(&ni, "group size"));
+    if (ni == 0 || static_cast<size_t>(ni) * 4 > rd.remaining())
+      return protocolError("group size " + std::to_string(ni) + " invalid");
+    g.items.resize(ni);
+    for (auto& it : g.items) {
+      HORA_RETURN_IF_ERROR(rd.i32(&it.cacheBit, "cache bit"));
+      if (it.cacheBit < 0) HORA_RETURN_IF_ERROR(decodeResponse(rd, &it.response));
+    }
+  }
+  if (!rd.done()) return protocolError("trailing bytes after response list");
+  return Status::ok();
+}
+
+}  // namespace hora

@@ -1,0 +1,128 @@
+// The coordinator protocol's messages and their binary encoding.
+//
+// Rank r's control thread sends a RequestList to its process set's
+// coordinator; the coordinator answers every rank with the same ResponseList
+// (the total order in which all ranks execute). Steady state travels as cache
+// references: a CacheHit names a response-cache bit plus a signature hash of
+// the request, and a ResponseItem may be just a bit; see
+// core/response_cache.h for why that is safe.
+//
+// Encoding: a magic/version byte, then fields in order (core/wire.h). Decoding
+// validates enum ranges and lengths and returns kProtocolError on anything
+// malformed. Pure values; no threads.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/types.h"
+
+namespace hora {
+
+constexpr uint8_t kWireVersion = 1;
+
+// What one rank submitted for one tensor.
+struct Request {
+  int32_t rank = 0;  // rank within the process set
+  CollectiveKind kind = CollectiveKind::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  Device device;
+  int32_t root = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> splits;  // alltoall: rows sent to each rank
+
+  // Hash of every field but rank: equal requests from two ranks hash equal.
+  uint64_t signature() const;
+  // "allreduce "name": float32[4,3] op=sum"
+  std::string describe() const;
+};
+
+struct CacheHit {
+  uint32_t bit = 0;
+  uint64_t signature = 0;
+};
+
+struct RequestList {
+  std::vector<Request> requests;
+  std::vector<CacheHit> hits;
+};
+
+enum class ResponseKind : uint8_t {
+  kAllreduce = 0,
+  kAllgather = 1,
+  kBroadcast = 2,
+  kAlltoall = 3,
+  kReducescatter = 4,
+  kBarrier = 5,
+  kJoin = 6,
+  kError = 7,
+};
+
+// What every rank runs for one tensor (or, for kJoin/kBarrier, one event).
+struct Response {
+  ResponseKind kind = ResponseKind::kAllreduce;
+  std::string name;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  Device device;
+  int32_t root = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  // allreduce/broadcast/reducescatter: the tensor's shape (same on all ranks).
+  // allgather: shape of rank 0's tensor with dim 0 replaced by the total.
+  std::vector<int64_t> shape;
+  // allgather: dim 0 of each rank. alltoall: size*size matrix, entry
+  // [src*size+dst] = rows src sends to dst.
+  std::vector<int64_t> sizes;
+  // Ranks that have joined and contribute the op's identity / nothing.
+  std::vector<int32_t> joined;
+  int32_t lastJoinedRank = -1;  // kJoin
+  int32_t errorCode = 0;        // kError: a hora::Code value
+  std::string error;            // kError: the message every rank reports
+  uint64_t signature = 0;       // Request::signature() of the requests it answers
+
+  bool fusable() const { return kind == ResponseKind::kAllreduce; }
+  bool cacheable() const {
+    return (kind == ResponseKind::kAllreduce || kind == ResponseKind::kBroadcast ||
+            kind == ResponseKind::kReducescatter) &&
+           joined.empty();
+  }
+  int64_t numElements() const;
+  int64_t byteSize() const { return numElements() * static_cast<int64_t>(dataTypeSize(dtype)); }
+};
+
+// One item of a fused group: a full response, or a reference to a cached one.
+struct ResponseItem {
+  int32_t cacheBit = -1;  // >= 0: take the response from the cache
+  Response response;      // when cacheBit < 0
+};
+
+// Responses executed as one collective (one fused buffer).
+struct ResponseGroup {
+  std::vector<ResponseItem> items;
+};
+
+struct ResponseList {
+  std::vector<ResponseGroup> groups;
+};
+
+std::string encode(const RequestList& list);
+Status decode(const std::string& bytes, RequestList* out);
+std::string encode(const ResponseList& list);
+// A stale-hit notice to one rank: resend these requests in full. Encoded as a
+// RequestList carrying only hits (the control plane's frame type tells them apart).
+Status decode(const std::string& bytes, ResponseList* out);
+
+// Field-level helpers, exposed for unit tests.
+void encodeRequest(class ByteWriter& w, const Request& r);
+Status decodeRequest(class ByteReader& r, Request* out);
+void encodeResponse(class ByteWriter& w, const Response& r);
+Status decodeResponse(class ByteReader& r, Response* out);
+
+}  // namespace hora

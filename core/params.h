@@ -1,0 +1,58 @@
+// The registry of HORA_* environment parameters: one table with each
+// parameter's type, default and documentation, read once per runtime.
+//
+// Who calls it: Runtime creation (framework thread, once), the launcher's
+// documentation dump (docs/params.md is generated from dumpMarkdown()).
+// A Params object is immutable after parse(); safe to share across threads.
+//
+// Tests pass an explicit map instead of touching the process environment, so
+// two runtimes in one process can be configured differently.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace hora {
+
+enum class ParamType { kInt, kFloat, kString, kBool };
+
+struct ParamSpec {
+  const char* name;
+  ParamType type;
+  const char* defaultValue;  // as text; "" for unset strings
+  const char* doc;
+};
+
+// Every parameter hora reads. Units are in the names.
+const std::vector<ParamSpec>& paramRegistry();
+
+class Params {
+ public:
+  // Reads every registered name through `lookup` (nullptr = not set) and
+  // validates types and ranges. Unknown HORA_* names in `environment` (when
+  // given) are reported as warnings by the caller via unknownNames().
+  static Result<Params> parse(const std::function<const char*(const char*)>& lookup);
+  static Result<Params> fromEnvironment();
+  static Result<Params> fromMap(const std::map<std::string, std::string>& values);
+
+  int64_t getInt(const char* name) const;
+  double getFloat(const char* name) const;
+  const std::string& getString(const char* name) const;
+  bool getBool(const char* name) const;
+  // Whether the value came from the environment/map rather than the default.
+  bool isSet(const char* name) const;
+
+  // Markdown table of every parameter, for docs/params.md.
+  static std::string dumpMarkdown();
+
+ private:
+  std::map<std::string, std::string> values_;
+  std::map<std::string, bool> set_;
+};
+
+}  // namespace hora
