@@ -4,6 +4,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "core/wire.h"
 
@@ -411,12 +412,21 @@ void ControlPlane::tick() {
 
 void ControlPlane::closeGracefully() {
   if (closing_) return;
-  for (auto& p : peers_)
-    if (p && !p->lost) p->outq.push_back(frame(FrameType::kGoodbye, ""));
   closing_ = true;
   timer_.cancel();
-  for (auto& p : peers_)
-    if (p && !p->lost && !p->writing) flush(p);
+  for (auto& p : peers_) {
+    if (!p || p->lost) continue;
+    if (!p->writing && p->outq.empty()) {
+      // Written synchronously: stop() follows at once and would cancel an
+      // asynchronous write, and the peer should learn this was deliberate.
+      boost::system::error_code ec;
+      std::string f = frame(FrameType::kGoodbye, "");
+      asio::write(p->sock, asio::buffer(f), ec);
+      p->sock.shutdown(tcp::socket::shutdown_send, ec);
+    } else {
+      p->outq.push_back(frame(FrameType::kGoodbye, ""));
+    }
+  }
 }
 
 }  // namespace hora

@@ -1,0 +1,676 @@
+// extern "C" entry points: argument checks, handle validation, conversion of
+// DLPack tensors into TensorEntries, and the catch-all that keeps exceptions
+// from crossing the ABI. Runs on the calling (framework) thread.
+#include <cstring>
+#include <shared_mutex>
+
+#include "c_api_internal.h"
+#include "hora/hora.h"
+#include "runtime.h"
+
+using hora::Code;
+using hora::Status;
+using hora::capi::clearError;
+using hora::capi::setError;
+
+namespace {
+constexpr uint32_t kRuntimeMagic = 0x68727430;  // "hrt0"
+constexpr uint32_t kSetMagic = 0x68707330;      // "hps0"
+constexpr uint32_t kDeadMagic = 0xdeadbeef;
+constexpr uint8_t kDLPackBoolCode = 6;
+}  // namespace
+
+// Handles stay allocated after shutdown/destroy (marked dead), so a late call
+// with them gets a clear error instead of a use-after-free. Each is a few
+// dozen bytes per runtime or set.
+struct hora_runtime_s {
+  uint32_t magic = kRuntimeMagic;
+  std::shared_mutex mu;  // shared: calls using the runtime; exclusive: shutdown
+  std::unique_ptr<hora::Runtime> rt;
+  hora_process_set_s* global = nullptr;
+};
+
+struct hora_process_set_s {
+  uint32_t magic = kSetMagic;
+  hora_runtime_s* owner = nullptr;
+  std::weak_ptr<hora::ProcessSetImpl> set;
+};
+
+namespace {
+
+// Runs `body` with every exception turned into an internal-error status.
+template <typename F>
+hora_status_t guarded(const char* fn, F&& body) {
+  clearError();
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return setError(HORA_ERR_SYSTEM, std::string(fn) + ": out of memory");
+  } catch (const std::exception& e) {
+    return setError(HORA_ERR_INTERNAL, std::string(fn) + ": unexpected exception: " + e.what());
+  } catch (...) {
+    return setError(HORA_ERR_INTERNAL, std::string(fn) + ": unexpected non-standard exception");
+  }
+}
+
+hora_status_t fail(Code code, const std::string& msg) {
+  return setError(static_cast<hora_status_t>(code), msg);
+}
+
+// Validates a runtime handle; on success holds its shared lock.
+struct RuntimeRef {
+  std::shared_lock<std::shared_mutex> lock;
+  hora::Runtime* rt = nullptr;
+};
+
+hora_status_t acquire(hora_runtime_t h, const char* fn, RuntimeRef* out) {
+  if (!h) return fail(Code::kNotInitialized, std::string(fn) + ": runtime is NULL: call hora_init first");
+  if (h->magic == kDeadMagic)
+    return fail(Code::kShutDown, std::string(fn) + ": this runtime was shut down (hora_shutdown); start a new one with hora_init");
+  if (h->magic != kRuntimeMagic)
+    return fail(Code::kInvalidArgument, std::string(fn) + ": not a hora runtime handle (corrupt or foreign pointer)");
+  out->lock = std::shared_lock<std::shared_mutex>(h->mu);
+  if (!h->rt) return fail(Code::kShutDown, std::string(fn) + ": this runtime was shut down");
+  out->rt = h->rt.get();
+  return HORA_SUCCESS;
+}
+
+hora_status_t resolveSet(hora_runtime_t h, hora_process_set_t ps, const char* fn,
+                         std::shared_ptr<hora::ProcessSetImpl>* out) {
+  if (!ps) {
+    *out = h->rt->globalSet();
+    return HORA_SUCCESS;
+  }
+  if (ps->magic == kDeadMagic)
+    return fail(Code::kInvalidUsage, std::string(fn) + ": this process set was destroyed");
+  if (ps->magic != kSetMagic)
+    return fail(Code::kInvalidArgument, std::string(fn) + ": not a hora process set handle");
+  if (ps->owner != h)
+    return fail(Code::kInvalidArgument, std::string(fn) + ": the process set belongs to another runtime");
+  *out = ps->set.lock();
+  if (!*out) return fail(Code::kShutDown, std::string(fn) + ": the process set is shut down");
+  return HORA_SUCCESS;
+}
+
+hora_options_t readOptions(const hora_options_t* o) {
+  hora_options_t r;
+  hora_options_init(&r);
+  if (o && o->struct_size > 0) std::memcpy(&r, o, std::min<size_t>(o->struct_size, sizeof(r)));
+  r.struct_size = sizeof(r);
+  return r;
+}
+
+bool mapDType(DLDataType t, hora::DataType* out) {
+  if (t.lanes != 1) return false;
+  using hora::DataType;
+  switch (t.code) {
+    case kDLUInt:
+      if (t.bits == 8) return *out = DataType::kUint8, true;
+      return false;
+    case kDLInt:
+      if (t.bits == 8) return *out = DataType::kInt8, true;
+      if (t.bits == 16) return *out = DataType::kInt16, true;
+      if (t.bits == 32) return *out = DataType::kInt32, true;
+      if (t.bits == 64) return *out = DataType::kInt64, true;
+      return false;
+    case kDLFloat:
+      if (t.bits == 16) return *out = DataType::kFloat16, true;
+      if (t.bits == 32) return *out = DataType::kFloat32, true;
+      if (t.bits == 64) return *out = DataType::kFloat64, true;
+      return false;
+    case kDLBfloat:
+      if (t.bits == 16) return *out = DataType::kBfloat16, true;
+      return false;
+    default:
+      // kDLBool (6) exists from DLPack 0.8 on; Debian ships 0.6, so compare the value.
+      if (t.code == kDLPackBoolCode && t.bits == 8) return *out = DataType::kBool, true;
+      return false;
+  }
+}
+
+struct TensorInfo {
+  hora::DataType dtype;
+  std::vector<int64_t> shape;
+  char* data;
+  int64_t count;
+};
+
+// `where` = "allreduce "name" on rank 3, argument in"
+Status checkTensor(const DLTensor* t, const std::string& where, TensorInfo* out) {
+  if (!t) return hora::invalidArgument(where + " is NULL");
+  if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost) {
+    bool gpu = t->device.device_type == kDLCUDA || t->device.device_type == kDLCUDAManaged ||
+               t->device.device_type == kDLROCM;
+    return Status(Code::kNotSupported,
+                  where + " is in " + (gpu ? "GPU" : "non-CPU") + " memory (DLPack device type " +
+                      std::to_string(t->device.device_type) +
+                      "); this libhora serves CPU memory only (the NCCL GPU backend is not loaded): "
+                      "copy the tensor to the CPU first");
+  }
+  if (!mapDType(t->dtype, &out->dtype))
+    return hora::invalidArgument(where + " has unsupported DLPack dtype (code " + std::to_string(t->dtype.code) +
+                                 ", bits " + std::to_string(t->dtype.bits) + ", lanes " +
+                                 std::to_string(t->dtype.lanes) +
+                                 "); supported: uint8, int8/16/32/64, float16/32/64, bfloat16, bool");
+  if (t->ndim < 0 || t->ndim > 32) return hora::invalidArgument(where + " has invalid ndim " + std::to_string(t->ndim));
+  if (t->ndim > 0 && !t->shape) return hora::invalidArgument(where + " has ndim > 0 but a NULL shape");
+  out->shape.assign(t->shape, t->shape + t->ndim);
+  int64_t n = 1;
+  for (int64_t d : out->shape) {
+    if (d < 0) return hora::invalidArgument(where + " has a negative dimension");
+    n *= d;
+  }
+  out->count = n;
+  if (t->strides) {
+    int64_t expect = 1;
+    for (int i = t->ndim - 1; i >= 0; --i) {
+      if (t->shape[i] != 1 && t->strides[i] != expect)
+        return hora::invalidArgument(where + " is not contiguous (strides do not describe a compact row-major "
+                                             "layout); make it contiguous first (e.g. tensor.contiguous())");
+      expect *= t->shape[i];
+    }
+  }
+  if (!t->data && n > 0) return hora::invalidArgument(where + " has a NULL data pointer");
+  out->data = static_cast<char*>(t->data) + t->byte_offset;
+  return Status::ok();
+}
+
+std::shared_ptr<hora::TensorEntry> makeEntry(hora::CollectiveKind kind, const std::string& name,
+                                             const TensorInfo& info, const DLTensor* t,
+                                             const hora_options_t& o) {
+  auto e = std::make_shared<hora::TensorEntry>();
+  e->request.kind = kind;
+  e->request.dtype = info.dtype;
+  e->request.op = static_cast<hora::ReduceOp>(o.op);
+  e->request.root = o.root;
+  e->request.prescale = o.prescale;
+  e->request.postscale = o.postscale;
+  e->request.name = name;
+  e->request.shape = info.shape;
+  e->in = info.data;
+  e->count = info.count;
+  e->dlType = t ? t->dtype : DLDataType{kDLUInt, 8, 1};
+  return e;
+}
+
+std::shared_ptr<hora::RequestState> makeState(const hora_options_t& o, int entries) {
+  auto st = std::make_shared<hora::RequestState>();
+  st->remaining = entries;
+  st->callback = o.callback;
+  st->callbackUser = o.callback_user;
+  st->alloc = o.alloc;
+  st->allocUser = o.alloc_user;
+  return st;
+}
+
+// Enqueues and hands out the request handle.
+hora_status_t submit(hora::ProcessSetImpl& set, std::vector<std::shared_ptr<hora::TensorEntry>> entries,
+                     std::shared_ptr<hora::RequestState> st, hora_request_t* request) {
+  auto* h = new hora_request_s();
+  h->state = st;
+  st->handle = h;
+  for (auto& e : entries) e->owner = st;
+  Status s = set.enqueue(std::move(entries));
+  if (!s.isOk()) {
+    delete h;
+    return setError(s);
+  }
+  *request = h;
+  return HORA_SUCCESS;
+}
+
+std::string opWhere(const char* kind, const std::string& name, hora::ProcessSetImpl& set) {
+  return std::string(kind) + " \"" + name + "\" on rank " + std::to_string(set.globalRank(set.rank()));
+}
+
+Status checkOp(const hora_options_t& o, hora::DataType dt, const std::string& where, bool scatter) {
+  if (o.op < 0 || o.op >= static_cast<int32_t>(hora::ReduceOp::kCount))
+    return hora::invalidArgument(where + ": unknown reduce op " + std::to_string(o.op));
+  auto op = static_cast<hora::ReduceOp>(o.op);
+  if (scatter && op != hora::ReduceOp::kSum && op != hora::ReduceOp::kAverage)
+    return hora::invalidArgument(where + ": reducescatter supports sum and average only");
+  if (!hora::reduceOpSupported(op, dt))
+    return hora::invalidArgument(where + ": op " + hora::reduceOpName(op) + " is not defined for " +
+                                 hora::dataTypeName(dt));
+  if (!(o.prescale == o.prescale) || !(o.postscale == o.postscale))
+    return hora::invalidArgument(where + ": prescale/postscale is NaN");
+  if ((o.prescale != 1.0 || o.postscale != 1.0) && dt == hora::DataType::kBool)
+    return hora::invalidArgument(where + ": scale factors are not defined for bool tensors");
+  return Status::ok();
+}
+
+#define HORA_CHECK_REQ_OUT(fn)                                                    \
+  if (!request) return fail(Code::kInvalidArgument, std::string(fn) + ": request is NULL"); \
+  *request = nullptr;
+
+}  // namespace
+
+extern "C" {
+
+HORA_API hora_status_t hora_init_versioned(const hora_config_t* config, hora_runtime_t* out,
+                                           int32_t header_major, int32_t header_minor) {
+  return guarded("hora_init", [&]() -> hora_status_t {
+    if (!out) return fail(Code::kInvalidArgument, "hora_init: out is NULL");
+    *out = nullptr;
+    if (header_major != HORA_VERSION_MAJOR || header_minor > HORA_VERSION_MINOR)
+      return fail(Code::kInvalidUsage,
+                  "hora_init: program built against hora.h " + std::to_string(header_major) + "." +
+                      std::to_string(header_minor) + " but libhora is " + std::to_string(HORA_VERSION_MAJOR) +
+                      "." + std::to_string(HORA_VERSION_MINOR) + ": rebuild against the installed header");
+    hora_config_t c;
+    hora_config_init(&c);
+    if (config) {
+      if (config->struct_size == 0 || config->struct_size > sizeof(c))
+        return fail(Code::kInvalidArgument, "hora_init: config->struct_size is " +
+                                                std::to_string(config->struct_size) +
+                                                "; initialize the config with hora_config_init()");
+      std::memcpy(&c, config, config->struct_size);
+    }
+    auto rt = hora::Runtime::create(c);
+    if (!rt.isOk()) return setError(rt.status());
+    auto* h = new hora_runtime_s();
+    h->rt = rt.take();
+    h->global = new hora_process_set_s();
+    h->global->owner = h;
+    h->global->set = h->rt->globalSet();
+    *out = h;
+    return HORA_SUCCESS;
+  });
+}
+
+HORA_API hora_status_t hora_shutdown(hora_runtime_t h) {
+  return guarded("hora_shutdown", [&]() -> hora_status_t {
+    if (!h) return HORA_SUCCESS;
+    if (h->magic == kDeadMagic) return fail(Code::kShutDown, "hora_shutdown: runtime already shut down");
+    if (h->magic != kRuntimeMagic) return fail(Code::kInvalidArgument, "hora_shutdown: not a hora runtime handle");
+    std::unique_ptr<hora::Runtime> rt;
+    {
+      std::unique_lock<std::shared_mutex> lk(h->mu);
+      rt = std::move(h->rt);
+      h->magic = kDeadMagic;
+    }
+    if (rt) rt->shutdown();
+    return HORA_SUCCESS;
+  });
+}
+
+#define HORA_IDENTITY_GETTER(fn, field)                                              \
+  HORA_API hora_status_t fn(hora_runtime_t h, int32_t* out) {                       \
+    return guarded(#fn, [&]() -> hora_status_t {                                    \
+      RuntimeRef ref;                                                               \
+      if (hora_status_t s = acquire(h, #fn, &ref)) return s;                        \
+      if (!out) return fail(Code::kInvalidArgument, std::string(#fn) + ": out is NULL"); \
+      *out = ref.rt->identity().field;                                              \
+      return HORA_SUCCESS;                                                          \
+    });                                                                             \
+  }
+HORA_IDENTITY_GETTER(hora_rank, rank)
+HORA_IDENTITY_GETTER(hora_size, size)
+HORA_IDENTITY_GETTER(hora_local_rank, localRank)
+HORA_IDENTITY_GETTER(hora_local_size, localSize)
+HORA_IDENTITY_GETTER(hora_cross_rank, crossRank)
+HORA_IDENTITY_GETTER(hora_cross_size, crossSize)
+
+HORA_API hora_status_t hora_global_process_set(hora_runtime_t h, hora_process_set_t* out) {
+  return guarded("hora_global_process_set", [&]() -> hora_status_t {
+    RuntimeRef ref;
+    if (hora_status_t s = acquire(h, "hora_global_process_set", &ref)) return s;
+    if (!out) return fail(Code::kInvalidArgument, "hora_global_process_set: out is NULL");
+    *out = h->global;
+    return HORA_SUCCESS;
+  });
+}
+
+HORA_API hora_status_t hora_process_set_create(hora_runtime_t h, const int32_t* ranks, int32_t n,
+                                               hora_process_set_t* out) {
+  return guarded("hora_process_set_create", [&]() -> hora_status_t {
+    RuntimeRef ref;
+    if (hora_status_t s = acquire(h, "hora_process_set_create", &ref)) return s;
+    if (!out) return fail(Code::kInvalidArgument, "hora_process_set_create: out is NULL");
+    *out = nullptr;
+    int size = ref.rt->identity().size, me = ref.rt->identity().rank;
+    if (!ranks || n <= 0) return fail(Code::kInvalidArgument, "hora_process_set_create: ranks is NULL or empty");
+    std::vector<int> list(ranks, ranks + n);
+    for (int i = 0; i < n; ++i) {
+      if (list[i] < 0 || list[i] >= size)
+        return fail(Code::kInvalidArgument, "hora_process_set_create: rank " + std::to_string(list[i]) +
+                                                " is outside the job (size " + std::to_string(size) + ")");
+      if (i > 0 && list[i] <= list[i - 1])
+        return fail(Code::kInvalidArgument, "hora_process_set_create: ranks must be sorted and unique");
+    }
+    if (std::find(list.begin(), list.end(), me) == list.end())
+      return fail(Code::kInvalidUsage, "hora_process_set_create: rank " + std::to_string(me) +
+                                           " is not in the set; only members call this");
+    auto set = ref.rt->createSet(list);
+    if (!set.isOk()) return setError(set.status());
+    auto* ps = new hora_process_set_s();
+    ps->owner = h;
+    ps->set = set.value();
+    *out = ps;
+    return HORA_SUCCESS;
+  });
+}
+
+HORA_API hora_status_t hora_process_set_destroy(hora_process_set_t ps) {
+  return guarded("hora_process_set_destroy", [&]() -> hora_status_t {
+    if (!ps || ps->magic != kSetMagic)
+      return fail(Code::kInvalidArgument, "hora_process_set_destroy: not a live process set handle");
+    RuntimeRef ref;
+    if (hora_status_t s = acquire(ps->owner, "hora_process_set_destroy", &ref)) return s;
+    if (ps == ps->owner->global)
+      return fail(Code::kInvalidUsage, "hora_process_set_destroy: the global set ends with hora_shutdown");
+    auto set = ps->set.lock();
+    ps->magic = kDeadMagic;
+    if (set) ref.rt->destroySet(set);
+    return HORA_SUCCESS;
+  });
+}
+
+HORA_API hora_status_t hora_process_set_rank(hora_process_set_t ps, int32_t* out) {
+  return guarded("hora_process_set_rank", [&]() -> hora_status_t {
+    if (!ps || ps->magic != kSetMagic || !out)
+      return fail(Code::kInvalidArgument, "hora_process_set_rank: invalid set handle or NULL out");
+    auto set = ps->set.lock();
+    if (!set) return fail(Code::kShutDown, "hora_process_set_rank: the process set is shut down");
+    *out = set->rank();
+    return HORA_SUCCESS;
+  });
+}
+
+HORA_API hora_status_t hora_process_set_size(hora_process_set_t ps, int32_t* out) {
+  return guarded("hora_process_set_size", [&]() -> hora_status_t {
+    if (!ps || ps->magic != kSetMagic || !out)
+      return fail(Code::kInvalidArgument, "hora_process_set_size: invalid set handle or NULL out");
+    auto set = ps->set.lock();
+    if (!set) return fail(Code::kShutDown, "hora_process_set_size: the process set is shut down");
+    *out = set->size();
+    return HORA_SUCCESS;
+  });
+}
+
+HORA_API hora_status_t hora_allreduce_async(hora_runtime_t h, const DLTensor* in, DLTensor* out,
+                                            const hora_options_t* options, hora_request_t* request) {
+  return guarded("hora_allreduce_async", [&]() -> hora_status_t {
+    HORA_CHECK_REQ_OUT("hora_allreduce_async");
+    RuntimeRef ref;
+    if (hora_status_t s = acquire(h, "hora_allreduce_async", &ref)) return s;
+    hora_options_t o = readOptions(options);
+    std::shared_ptr<hora::ProcessSetImpl> set;
+    if (hora_status_t s = resolveSet(h, o.process_set, "hora_allreduce_async", &set)) return s;
+    std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kAllreduce);
+    if (name.empty()) return fail(Code::kInvalidArgument, "hora_allreduce_async: name is empty");
+    std::string where = opWhere("allreduce", name, *set);
+    TensorInfo ti, to;
+    Status s = checkTensor(in, where + ", input", &ti);
+    if (s.isOk()) s = checkTensor(out, where + ", output", &to);
+    if (s.isOk() && (ti.dtype != to.dtype || ti.count != to.count))
+      s = hora::invalidArgument(where + ": output " + hora::describeTensor(to.dtype, to.shape) +
+                                " does not match input " + hora::describeTensor(ti.dtype, ti.shape));
+    if (s.isOk()) s = checkOp(o, ti.dtype, where, false);
+    if (!s.isOk()) return setError(s);
+    auto e = makeEntry(hora::CollectiveKind::kAllreduce, name, ti, in, o);
+    e->out = to.data;
+    return submit(*set, {e}, makeState(o, 1), request);
+  });
+}
+
+HORA_API hora_status_t hora_grouped_allreduce_async(hora_runtime_t h, int32_t n, const DLTensor* const* in,
+                                                    DLTensor* const* out, const hora_options_t* options,
+                                                    hora_request_t* request) {
+  return guarded("hora_grouped_allreduce_async", [&]() -> hora_status_t {
+    HORA_CHECK_REQ_OUT("hora_grouped_allreduce_async");
+    RuntimeRef ref;
+    if (hora_status_t s = acquire(h, "hora_grouped_allreduce_async", &ref)) return s;
+    if (n <= 0 || !in || !out)
+      return fail(Code::kInvalidArgument, "hora_grouped_allreduce_async: n must be positive and in/out non-NULL");
+    hora_options_t o = readOptions(options);
+    std::shared_ptr<hora::ProcessSetImpl> set;
+    if (hora_status_t s = resolveSet(h, o.process_set, "hora_grouped_allreduce_async", &set)) return s;
+    std::string base = o.name ? o.name : set->autoName(hora::CollectiveKind::kAllreduce);
+    std::vector<std::shared_ptr<hora::TensorEntry>> entries;
+    for (int32_t i = 0; i < n; ++i) {
+      std::string name = base + "." + std::to_string(i);
+      std::string where = opWhere("grouped allreduce", name, *set);
+      TensorInfo ti, to;
+      Status s = checkTensor(in[i], where + ", input", &ti);
+      if (s.isOk()) s = checkTensor(out[i], where + ", output", &to);
+      if (s.isOk() && (ti.dtype != to.dtype || ti.count != to.count))
+        s = hora::invalidArgument(where + ": output does not match input");
+      if (s.isOk()) s = checkOp(o, ti.dtype, where, false);
+      if (!s.isOk()) return setError(s);
+      auto e = makeEntry(hora::CollectiveKind::kAllreduce, name, ti, in[i], o);
+      e->out = to.data;
+      entries.push_back(e);
+    }
+    return submit(*set, entries, makeState(o, n), request);
+  });
+}
+
+HORA_API hora_status_t hora_allgather_async(hora_runtime_t h, const DLTensor* in, const hora_options_t* options,
+                                            hora_request_t* request) {
+  return guarded("hora_allgather_async", [&]() -> hora_status_t {
+    HORA_CHECK_REQ_OUT("hora_allgather_async");
+    RuntimeRef ref;
+    if (hora_status_t s = acquire(h, "hora_allgather_async", &ref)) return s;
+    hora_options_t o = readOptions(options);
+    std::shared_ptr<hora::ProcessSetImpl> set;
+    if (hora_status_t s = resolveSet(h, o.process_set, "hora_allgather_async", &set)) return s;
+    std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kAllgather);
+    std::string where = opWhere("allgather", name, *set);
+    TensorInfo ti;
+    Status s = checkTensor(in, where + ", input", &ti);
+    if (s.isOk() && ti.shape.empty())
+      s = hora::invalidArgument(where + ": input is a scalar; allgather needs at least one dimension");
+    if (!s.isOk()) return setError(s);
+    o.op = HORA_OP_SUM;
+    o.prescale = o.postscale = 1.0;
+    return submit(*set, {makeEntry(hora::CollectiveKind::kAllgather, name, ti, in, o)}, makeState(o, 1), request);
+  });
+}
+
+HORA_API hora_status_t hora_broadcast_async(hora_runtime_t h, DLTensor* tensor, const hora_options_t* options,
+                                            hora_request_t* request) {
+  return guarded("hora_broadcast_async", [&]() -> hora_status_t {
+    HORA_CHECK_REQ_OUT("hora_broadcast_async");
+    RuntimeRef ref;
+    if (hora_status_t s = acquire(h, "hora_broadcast_async", &ref)) return s;
+    hora_options_t o = readOptions(options);
+    std::shared_ptr<hora::ProcessSetImpl> set;
+    if (hora_status_t s = resolveSet(h, o.process_set, "hora_broadcast_async", &set)) return s;
+    std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kBroadcast);
+    std::string where = opWhere("broadcast", name, *set);
+    TensorInfo ti;
+    Status s = checkTensor(tensor, where + ", tensor", &ti);
+    if (s.isOk() && (o.root < 0 || o.root >= set->size()))
+      s = hora::invalidArgument(where + ": root " + std::to_string(o.root) + " is outside the process set (size " +
+                                std::to_string(set->size()) + ")");
+    if (!s.isOk()) return setError(s);
+    o.op = HORA_OP_SUM;
+    o.prescale = o.postscale = 1.0;
+    auto e = makeEntry(hora::CollectiveKind::kBroadcast, name, ti, tensor, o);
+    e->out = ti.data;
+    return submit(*set, {e}, makeState(o, 1), request);
+  });
+}
+
+HORA_API hora_status_t hora_alltoall_async(hora_runtime_t h, const DLTensor* in, const int64_t* splits,
+                                           int32_t nsplits, const hora_options_t* options,
+                                           hora_request_t* request) {
+  return guarded("hora_alltoall_async", [&]() -> hora_status_t {
+    HORA_CHECK_REQ_OUT("hora_alltoall_async");
+    RuntimeRef ref;
+    if (hora_status_t s = acquire(h, "hora_alltoall_async", &ref)) return s;
+    hora_options_t o = readOptions(options);
+    std::shared_ptr<hora::ProcessSetImpl> set;
+    if (hora_status_t s = resolveSet(h, o.process_set, "hora_alltoall_async", &set)) return s;
+    std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kAlltoall);
+    std::string where = opWhere("alltoall", name, *set);
+    TensorInfo ti;
+    Status s = checkTensor(in, where + ", input", &ti);
+    if (s.isOk() && ti.shape.empty()) s = hora::invalidArgument(where + ": input needs at least one dimension");
+    if (!s.isOk()) return setError(s);
+    std::vector<int64_t> sp;
+    int n = set->size();
+    if (splits) {
+      if (nsplits != n)
+        return fail(Code::kInvalidArgument, where + ": nsplits is " + std::to_string(nsplits) +
+                                                " but the process set has " + std::to_string(n) + " ranks");
+      sp.assign(splits, splits + n);
+      int64_t sum = 0;
+      for (int64_t v : sp) {
+        if (v < 0) return fail(Code::kInvalidArgument, where + ": negative split");
+        sum += v;
+      }
+      if (sum != ti.shape[0])
+        return fail(Code::kInvalidArgument, where + ": splits sum to " + std::to_string(sum) +
+                                                " but dimension 0 is " + std::to_string(ti.shape[0]));
+    } else {
+      if (ti.shape[0] % n != 0)
+        return fail(Code::kInvalidArgument, where + ": dimension 0 (" + std::to_string(ti.shape[0]) +
+                                                ") does not divide by the set size " + std::to_string(n) +
+                                                "; pass explicit splits");
+      sp.assign(n, ti.shape[0] / n);
+    }
+    o.op = HORA_OP_SUM;
+    o.prescale = o.postscale = 1.0;
+    auto e = makeEntry(hora::CollectiveKind::kAlltoall, name, ti, in, o);
+    e->request.splits = sp;
+    return submit(*set, {e}, makeState(o, 1), request);
+  });
+}
+
+HORA_API hora_status_t hora_reducescatter_async(hora_runtime_t h, const DLTensor* in,
+                                                const hora_options_t* options, hora_request_t* request) {
+  return guarded("hora_reducescatter_async", [&]() -> hora_status_t {
+    HORA_CHECK_REQ_OUT("hora_reducescatter_async");
+    RuntimeRef ref;
+    if (hora_status_t s = acquire(h, "hora_reducescatter_async", &ref)) return s;
+    hora_options_t o = readOptions(options);
+    std::shared_ptr<hora::ProcessSetImpl> set;
+    if (hora_status_t s = resolveSet(h, o.process_set, "hora_reducescatter_async", &set)) return s;
+    std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kReducescatter);
+    std::string where = opWhere("reducescatter", name, *set);
+    TensorInfo ti;
+    Status s = checkTensor(in, where + ", input", &ti);
+    if (s.isOk() && ti.shape.empty()) s = hora::invalidArgument(where + ": input needs at least one dimension");
+    if (s.isOk()) s = checkOp(o, ti.dtype, where, true);
+    if (!s.isOk()) return setError(s);
+    return submit(*set, {makeEntry(hora::CollectiveKind::kReducescatter, name, ti, in, o)}, makeState(o, 1),
+                  request);
+  });
+}
+
+HORA_API hora_status_t hora_barrier_async(hora_runtime_t h, const hora_options_t* options, hora_request_t* request) {
+  return guarded("hora_barrier_async", [&]() -> hora_status_t {
+    HORA_CHECK_REQ_OUT("hora_barrier_async");
+    RuntimeRef ref;
+    if (hora_status_t s = acquire(h, "hora_barrier_async", &ref)) return s;
+    hora_options_t o = readOptions(options);
+    std::shared_ptr<hora::ProcessSetImpl> set;
+    if (hora_status_t s = resolveSet(h, o.process_set, "hora_barrier_async", &set)) return s;
+    std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kBarrier);
+    TensorInfo ti{hora::DataType::kUint8, {}, nullptr, 0};
+    o.op = HORA_OP_SUM;
+    o.prescale = o.postscale = 1.0;
+    return submit(*set, {makeEntry(hora::CollectiveKind::kBarrier, name, ti, nullptr, o)}, makeState(o, 1), request);
+  });
+}
+
+HORA_API hora_status_t hora_join_async(hora_runtime_t h, const hora_options_t* options, hora_request_t* request) {
+  return guarded("hora_join_async", [&]() -> hora_status_t {
+    HORA_CHECK_REQ_OUT("hora_join_async");
+    RuntimeRef ref;
+    if (hora_status_t s = acquire(h, "hora_join_async", &ref)) return s;
+    hora_options_t o = readOptions(options);
+    if (o.process_set && o.process_set != h->global)
+      return fail(Code::kNotSupported, "hora_join_async: join is supported on the global process set only");
+    auto set = h->rt->globalSet();
+    TensorInfo ti{hora::DataType::kUint8, {}, nullptr, 0};
+    o.op = HORA_OP_SUM;
+    o.prescale = o.postscale = 1.0;
+    return submit(*set, {makeEntry(hora::CollectiveKind::kJoin, "join", ti, nullptr, o)}, makeState(o, 1), request);
+  });
+}
+
+HORA_API hora_status_t hora_test(hora_request_t r, int32_t* done) {
+  return guarded("hora_test", [&]() -> hora_status_t {
+    if (!r || r->magic != hora::kRequestMagic || !done)
+      return fail(Code::kInvalidArgument, "hora_test: invalid request handle or NULL done");
+    std::lock_guard<std::mutex> lk(r->state->mu);
+    *done = r->state->done ? 1 : 0;
+    if (!r->state->done) return HORA_SUCCESS;
+    return setError(r->state->status);
+  });
+}
+
+HORA_API hora_status_t hora_wait(hora_request_t r, double timeout_s) {
+  return guarded("hora_wait", [&]() -> hora_status_t {
+    if (!r || r->magic != hora::kRequestMagic) return fail(Code::kInvalidArgument, "hora_wait: invalid request handle");
+    std::unique_lock<std::mutex> lk(r->state->mu);
+    auto isDone = [&] { return r->state->done; };
+    if (timeout_s < 0) {
+      r->state->cv.wait(lk, isDone);
+    } else if (!r->state->cv.wait_for(lk, std::chrono::duration<double>(timeout_s), isDone)) {
+      return fail(Code::kTimeout, "hora_wait: the request is still running after " + std::to_string(timeout_s) +
+                                      " s (it continues; wait again or check the other ranks)");
+    }
+    return setError(r->state->status);
+  });
+}
+
+HORA_API hora_status_t hora_request_output(hora_request_t r, const DLTensor** out) {
+  return guarded("hora_request_output", [&]() -> hora_status_t {
+    if (!r || r->magic != hora::kRequestMagic || !out)
+      return fail(Code::kInvalidArgument, "hora_request_output: invalid request handle or NULL out");
+    std::lock_guard<std::mutex> lk(r->state->mu);
+    if (!r->state->done) return fail(Code::kInProgress, "hora_request_output: the request has not completed yet");
+    if (!r->state->status.isOk()) return setError(r->state->status);
+    if (!r->state->hasOutput)
+      return fail(Code::kInvalidUsage, "hora_request_output: this request has no output tensor");
+    *out = &r->state->outTensor;
+    return HORA_SUCCESS;
+  });
+}
+
+HORA_API hora_status_t hora_request_received_splits(hora_request_t r, const int64_t** splits, int32_t* n) {
+  return guarded("hora_request_received_splits", [&]() -> hora_status_t {
+    if (!r || r->magic != hora::kRequestMagic || !splits || !n)
+      return fail(Code::kInvalidArgument, "hora_request_received_splits: invalid request handle or NULL out");
+    std::lock_guard<std::mutex> lk(r->state->mu);
+    if (!r->state->done) return fail(Code::kInProgress, "hora_request_received_splits: not completed yet");
+    if (!r->state->status.isOk()) return setError(r->state->status);
+    *splits = r->state->receivedSplits.data();
+    *n = static_cast<int32_t>(r->state->receivedSplits.size());
+    return HORA_SUCCESS;
+  });
+}
+
+HORA_API hora_status_t hora_request_join_last_rank(hora_request_t r, int32_t* rank) {
+  return guarded("hora_request_join_last_rank", [&]() -> hora_status_t {
+    if (!r || r->magic != hora::kRequestMagic || !rank)
+      return fail(Code::kInvalidArgument, "hora_request_join_last_rank: invalid request handle or NULL out");
+    std::lock_guard<std::mutex> lk(r->state->mu);
+    if (!r->state->done) return fail(Code::kInProgress, "hora_request_join_last_rank: not completed yet");
+    if (!r->state->status.isOk()) return setError(r->state->status);
+    *rank = r->state->lastJoinedRank;
+    return HORA_SUCCESS;
+  });
+}
+
+HORA_API hora_status_t hora_request_free(hora_request_t r) {
+  return guarded("hora_request_free", [&]() -> hora_status_t {
+    if (!r) return HORA_SUCCESS;
+    if (r->magic != hora::kRequestMagic)
+      return fail(Code::kInvalidArgument, "hora_request_free: invalid request handle (freed twice?)");
+    {
+      std::lock_guard<std::recursive_mutex> lk(r->state->cbMu);
+      r->state->handle = nullptr;
+    }
+    r->magic = kDeadMagic;
+    r->state.reset();
+    delete r;
+    return HORA_SUCCESS;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,277 @@
+// The executor thread of a process set: runs negotiated groups in order
+// through the backend. See process_set.h for the threading model.
+#include <algorithm>
+#include <cstring>
+
+#include "core/reduce.h"
+#include "process_set.h"
+
+namespace hora {
+
+namespace {
+int64_t rowElements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+}  // namespace
+
+void ProcessSetImpl::executorLoop() {
+  for (;;) {
+    std::vector<Response> group;
+    {
+      std::unique_lock<std::mutex> lk(execMu_);
+      execCv_.wait(lk, [&] { return !execQueue_.empty() || stopping_ || isBroken_; });
+      if (execQueue_.empty() || stopping_ || isBroken_) {
+        if (stopping_ || isBroken_) {
+          execQueue_.clear();
+          execInFlight_ = 0;
+          if (stopping_) return;
+          // Broken: keep draining nothing until stop; entries were failed.
+          execCv_.wait(lk, [&] { return stopping_.load(); });
+          return;
+        }
+        continue;
+      }
+      group = std::move(execQueue_.front());
+      execQueue_.pop_front();
+    }
+    execute(group);
+    --execInFlight_;
+    if (coordinator_) boost::asio::post(cp_->io(), [this] { maybeEmit(); });
+  }
+}
+
+Status ProcessSetImpl::backendFailure(const Status& s, const std::string& what) {
+  // A data-plane failure is usually the shadow of a lost peer that the
+  // control plane names precisely; give it a moment to say so.
+  for (int i = 0; i < 40 && !isBroken_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  Status named = isBroken_ ? brokenStatus() : s.withContext(what);
+  markBroken(named);
+  return named;
+}
+
+void ProcessSetImpl::execute(std::vector<Response>& group) {
+  const Response& first = group.front();
+  switch (first.kind) {
+    case ResponseKind::kError:
+      for (auto& r : group)
+        if (auto e = takeEntry(r.name)) e->complete(Status(static_cast<Code>(r.errorCode), r.error));
+      return;
+    case ResponseKind::kBarrier:
+      // The response itself proves every rank arrived.
+      if (auto e = takeEntry(first.name)) e->complete(Status::ok());
+      return;
+    case ResponseKind::kJoin:
+      if (auto e = takeEntry(first.name)) {
+        e->owner->lastJoinedRank = globalRank(first.lastJoinedRank);
+        e->complete(Status::ok());
+      }
+      return;
+    case ResponseKind::kAllreduce: {
+      std::vector<std::shared_ptr<TensorEntry>> es;
+      for (auto& r : group) es.push_back(takeEntry(r.name));
+      Status s = runAllreduce(group, es);
+      for (auto& e : es)
+        if (e) e->complete(s.isOk() ? s : entryStatus(*e, s));
+      return;
+    }
+    default:
+      break;
+  }
+  auto e = takeEntry(first.name);
+  Status s;
+  switch (first.kind) {
+    case ResponseKind::kAllgather: s = runAllgather(first, e.get()); break;
+    case ResponseKind::kBroadcast: s = runBroadcast(first, e.get()); break;
+    case ResponseKind::kAlltoall: s = runAlltoall(first, e.get()); break;
+    case ResponseKind::kReducescatter: s = runReducescatter(first, e.get()); break;
+    default: s = internalError("unexpected response kind"); break;
+  }
+  if (e) e->complete(s.isOk() ? s : entryStatus(*e, s));
+}
+
+Status ProcessSetImpl::runAllreduce(std::vector<Response>& group,
+                                    std::vector<std::shared_ptr<TensorEntry>>& es) {
+  const Response& r0 = group.front();
+  DataType dt = r0.dtype;
+  size_t esz = dataTypeSize(dt);
+  ReduceOp op = r0.op == ReduceOp::kAverage ? ReduceOp::kSum : r0.op;
+  int contributors = size() - static_cast<int>(r0.joined.size());
+  double post = r0.postscale * (r0.op == ReduceOp::kAverage ? 1.0 / std::max(1, contributors) : 1.0);
+  double pre = r0.prescale;
+  std::string what = "allreduce \"" + r0.name + "\"" +
+                     (group.size() > 1 ? " (fused with " + std::to_string(group.size() - 1) + " more)" : "");
+
+  if (group.size() == 1 && es[0]) {
+    // One tensor: reduce in the caller's output buffer, no staging copy.
+    TensorEntry& e = *es[0];
+    size_t n = static_cast<size_t>(e.count);
+    if (e.in != e.out) {
+      scaleCopy(dt, e.out, e.in, n, pre);
+    } else if (pre != 1.0) {
+      scaleInPlace(dt, e.out, n, pre);
+    }
+    Status s = backend_->allreduce(e.out, n, dt, op);
+    if (!s.isOk()) return backendFailure(s, what);
+    if (post != 1.0) scaleInPlace(dt, e.out, n, post);
+    return Status::ok();
+  }
+  // Fused (or this rank joined): pack into the persistent buffer.
+  size_t total = 0;
+  for (auto& r : group) total += static_cast<size_t>(r.numElements());
+  HORA_RETURN_IF_ERROR(fusion_.reserve(total * esz));
+  char* buf = fusion_.data();
+  size_t off = 0;
+  for (size_t i = 0; i < group.size(); ++i) {
+    size_t n = static_cast<size_t>(group[i].numElements());
+    if (es[i])
+      scaleCopy(dt, buf + off * esz, es[i]->in, n, pre);
+    else
+      fillIdentity(dt, op, buf + off * esz, n);
+    off += n;
+  }
+  Status s = backend_->allreduce(buf, total, dt, op);
+  if (!s.isOk()) return backendFailure(s, what);
+  off = 0;
+  for (size_t i = 0; i < group.size(); ++i) {
+    size_t n = static_cast<size_t>(group[i].numElements());
+    if (es[i]) scaleCopy(dt, es[i]->out, buf + off * esz, n, post);
+    off += n;
+  }
+  return Status::ok();
+}
+
+Result<void*> ProcessSetImpl::allocateOutput(TensorEntry& e, const std::vector<int64_t>& shape) {
+  RequestState& st = *e.owner;
+  size_t bytes = static_cast<size_t>(numElements(shape)) * dataTypeSize(e.request.dtype);
+  st.outShape = shape;
+  void* data = nullptr;
+  if (st.alloc) {
+    int rc = st.alloc(st.allocUser, static_cast<int32_t>(shape.size()), shape.data(), e.dlType, bytes, &data);
+    if (rc != 0 || (!data && bytes > 0))
+      return Status(Code::kSystemError, "the output allocator callback failed (returned " +
+                                            std::to_string(rc) + ") for " + std::to_string(bytes) + " bytes");
+  } else {
+    st.ownedOutput.resize(std::max<size_t>(bytes, 1));
+    data = st.ownedOutput.data();
+  }
+  st.outTensor = DLTensor{};
+  st.outTensor.data = data;
+  st.outTensor.device = DLDevice{kDLCPU, 0};
+  st.outTensor.ndim = static_cast<int32_t>(st.outShape.size());
+  st.outTensor.dtype = e.dlType;
+  st.outTensor.shape = st.outShape.data();
+  st.outTensor.strides = nullptr;
+  st.outTensor.byte_offset = 0;
+  st.hasOutput = true;
+  return data;
+}
+
+Status ProcessSetImpl::runAllgather(const Response& r, TensorEntry* e) {
+  DataType dt = r.dtype;
+  int64_t row = rowElements(r.shape);
+  std::vector<size_t> counts(size());
+  size_t total = 0;
+  for (int i = 0; i < size(); ++i) {
+    counts[i] = static_cast<size_t>(r.sizes[i] * row);
+    total += counts[i];
+  }
+  void* out = nullptr;
+  if (e) {
+    auto o = allocateOutput(*e, r.shape);
+    if (!o.isOk()) {
+      // Every rank must still take part, or the others would hang.
+      HORA_RETURN_IF_ERROR(fusion_.reserve(total * dataTypeSize(dt)));
+      Status s = backend_->allgatherv(e->in, fusion_.data(), counts, dt);
+      if (!s.isOk()) return backendFailure(s, "allgather \"" + r.name + "\"");
+      return o.status();
+    }
+    out = o.value();
+  } else {
+    HORA_RETURN_IF_ERROR(fusion_.reserve(total * dataTypeSize(dt)));
+    out = fusion_.data();
+  }
+  Status s = backend_->allgatherv(e ? e->in : nullptr, out, counts, dt);
+  if (!s.isOk()) return backendFailure(s, "allgather \"" + r.name + "\"");
+  return Status::ok();
+}
+
+Status ProcessSetImpl::runBroadcast(const Response& r, TensorEntry* e) {
+  size_t n = static_cast<size_t>(r.numElements());
+  void* data = e ? e->out : nullptr;
+  if (!data) {
+    HORA_RETURN_IF_ERROR(fusion_.reserve(n * dataTypeSize(r.dtype)));
+    data = fusion_.data();
+  }
+  Status s = backend_->broadcast(data, n, r.dtype, r.root);
+  if (!s.isOk()) return backendFailure(s, "broadcast \"" + r.name + "\"");
+  return Status::ok();
+}
+
+Status ProcessSetImpl::runAlltoall(const Response& r, TensorEntry* e) {
+  int n = size();
+  int64_t row = rowElements(r.shape);
+  std::vector<int64_t> send(n), recv(n), recvRows(n);
+  int64_t outRows = 0;
+  for (int d = 0; d < n; ++d) {
+    send[d] = r.sizes[rank_ * n + d] * row;
+    recvRows[d] = r.sizes[d * n + rank_];
+    recv[d] = recvRows[d] * row;
+    outRows += recvRows[d];
+  }
+  std::vector<int64_t> outShape = r.shape;
+  outShape[0] = outRows;
+  void* out = nullptr;
+  Status allocFailure;
+  if (e) {
+    e->owner->receivedSplits = recvRows;
+    auto o = allocateOutput(*e, outShape);
+    if (o.isOk()) out = o.value();
+    else allocFailure = o.status();
+  }
+  if (!out) {
+    HORA_RETURN_IF_ERROR(fusion_.reserve(static_cast<size_t>(outRows * row) * dataTypeSize(r.dtype)));
+    out = fusion_.data();
+  }
+  Status s = backend_->alltoallv(e ? e->in : nullptr, send, out, recv, r.dtype);
+  if (!s.isOk()) return backendFailure(s, "alltoall \"" + r.name + "\"");
+  return allocFailure;
+}
+
+Status ProcessSetImpl::runReducescatter(const Response& r, TensorEntry* e) {
+  DataType dt = r.dtype;
+  size_t esz = dataTypeSize(dt);
+  int n = size();
+  int64_t dim0 = r.shape.empty() ? 0 : r.shape[0];
+  int64_t row = rowElements(r.shape);
+  std::vector<size_t> counts(n);
+  size_t before = 0;
+  for (int i = 0; i < n; ++i) {
+    int64_t rows = dim0 / n + (i < dim0 % n ? 1 : 0);
+    counts[i] = static_cast<size_t>(rows * row);
+    if (i < rank_) before += counts[i];
+  }
+  size_t total = static_cast<size_t>(r.numElements());
+  ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
+  int contributors = n - static_cast<int>(r.joined.size());
+  double post = r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / std::max(1, contributors) : 1.0);
+  HORA_RETURN_IF_ERROR(fusion_.reserve(std::max<size_t>(total, 1) * esz));
+  char* buf = fusion_.data();
+  if (e)
+    scaleCopy(dt, buf, e->in, total, r.prescale);
+  else
+    fillIdentity(dt, op, buf, total);
+  Status s = backend_->reducescatter(buf, counts, dt, op);
+  if (!s.isOk()) return backendFailure(s, "reducescatter \"" + r.name + "\"");
+  if (!e) return Status::ok();
+  std::vector<int64_t> outShape = r.shape;
+  if (!outShape.empty()) outShape[0] = static_cast<int64_t>(counts[rank_] / std::max<int64_t>(row, 1));
+  if (row == 0 && !outShape.empty()) outShape[0] = dim0 / n + (rank_ < dim0 % n ? 1 : 0);
+  auto o = allocateOutput(*e, outShape);
+  if (!o.isOk()) return o.status();
+  scaleCopy(dt, o.value(), buf + before * esz, counts[rank_], post);
+  return Status::ok();
+}
+
+}  // namespace hora

@@ -1,0 +1,406 @@
+#include "process_set.h"
+
+#include <algorithm>
+
+#include "core/wire.h"
+#include "ops/gloo/gloo_backend.h"
+
+namespace hora {
+
+namespace asio = boost::asio;
+
+void RequestState::completeEntry(const Status& s) {
+  hora_callback_t cb = nullptr;
+  Status final;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    if (!s.isOk() && status.isOk()) status = s;
+    if (--remaining > 0) return;
+    done = true;
+    final = status;
+    cb = callback;
+  }
+  cv.notify_all();
+  if (cb) {
+    std::lock_guard<std::recursive_mutex> lk(cbMu);
+    if (handle) cb(callbackUser, handle, static_cast<hora_status_t>(final.code()));
+  }
+}
+
+ProcessSetImpl::ProcessSetImpl(std::string name, std::vector<int> globalRanks, int rank,
+                               SetOptions options)
+    : name_(std::move(name)), globalRanks_(std::move(globalRanks)), rank_(rank),
+      opts_(std::move(options)), logger_(opts_.logger),
+      cache_(static_cast<size_t>(std::max(0, opts_.cacheCapacity))) {}
+
+Result<std::unique_ptr<ProcessSetImpl>> ProcessSetImpl::create(std::string name,
+                                                               std::vector<int> globalRanks,
+                                                               int myGlobalRank,
+                                                               std::shared_ptr<Store> store,
+                                                               SetOptions options) {
+  auto it = std::find(globalRanks.begin(), globalRanks.end(), myGlobalRank);
+  if (it == globalRanks.end())
+    return invalidArgument("rank " + std::to_string(myGlobalRank) + " is not a member of process set " + name);
+  int rank = static_cast<int>(it - globalRanks.begin());
+  std::unique_ptr<ProcessSetImpl> ps(new ProcessSetImpl(name, globalRanks, rank, std::move(options)));
+  const SetOptions& o = ps->opts_;
+
+  ControlPlaneOptions cpo;
+  cpo.rank = rank;
+  cpo.size = ps->size();
+  cpo.globalRanks = globalRanks;
+  cpo.hostname = o.hostname;
+  cpo.startTimeout = std::chrono::milliseconds(static_cast<int64_t>(o.startTimeoutS * 1000));
+  cpo.heartbeatInterval = std::chrono::milliseconds(o.heartbeatIntervalMs);
+  cpo.peerTimeout = std::chrono::milliseconds(static_cast<int64_t>(o.peerTimeoutS * 1000));
+  cpo.setName = name;
+  auto cp = ControlPlane::create(std::make_shared<PrefixStore>(store, "ctrl"), cpo, ps->logger_);
+  if (!cp.isOk()) return cp.status();
+  ps->cp_ = cp.take();
+
+  GlooBackendOptions go;
+  go.hostname = o.hostname;
+  go.iface = o.glooIface;
+  go.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.peerTimeoutS * 1000));
+  go.algorithm = o.glooAlgorithm;
+  auto be = createGlooBackend(store, "gloo", rank, ps->size(), go);
+  if (!be.isOk()) return be.status().withContext("process set " + name + ": connecting the Gloo data plane");
+  ps->backend_ = be.take();
+
+  if (rank == 0) {
+    CoordinatorOptions co;
+    co.size = ps->size();
+    co.fusionThresholdBytes = o.fusionThresholdBytes;
+    co.stallWarningS = o.stallWarningS;
+    co.stallShutdownS = o.stallShutdownS;
+    co.setName = name;
+    ps->coordinator_ = std::make_unique<Coordinator>(co, &ps->cache_, ps->logger_);
+  }
+  ps->emitTimer_ = std::make_unique<asio::steady_timer>(ps->cp_->io());
+  ps->stallTimer_ = std::make_unique<asio::steady_timer>(ps->cp_->io());
+
+  ProcessSetImpl* self = ps.get();
+  ControlPlaneCallbacks cbs;
+  cbs.onFrame = [self](int from, FrameType t, std::string p) { self->onFrame(from, t, std::move(p)); };
+  cbs.onPeerLost = [self](int peer, Status why) { self->onPeerLost(peer, std::move(why)); };
+  ps->cp_->start(std::move(cbs));
+  if (rank == 0) self->stallTick();
+  ps->controlThread_ = std::thread([self] { self->cp_->run(); });
+  ps->executorThread_ = std::thread([self] { self->executorLoop(); });
+  return ps;
+}
+
+ProcessSetImpl::~ProcessSetImpl() { shutdown("the process set was destroyed"); }
+
+std::string ProcessSetImpl::autoName(CollectiveKind kind) {
+  uint64_t n = autoNameCounters_[static_cast<int>(kind)].fetch_add(1);
+  return std::string(collectiveName(kind)) + ".noname." + std::to_string(n);
+}
+
+Status ProcessSetImpl::brokenStatus() {
+  std::lock_guard<std::mutex> lk(tableMu_);
+  return broken_;
+}
+
+Status ProcessSetImpl::enqueue(std::vector<std::shared_ptr<TensorEntry>> entries) {
+  {
+    std::lock_guard<std::mutex> lk(tableMu_);
+    if (stopping_) return Status(Code::kShutDown, "process set " + name_ + " on rank " +
+                                                      std::to_string(globalRank(rank_)) +
+                                                      " is shut down; no new collectives can start");
+    if (isBroken_) return broken_;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const std::string& n = entries[i]->request.name;
+      bool dupInCall = false;
+      for (size_t j = 0; j < i; ++j) dupInCall |= entries[j]->request.name == n;
+      if (table_.count(n) || dupInCall)
+        return invalidUsage(std::string(collectiveName(entries[i]->request.kind)) + " \"" + n +
+                            "\" on rank " + std::to_string(globalRank(rank_)) +
+                            ": a request with this name is already in flight; wait for it or use a "
+                            "different name");
+    }
+    for (auto& e : entries) {
+      e->request.rank = rank_;
+      table_[e->request.name] = e;
+      inbox_.push_back(e);
+    }
+  }
+  if (!drainPosted_.exchange(true)) asio::post(cp_->io(), [this] { drainInbox(); });
+  return Status::ok();
+}
+
+void ProcessSetImpl::drainInbox() {
+  drainPosted_ = false;
+  std::vector<std::shared_ptr<TensorEntry>> batch;
+  {
+    std::lock_guard<std::mutex> lk(tableMu_);
+    batch.swap(inbox_);
+  }
+  if (batch.empty() || isBroken_) return;
+  RequestList list;
+  for (auto& e : batch) {
+    const Request& r = e->request;
+    bool cacheableKind = r.kind == CollectiveKind::kAllreduce || r.kind == CollectiveKind::kBroadcast ||
+                         r.kind == CollectiveKind::kReducescatter;
+    int32_t bit = cacheableKind ? cache_.lookup(r.name, r.signature()) : -1;
+    if (bit >= 0) {
+      uint64_t sig = r.signature();
+      list.hits.push_back(CacheHit{static_cast<uint32_t>(bit), sig});
+      sentAsHits_[sig] = r;
+    } else {
+      list.requests.push_back(r);
+    }
+  }
+  submit(std::move(list));
+}
+
+void ProcessSetImpl::submit(RequestList list) {
+  if (coordinator_) {
+    std::vector<CacheHit> nacks;
+    Status s = coordinator_->onRequests(0, list, Clock::now(), &nacks);
+    if (!s.isOk()) {
+      abortSet(s);
+      return;
+    }
+    if (!nacks.empty()) {
+      RequestList again;
+      for (const auto& h : nacks) {
+        auto it = sentAsHits_.find(h.signature);
+        if (it != sentAsHits_.end()) again.requests.push_back(it->second);
+      }
+      if (!again.requests.empty()) submit(std::move(again));
+    }
+    maybeEmit();
+  } else {
+    cp_->send(0, FrameType::kRequests, encode(list));
+  }
+}
+
+void ProcessSetImpl::onFrame(int from, FrameType type, std::string payload) {
+  if (isBroken_) return;
+  switch (type) {
+    case FrameType::kRequests: {
+      if (!coordinator_) break;
+      RequestList list;
+      Status s = decode(payload, &list);
+      std::vector<CacheHit> nacks;
+      if (s.isOk()) s = coordinator_->onRequests(from, list, Clock::now(), &nacks);
+      if (!s.isOk()) {
+        abortSet(s.withContext("bad request message from rank " + std::to_string(globalRank(from))));
+        return;
+      }
+      if (!nacks.empty()) {
+        RequestList n;
+        n.hits = std::move(nacks);
+        cp_->send(from, FrameType::kNack, encode(n));
+      }
+      maybeEmit();
+      return;
+    }
+    case FrameType::kResponses: {
+      ResponseList list;
+      Status s = decode(payload, &list);
+      if (!s.isOk()) {
+        abortSet(s.withContext("bad response message from the coordinator"));
+        return;
+      }
+      applyResponses(list);
+      return;
+    }
+    case FrameType::kNack: {
+      RequestList n;
+      if (!decode(payload, &n).isOk()) return;
+      RequestList again;
+      for (const auto& h : n.hits) {
+        auto it = sentAsHits_.find(h.signature);
+        if (it != sentAsHits_.end()) again.requests.push_back(it->second);
+      }
+      if (!again.requests.empty()) submit(std::move(again));
+      return;
+    }
+    case FrameType::kAbort: {
+      ByteReader rd(payload);
+      int32_t code = 0;
+      std::string msg;
+      if (!rd.i32(&code, "abort code").isOk() || !rd.str(&msg, "abort message").isOk()) {
+        code = static_cast<int32_t>(Code::kProtocolError);
+        msg = "the coordinator aborted the job with a malformed message";
+      }
+      if (code <= 0 || code > static_cast<int32_t>(Code::kInternal)) code = static_cast<int32_t>(Code::kRemoteError);
+      markBroken(Status(static_cast<Code>(code), msg));
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+void ProcessSetImpl::applyResponses(const ResponseList& list) {
+  for (const auto& g : list.groups) {
+    std::vector<Response> resolved;
+    resolved.reserve(g.items.size());
+    for (const auto& item : g.items) {
+      if (item.cacheBit >= 0) {
+        const Response* r = cache_.touch(static_cast<uint32_t>(item.cacheBit));
+        if (!r) {
+          abortSet(protocolError("response cache out of step with the coordinator (bit " +
+                                 std::to_string(item.cacheBit) +
+                                 " unknown here): are all ranks using the same HORA_CACHE_CAPACITY?"));
+          return;
+        }
+        resolved.push_back(*r);
+      } else {
+        if (item.response.cacheable()) cache_.put(item.response);
+        resolved.push_back(item.response);
+      }
+      sentAsHits_.erase(resolved.back().signature);
+    }
+    {
+      std::lock_guard<std::mutex> lk(execMu_);
+      execQueue_.push_back(std::move(resolved));
+      ++execInFlight_;
+    }
+    execCv_.notify_one();
+  }
+}
+
+void ProcessSetImpl::maybeEmit() {
+  if (!coordinator_ || !coordinator_->hasReady() || isBroken_) return;
+  auto now = Clock::now();
+  if (!emitTimerArmed_) firstReady_ = now;
+  auto cycle = std::chrono::microseconds(static_cast<int64_t>(opts_.cycleTimeMs * 1000));
+  // Emit at once when the executor is idle (lowest latency); while it is
+  // busy, let more tensors become ready so they fuse, for at most one cycle.
+  if (execInFlight_ > 0 && now - firstReady_ < cycle) {
+    if (!emitTimerArmed_) {
+      emitTimerArmed_ = true;
+      emitTimer_->expires_after(cycle);
+      emitTimer_->async_wait([this](boost::system::error_code ec) {
+        emitTimerArmed_ = false;
+        if (!ec) maybeEmit();
+      });
+    }
+    return;
+  }
+  if (emitTimerArmed_) {
+    emitTimer_->cancel();
+    emitTimerArmed_ = false;
+  }
+  std::vector<std::vector<Response>> resolved;
+  ResponseList list = coordinator_->emit(&resolved);
+  if (size() > 1) cp_->broadcast(FrameType::kResponses, encode(list));
+  {
+    std::lock_guard<std::mutex> lk(execMu_);
+    for (auto& g : resolved) {
+      for (const auto& r : g) sentAsHits_.erase(r.signature);
+      execQueue_.push_back(std::move(g));
+      ++execInFlight_;
+    }
+  }
+  execCv_.notify_one();
+}
+
+void ProcessSetImpl::stallTick() {
+  if (!coordinator_ || isBroken_ || stopping_) return;
+  for (const auto& w : coordinator_->inspectStalls(Clock::now())) HORA_LOG(logger_, kWarning) << w;
+  maybeEmit();
+  double period = std::min(1.0, std::max(0.05, std::min(opts_.stallWarningS, opts_.stallShutdownS > 0 ? opts_.stallShutdownS : 1e9) / 4));
+  stallTimer_->expires_after(std::chrono::milliseconds(static_cast<int64_t>(period * 1000)));
+  stallTimer_->async_wait([this](boost::system::error_code ec) {
+    if (!ec) stallTick();
+  });
+}
+
+void ProcessSetImpl::onPeerLost(int peer, Status why) {
+  if (stopping_) return;
+  Status s = why;
+  if (coordinator_ && why.code() != Code::kShutDown)
+    s = Status(why.code(), why.message() + " [" + coordinator_->pendingSummary() + "]");
+  if (!cp_->isCoordinator() && why.code() != Code::kShutDown)
+    s = Status(why.code(), "lost the coordinator of set " + name_ + ": " + why.message());
+  if (why.code() == Code::kShutDown)
+    s = Status(Code::kShutDown, why.message() +
+                                    "; collectives that need it can no longer complete (did ranks run "
+                                    "different numbers of steps? see hora_join for uneven data)");
+  abortSet(s);
+}
+
+void ProcessSetImpl::abortSet(Status why) {
+  if (cp_->isCoordinator() && size() > 1) {
+    ByteWriter w;
+    w.i32(static_cast<int32_t>(why.code()));
+    w.str(why.message());
+    cp_->broadcast(FrameType::kAbort, w.take());
+  }
+  markBroken(std::move(why));
+}
+
+void ProcessSetImpl::markBroken(Status why) {
+  {
+    std::lock_guard<std::mutex> lk(tableMu_);
+    if (isBroken_) return;
+    broken_ = why;
+    isBroken_ = true;
+  }
+  if (why.code() != Code::kShutDown)
+    HORA_LOG(logger_, kError) << "process set " << name_ << " failed: " << why.message();
+  // A collective stuck on a vanished peer must not wait for the data-plane timeout.
+  backend_->abort();
+  failAllPending(why);
+  execCv_.notify_all();
+}
+
+Status ProcessSetImpl::entryStatus(const TensorEntry& e, const Status& why) const {
+  return Status(why.code(), std::string(collectiveName(e.request.kind)) + " \"" + e.request.name +
+                                "\" on rank " + std::to_string(globalRanks_[rank_]) + ": " +
+                                why.message());
+}
+
+void ProcessSetImpl::failAllPending(const Status& why) {
+  std::vector<std::shared_ptr<TensorEntry>> victims;
+  {
+    std::lock_guard<std::mutex> lk(tableMu_);
+    for (auto& kv : table_) victims.push_back(kv.second);
+    table_.clear();
+    inbox_.clear();
+  }
+  for (auto& e : victims) e->complete(entryStatus(*e, why));
+}
+
+std::shared_ptr<TensorEntry> ProcessSetImpl::takeEntry(const std::string& name) {
+  std::lock_guard<std::mutex> lk(tableMu_);
+  auto it = table_.find(name);
+  if (it == table_.end()) return nullptr;
+  auto e = it->second;
+  table_.erase(it);
+  return e;
+}
+
+void ProcessSetImpl::shutdown(const std::string& reason) {
+  if (stopping_.exchange(true)) {
+    if (controlThread_.joinable()) controlThread_.join();
+    if (executorThread_.joinable()) executorThread_.join();
+    return;
+  }
+  Status why(Code::kShutDown, reason);
+  if (cp_) {
+    asio::post(cp_->io(), [this] {
+      emitTimer_->cancel();
+      stallTimer_->cancel();
+      cp_->closeGracefully();
+    });
+    cp_->stop();
+  }
+  if (controlThread_.joinable()) controlThread_.join();
+  // Requests still pending can no longer be negotiated.
+  failAllPending(why);
+  execCv_.notify_all();
+  if (executorThread_.joinable()) executorThread_.join();
+  std::deque<std::vector<Response>> left;
+  {
+    std::lock_guard<std::mutex> lk(execMu_);
+    left.swap(execQueue_);
+  }
+}
+
+}  // namespace hora

@@ -1,0 +1,151 @@
+// ProcessSetImpl: one communicator (the global set or a subset of ranks) with
+// its own coordinator, control plane, response cache, data-plane backend and
+// threads. This is where the runtime's threads live:
+//
+//  - framework threads call enqueue(): entries go into the tensor table and
+//    the inbox, and the control thread is woken (no fixed-cycle sleeping).
+//  - the control thread (one per set) runs the ControlPlane's event loop:
+//    it drains the inbox into a RequestList (cache hits where possible),
+//    sends it to the coordinator (or, on the coordinator, feeds it in
+//    directly), applies response lists to the cache, and hands the resolved
+//    groups to the executor. On the coordinator it also emits responses,
+//    inspects stalls and broadcasts aborts when a peer is lost.
+//  - the executor thread (one per set) runs the groups in order through the
+//    Backend, using the persistent fusion buffer, and completes entries.
+//    It is separate from the control thread so heartbeats, loss detection
+//    and negotiation of the next tensors continue during a long collective.
+//
+// A set that loses a peer, receives an abort, or fails a collective becomes
+// broken: every pending and future request fails with the recorded status,
+// which names the lost rank. shutdown() completes pending requests with
+// kShutDown and joins both threads.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "controllers/control_plane.h"
+#include "controllers/coordinator.h"
+#include "core/backend.h"
+#include "core/host_buffer.h"
+#include "core/logging.h"
+#include "core/response_cache.h"
+#include "core/store.h"
+#include "request_state.h"
+
+namespace hora {
+
+struct SetOptions {
+  int64_t fusionThresholdBytes = 128 << 20;
+  int64_t fusionChunkBytes = 8 << 20;
+  int cacheCapacity = 1024;
+  double cycleTimeMs = 1;
+  double stallWarningS = 60;
+  double stallShutdownS = 300;
+  double peerTimeoutS = 30;
+  double startTimeoutS = 120;
+  int heartbeatIntervalMs = 1000;
+  std::string hostname = "127.0.0.1";
+  std::string glooIface;
+  std::string glooAlgorithm = "auto";
+  Logger logger;
+};
+
+class ProcessSetImpl {
+ public:
+  // Connects the set's control plane and data plane (blocks until every
+  // member arrived) and starts its threads. `store` is already prefixed for
+  // this set.
+  static Result<std::unique_ptr<ProcessSetImpl>> create(std::string name,
+                                                        std::vector<int> globalRanks,
+                                                        int myGlobalRank,
+                                                        std::shared_ptr<Store> store,
+                                                        SetOptions options);
+  ~ProcessSetImpl();
+
+  // Framework threads. On failure nothing was enqueued.
+  Status enqueue(std::vector<std::shared_ptr<TensorEntry>> entries);
+  std::string autoName(CollectiveKind kind);
+
+  // Completes pending requests with kShutDown and stops the threads.
+  void shutdown(const std::string& reason);
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(globalRanks_.size()); }
+  int globalRank(int setRank) const { return globalRanks_[setRank]; }
+  const std::string& name() const { return name_; }
+
+ private:
+  ProcessSetImpl(std::string name, std::vector<int> globalRanks, int rank, SetOptions options);
+
+  // Control thread.
+  void drainInbox();
+  void onFrame(int from, FrameType type, std::string payload);
+  void onPeerLost(int peer, Status why);
+  void submit(RequestList list);
+  void maybeEmit();
+  void applyResponses(const ResponseList& list);
+  void stallTick();
+  void abortSet(Status why);
+
+  // Any thread.
+  void markBroken(Status why);
+  Status brokenStatus();
+  std::shared_ptr<TensorEntry> takeEntry(const std::string& name);
+  void failAllPending(const Status& why);
+  Status entryStatus(const TensorEntry& e, const Status& why) const;
+
+  // Executor thread (executor.cc).
+  void executorLoop();
+  void execute(std::vector<Response>& group);
+  Status runAllreduce(std::vector<Response>& group, std::vector<std::shared_ptr<TensorEntry>>& es);
+  Status runAllgather(const Response& r, TensorEntry* e);
+  Status runBroadcast(const Response& r, TensorEntry* e);
+  Status runAlltoall(const Response& r, TensorEntry* e);
+  Status runReducescatter(const Response& r, TensorEntry* e);
+  Result<void*> allocateOutput(TensorEntry& e, const std::vector<int64_t>& shape);
+  Status backendFailure(const Status& s, const std::string& what);
+
+  std::string name_;
+  std::vector<int> globalRanks_;
+  int rank_;
+  SetOptions opts_;
+  Logger logger_;
+
+  std::unique_ptr<ControlPlane> cp_;
+  std::unique_ptr<Backend> backend_;
+  ResponseCache cache_;                      // control thread only
+  std::unique_ptr<Coordinator> coordinator_; // set rank 0 only; control thread only
+  std::unique_ptr<boost::asio::steady_timer> emitTimer_, stallTimer_;
+  bool emitTimerArmed_ = false;
+  Clock::time_point firstReady_{};
+  std::unordered_map<uint64_t, Request> sentAsHits_;  // control thread: for nack resends
+
+  std::mutex tableMu_;  // guards table_, inbox_, broken_
+  std::unordered_map<std::string, std::shared_ptr<TensorEntry>> table_;
+  std::vector<std::shared_ptr<TensorEntry>> inbox_;
+  Status broken_;
+  std::atomic<bool> isBroken_{false};
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> drainPosted_{false};
+
+  std::mutex execMu_;  // guards execQueue_
+  std::condition_variable execCv_;
+  std::deque<std::vector<Response>> execQueue_;
+  std::atomic<int> execInFlight_{0};
+  HostBuffer fusion_;  // executor thread only
+
+  std::atomic<uint64_t> autoNameCounters_[static_cast<int>(CollectiveKind::kCount)] = {};
+
+  std::thread controlThread_;
+  std::thread executorThread_;
+};
+
+}  // namespace hora

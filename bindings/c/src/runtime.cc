@@ -1,0 +1,234 @@
+#include "runtime.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "core/memory_store.h"
+
+namespace hora {
+
+namespace {
+
+int envInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  return (*end == '\0') ? static_cast<int>(x) : fallback;
+}
+
+// First of: explicit config, HORA_* parameter, launcher/MPI/Slurm variables.
+int pick(int configured, const Params& p, const char* horaName,
+         std::initializer_list<const char*> others) {
+  if (configured >= 0) return configured;
+  int64_t v = p.getInt(horaName);
+  if (v >= 0) return static_cast<int>(v);
+  for (const char* o : others) {
+    int x = envInt(o, -1);
+    if (x >= 0) return x;
+  }
+  return -1;
+}
+
+std::string hostName() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
+bool isLoopback(const std::string& a) {
+  return a == "localhost" || a.rfind("127.", 0) == 0 || a == "::1";
+}
+
+}  // namespace
+
+Status Runtime::resolveIdentity(const hora_config_t& c) {
+  id_.rank = pick(c.rank, params_, "HORA_RANK", {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"});
+  id_.size = pick(c.size, params_, "HORA_SIZE", {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"});
+  if (id_.rank < 0) id_.rank = 0;
+  if (id_.size < 0) id_.size = 1;
+  if (id_.size < 1 || id_.rank >= id_.size)
+    return invalidArgument("rank " + std::to_string(id_.rank) + " is out of range for size " +
+                           std::to_string(id_.size) + " (check HORA_RANK/HORA_SIZE or the config)");
+  id_.localRank = pick(c.local_rank, params_, "HORA_LOCAL_RANK",
+                       {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"});
+  id_.localSize = pick(c.local_size, params_, "HORA_LOCAL_SIZE",
+                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"});
+  id_.crossRank = pick(c.cross_rank, params_, "HORA_CROSS_RANK", {});
+  id_.crossSize = pick(c.cross_size, params_, "HORA_CROSS_SIZE", {});
+  return Status::ok();
+}
+
+Status Runtime::deriveTopology(bool needLocal, bool needCross, const std::string& host) {
+  // Every rank publishes its host name; local and cross ranks follow from
+  // the sorted list, the same on every rank.
+  HORA_RETURN_IF_ERROR(store_->set("host/" + std::to_string(id_.rank), host));
+  std::vector<std::string> hosts(id_.size);
+  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(startTimeoutS_ * 1000));
+  for (int r = 0; r < id_.size; ++r) {
+    auto v = store_->get("host/" + std::to_string(r), timeout);
+    if (!v.isOk()) return v.status().withContext("waiting for rank " + std::to_string(r) + " to join the job");
+    hosts[r] = v.value();
+  }
+  std::vector<std::string> distinct;
+  for (const auto& h : hosts)
+    if (std::find(distinct.begin(), distinct.end(), h) == distinct.end()) distinct.push_back(h);
+  if (needLocal) {
+    id_.localRank = 0;
+    id_.localSize = 0;
+    for (int r = 0; r < id_.size; ++r)
+      if (hosts[r] == host) {
+        if (r < id_.rank) ++id_.localRank;
+        ++id_.localSize;
+      }
+  }
+  if (needCross) {
+    id_.crossSize = static_cast<int>(distinct.size());
+    id_.crossRank = static_cast<int>(std::find(distinct.begin(), distinct.end(), host) - distinct.begin());
+  }
+  return Status::ok();
+}
+
+Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
+  std::unique_ptr<Runtime> rt(new Runtime());
+  auto params = Params::fromEnvironment();
+  if (!params.isOk()) return params.status();
+  rt->params_ = params.take();
+  const Params& p = rt->params_;
+  HORA_RETURN_IF_ERROR(rt->resolveIdentity(c));
+  const Identity& id = rt->id_;
+
+  LogLevel level = LogLevel::kWarning;
+  std::string levelText = c.log_level ? c.log_level : p.getString("HORA_LOG_LEVEL");
+  if (!parseLogLevel(levelText, &level))
+    return invalidArgument("log level '" + levelText + "' is not one of trace, debug, info, warning, error, off");
+  rt->logger_ = Logger(level, "[hora rank " + std::to_string(id.rank) + "]");
+
+  auto num = [](double configured, double fallback) { return configured >= 0 ? configured : fallback; };
+  SetOptions& so = rt->setOpts_;
+  so.logger = rt->logger_;
+  so.cycleTimeMs = num(c.cycle_time_ms, p.getFloat("HORA_CYCLE_TIME_MS"));
+  so.fusionThresholdBytes = c.fusion_threshold_bytes >= 0 ? c.fusion_threshold_bytes : p.getInt("HORA_FUSION_THRESHOLD_BYTES");
+  so.fusionChunkBytes = p.getInt("HORA_FUSION_CHUNK_BYTES");
+  so.cacheCapacity = c.cache_capacity >= 0 ? c.cache_capacity : static_cast<int>(p.getInt("HORA_CACHE_CAPACITY"));
+  so.stallWarningS = num(c.stall_warning_time_s, p.getFloat("HORA_STALL_WARNING_TIME_S"));
+  so.stallShutdownS = num(c.stall_shutdown_time_s, p.getFloat("HORA_STALL_SHUTDOWN_TIME_S"));
+  so.peerTimeoutS = num(c.peer_timeout_s, p.getFloat("HORA_PEER_TIMEOUT_S"));
+  so.startTimeoutS = num(c.start_timeout_s, p.getFloat("HORA_START_TIMEOUT_S"));
+  so.heartbeatIntervalMs = static_cast<int>(p.getInt("HORA_HEARTBEAT_INTERVAL_MS"));
+  so.glooIface = p.getString("HORA_GLOO_IFACE");
+  so.glooAlgorithm = p.getString("HORA_GLOO_ALGORITHM");
+  rt->startTimeoutS_ = so.startTimeoutS;
+  if (so.peerTimeoutS <= 0 || so.startTimeoutS <= 0 || so.cycleTimeMs < 0 || so.heartbeatIntervalMs <= 0)
+    return invalidArgument("peer timeout, start timeout and heartbeat interval must be positive, cycle time non-negative");
+  // Heartbeats must come well inside the peer timeout.
+  so.heartbeatIntervalMs = std::min<int>(so.heartbeatIntervalMs, std::max(50, static_cast<int>(so.peerTimeoutS * 250)));
+
+  std::string storeAddr = c.store_addr ? c.store_addr : p.getString("HORA_STORE_ADDR");
+  int storePort = c.store_port > 0 ? c.store_port : static_cast<int>(p.getInt("HORA_STORE_PORT"));
+  bool external = c.store_external >= 0 ? c.store_external != 0 : p.getBool("HORA_STORE_EXTERNAL");
+  std::string secret;
+  if (c.secret) {
+    secret = c.secret;
+  } else if (!p.getString("HORA_SECRET").empty()) {
+    secret = p.getString("HORA_SECRET");
+  } else if (!p.getString("HORA_SECRET_FILE").empty()) {
+    std::ifstream f(p.getString("HORA_SECRET_FILE"));
+    if (!f) return invalidArgument("cannot read HORA_SECRET_FILE '" + p.getString("HORA_SECRET_FILE") + "'");
+    std::getline(f, secret);
+  }
+  std::string host = c.hostname ? c.hostname : p.getString("HORA_HOSTNAME");
+  if (host.empty()) host = (storeAddr.empty() || isLoopback(storeAddr)) ? "127.0.0.1" : hostName();
+  so.hostname = host;
+
+  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(so.startTimeoutS * 1000));
+  if (id.size == 1 && storeAddr.empty()) {
+    rt->store_ = std::make_shared<MemoryStore>();
+  } else {
+    if (storeAddr.empty())
+      return invalidArgument("rank " + std::to_string(id.rank) + " of " + std::to_string(id.size) +
+                             ": HORA_STORE_ADDR is not set; set it (and HORA_STORE_PORT) to the address "
+                             "where rank 0 or the launcher serves the rendezvous store, or start the job "
+                             "with horarun");
+    if (id.rank == 0 && !external) {
+      auto server = TcpStoreServer::start(storeAddr, storePort, secret, rt->logger_);
+      if (!server.isOk())
+        return server.status().withContext("rank 0 could not host the rendezvous store at " + storeAddr +
+                                           ":" + std::to_string(storePort) +
+                                           " (port in use by another job? set HORA_STORE_PORT)");
+      rt->server_ = server.take();
+    }
+    auto client = TcpStoreClient::connect(storeAddr, storePort, secret, timeout, rt->logger_);
+    if (!client.isOk()) return client.status().withContext("rank " + std::to_string(id.rank));
+    // Each job gets a fresh namespace so a store reused across runtimes stays clean.
+    rt->store_ = std::make_shared<PrefixStore>(client.take(), "hora");
+  }
+
+  bool needLocal = id.localRank < 0 || id.localSize < 0;
+  bool needCross = id.crossRank < 0 || id.crossSize < 0;
+  if (id.size > 1 && (needLocal || needCross)) {
+    HORA_RETURN_IF_ERROR(rt->deriveTopology(needLocal, needCross, host == "127.0.0.1" ? hostName() : host));
+  } else {
+    if (needLocal) rt->id_.localRank = id.rank, rt->id_.localSize = id.size;
+    if (needCross) rt->id_.crossRank = 0, rt->id_.crossSize = 1;
+  }
+
+  std::vector<int> all(id.size);
+  for (int r = 0; r < id.size; ++r) all[r] = r;
+  auto g = ProcessSetImpl::create("global", all, id.rank, std::make_shared<PrefixStore>(rt->store_, "set/global"),
+                                  so);
+  if (!g.isOk()) return g.status().withContext("rank " + std::to_string(id.rank));
+  rt->global_ = std::shared_ptr<ProcessSetImpl>(g.take().release());
+  rt->sets_.push_back(rt->global_);
+  HORA_LOG(rt->logger_, kInfo) << "hora initialized: rank " << id.rank << "/" << id.size << ", local "
+                               << rt->id_.localRank << "/" << rt->id_.localSize << ", host " << host;
+  return rt;
+}
+
+Result<std::shared_ptr<ProcessSetImpl>> Runtime::createSet(const std::vector<int>& ranks) {
+  std::string key;
+  for (int r : ranks) key += (key.empty() ? "" : "-") + std::to_string(r);
+  int n;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    n = setCounters_[key]++;
+  }
+  std::string name = "[" + key + "]#" + std::to_string(n);
+  auto s = ProcessSetImpl::create(name, ranks, id_.rank,
+                                  std::make_shared<PrefixStore>(store_, "set/" + key + "/" + std::to_string(n)),
+                                  setOpts_);
+  if (!s.isOk()) return s.status();
+  std::shared_ptr<ProcessSetImpl> set(s.take().release());
+  std::lock_guard<std::mutex> lk(mu_);
+  sets_.push_back(set);
+  return set;
+}
+
+void Runtime::destroySet(const std::shared_ptr<ProcessSetImpl>& set) {
+  set->shutdown("process set " + set->name() + " was destroyed on rank " + std::to_string(id_.rank));
+  std::lock_guard<std::mutex> lk(mu_);
+  sets_.erase(std::remove(sets_.begin(), sets_.end(), set), sets_.end());
+}
+
+void Runtime::shutdown() {
+  std::vector<std::shared_ptr<ProcessSetImpl>> sets;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    sets.swap(sets_);
+  }
+  // Sub-sets first, the global set last.
+  std::reverse(sets.begin(), sets.end());
+  for (auto& s : sets)
+    s->shutdown("hora_shutdown was called on rank " + std::to_string(id_.rank) + " with this request pending");
+  global_.reset();
+  store_.reset();
+  server_.reset();
+}
+
+Runtime::~Runtime() { shutdown(); }
+
+}  // namespace hora

@@ -1,0 +1,60 @@
+// Runtime: one hora instance (what hora_init returns). It resolves this
+// process's identity, hosts or joins the rendezvous store, creates the global
+// process set and any sub-sets, and owns them until shutdown.
+//
+// Created and destroyed on a framework thread; its accessors are thread-safe.
+// There is no process-wide state: tests create several Runtimes in one
+// process (ranks as threads).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/logging.h"
+#include "core/params.h"
+#include "core/store.h"
+#include "core/tcp_store.h"
+#include "hora/hora.h"
+#include "process_set.h"
+
+namespace hora {
+
+struct Identity {
+  int rank = 0, size = 1, localRank = 0, localSize = 1, crossRank = 0, crossSize = 1;
+};
+
+class Runtime {
+ public:
+  static Result<std::unique_ptr<Runtime>> create(const hora_config_t& config);
+  ~Runtime();
+
+  const Identity& identity() const { return id_; }
+  std::shared_ptr<ProcessSetImpl> globalSet() const { return global_; }
+  // Collective over the listed members (sorted, unique global ranks).
+  Result<std::shared_ptr<ProcessSetImpl>> createSet(const std::vector<int>& ranks);
+  void destroySet(const std::shared_ptr<ProcessSetImpl>& set);
+  void shutdown();
+  const Logger& logger() const { return logger_; }
+
+ private:
+  Runtime() = default;
+  Status resolveIdentity(const hora_config_t& c);
+  Status deriveTopology(bool needLocal, bool needCross, const std::string& host);
+
+  Params params_;
+  Logger logger_;
+  Identity id_;
+  SetOptions setOpts_;
+  double startTimeoutS_ = 120;
+  std::unique_ptr<TcpStoreServer> server_;
+  std::shared_ptr<Store> store_;
+  std::shared_ptr<ProcessSetImpl> global_;
+  std::mutex mu_;  // guards sets_, setCounters_
+  std::vector<std::shared_ptr<ProcessSetImpl>> sets_;
+  std::map<std::string, int> setCounters_;
+};
+
+}  // namespace hora

@@ -1,0 +1,116 @@
+// GlooBackend: the CPU data plane. Runs hora's collectives over a Gloo full
+// mesh of TCP pairs (one per peer) that it builds at creation time through
+// hora's rendezvous Store.
+//
+// Created by the runtime (or a process set) on its init thread with
+// createGlooBackend; afterwards every collective is called from the runtime's
+// single executor thread, in the same order on every rank, as the Backend
+// contract requires. abort() may come from any thread.
+//
+// Only Gloo's "new-style" collectives (gloo::allreduce with AllreduceOptions,
+// allgatherv, broadcast, alltoallv, barrier) run on the context, plus hora's
+// own ring reduce-scatter on the context's unbound buffers; the old Algorithm
+// classes are never mixed in (mixing them on one context stalled at 4 ranks).
+// Every call takes a fresh tag so its slots cannot match a previous call's.
+//
+// Failure model: any Gloo exception becomes a Status naming the collective,
+// count and dtype (kRemoteError when a peer closed the connection, kTimeout
+// when a wait expired, kBackendError otherwise). After such a failure, or
+// after abort(), the pairs are closed and every later call fails immediately:
+// the ranks can no longer be assumed to agree on what was exchanged.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/status.h"
+#include "core/store.h"
+#include "core/types.h"
+
+namespace gloo {
+class Context;
+}  // namespace gloo
+
+namespace hora {
+
+struct GlooBackendOptions {
+  // Address the TCP device binds to and advertises; ignored when `iface` is set.
+  std::string hostname = "127.0.0.1";
+  // Network interface to bind to (e.g. "eth0"); takes precedence over hostname.
+  std::string iface;
+  // Bounds rendezvous and every wait inside a collective.
+  std::chrono::milliseconds timeout{30000};
+  // Allreduce algorithm: "auto" (by message size), "ring" or "bcube".
+  std::string algorithm = "auto";
+};
+
+// Allreduce payloads below this many bytes use bcube under "auto"; larger ones
+// use ring (see the measurements in gloo_backend.cc).
+constexpr size_t kGlooBcubeMaxBytes = 1024 * 1024;
+
+class GlooBackend : public Backend {
+ public:
+  enum class Algorithm { kAuto, kRing, kBcube };
+
+  // Use createGlooBackend. `context` is null for size 1 (no peers, no sockets).
+  GlooBackend(std::shared_ptr<gloo::Context> context, int rank, int size,
+              std::chrono::milliseconds timeout, Algorithm algorithm);
+  ~GlooBackend() override;
+
+  std::string name() const override { return "gloo"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  Status allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
+  Status allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
+                    DataType dtype) override;
+  Status broadcast(void* data, size_t count, DataType dtype, int root) override;
+  Status alltoallv(const void* in, const std::vector<int64_t>& send, void* out,
+                   const std::vector<int64_t>& recv, DataType dtype) override;
+  Status reducescatter(void* inout, const std::vector<size_t>& counts, DataType dtype,
+                       ReduceOp op) override;
+  Status barrier() override;
+  void abort() noexcept override;
+
+ private:
+  // Fails fast when aborted or broken; otherwise OK.
+  Status checkUsable(const std::string& what) const;
+  // Runs `body` (which talks to Gloo), converting any exception into a Status
+  // prefixed by `what` and marking the backend broken.
+  template <typename F>
+  Status guarded(const std::string& what, F&& body);
+  // Closes every pair, waking any thread blocked in a Gloo wait. Idempotent.
+  void closePairs(const std::string& reason) noexcept;
+  uint32_t nextTag() { return ++tag_; }
+  void ringReduceScatter(uint8_t* data, const std::vector<size_t>& counts, DataType dtype,
+                         ReduceOp op, uint32_t tag);
+
+  const std::shared_ptr<gloo::Context> context_;
+  const int rank_;
+  const int size_;
+  const std::chrono::milliseconds timeout_;
+  const Algorithm algorithm_;
+  uint32_t tag_ = 0;  // executor thread only
+
+  std::atomic<bool> aborted_{false};
+  std::mutex closeMu_;  // serializes closePairs
+  mutable std::mutex brokenMu_;
+  Status broken_;  // guarded by brokenMu_; first failure that made the backend unusable
+};
+
+// Builds the TCP device, rendezvouses through `store` under `prefix` (keys
+// "<prefix>/<rank>") and connects the full mesh. Blocks until every rank of
+// the communicator has arrived or opts.timeout passes (kTimeout). Errors:
+// kInvalidArgument for bad rank/size/algorithm, kBackendError when Gloo
+// cannot create the device or connect, or the store's own error.
+Result<std::unique_ptr<Backend>> createGlooBackend(std::shared_ptr<Store> store,
+                                                   const std::string& prefix, int rank, int size,
+                                                   const GlooBackendOptions& opts);
+
+}  // namespace hora
