@@ -81,6 +81,7 @@ struct ControlPlane::Peer {
   std::deque<std::string> outq;
   bool writing = false;
   bool lost = false;
+  bool saidGoodbye = false;
   char hdr[5];
   std::string body;
   SteadyClock::time_point lastHeard = SteadyClock::now();
@@ -331,16 +332,38 @@ void ControlPlane::readBody(std::shared_ptr<Peer> p, uint32_t len) {
     p->lastHeard = SteadyClock::now();
     auto type = static_cast<FrameType>(p->hdr[4]);
     if (type == FrameType::kGoodbye) {
-      lose(p, Status(Code::kShutDown, peerName(p->rank) + " has shut down (called hora_shutdown)"));
-      return;
-    }
-    if (type != FrameType::kHeartbeat && cb_.onFrame) {
+      // Keep reading: the connection's close is what ends the set (see
+      // closeGracefully); the goodbye only says new work cannot include it.
+      if (!p->saidGoodbye) {
+        p->saidGoodbye = true;
+        if (!closing_ && cb_.onPeerLost)
+          cb_.onPeerLost(isCoordinator() ? p->rank : 0,
+                         Status(Code::kShutDown, peerName(p->rank) + " has shut down (called hora_shutdown)"));
+        updateDone();
+      }
+    } else if (type != FrameType::kHeartbeat && cb_.onFrame) {
       std::string payload = std::move(p->body);
       p->body.clear();
       cb_.onFrame(isCoordinator() ? p->rank : 0, type, std::move(payload));
     }
     if (!p->lost) readHeader(p);
   });
+}
+
+void ControlPlane::updateDone() {
+  bool done = true;
+  for (auto& p : peers_)
+    if (p && !p->lost && !(isCoordinator() && p->saidGoodbye)) done = false;
+  if (done && closing_ && isCoordinator()) {
+    // Every worker is finished: closing now tells them the set is over.
+    boost::system::error_code ec;
+    for (auto& p : peers_)
+      if (p && !p->lost) {
+        p->lost = true;
+        p->sock.close(ec);
+      }
+  }
+  peersDone_ = done;
 }
 
 void ControlPlane::send(int peer, FrameType type, std::string payload) {
@@ -358,10 +381,6 @@ void ControlPlane::broadcast(FrameType type, const std::string& payload) {
 void ControlPlane::flush(std::shared_ptr<Peer> p) {
   if (p->outq.empty() || p->lost) {
     p->writing = false;
-    if (closing_ && p->outq.empty()) {
-      boost::system::error_code ec;
-      p->sock.shutdown(tcp::socket::shutdown_send, ec);
-    }
     return;
   }
   p->writing = true;
@@ -383,15 +402,18 @@ void ControlPlane::lose(const std::shared_ptr<Peer>& p, Status why) {
   p->lost = true;
   boost::system::error_code ec;
   p->sock.close(ec);
-  if (closing_) return;
-  if (why.code() != Code::kShutDown) HORA_LOG(logger_, kWarning) << why.message();
-  if (cb_.onPeerLost) cb_.onPeerLost(isCoordinator() ? p->rank : 0, why);
+  // After a goodbye (or while this rank is closing) the close is expected.
+  if (!closing_ && !p->saidGoodbye) {
+    if (why.code() != Code::kShutDown) HORA_LOG(logger_, kWarning) << why.message();
+    if (cb_.onPeerLost) cb_.onPeerLost(isCoordinator() ? p->rank : 0, why);
+  }
+  updateDone();
 }
 
 void ControlPlane::tick() {
   auto now = SteadyClock::now();
   for (auto& p : peers_) {
-    if (!p || p->lost) continue;
+    if (!p || p->lost || p->saidGoodbye) continue;
     if (now - p->lastHeard > opts_.peerTimeout) {
       lose(p, Status(Code::kRemoteError,
                      peerName(p->rank) + " sent nothing on the control plane for " +
@@ -414,19 +436,9 @@ void ControlPlane::closeGracefully() {
   if (closing_) return;
   closing_ = true;
   timer_.cancel();
-  for (auto& p : peers_) {
-    if (!p || p->lost) continue;
-    if (!p->writing && p->outq.empty()) {
-      // Written synchronously: stop() follows at once and would cancel an
-      // asynchronous write, and the peer should learn this was deliberate.
-      boost::system::error_code ec;
-      std::string f = frame(FrameType::kGoodbye, "");
-      asio::write(p->sock, asio::buffer(f), ec);
-      p->sock.shutdown(tcp::socket::shutdown_send, ec);
-    } else {
-      p->outq.push_back(frame(FrameType::kGoodbye, ""));
-    }
-  }
+  for (auto& p : peers_)
+    if (p && !p->lost) send(p->rank < 0 ? 0 : (isCoordinator() ? p->rank : 0), FrameType::kGoodbye, "");
+  updateDone();
 }
 
 }  // namespace hora

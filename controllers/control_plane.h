@@ -21,6 +21,7 @@
 #pragma once
 
 #include <boost/asio.hpp>
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -85,9 +86,14 @@ class ControlPlane {
   void send(int peer, FrameType type, std::string payload);
   void broadcast(FrameType type, const std::string& payload);
   bool isCoordinator() const { return opts_.rank == 0; }
-  // Sends goodbye to every connected peer and closes the sockets after the
-  // queued writes drain (bounded by a short deadline).
+  // Says goodbye to every peer. Sockets stay open so the peers can finish
+  // work already agreed; the coordinator closes them once every worker has
+  // said goodbye (or was lost), which is the workers' signal that the set is
+  // over. Control thread only.
   void closeGracefully();
+  // Thread-safe: whether the set is over from this rank's view (coordinator:
+  // every worker said goodbye or was lost; worker: the coordinator closed).
+  bool peersDone() const { return peersDone_.load(); }
 
  private:
   struct Peer;
@@ -108,7 +114,9 @@ class ControlPlane {
   boost::asio::steady_timer timer_;
   std::vector<std::shared_ptr<Peer>> peers_;  // indexed by set rank (coordinator) or [0]
   ControlPlaneCallbacks cb_;
+  void updateDone();
   bool closing_ = false;
+  std::atomic<bool> peersDone_{false};
 };
 
 const char* frameTypeName(FrameType t);

@@ -11,10 +11,12 @@
 #include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <new>
 #include <numeric>
 #include <string>
@@ -138,6 +140,26 @@ uint64_t reduceScatterSlot(uint32_t tag, size_t step) {
 // Bytes per send/recv in ring reduce-scatter: two segments are in flight
 // while the previous one is reduced, as in Gloo's ring allreduce.
 constexpr size_t kSegmentBytes = 1 << 20;
+
+// Gloo writes to its sockets with writev, which cannot pass MSG_NOSIGNAL: a
+// write to a pair whose peer has closed (a dead rank, or one that aborted)
+// raises SIGPIPE, whose default action kills the whole process instead of
+// letting the write fail with EPIPE and become a Status. Only the default
+// disposition is replaced; a handler the application installed is kept.
+// (Python already ignores SIGPIPE, so framework processes see no change.)
+void ignoreDefaultSigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current;
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+        (current.sa_flags & SA_SIGINFO) == 0) {
+      struct sigaction ignore = {};
+      ignore.sa_handler = SIG_IGN;
+      sigemptyset(&ignore.sa_mask);
+      sigaction(SIGPIPE, &ignore, nullptr);
+    }
+  });
+}
 
 GlooBackend::Algorithm parseAlgorithm(const std::string& s, bool* ok) {
   *ok = true;
@@ -482,6 +504,7 @@ Result<std::unique_ptr<Backend>> createGlooBackend(std::shared_ptr<Store> store,
     return std::unique_ptr<Backend>(new GlooBackend(nullptr, rank, size, opts.timeout, alg));
   }
   if (!store) return invalidArgument(what + ": null store");
+  ignoreDefaultSigpipe();
 
   std::shared_ptr<Store> scoped =
       prefix.empty() ? store : std::make_shared<PrefixStore>(store, prefix);

@@ -109,6 +109,9 @@ class GlooBackend : public Backend {
 // the communicator has arrived or opts.timeout passes (kTimeout). Errors:
 // kInvalidArgument for bad rank/size/algorithm, kBackendError when Gloo
 // cannot create the device or connect, or the store's own error.
+// Side effect (size > 1): if SIGPIPE still has its default disposition
+// (terminate the process) it is set to ignored, because Gloo's socket writes
+// would otherwise kill the process when a peer closes its connection.
 Result<std::unique_ptr<Backend>> createGlooBackend(std::shared_ptr<Store> store,
                                                    const std::string& prefix, int rank, int size,
                                                    const GlooBackendOptions& opts);

@@ -18,26 +18,24 @@ int64_t rowElements(const std::vector<int64_t>& shape) {
 
 void ProcessSetImpl::executorLoop() {
   for (;;) {
-    std::vector<Response> group;
+    ExecGroup group;
     {
       std::unique_lock<std::mutex> lk(execMu_);
-      execCv_.wait(lk, [&] { return !execQueue_.empty() || stopping_ || isBroken_; });
-      if (execQueue_.empty() || stopping_ || isBroken_) {
-        if (stopping_ || isBroken_) {
-          execQueue_.clear();
-          execInFlight_ = 0;
-          if (stopping_) return;
-          // Broken: keep draining nothing until stop; entries were failed.
-          execCv_.wait(lk, [&] { return stopping_.load(); });
-          return;
-        }
-        continue;
-      }
+      execCv_.wait(lk, [&] { return !execQueue_.empty() || executorExit_; });
+      // shutdown() drains the queue first and fails whatever is left after its deadline.
+      if (executorExit_) return;
       group = std::move(execQueue_.front());
       execQueue_.pop_front();
     }
+    // Runs even when the set is broken: the group was agreed by every rank
+    // before the failure (a peer that said goodbye took part in it), and an
+    // aborted backend fails data collectives at once with the named cause.
     execute(group);
-    --execInFlight_;
+    {
+      std::lock_guard<std::mutex> lk(execMu_);
+      --execInFlight_;
+    }
+    execIdleCv_.notify_all();
     if (coordinator_) boost::asio::post(cp_->io(), [this] { maybeEmit(); });
   }
 }
@@ -51,27 +49,26 @@ Status ProcessSetImpl::backendFailure(const Status& s, const std::string& what) 
   return named;
 }
 
-void ProcessSetImpl::execute(std::vector<Response>& group) {
-  const Response& first = group.front();
+void ProcessSetImpl::execute(ExecGroup& g) {
+  const Response& first = g.responses.front();
+  auto& es = g.entries;
   switch (first.kind) {
     case ResponseKind::kError:
-      for (auto& r : group)
-        if (auto e = takeEntry(r.name)) e->complete(Status(static_cast<Code>(r.errorCode), r.error));
+      for (size_t i = 0; i < es.size(); ++i)
+        if (es[i]) es[i]->complete(Status(static_cast<Code>(g.responses[i].errorCode), g.responses[i].error));
       return;
     case ResponseKind::kBarrier:
       // The response itself proves every rank arrived.
-      if (auto e = takeEntry(first.name)) e->complete(Status::ok());
+      if (es[0]) es[0]->complete(Status::ok());
       return;
     case ResponseKind::kJoin:
-      if (auto e = takeEntry(first.name)) {
-        e->owner->lastJoinedRank = globalRank(first.lastJoinedRank);
-        e->complete(Status::ok());
+      if (es[0]) {
+        es[0]->owner->lastJoinedRank = globalRank(first.lastJoinedRank);
+        es[0]->complete(Status::ok());
       }
       return;
     case ResponseKind::kAllreduce: {
-      std::vector<std::shared_ptr<TensorEntry>> es;
-      for (auto& r : group) es.push_back(takeEntry(r.name));
-      Status s = runAllreduce(group, es);
+      Status s = runAllreduce(g.responses, es);
       for (auto& e : es)
         if (e) e->complete(s.isOk() ? s : entryStatus(*e, s));
       return;
@@ -79,13 +76,13 @@ void ProcessSetImpl::execute(std::vector<Response>& group) {
     default:
       break;
   }
-  auto e = takeEntry(first.name);
+  TensorEntry* e = es[0].get();
   Status s;
   switch (first.kind) {
-    case ResponseKind::kAllgather: s = runAllgather(first, e.get()); break;
-    case ResponseKind::kBroadcast: s = runBroadcast(first, e.get()); break;
-    case ResponseKind::kAlltoall: s = runAlltoall(first, e.get()); break;
-    case ResponseKind::kReducescatter: s = runReducescatter(first, e.get()); break;
+    case ResponseKind::kAllgather: s = runAllgather(first, e); break;
+    case ResponseKind::kBroadcast: s = runBroadcast(first, e); break;
+    case ResponseKind::kAlltoall: s = runAlltoall(first, e); break;
+    case ResponseKind::kReducescatter: s = runReducescatter(first, e); break;
     default: s = internalError("unexpected response kind"); break;
   }
   if (e) e->complete(s.isOk() ? s : entryStatus(*e, s));

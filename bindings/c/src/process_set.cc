@@ -255,23 +255,30 @@ void ProcessSetImpl::applyResponses(const ResponseList& list) {
       }
       sentAsHits_.erase(resolved.back().signature);
     }
-    {
-      std::lock_guard<std::mutex> lk(execMu_);
-      execQueue_.push_back(std::move(resolved));
-      ++execInFlight_;
-    }
-    execCv_.notify_one();
+    queueGroup(std::move(resolved));
   }
 }
 
-void ProcessSetImpl::maybeEmit() {
+void ProcessSetImpl::queueGroup(std::vector<Response> responses) {
+  ExecGroup g;
+  for (const auto& r : responses) g.entries.push_back(takeEntry(r.name));
+  g.responses = std::move(responses);
+  {
+    std::lock_guard<std::mutex> lk(execMu_);
+    execQueue_.push_back(std::move(g));
+    ++execInFlight_;
+  }
+  execCv_.notify_one();
+}
+
+void ProcessSetImpl::maybeEmit(bool force) {
   if (!coordinator_ || !coordinator_->hasReady() || isBroken_) return;
   auto now = Clock::now();
   if (!emitTimerArmed_) firstReady_ = now;
   auto cycle = std::chrono::microseconds(static_cast<int64_t>(opts_.cycleTimeMs * 1000));
   // Emit at once when the executor is idle (lowest latency); while it is
   // busy, let more tensors become ready so they fuse, for at most one cycle.
-  if (execInFlight_ > 0 && now - firstReady_ < cycle) {
+  if (!force && execInFlight_ > 0 && now - firstReady_ < cycle) {
     if (!emitTimerArmed_) {
       emitTimerArmed_ = true;
       emitTimer_->expires_after(cycle);
@@ -289,15 +296,10 @@ void ProcessSetImpl::maybeEmit() {
   std::vector<std::vector<Response>> resolved;
   ResponseList list = coordinator_->emit(&resolved);
   if (size() > 1) cp_->broadcast(FrameType::kResponses, encode(list));
-  {
-    std::lock_guard<std::mutex> lk(execMu_);
-    for (auto& g : resolved) {
-      for (const auto& r : g) sentAsHits_.erase(r.signature);
-      execQueue_.push_back(std::move(g));
-      ++execInFlight_;
-    }
+  for (auto& g : resolved) {
+    for (const auto& r : g) sentAsHits_.erase(r.signature);
+    queueGroup(std::move(g));
   }
-  execCv_.notify_one();
 }
 
 void ProcessSetImpl::stallTick() {
@@ -344,8 +346,10 @@ void ProcessSetImpl::markBroken(Status why) {
   }
   if (why.code() != Code::kShutDown)
     HORA_LOG(logger_, kError) << "process set " << name_ << " failed: " << why.message();
-  // A collective stuck on a vanished peer must not wait for the data-plane timeout.
-  backend_->abort();
+  // A collective stuck on a vanished peer must not wait for the data-plane
+  // timeout. A goodbye is different: that peer finished everything agreed
+  // before it, so queued work may still complete.
+  if (why.code() != Code::kShutDown) backend_->abort();
   failAllPending(why);
   execCv_.notify_all();
 }
@@ -383,24 +387,44 @@ void ProcessSetImpl::shutdown(const std::string& reason) {
     return;
   }
   Status why(Code::kShutDown, reason);
+  // Graceful order, so that the last collectives complete on every rank:
+  // 1. emit what is ready (other ranks may be waiting for it), 2. let the
+  // executor finish every agreed group, 3. fail what was never negotiated,
+  // 4. say goodbye and keep the data plane open until every peer is done.
+  // Each wait is bounded, so a hung peer delays shutdown but never blocks it.
+  double lingerS = std::min(30.0, std::max(1.0, opts_.peerTimeoutS));
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(lingerS);
+  if (cp_) asio::post(cp_->io(), [this] { maybeEmit(true); });
+  {
+    std::unique_lock<std::mutex> lk(execMu_);
+    execIdleCv_.wait_until(lk, deadline, [&] { return execQueue_.empty() && execInFlight_ == 0; });
+  }
+  failAllPending(why);
   if (cp_) {
     asio::post(cp_->io(), [this] {
       emitTimer_->cancel();
       stallTimer_->cancel();
       cp_->closeGracefully();
     });
+    while (!cp_->peersDone() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
     cp_->stop();
   }
   if (controlThread_.joinable()) controlThread_.join();
-  // Requests still pending can no longer be negotiated.
-  failAllPending(why);
+  {
+    std::lock_guard<std::mutex> lk(execMu_);
+    executorExit_ = true;
+  }
   execCv_.notify_all();
   if (executorThread_.joinable()) executorThread_.join();
-  std::deque<std::vector<Response>> left;
+  std::deque<ExecGroup> left;
   {
     std::lock_guard<std::mutex> lk(execMu_);
     left.swap(execQueue_);
   }
+  for (auto& g : left)
+    for (auto& e : g.entries)
+      if (e) e->complete(entryStatus(*e, why));
 }
 
 }  // namespace hora

@@ -42,6 +42,14 @@
 
 namespace hora {
 
+// A negotiated group with the local entries it refers to, claimed from the
+// tensor table when the group is queued so that a later failure of the set
+// cannot fail work every rank has already agreed to run.
+struct ExecGroup {
+  std::vector<Response> responses;
+  std::vector<std::shared_ptr<TensorEntry>> entries;  // null where this rank has none (joined)
+};
+
 struct SetOptions {
   int64_t fusionThresholdBytes = 128 << 20;
   int64_t fusionChunkBytes = 8 << 20;
@@ -90,7 +98,7 @@ class ProcessSetImpl {
   void onFrame(int from, FrameType type, std::string payload);
   void onPeerLost(int peer, Status why);
   void submit(RequestList list);
-  void maybeEmit();
+  void maybeEmit(bool force = false);
   void applyResponses(const ResponseList& list);
   void stallTick();
   void abortSet(Status why);
@@ -104,7 +112,8 @@ class ProcessSetImpl {
 
   // Executor thread (executor.cc).
   void executorLoop();
-  void execute(std::vector<Response>& group);
+  void execute(ExecGroup& group);
+  void queueGroup(std::vector<Response> responses);  // control thread
   Status runAllreduce(std::vector<Response>& group, std::vector<std::shared_ptr<TensorEntry>>& es);
   Status runAllgather(const Response& r, TensorEntry* e);
   Status runBroadcast(const Response& r, TensorEntry* e);
@@ -138,8 +147,10 @@ class ProcessSetImpl {
 
   std::mutex execMu_;  // guards execQueue_
   std::condition_variable execCv_;
-  std::deque<std::vector<Response>> execQueue_;
+  std::deque<ExecGroup> execQueue_;
   std::atomic<int> execInFlight_{0};
+  std::condition_variable execIdleCv_;  // signalled (under execMu_) after each group
+  std::atomic<bool> executorExit_{false};
   HostBuffer fusion_;  // executor thread only
 
   std::atomic<uint64_t> autoNameCounters_[static_cast<int>(CollectiveKind::kCount)] = {};

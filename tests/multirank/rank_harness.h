@@ -1,0 +1,72 @@
+// Multi-rank test harness: N ranks of one job as threads in this process
+// (each with its own hora runtime) or as forked child processes, all on
+// loopback with rank 0 hosting the rendezvous store on a free port.
+//
+// Thread mode is possible because libhora has no process-wide state. Process
+// mode is for realism and failure injection (a rank killed, stopped or
+// exiting early). Both enforce a deadline: a hang fails the test instead of
+// blocking CI.
+#pragma once
+
+#include <hora/hora.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace htest {
+
+// A free TCP port on 127.0.0.1 (bind to 0, read it back).
+int freePort();
+
+// Fills a config for `rank` of `size` on loopback at `port`, with short
+// timeouts suitable for tests.
+hora_config_t testConfig(int rank, int size, int port);
+
+// Runs body(rank, runtime) on `size` threads. Each thread initializes its
+// runtime with testConfig() adjusted by `tweak`, runs the body, then shuts
+// down. Fails the current test (and returns) if a thread does not finish
+// within `deadlineS`; gtest EXPECT_* may be used in the body.
+void runThreads(int size, const std::function<void(int rank, hora_runtime_t rt)>& body,
+                const std::function<void(hora_config_t&)>& tweak = nullptr, double deadlineS = 120);
+
+struct ProcessResult {
+  int exitCode = -1;  // -1 if killed by a signal
+  int signal = 0;
+  std::string output;  // stdout+stderr of the child
+};
+
+// Forks `size` children; each sets HORA_* variables for its rank and runs
+// body(rank), whose return value is the exit code. Children still running
+// after `deadlineS` are killed (SIGKILL) and reported with signal 9 and a
+// note in output. `hooks` runs in the parent with the pids once all are
+// started (for killing/stopping a chosen rank); may be null.
+std::vector<ProcessResult> runProcesses(int size, const std::function<int(int rank)>& body,
+                                        double deadlineS = 120,
+                                        const std::function<void(const std::vector<int>& pids)>& hooks = nullptr,
+                                        const std::vector<std::pair<std::string, std::string>>& env = {});
+
+// Small DLTensor helpers.
+DLTensor makeTensor(void* data, DLDataType dt, std::vector<int64_t>* shape);
+DLDataType dlType(uint8_t code, uint8_t bits);
+
+// Waits for a request, frees it and returns its status; the last error
+// message is copied to *message when given.
+hora_status_t waitAndFree(hora_request_t req, double timeoutS = 60, std::string* message = nullptr);
+// The message of the last waitAndFree on this thread (hora_request_free
+// clears hora_last_error_message, so it is kept here).
+const std::string& lastMessage();
+
+}  // namespace htest
+
+// In child processes: print and exit with code 1 when a condition fails.
+#define CHILD_CHECK(cond, ...)                                                      \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      std::fprintf(stderr, "CHILD_CHECK failed at %s:%d: %s | ", __FILE__, __LINE__, #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                                            \
+      std::fprintf(stderr, "\n");                                                   \
+      std::fflush(stderr);                                                          \
+      return 1;                                                                     \
+    }                                                                               \
+  } while (0)

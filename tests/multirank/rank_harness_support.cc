@@ -1,0 +1,207 @@
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "rank_harness.h"
+
+namespace htest {
+
+int freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+hora_config_t testConfig(int rank, int size, int port) {
+  hora_config_t c;
+  hora_config_init(&c);
+  c.rank = rank;
+  c.size = size;
+  c.store_addr = "127.0.0.1";
+  c.store_port = port;
+  c.store_external = 0;
+  c.secret = "test-secret";
+  c.start_timeout_s = 30;
+  c.peer_timeout_s = 10;
+  c.log_level = "error";
+  return c;
+}
+
+void runThreads(int size, const std::function<void(int, hora_runtime_t)>& body,
+                const std::function<void(hora_config_t&)>& tweak, double deadlineS) {
+  int port = freePort();
+  std::mutex mu;
+  std::condition_variable cv;
+  int finished = 0;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      hora_config_t c = testConfig(r, size, port);
+      if (tweak) tweak(c);
+      hora_runtime_t rt = nullptr;
+      hora_status_t s = hora_init(&c, &rt);
+      EXPECT_EQ(s, HORA_SUCCESS) << "rank " << r << " hora_init: " << hora_last_error_message();
+      if (s == HORA_SUCCESS) {
+        body(r, rt);
+        EXPECT_EQ(hora_shutdown(rt), HORA_SUCCESS) << hora_last_error_message();
+      }
+      std::lock_guard<std::mutex> lk(mu);
+      ++finished;
+      cv.notify_all();
+    });
+  }
+  std::unique_lock<std::mutex> lk(mu);
+  bool ok = cv.wait_for(lk, std::chrono::duration<double>(deadlineS), [&] { return finished == size; });
+  lk.unlock();
+  if (!ok) {
+    // A hang: report and abort the whole test binary (ctest marks it failed)
+    // rather than block CI on threads that will never return.
+    std::fprintf(stderr, "runThreads: %d of %d ranks still running after %.0f s: hang\n", size - finished, size,
+                 deadlineS);
+    std::fflush(stderr);
+    std::_Exit(3);
+  }
+  for (auto& t : threads) t.join();
+}
+
+std::vector<ProcessResult> runProcesses(int size, const std::function<int(int)>& body, double deadlineS,
+                                        const std::function<void(const std::vector<int>&)>& hooks,
+                                        const std::vector<std::pair<std::string, std::string>>& env) {
+  int port = freePort();
+  std::vector<int> pids(size), fds(size);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  for (int r = 0; r < size; ++r) {
+    int p[2];
+    if (pipe(p) != 0) std::abort();
+    pid_t pid = fork();
+    if (pid == 0) {
+      close(p[0]);
+      dup2(p[1], 1);
+      dup2(p[1], 2);
+      close(p[1]);
+      setenv("HORA_RANK", std::to_string(r).c_str(), 1);
+      setenv("HORA_SIZE", std::to_string(size).c_str(), 1);
+      setenv("HORA_STORE_ADDR", "127.0.0.1", 1);
+      setenv("HORA_STORE_PORT", std::to_string(port).c_str(), 1);
+      setenv("HORA_SECRET", "test-secret", 1);
+      setenv("HORA_START_TIMEOUT_S", "30", 1);
+      if (!getenv("HORA_LOG_LEVEL")) setenv("HORA_LOG_LEVEL", "warning", 1);
+      for (const auto& kv : env) setenv(kv.first.c_str(), kv.second.c_str(), 1);
+      int code = body(r);
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(code);
+    }
+    close(p[1]);
+    fcntl(p[0], F_SETFL, O_NONBLOCK);
+    pids[r] = pid;
+    fds[r] = p[0];
+  }
+  if (hooks) hooks(pids);
+  std::vector<ProcessResult> results(size);
+  std::vector<bool> done(size, false);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(deadlineS);
+  int remaining = size;
+  char buf[4096];
+  while (remaining > 0) {
+    // Drain output so children never block on a full pipe.
+    std::vector<pollfd> pfds;
+    for (int r = 0; r < size; ++r)
+      if (fds[r] >= 0) pfds.push_back({fds[r], POLLIN, 0});
+    if (!pfds.empty()) poll(pfds.data(), pfds.size(), 20);
+    for (int r = 0; r < size; ++r) {
+      if (fds[r] < 0) continue;
+      ssize_t n;
+      while ((n = read(fds[r], buf, sizeof(buf))) > 0) results[r].output.append(buf, n);
+      if (n == 0) {
+        close(fds[r]);
+        fds[r] = -1;
+      }
+    }
+    for (int r = 0; r < size; ++r) {
+      if (done[r]) continue;
+      int st = 0;
+      if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
+        done[r] = true;
+        --remaining;
+        if (WIFEXITED(st)) results[r].exitCode = WEXITSTATUS(st);
+        if (WIFSIGNALED(st)) results[r].signal = WTERMSIG(st);
+      }
+    }
+    if (pfds.empty() && remaining > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (int r = 0; r < size; ++r)
+        if (!done[r]) {
+          kill(pids[r], SIGKILL);
+          results[r].output += "\n[harness] rank " + std::to_string(r) + " killed after the deadline (hang)\n";
+        }
+      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    }
+  }
+  for (int r = 0; r < size; ++r) {
+    if (fds[r] < 0) continue;
+    ssize_t n;
+    fcntl(fds[r], F_SETFL, 0);
+    while ((n = read(fds[r], buf, sizeof(buf))) > 0) results[r].output.append(buf, n);
+    close(fds[r]);
+  }
+  return results;
+}
+
+DLDataType dlType(uint8_t code, uint8_t bits) {
+  DLDataType t;
+  t.code = code;
+  t.bits = bits;
+  t.lanes = 1;
+  return t;
+}
+
+DLTensor makeTensor(void* data, DLDataType dt, std::vector<int64_t>* shape) {
+  DLTensor t;
+  std::memset(&t, 0, sizeof(t));
+  t.data = data;
+  t.device.device_type = kDLCPU;
+  t.ndim = static_cast<int32_t>(shape->size());
+  t.dtype = dt;
+  t.shape = shape->data();
+  return t;
+}
+
+namespace {
+thread_local std::string tlsMessage;
+}
+const std::string& lastMessage() { return tlsMessage; }
+
+hora_status_t waitAndFree(hora_request_t req, double timeoutS, std::string* message) {
+  hora_status_t s = hora_wait(req, timeoutS);
+  tlsMessage = hora_last_error_message();
+  if (message) *message = tlsMessage;
+  hora_request_free(req);
+  return s;
+}
+
+}  // namespace htest
