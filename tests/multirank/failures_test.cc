@@ -1,0 +1,325 @@
+// Scenario tests for every failure the core must report instead of hanging:
+// mismatched requests, a tensor some ranks never submit, a rank that dies or
+// stalls, bad arguments through the C ABI, shutdown with requests in flight,
+// a wrong job secret and stray clients on hora's ports. Each has a deadline.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "core/logging.h"
+#include "core/tcp_store.h"
+#include "gtest/gtest.h"
+#include "rank_harness.h"
+
+using namespace htest;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+hora_status_t allreduceF32(hora_runtime_t rt, std::vector<float>& buf, const char* name, std::string* msg = nullptr,
+                           double timeoutS = 60) {
+  std::vector<int64_t> shape = {static_cast<int64_t>(buf.size())};
+  DLTensor t = makeTensor(buf.data(), dlType(kDLFloat, 32), &shape);
+  hora_options_t o;
+  hora_options_init(&o);
+  o.name = name;
+  hora_request_t req;
+  hora_status_t s = hora_allreduce_async(rt, &t, &t, &o, &req);
+  if (s != HORA_SUCCESS) {
+    if (msg) *msg = hora_last_error_message();
+    return s;
+  }
+  return waitAndFree(req, timeoutS, msg);
+}
+
+TEST(Failures, ShapeMismatchFailsEveryRankWithTheSameMessage) {
+  std::vector<std::string> messages(3);
+  runThreads(3, [&](int rank, hora_runtime_t rt) {
+    std::vector<float> buf(rank == 2 ? 1024 : 2048, 1.0f);
+    EXPECT_EQ(allreduceF32(rt, buf, "layer3.grad", &messages[rank]), HORA_ERR_MISMATCH);
+    // The job goes on: a matching allreduce still works.
+    std::vector<float> ok(4, 1.0f);
+    EXPECT_EQ(allreduceF32(rt, ok, "after"), HORA_SUCCESS) << lastMessage();
+    EXPECT_EQ(ok[0], 3.0f);
+  });
+  for (const auto& m : messages) {
+    EXPECT_NE(m.find("\"layer3.grad\""), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 2 has float32[1024]"), std::string::npos) << m;
+    EXPECT_NE(m.find("ranks 0,1 have float32[2048]"), std::string::npos) << m;
+  }
+  // Same diagnosis on every rank (only the "on rank N" prefix differs).
+  auto tail = [](const std::string& m) { return m.substr(m.find(": ") + 2); };
+  EXPECT_EQ(tail(messages[0]), tail(messages[1]));
+  EXPECT_EQ(tail(messages[0]), tail(messages[2]));
+}
+
+TEST(Failures, DtypeOpRootAndScaleMismatchesAreNamed) {
+  runThreads(2, [&](int rank, hora_runtime_t rt) {
+    std::vector<int64_t> shape = {8};
+    std::vector<double> d(8, 1.0);
+    std::vector<float> f(8, 1.0f);
+    DLTensor t = rank == 0 ? makeTensor(d.data(), dlType(kDLFloat, 64), &shape)
+                           : makeTensor(f.data(), dlType(kDLFloat, 32), &shape);
+    hora_options_t o;
+    hora_options_init(&o);
+    o.name = "dtype";
+    hora_request_t req;
+    std::string msg;
+    ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_SUCCESS);
+    EXPECT_EQ(waitAndFree(req, 30, &msg), HORA_ERR_MISMATCH);
+    EXPECT_NE(msg.find("float64"), std::string::npos) << msg;
+
+    DLTensor tf = makeTensor(f.data(), dlType(kDLFloat, 32), &shape);
+    o.name = "op";
+    o.op = rank == 0 ? HORA_OP_SUM : HORA_OP_MAX;
+    ASSERT_EQ(hora_allreduce_async(rt, &tf, &tf, &o, &req), HORA_SUCCESS);
+    EXPECT_EQ(waitAndFree(req, 30, &msg), HORA_ERR_MISMATCH);
+    EXPECT_NE(msg.find("reduction op"), std::string::npos) << msg;
+
+    o.op = HORA_OP_SUM;
+    o.name = "scale";
+    o.prescale = rank == 0 ? 1.0 : 2.0;
+    ASSERT_EQ(hora_allreduce_async(rt, &tf, &tf, &o, &req), HORA_SUCCESS);
+    EXPECT_EQ(waitAndFree(req, 30, &msg), HORA_ERR_MISMATCH);
+    EXPECT_NE(msg.find("scale"), std::string::npos) << msg;
+
+    o.prescale = 1.0;
+    o.name = "root";
+    o.root = rank;  // each rank names itself as the root
+    ASSERT_EQ(hora_broadcast_async(rt, &tf, &o, &req), HORA_SUCCESS);
+    EXPECT_EQ(waitAndFree(req, 30, &msg), HORA_ERR_MISMATCH);
+    EXPECT_NE(msg.find("root"), std::string::npos) << msg;
+
+    o.root = 0;
+    o.name = "kind";
+    if (rank == 0)
+      ASSERT_EQ(hora_broadcast_async(rt, &tf, &o, &req), HORA_SUCCESS);
+    else
+      ASSERT_EQ(hora_allreduce_async(rt, &tf, &tf, &o, &req), HORA_SUCCESS);
+    EXPECT_EQ(waitAndFree(req, 30, &msg), HORA_ERR_MISMATCH);
+    EXPECT_NE(msg.find("operation"), std::string::npos) << msg;
+  });
+}
+
+TEST(Failures, PartialSubmissionIsReportedThenFailsEverywhere) {
+  auto tweak = [](hora_config_t& c) {
+    c.stall_warning_time_s = 0.3;
+    c.stall_shutdown_time_s = 1.0;
+  };
+  runThreads(3, [&](int rank, hora_runtime_t rt) {
+    if (rank != 2) {
+      auto t0 = Clock::now();
+      std::vector<float> buf(16, 1.0f);
+      std::string msg;
+      EXPECT_EQ(allreduceF32(rt, buf, "only.some.ranks", &msg, 20), HORA_ERR_TIMEOUT) << msg;
+      double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+      EXPECT_GE(waited, 0.9);
+      EXPECT_LT(waited, 5.0);
+      EXPECT_NE(msg.find("\"only.some.ranks\""), std::string::npos) << msg;
+      EXPECT_NE(msg.find("missing on ranks 2"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("submitted by ranks 0,1"), std::string::npos) << msg;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    }
+    // Everyone continues afterwards.
+    std::vector<float> ok(3, 1.0f);
+    EXPECT_EQ(allreduceF32(rt, ok, "after.stall"), HORA_SUCCESS) << lastMessage();
+    EXPECT_EQ(ok[0], 3.0f);
+  }, tweak);
+}
+
+// Loops allreduce until it fails; returns 0 when the failure names `culprit`
+// with one of the expected codes within the deadline.
+int loopUntilPeerLost(int rank, int culprit, double deadlineS) {
+  hora_runtime_t rt;
+  if (hora_init(nullptr, &rt) != HORA_SUCCESS) {
+    std::fprintf(stderr, "init failed: %s\n", hora_last_error_message());
+    return 10;
+  }
+  auto start = Clock::now();
+  std::vector<float> buf(1 << 16, 1.0f);
+  for (int it = 0;; ++it) {
+    std::string msg;
+    hora_status_t s = allreduceF32(rt, buf, "loop", &msg, deadlineS);
+    if (s != HORA_SUCCESS) {
+      double t = std::chrono::duration<double>(Clock::now() - start).count();
+      std::fprintf(stderr, "rank %d: step %d failed after %.2f s with %d: %s\n", rank, it, t, s, msg.c_str());
+      CHILD_CHECK(s == HORA_ERR_REMOTE, "unexpected status %d", s);
+      std::string want = "rank " + std::to_string(culprit);
+      CHILD_CHECK(msg.find(want) != std::string::npos, "message does not name %s", want.c_str());
+      // Later calls fail at once with the same cause instead of hanging.
+      std::vector<float> more(4, 1.0f);
+      std::string msg2;
+      hora_status_t s2 = allreduceF32(rt, more, "after", &msg2, 5);
+      CHILD_CHECK(s2 == HORA_ERR_REMOTE, "follow-up status %d: %s", s2, msg2.c_str());
+      auto t0 = Clock::now();
+      CHILD_CHECK(hora_shutdown(rt) == HORA_SUCCESS, "shutdown failed: %s", hora_last_error_message());
+      double sd = std::chrono::duration<double>(Clock::now() - t0).count();
+      CHILD_CHECK(sd < 35, "shutdown took %.1f s", sd);
+      return 0;
+    }
+    if (std::chrono::duration<double>(Clock::now() - start).count() > deadlineS) {
+      std::fprintf(stderr, "rank %d: no failure seen after %.0f s\n", rank, deadlineS);
+      return 11;
+    }
+  }
+}
+
+TEST(Failures, RankKilledMidLoopFailsSurvivorsQuickly) {
+  auto results = runProcesses(3, [](int rank) -> int {
+    if (rank == 2) {
+      hora_runtime_t rt;
+      if (hora_init(nullptr, &rt) != HORA_SUCCESS) return 10;
+      std::vector<float> buf(1 << 16, 1.0f);
+      for (int it = 0; it < 20; ++it)
+        if (allreduceF32(rt, buf, "loop") != HORA_SUCCESS) return 12;
+      raise(SIGKILL);  // dies between collectives, with its sockets open
+    }
+    return loopUntilPeerLost(rank, 2, 30);
+  }, 60, nullptr, {{"HORA_PEER_TIMEOUT_S", "10"}});
+  EXPECT_EQ(results[2].signal, SIGKILL) << results[2].output;
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
+  if (getenv("HORA_TEST_VERBOSE")) std::printf("%s\n%s\n", results[0].output.c_str(), results[1].output.c_str());
+}
+
+TEST(Failures, StalledRankIsDeclaredLostAfterThePeerTimeout) {
+  auto t0 = Clock::now();
+  auto results = runProcesses(3, [](int rank) -> int { return loopUntilPeerLost(rank, 1, 40); }, 60,
+                              [](const std::vector<int>& pids) {
+                                std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+                                kill(pids[1], SIGSTOP);  // alive, sockets open, silent
+                                std::this_thread::sleep_for(std::chrono::seconds(5));
+                                kill(pids[1], SIGKILL);
+                              },
+                              {{"HORA_PEER_TIMEOUT_S", "2"}});
+  for (int r : {0, 2}) EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
+  if (getenv("HORA_TEST_VERBOSE")) std::printf("%s\n%s\n", results[0].output.c_str(), results[2].output.c_str());
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 40);
+}
+
+TEST(Failures, CoordinatorKilledFailsWorkers) {
+  auto results = runProcesses(2, [](int rank) -> int {
+    if (rank == 0) {
+      hora_runtime_t rt;
+      if (hora_init(nullptr, &rt) != HORA_SUCCESS) return 10;
+      std::vector<float> buf(1 << 16, 1.0f);
+      for (int it = 0; it < 10; ++it)
+        if (allreduceF32(rt, buf, "loop") != HORA_SUCCESS) return 12;
+      raise(SIGKILL);
+    }
+    return loopUntilPeerLost(rank, 0, 30);
+  }, 60, nullptr, {{"HORA_PEER_TIMEOUT_S", "10"}});
+  EXPECT_EQ(results[1].exitCode, 0) << results[1].output;
+}
+
+TEST(Failures, ShutdownWithRequestsInFlightCompletesThem) {
+  runThreads(2, [&](int rank, hora_runtime_t) {}, nullptr);  // warm-up of the harness itself
+  int port = freePort();
+  std::thread other([&] {
+    hora_config_t c = testConfig(1, 2, port);
+    hora_runtime_t rt;
+    ASSERT_EQ(hora_init(&c, &rt), HORA_SUCCESS) << hora_last_error_message();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(hora_shutdown(rt), HORA_SUCCESS);
+  });
+  hora_config_t c = testConfig(0, 2, port);
+  hora_runtime_t rt;
+  ASSERT_EQ(hora_init(&c, &rt), HORA_SUCCESS) << hora_last_error_message();
+  std::vector<float> buf(8, 1.0f);
+  std::vector<int64_t> shape = {8};
+  DLTensor t = makeTensor(buf.data(), dlType(kDLFloat, 32), &shape);
+  hora_options_t o;
+  hora_options_init(&o);
+  o.name = "never.matched";
+  hora_request_t req;
+  ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_SUCCESS);
+  auto t0 = Clock::now();
+  EXPECT_EQ(hora_shutdown(rt), HORA_SUCCESS);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 15);
+  int32_t done = 0;
+  EXPECT_EQ(hora_test(req, &done), HORA_ERR_SHUT_DOWN);
+  EXPECT_EQ(done, 1);
+  EXPECT_NE(std::string(hora_last_error_message()).find("never.matched"), std::string::npos);
+  EXPECT_EQ(hora_wait(req, 1), HORA_ERR_SHUT_DOWN);
+  hora_request_free(req);
+  // The handle is dead, not dangling.
+  int32_t r;
+  EXPECT_EQ(hora_rank(rt, &r), HORA_ERR_SHUT_DOWN);
+  EXPECT_EQ(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_ERR_SHUT_DOWN);
+  EXPECT_NE(std::string(hora_last_error_message()).find("shut down"), std::string::npos);
+  other.join();
+}
+
+TEST(Failures, WrongSecretIsRefusedAndTheJobIsUnaffected) {
+  int port = freePort();
+  std::atomic<bool> jobReady{false}, strayDone{false};
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      hora_config_t c = testConfig(r, 2, port);
+      hora_runtime_t rt;
+      ASSERT_EQ(hora_init(&c, &rt), HORA_SUCCESS) << hora_last_error_message();
+      jobReady = true;
+      for (int it = 0; it < 50 || !strayDone; ++it) {
+        std::vector<float> buf(32, 1.0f);
+        ASSERT_EQ(allreduceF32(rt, buf, "work"), HORA_SUCCESS) << lastMessage();
+        ASSERT_EQ(buf[0], 2.0f);
+      }
+      EXPECT_EQ(hora_shutdown(rt), HORA_SUCCESS);
+    });
+  while (!jobReady) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  hora::Logger quiet(hora::LogLevel::kOff, "[stray]");
+  // A client with the wrong secret is refused by the store.
+  auto bad = hora::TcpStoreClient::connect("127.0.0.1", port, "wrong-secret", std::chrono::milliseconds(3000), quiet);
+  EXPECT_FALSE(bad.isOk());
+  EXPECT_EQ(bad.status().code(), hora::Code::kAuthError) << bad.status().toString();
+  // Garbage on the store port and on the coordinator's control port.
+  auto good = hora::TcpStoreClient::connect("127.0.0.1", port, "test-secret", std::chrono::milliseconds(3000), quiet);
+  ASSERT_TRUE(good.isOk()) << good.status().toString();
+  auto ctrl = good.value()->get("hora/set/global/ctrl/ctrl", std::chrono::milliseconds(3000));
+  ASSERT_TRUE(ctrl.isOk()) << ctrl.status().toString();
+  int ctrlPort = std::stoi(ctrl.value().substr(ctrl.value().find(' ') + 1));
+  for (int target : {port, ctrlPort}) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(target);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+      const char junk[] = "\xff\xff\xff\x7fGET / HTTP/1.0\r\n\r\n";
+      ssize_t n = write(fd, junk, sizeof(junk));
+      (void)n;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    close(fd);
+  }
+  // A second runtime claiming rank 1 with the wrong secret cannot join either.
+  hora_config_t c = testConfig(1, 2, port);
+  c.secret = "not-the-job-secret";
+  c.store_external = 1;
+  c.start_timeout_s = 3;
+  hora_runtime_t rt = nullptr;
+  EXPECT_EQ(hora_init(&c, &rt), HORA_ERR_AUTH);
+  EXPECT_NE(std::string(hora_last_error_message()).find("HORA_SECRET"), std::string::npos) << hora_last_error_message();
+  strayDone = true;
+  for (auto& t : ranks) t.join();
+}
+
+TEST(Failures, MissingRankAtStartTimesOutNamingIt) {
+  hora_config_t c = testConfig(0, 3, freePort());
+  c.start_timeout_s = 1.5;
+  hora_runtime_t rt = nullptr;
+  auto t0 = Clock::now();
+  EXPECT_EQ(hora_init(&c, &rt), HORA_ERR_TIMEOUT);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10);
+  std::string m = hora_last_error_message();
+  EXPECT_NE(m.find("rank 1"), std::string::npos) << m;
+}
+
+}  // namespace
