@@ -1,0 +1,244 @@
+// Bad input through the C ABI: every misuse returns an error status with a
+// message on the calling thread, crashes nothing, and leaves the runtime
+// working. Also the process-mode sweep (ranks as forked processes).
+#include <cstring>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "rank_harness.h"
+#include "tensor_util.h"
+
+using namespace htest;
+
+namespace {
+
+#define EXPECT_ERR(call, code)                                                      \
+  do {                                                                              \
+    hora_status_t s_ = (call);                                                      \
+    EXPECT_EQ(s_, code) << #call << ": " << hora_last_error_message();              \
+    EXPECT_GT(std::strlen(hora_last_error_message()), 10u) << #call << " gave no message"; \
+  } while (0)
+
+TEST(Abi, CallsWithoutARuntime) {
+  int32_t v;
+  hora_request_t req;
+  std::vector<int64_t> shape = {4};
+  float data[4] = {1, 2, 3, 4};
+  DLTensor t = makeTensor(data, dlType(kDLFloat, 32), &shape);
+  EXPECT_ERR(hora_rank(nullptr, &v), HORA_ERR_NOT_INITIALIZED);
+  EXPECT_ERR(hora_allreduce_async(nullptr, &t, &t, nullptr, &req), HORA_ERR_NOT_INITIALIZED);
+  EXPECT_ERR(hora_init(nullptr, nullptr), HORA_ERR_INVALID_ARGUMENT);
+  hora_config_t c;
+  std::memset(&c, 0, sizeof(c));  // not initialized with hora_config_init
+  hora_runtime_t rt;
+  EXPECT_ERR(hora_init(&c, &rt), HORA_ERR_INVALID_ARGUMENT);
+  EXPECT_ERR(hora_init_versioned(nullptr, &rt, HORA_VERSION_MAJOR + 1, 0), HORA_ERR_INVALID_USAGE);
+  hora_request_s* bogus = reinterpret_cast<hora_request_s*>(data);  // not a request
+  EXPECT_ERR(hora_wait(bogus, 0), HORA_ERR_INVALID_ARGUMENT);
+  EXPECT_ERR(hora_request_free(bogus), HORA_ERR_INVALID_ARGUMENT);
+  EXPECT_STRNE(hora_status_string(HORA_ERR_REMOTE), hora_status_string(HORA_ERR_TIMEOUT));
+  EXPECT_STREQ(hora_status_string(12345), "unknown status code");
+  int32_t ma, mi, pa;
+  hora_get_version(&ma, &mi, &pa);
+  EXPECT_EQ(ma, HORA_VERSION_MAJOR);
+}
+
+TEST(Abi, BadArgumentsAreRejectedAndNothingElseIsDisturbed) {
+  runThreads(2, [&](int rank, hora_runtime_t rt) {
+    std::vector<int64_t> shape = {4};
+    std::vector<float> data(4, 1.0f);
+    DLTensor good = makeTensor(data.data(), dlType(kDLFloat, 32), &shape);
+    hora_request_t req = nullptr;
+    hora_options_t o;
+    hora_options_init(&o);
+    o.name = "x";
+
+    EXPECT_ERR(hora_allreduce_async(rt, nullptr, &good, &o, &req), HORA_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(hora_last_error_message()).find("allreduce \"x\" on rank " + std::to_string(rank)),
+              std::string::npos);
+    EXPECT_ERR(hora_allreduce_async(rt, &good, &good, &o, nullptr), HORA_ERR_INVALID_ARGUMENT);
+    DLTensor t = good;
+    t.dtype = dlType(99, 32);
+    EXPECT_ERR(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_ERR_INVALID_ARGUMENT);
+    t = good;
+    t.dtype.lanes = 4;
+    EXPECT_ERR(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_ERR_INVALID_ARGUMENT);
+    std::vector<int64_t> shape2 = {2, 2}, strides = {1, 2};  // column-major: not contiguous
+    t = makeTensor(data.data(), dlType(kDLFloat, 32), &shape2);
+    t.strides = strides.data();
+    EXPECT_ERR(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(hora_last_error_message()).find("contiguous"), std::string::npos);
+    std::vector<int64_t> neg = {-3};
+    t = makeTensor(data.data(), dlType(kDLFloat, 32), &neg);
+    EXPECT_ERR(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_ERR_INVALID_ARGUMENT);
+    t = good;
+    t.data = nullptr;
+    EXPECT_ERR(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_ERR_INVALID_ARGUMENT);
+    t = good;
+    t.device.device_type = kDLCUDA;
+    EXPECT_ERR(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_ERR_NOT_SUPPORTED);
+    EXPECT_NE(std::string(hora_last_error_message()).find("GPU"), std::string::npos);
+    std::vector<int64_t> other = {5};
+    std::vector<float> d5(5);
+    DLTensor out5 = makeTensor(d5.data(), dlType(kDLFloat, 32), &other);
+    EXPECT_ERR(hora_allreduce_async(rt, &good, &out5, &o, &req), HORA_ERR_INVALID_ARGUMENT);
+    o.op = 42;
+    EXPECT_ERR(hora_allreduce_async(rt, &good, &good, &o, &req), HORA_ERR_INVALID_ARGUMENT);
+    o.op = HORA_OP_MIN;
+    EXPECT_ERR(hora_reducescatter_async(rt, &good, &o, &req), HORA_ERR_INVALID_ARGUMENT);
+    std::vector<uint8_t> b(4, 1);
+    DLTensor tb = makeTensor(b.data(), dlType(6, 8), &shape);
+    o.op = HORA_OP_AVERAGE;
+    EXPECT_ERR(hora_allreduce_async(rt, &tb, &tb, &o, &req), HORA_ERR_INVALID_ARGUMENT);
+    o.op = HORA_OP_SUM;
+    o.root = 7;
+    EXPECT_ERR(hora_broadcast_async(rt, &good, &o, &req), HORA_ERR_INVALID_ARGUMENT);
+    o.root = 0;
+    int64_t splits[3] = {1, 1, 2};
+    EXPECT_ERR(hora_alltoall_async(rt, &good, splits, 3, &o, &req), HORA_ERR_INVALID_ARGUMENT);
+    int64_t badsum[2] = {1, 1};
+    EXPECT_ERR(hora_alltoall_async(rt, &good, badsum, 2, &o, &req), HORA_ERR_INVALID_ARGUMENT);
+    std::vector<int64_t> scalarShape;
+    DLTensor scalar = makeTensor(data.data(), dlType(kDLFloat, 32), &scalarShape);
+    EXPECT_ERR(hora_allgather_async(rt, &scalar, &o, &req), HORA_ERR_INVALID_ARGUMENT);
+    int32_t ranks[2] = {1, 0};
+    hora_process_set_t ps;
+    EXPECT_ERR(hora_process_set_create(rt, ranks, 2, &ps), HORA_ERR_INVALID_ARGUMENT);
+    int32_t outside[1] = {5};
+    EXPECT_ERR(hora_process_set_create(rt, outside, 1, &ps), HORA_ERR_INVALID_ARGUMENT);
+    o.process_set = reinterpret_cast<hora_process_set_t>(data.data());
+    EXPECT_ERR(hora_allreduce_async(rt, &good, &good, &o, &req), HORA_ERR_INVALID_ARGUMENT);
+    o.process_set = nullptr;
+    EXPECT_EQ(req, nullptr);
+
+    // Duplicate name in flight: rank 0 submits "dup" twice before rank 1 submits it once.
+    if (rank == 0) {
+      hora_request_t first;
+      ASSERT_EQ(hora_allreduce_async(rt, &good, &good, &o, &first), HORA_SUCCESS);  // name "x"
+      EXPECT_ERR(hora_allreduce_async(rt, &good, &good, &o, &req), HORA_ERR_INVALID_USAGE);
+      EXPECT_NE(std::string(hora_last_error_message()).find("already in flight"), std::string::npos);
+      ASSERT_EQ(waitAndFree(first), HORA_SUCCESS) << lastMessage();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      hora_request_t first;
+      ASSERT_EQ(hora_allreduce_async(rt, &good, &good, &o, &first), HORA_SUCCESS);
+      ASSERT_EQ(waitAndFree(first), HORA_SUCCESS) << lastMessage();
+    }
+    EXPECT_EQ(data[0], 2.0f);  // the one valid allreduce ran exactly once
+
+    // The last error is per thread.
+    std::thread([&] { EXPECT_STREQ(hora_last_error_message(), ""); }).join();
+
+    // hora_wait with a short timeout on a request that cannot complete yet.
+    if (rank == 0) {
+      o.name = "late";
+      ASSERT_EQ(hora_allreduce_async(rt, &good, &good, &o, &req), HORA_SUCCESS);
+      EXPECT_ERR(hora_wait(req, 0.05), HORA_ERR_TIMEOUT);
+      const DLTensor* out;
+      EXPECT_ERR(hora_request_output(req, &out), HORA_IN_PROGRESS);
+      ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      o.name = "late";
+      ASSERT_EQ(hora_allreduce_async(rt, &good, &good, &o, &req), HORA_SUCCESS);
+      ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+    }
+  });
+}
+
+struct CallbackLog {
+  std::atomic<int> calls{0};
+  std::atomic<int> lastStatus{-1};
+};
+
+TEST(Abi, CallbackAndAllocatorOptions) {
+  runThreads(2, [&](int rank, hora_runtime_t rt) {
+    CallbackLog log;
+    std::vector<int64_t> shape = {3};
+    std::vector<int32_t> data(3, rank + 1);
+    DLTensor t = makeTensor(data.data(), dlType(kDLInt, 32), &shape);
+    hora_options_t o;
+    hora_options_init(&o);
+    o.name = "cb";
+    o.callback = [](void* user, hora_request_t, hora_status_t s) {
+      auto* l = static_cast<CallbackLog*>(user);
+      l->lastStatus = s;
+      ++l->calls;
+    };
+    o.callback_user = &log;
+    std::vector<char> arena;
+    o.alloc = [](void* user, int32_t, const int64_t*, DLDataType, size_t nbytes, void** out) -> int {
+      auto* a = static_cast<std::vector<char>*>(user);  // runs on a hora thread
+      a->assign(nbytes, 0);
+      *out = a->data();
+      return 0;
+    };
+    o.alloc_user = &arena;
+    hora_request_t req;
+    ASSERT_EQ(hora_allgather_async(rt, &t, &o, &req), HORA_SUCCESS);
+    ASSERT_EQ(hora_wait(req, 30), HORA_SUCCESS);
+    const DLTensor* out;
+    ASSERT_EQ(hora_request_output(req, &out), HORA_SUCCESS);
+    EXPECT_EQ(out->data, arena.data());
+    EXPECT_EQ(static_cast<int32_t*>(out->data)[5], 2);
+    hora_request_free(req);
+    for (int i = 0; i < 100 && log.calls == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_EQ(log.calls, 1);
+    EXPECT_EQ(log.lastStatus, HORA_SUCCESS);
+  });
+}
+
+// Ranks as forked processes: a smaller sweep of the same checks.
+class ProcessMode : public ::testing::TestWithParam<int> {};
+
+TEST_P(ProcessMode, AllreduceAllgatherBroadcast) {
+  int size = GetParam();
+  auto results = runProcesses(size, [size](int rank) -> int {
+    hora_runtime_t rt;
+    CHILD_CHECK(hora_init(nullptr, &rt) == HORA_SUCCESS, "%s", hora_last_error_message());
+    int32_t r = -1, n = -1, lr = -1, ls = -1;
+    hora_rank(rt, &r);
+    hora_size(rt, &n);
+    hora_local_rank(rt, &lr);
+    hora_local_size(rt, &ls);
+    CHILD_CHECK(r == rank && n == size && lr == rank && ls == size, "identity %d/%d local %d/%d", r, n, lr, ls);
+    for (const DT& dt : allDtypes()) {
+      for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{100003}}) {
+        std::vector<char> buf(std::max<int64_t>(count, 1) * hora::dataTypeSize(dt.dt));
+        for (int64_t i = 0; i < count; ++i) writeVal(dt.dt, buf.data(), i, inputValue(rank, i, hora::ReduceOp::kMax, dt.dt));
+        std::vector<int64_t> shape = {count};
+        DLTensor t = makeTensor(buf.data(), dt.dl, &shape);
+        hora_options_t o;
+        hora_options_init(&o);
+        std::string name = std::string("p.") + dt.name + "." + std::to_string(count);
+        o.name = name.c_str();
+        o.op = HORA_OP_MAX;
+        hora_request_t req;
+        CHILD_CHECK(hora_allreduce_async(rt, &t, &t, &o, &req) == HORA_SUCCESS, "%s", hora_last_error_message());
+        CHILD_CHECK(waitAndFree(req) == HORA_SUCCESS, "%s", lastMessage().c_str());
+        for (int64_t i = 0; i < count; ++i) {
+          double want = reference(size, i, hora::ReduceOp::kMax, dt.dt);
+          CHILD_CHECK(readVal(dt.dt, buf.data(), i) == want, "%s [%ld]", name.c_str(), (long)i);
+        }
+      }
+    }
+    std::vector<int64_t> shape = {rank + 1};
+    std::vector<int64_t> mine(rank + 1, rank);
+    DLTensor t = makeTensor(mine.data(), dlType(kDLInt, 64), &shape);
+    hora_request_t req;
+    CHILD_CHECK(hora_allgather_async(rt, &t, nullptr, &req) == HORA_SUCCESS, "%s", hora_last_error_message());
+    CHILD_CHECK(hora_wait(req, 60) == HORA_SUCCESS, "%s", hora_last_error_message());
+    const DLTensor* out;
+    CHILD_CHECK(hora_request_output(req, &out) == HORA_SUCCESS, "no output");
+    CHILD_CHECK(out->shape[0] == size * (size + 1) / 2, "allgather rows %ld", (long)out->shape[0]);
+    hora_request_free(req);
+    CHILD_CHECK(hora_shutdown(rt) == HORA_SUCCESS, "%s", hora_last_error_message());
+    return 0;
+  }, 120);
+  for (int r = 0; r < size; ++r) EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSize, ProcessMode, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& info) { return "np" + std::to_string(info.param); });
+
+}  // namespace
