@@ -109,6 +109,12 @@ Status Coordinator::onRequests(int rank, const RequestList& list, Clock::time_po
         ++joinedCount_;
       }
       lastJoined_ = rank;
+      // Tensors that waited only for this rank are now ready; they run
+      // before the join completes, so earlier joiners' tensors finish too.
+      std::vector<std::string> names;
+      for (auto& kv : table_) names.push_back(kv.first);
+      std::sort(names.begin(), names.end());  // deterministic order
+      for (const auto& n : names) markReadyIfComplete(n);
       if (joinedCount_ == opts_.size) {
         Response j;
         j.kind = ResponseKind::kJoin;
@@ -117,12 +123,6 @@ Status Coordinator::onRequests(int rank, const RequestList& list, Clock::time_po
         ready_.push_back(j);
         std::fill(joined_.begin(), joined_.end(), false);
         joinedCount_ = 0;
-      } else {
-        // Tensors that waited only for this rank are now ready.
-        std::vector<std::string> names;
-        for (auto& kv : table_) names.push_back(kv.first);
-        std::sort(names.begin(), names.end());  // deterministic order
-        for (const auto& n : names) markReadyIfComplete(n);
       }
       continue;
     }
@@ -258,6 +258,18 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
     }
     resp.shape[0] = total;
   } else if (first->kind == CollectiveKind::kAlltoall) {
+    // Splits come off the wire: check them before indexing with them.
+    for (const Request* q : present) {
+      int64_t sum = 0;
+      bool bad = q->splits.size() != static_cast<size_t>(opts_.size);
+      for (int64_t v : q->splits) bad |= v < 0, sum += v;
+      if (bad || sum != q->shape[0])
+        return fail(Code::kInvalidArgument, "alltoall \"" + name + "\": rank " + std::to_string(q->rank) + " sent " +
+                                                std::to_string(q->splits.size()) + " splits summing to " +
+                                                std::to_string(sum) + " for " + std::to_string(q->shape[0]) +
+                                                " rows in a set of " + std::to_string(opts_.size) +
+                                                " ranks; splits must have one entry per rank and sum to dimension 0");
+    }
     resp.sizes.assign(static_cast<size_t>(opts_.size) * opts_.size, 0);
     for (const Request* q : present)
       for (int d = 0; d < opts_.size; ++d) resp.sizes[q->rank * opts_.size + d] = q->splits[d];

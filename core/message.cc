@@ -43,6 +43,7 @@ uint64_t Request::signature() const {
   h = fnvv(h, root);
   h = fnvv(h, prescale);
   h = fnvv(h, postscale);
+  h = fnvv(h, name.size());  // length-prefixed: "ab"+x never collides with "a"+"bx"
   h = fnv(h, name.data(), name.size());
   h = fnvv(h, shape.size());
   h = fnv(h, shape.data(), shape.size() * sizeof(int64_t));

@@ -623,7 +623,7 @@ HORA_API hora_status_t hora_request_output(hora_request_t r, const DLTensor** ou
     if (!r || r->magic != hora::kRequestMagic || !out)
       return fail(Code::kInvalidArgument, "hora_request_output: invalid request handle or NULL out");
     std::lock_guard<std::mutex> lk(r->state->mu);
-    if (!r->state->done) return fail(Code::kInProgress, "hora_request_output: the request has not completed yet");
+    if (!r->state->resultsReady) return fail(Code::kInProgress, "hora_request_output: the request has not completed yet");
     if (!r->state->status.isOk()) return setError(r->state->status);
     if (!r->state->hasOutput)
       return fail(Code::kInvalidUsage, "hora_request_output: this request has no output tensor");
@@ -637,7 +637,7 @@ HORA_API hora_status_t hora_request_received_splits(hora_request_t r, const int6
     if (!r || r->magic != hora::kRequestMagic || !splits || !n)
       return fail(Code::kInvalidArgument, "hora_request_received_splits: invalid request handle or NULL out");
     std::lock_guard<std::mutex> lk(r->state->mu);
-    if (!r->state->done) return fail(Code::kInProgress, "hora_request_received_splits: not completed yet");
+    if (!r->state->resultsReady) return fail(Code::kInProgress, "hora_request_received_splits: not completed yet");
     if (!r->state->status.isOk()) return setError(r->state->status);
     *splits = r->state->receivedSplits.data();
     *n = static_cast<int32_t>(r->state->receivedSplits.size());
@@ -650,7 +650,7 @@ HORA_API hora_status_t hora_request_join_last_rank(hora_request_t r, int32_t* ra
     if (!r || r->magic != hora::kRequestMagic || !rank)
       return fail(Code::kInvalidArgument, "hora_request_join_last_rank: invalid request handle or NULL out");
     std::lock_guard<std::mutex> lk(r->state->mu);
-    if (!r->state->done) return fail(Code::kInProgress, "hora_request_join_last_rank: not completed yet");
+    if (!r->state->resultsReady) return fail(Code::kInProgress, "hora_request_join_last_rank: not completed yet");
     if (!r->state->status.isOk()) return setError(r->state->status);
     *rank = r->state->lastJoinedRank;
     return HORA_SUCCESS;

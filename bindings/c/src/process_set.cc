@@ -16,15 +16,21 @@ void RequestState::completeEntry(const Status& s) {
     std::lock_guard<std::mutex> lk(mu);
     if (!s.isOk() && status.isOk()) status = s;
     if (--remaining > 0) return;
-    done = true;
+    resultsReady = true;
     final = status;
     cb = callback;
   }
-  cv.notify_all();
+  // The callback runs before waiters wake, so a caller that frees the request
+  // right after hora_wait cannot race it; results are readable inside it.
   if (cb) {
     std::lock_guard<std::recursive_mutex> lk(cbMu);
     if (handle) cb(callbackUser, handle, static_cast<hora_status_t>(final.code()));
   }
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    done = true;
+  }
+  cv.notify_all();
 }
 
 ProcessSetImpl::ProcessSetImpl(std::string name, std::vector<int> globalRanks, int rank,

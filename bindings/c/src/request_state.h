@@ -27,7 +27,8 @@ constexpr uint32_t kRequestMagic = 0x68726571;  // "hreq"
 struct RequestState {
   std::mutex mu;
   std::condition_variable cv;
-  bool done = false;           // guarded by mu
+  bool done = false;           // guarded by mu; waiters wake on it
+  bool resultsReady = false;   // guarded by mu; set before the callback runs
   Status status;               // guarded by mu; first failure wins
   int remaining = 0;           // entries not yet completed; guarded by mu
   hora_request_t handle = nullptr;  // null once the user freed it; guarded by cbMu

@@ -123,6 +123,11 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   so.glooIface = p.getString("HORA_GLOO_IFACE");
   so.glooAlgorithm = p.getString("HORA_GLOO_ALGORITHM");
   rt->startTimeoutS_ = so.startTimeoutS;
+  if (so.cacheCapacity < 0 || so.fusionThresholdBytes < 0 || so.fusionChunkBytes < 0 || so.stallWarningS < 0 ||
+      so.stallShutdownS < 0)
+    return invalidArgument("cache capacity, fusion threshold/chunk and stall times must not be negative "
+                           "(check HORA_CACHE_CAPACITY, HORA_FUSION_THRESHOLD_BYTES, HORA_FUSION_CHUNK_BYTES, "
+                           "HORA_STALL_*_TIME_S)");
   if (so.peerTimeoutS <= 0 || so.startTimeoutS <= 0 || so.cycleTimeMs < 0 || so.heartbeatIntervalMs <= 0)
     return invalidArgument("peer timeout, start timeout and heartbeat interval must be positive, cycle time non-negative");
   // Heartbeats must come well inside the peer timeout.

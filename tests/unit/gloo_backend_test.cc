@@ -1,0 +1,455 @@
+// GlooBackend with ranks as threads in one process: every rank gets its own
+// backend (own TCP device and loopback sockets) built through one shared
+// MemoryStore. Data are small integers so every dtype's result is exact.
+// Timeouts are a few seconds so a broken collective fails instead of hanging.
+#include "ops/gloo/gloo_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/memory_store.h"
+#include "core/reduce.h"
+
+namespace hora {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+using World = std::vector<std::unique_ptr<Backend>>;
+
+std::string uniquePrefix() {
+  static std::atomic<int> counter{0};
+  return "gloo_test_" + std::to_string(counter++);
+}
+
+// Builds `size` connected backends (rendezvous runs concurrently, one thread
+// per rank, as it would across processes).
+World makeWorld(int size, const std::string& algorithm = "auto",
+                milliseconds timeout = milliseconds(5000)) {
+  auto store = std::make_shared<MemoryStore>();
+  const std::string prefix = uniquePrefix();
+  World world(size);
+  std::vector<Status> errors(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      GlooBackendOptions opts;
+      opts.algorithm = algorithm;
+      opts.timeout = timeout;
+      auto result = createGlooBackend(store, prefix, r, size, opts);
+      if (result.isOk()) {
+        world[r] = result.take();
+      } else {
+        errors[r] = result.status();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < size; ++r) {
+    EXPECT_TRUE(errors[r].isOk()) << "rank " << r << ": " << errors[r].toString();
+  }
+  return world;
+}
+
+// Runs fn(rank, backend) on one thread per rank and joins them.
+void runRanks(World& world, const std::function<void(int, Backend&)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < static_cast<int>(world.size()); ++r) {
+    threads.emplace_back([&, r] { fn(r, *world[r]); });
+  }
+  for (auto& t : threads) t.join();
+}
+
+bool isSigned(DataType dt) { return dt != DataType::kUint8 && dt != DataType::kBool; }
+
+// Writes integer v as element i of a buffer of type dt (exact for our ranges).
+void storeInt(DataType dt, void* p, size_t i, int64_t v) {
+  switch (dt) {
+    case DataType::kUint8:
+      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
+      break;
+    case DataType::kInt8:
+      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
+      break;
+    case DataType::kInt16:
+      static_cast<int16_t*>(p)[i] = static_cast<int16_t>(v);
+      break;
+    case DataType::kInt32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+      break;
+    case DataType::kInt64:
+      static_cast<int64_t*>(p)[i] = v;
+      break;
+    case DataType::kFloat16:
+      static_cast<uint16_t*>(p)[i] = floatToHalf(static_cast<float>(v));
+      break;
+    case DataType::kBfloat16:
+      static_cast<uint16_t*>(p)[i] = floatToBfloat16(static_cast<float>(v));
+      break;
+    case DataType::kFloat32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      break;
+    case DataType::kFloat64:
+      static_cast<double*>(p)[i] = static_cast<double>(v);
+      break;
+    case DataType::kBool:
+      static_cast<uint8_t*>(p)[i] = v != 0;
+      break;
+    default:
+      break;
+  }
+}
+
+// The value rank r contributes at element i for `op`, and the reduction of
+// all ranks' values (computed in int64; bool sum/max = or, product/min = and).
+int64_t inputValue(DataType dt, ReduceOp op, int r, size_t i) {
+  const int64_t base = static_cast<int64_t>((i * 7 + static_cast<size_t>(r) * 3) % 4);
+  if (dt == DataType::kBool) return base % 2;
+  if (op == ReduceOp::kProduct) {
+    int64_t v = 1 + base % 2;
+    return isSigned(dt) && (i + r) % 5 == 0 ? -v : v;
+  }
+  return isSigned(dt) ? base - 2 : base;
+}
+
+int64_t expectedValue(DataType dt, ReduceOp op, int size, size_t i) {
+  int64_t acc = inputValue(dt, op, 0, i);
+  for (int r = 1; r < size; ++r) {
+    const int64_t v = inputValue(dt, op, r, i);
+    switch (op) {
+      case ReduceOp::kSum:
+        acc = dt == DataType::kBool ? (acc | v) : acc + v;
+        break;
+      case ReduceOp::kProduct:
+        acc = dt == DataType::kBool ? (acc & v) : acc * v;
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
+      default:
+        break;
+    }
+  }
+  return acc;
+}
+
+const DataType kAllTypes[] = {DataType::kUint8,    DataType::kInt8,    DataType::kInt16,
+                              DataType::kInt32,    DataType::kInt64,   DataType::kFloat16,
+                              DataType::kBfloat16, DataType::kFloat32, DataType::kFloat64,
+                              DataType::kBool};
+const ReduceOp kReduceOps[] = {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
+
+void checkAllreduce(World& world, DataType dt, ReduceOp op, size_t count) {
+  const int size = static_cast<int>(world.size());
+  const size_t es = dataTypeSize(dt);
+  std::vector<uint8_t> want(count * es);
+  for (size_t i = 0; i < count; ++i) storeInt(dt, want.data(), i, expectedValue(dt, op, size, i));
+  runRanks(world, [&](int r, Backend& b) {
+    std::vector<uint8_t> buf(count * es);
+    for (size_t i = 0; i < count; ++i) storeInt(dt, buf.data(), i, inputValue(dt, op, r, i));
+    Status s = b.allreduce(buf.data(), count, dt, op);
+    ASSERT_TRUE(s.isOk()) << s.toString();
+    EXPECT_TRUE(buf == want) << "rank " << r << " " << dataTypeName(dt) << " " << reduceOpName(op)
+                             << " count " << count;
+  });
+}
+
+class GlooWorldTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooWorldTest, AllreduceEveryDtypeAndOpSmallCounts) {
+  for (const char* alg : {"ring", "bcube"}) {
+    World world = makeWorld(GetParam(), alg);
+    ASSERT_EQ(world.size(), static_cast<size_t>(GetParam()));
+    for (DataType dt : kAllTypes) {
+      for (ReduceOp op : kReduceOps) {
+        for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}}) {
+          checkAllreduce(world, dt, op, count);
+        }
+      }
+    }
+  }
+}
+
+TEST_P(GlooWorldTest, AllreduceLargeCount) {
+  // "auto" picks ring for the wider dtypes here (bcube for 1-byte ones);
+  // bcube is also forced once for float32.
+  World world = makeWorld(GetParam());
+  for (DataType dt : kAllTypes) {
+    for (ReduceOp op : kReduceOps) checkAllreduce(world, dt, op, 1000003);
+  }
+  World bcube = makeWorld(GetParam(), "bcube");
+  checkAllreduce(bcube, DataType::kFloat32, ReduceOp::kSum, 1000003);
+}
+
+TEST_P(GlooWorldTest, AllgathervUnevenCountsIncludingZero) {
+  World world = makeWorld(GetParam());
+  const int size = GetParam();
+  std::vector<size_t> counts(size);
+  for (int r = 0; r < size; ++r) counts[r] = (r * 3 + 1) % 4;  // 1, 0, 3, 2
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  for (bool inPlace : {false, true}) {
+    runRanks(world, [&](int r, Backend& b) {
+      std::vector<int32_t> out(total, -1);
+      size_t offset = 0;
+      for (int q = 0; q < r; ++q) offset += counts[q];
+      std::vector<int32_t> in(counts[r]);
+      for (size_t i = 0; i < counts[r]; ++i) in[i] = r * 100 + static_cast<int32_t>(i);
+      if (inPlace) std::copy(in.begin(), in.end(), out.begin() + offset);
+      const void* src = inPlace ? static_cast<const void*>(out.data() + offset)
+                                : (in.empty() ? nullptr : in.data());
+      Status s = b.allgatherv(src, out.data(), counts, DataType::kInt32);
+      ASSERT_TRUE(s.isOk()) << s.toString();
+      size_t k = 0;
+      for (int q = 0; q < size; ++q) {
+        for (size_t i = 0; i < counts[q]; ++i, ++k) {
+          EXPECT_EQ(out[k], q * 100 + static_cast<int32_t>(i)) << "rank " << r;
+        }
+      }
+    });
+  }
+  // All counts zero: a no-op everywhere.
+  runRanks(world, [&](int, Backend& b) {
+    EXPECT_TRUE(
+        b.allgatherv(nullptr, nullptr, std::vector<size_t>(size, 0), DataType::kFloat64).isOk());
+  });
+}
+
+TEST_P(GlooWorldTest, BroadcastFromEveryRoot) {
+  World world = makeWorld(GetParam());
+  const int size = GetParam();
+  for (int root = 0; root < size; ++root) {
+    for (size_t count : {size_t{0}, size_t{1}, size_t{1001}}) {
+      runRanks(world, [&](int r, Backend& b) {
+        std::vector<uint16_t> buf(count);
+        for (size_t i = 0; i < count; ++i) {
+          buf[i] = r == root ? floatToHalf(static_cast<float>(root * 10 + i % 7)) : 0xffff;
+        }
+        Status s = b.broadcast(buf.data(), count, DataType::kFloat16, root);
+        ASSERT_TRUE(s.isOk()) << s.toString();
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(halfToFloat(buf[i]), static_cast<float>(root * 10 + i % 7))
+              << "root " << root << " rank " << r << " i " << i;
+        }
+      });
+    }
+  }
+}
+
+TEST_P(GlooWorldTest, AlltoallvUnevenSplitsIncludingZero) {
+  World world = makeWorld(GetParam());
+  const int size = GetParam();
+  // Rank s sends split(s, d) elements to rank d.
+  auto split = [](int s, int d) { return static_cast<int64_t>((s + 2 * d) % 3); };
+  runRanks(world, [&](int r, Backend& b) {
+    std::vector<int64_t> send(size), recv(size);
+    std::vector<int64_t> in;
+    for (int d = 0; d < size; ++d) {
+      send[d] = split(r, d);
+      recv[d] = split(d, r);
+      for (int64_t i = 0; i < send[d]; ++i) in.push_back(r * 10000 + d * 100 + i);
+    }
+    int64_t recvTotal = 0;
+    for (int64_t v : recv) recvTotal += v;
+    std::vector<int64_t> out(recvTotal, -1);
+    Status s = b.alltoallv(in.empty() ? nullptr : in.data(), send,
+                           out.empty() ? nullptr : out.data(), recv, DataType::kInt64);
+    ASSERT_TRUE(s.isOk()) << s.toString();
+    size_t k = 0;
+    for (int src = 0; src < size; ++src) {
+      for (int64_t i = 0; i < recv[src]; ++i, ++k) {
+        EXPECT_EQ(out[k], src * 10000 + r * 100 + i) << "rank " << r;
+      }
+    }
+  });
+}
+
+void checkReducescatter(World& world, const std::vector<size_t>& counts, DataType dt, ReduceOp op) {
+  const int size = static_cast<int>(world.size());
+  const size_t es = dataTypeSize(dt);
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  runRanks(world, [&](int r, Backend& b) {
+    std::vector<uint8_t> buf(total * es + 1);  // +1: never a null pointer
+    for (size_t i = 0; i < total; ++i) storeInt(dt, buf.data(), i, inputValue(dt, op, r, i));
+    Status s = b.reducescatter(buf.data(), counts, dt, op);
+    ASSERT_TRUE(s.isOk()) << s.toString();
+    size_t offset = 0;
+    for (int q = 0; q < r; ++q) offset += counts[q];
+    std::vector<uint8_t> want(counts[r] * es);
+    for (size_t i = 0; i < counts[r]; ++i) {
+      storeInt(dt, want.data(), i, expectedValue(dt, op, size, offset + i));
+    }
+    EXPECT_EQ(0, std::memcmp(buf.data() + offset * es, want.data(), want.size()))
+        << "rank " << r << " " << dataTypeName(dt) << " " << reduceOpName(op);
+  });
+}
+
+TEST_P(GlooWorldTest, ReducescatterUnevenCountsIncludingZero) {
+  World world = makeWorld(GetParam());
+  const int size = GetParam();
+  std::vector<size_t> small(size), large(size);
+  for (int r = 0; r < size; ++r) {
+    small[r] = (r * 2 + 1) % 3;               // 1, 0, 2, 1
+    large[r] = r == 1 ? 0 : 300001 + 77 * r;  // > 1 MiB segments for float32
+  }
+  for (DataType dt : kAllTypes) {
+    for (ReduceOp op : kReduceOps) checkReducescatter(world, small, dt, op);
+  }
+  checkReducescatter(world, large, DataType::kFloat32, ReduceOp::kSum);
+  checkReducescatter(world, large, DataType::kFloat16, ReduceOp::kMax);
+  checkReducescatter(world, large, DataType::kInt8, ReduceOp::kProduct);
+  checkReducescatter(world, std::vector<size_t>(size, 0), DataType::kInt32, ReduceOp::kSum);
+  // Several in a row: tags keep consecutive calls apart.
+  for (int k = 0; k < 5; ++k) checkReducescatter(world, small, DataType::kInt64, ReduceOp::kSum);
+}
+
+TEST_P(GlooWorldTest, BarrierWaitsForTheSlowestRank) {
+  World world = makeWorld(GetParam());
+  for (int k = 0; k < 3; ++k) {
+    runRanks(world, [&](int, Backend& b) { EXPECT_TRUE(b.barrier().isOk()); });
+  }
+  if (GetParam() == 1) return;
+  std::vector<milliseconds> waited(GetParam());
+  runRanks(world, [&](int r, Backend& b) {
+    const auto start = Clock::now();
+    if (r == 0) std::this_thread::sleep_for(milliseconds(200));
+    EXPECT_TRUE(b.barrier().isOk());
+    waited[r] = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+  });
+  for (int r = 1; r < GetParam(); ++r) EXPECT_GE(waited[r].count(), 150) << r;
+}
+
+TEST_P(GlooWorldTest, MixedSequenceKeepsRanksInStep) {
+  World world = makeWorld(GetParam());
+  const int size = GetParam();
+  runRanks(world, [&](int r, Backend& b) {
+    for (int k = 0; k < 10; ++k) {
+      std::vector<float> v(17 + k, static_cast<float>(r + 1));
+      ASSERT_TRUE(b.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum).isOk());
+      EXPECT_EQ(v.back(), size * (size + 1) / 2.0f);
+      int32_t x = r == k % size ? k : -1;
+      ASSERT_TRUE(b.broadcast(&x, 1, DataType::kInt32, k % size).isOk());
+      EXPECT_EQ(x, k);
+      ASSERT_TRUE(b.barrier().isOk());
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, GlooWorldTest, ::testing::Values(1, 2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "size" + std::to_string(info.param);
+                         });
+
+// ------------------------------------------------------------ failure paths
+
+TEST(GlooBackendTest, AbortFromAnotherThreadUnblocksACall) {
+  World world = makeWorld(3, "auto", milliseconds(20000));
+  const auto start = Clock::now();
+  // Rank 1 never calls; ranks 0 and 2 block in allreduce. Another thread
+  // aborts rank 0 (as the control plane would on learning rank 1 is lost).
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(milliseconds(300));
+    world[0]->abort();
+  });
+  Status s2;
+  Clock::duration rank2Elapsed{};
+  std::thread rank2([&] {
+    std::vector<float> w(1000, 1.0f);
+    s2 = world[2]->allreduce(w.data(), w.size(), DataType::kFloat32, ReduceOp::kSum);
+    rank2Elapsed = Clock::now() - start;
+  });
+  std::vector<float> v(1000, 1.0f);
+  Status s0 = world[0]->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+  const auto elapsed = Clock::now() - start;
+  aborter.join();
+  EXPECT_EQ(s0.code(), Code::kRemoteError) << s0.toString();
+  EXPECT_NE(s0.message().find("allreduce"), std::string::npos) << s0.toString();
+  EXPECT_LT(elapsed, std::chrono::seconds(3));
+  // Rank 2 fails as soon as it touches its closed pair with rank 0; if it was
+  // only waiting on rank 1 it needs its own abort, as the runtime would do.
+  world[2]->abort();
+  rank2.join();
+  EXPECT_FALSE(s2.isOk());
+  EXPECT_LT(rank2Elapsed, std::chrono::seconds(3));
+  // Later calls fail immediately.
+  const auto again = Clock::now();
+  EXPECT_EQ(world[0]->barrier().code(), Code::kRemoteError);
+  EXPECT_LT(Clock::now() - again, milliseconds(100));
+}
+
+TEST(GlooBackendTest, AbortBeforeAnyCallAndTwice) {
+  World world = makeWorld(2);
+  world[1]->abort();
+  world[1]->abort();
+  int32_t x = 1;
+  EXPECT_EQ(world[1]->allreduce(&x, 1, DataType::kInt32, ReduceOp::kSum).code(),
+            Code::kRemoteError);
+  // The peer notices the closed connection instead of hanging.
+  Status s = world[0]->allreduce(&x, 1, DataType::kInt32, ReduceOp::kSum);
+  EXPECT_FALSE(s.isOk());
+}
+
+TEST(GlooBackendTest, StalledPeerTimesOut) {
+  World world = makeWorld(2, "ring", milliseconds(800));
+  std::vector<double> v(10, 1.0);
+  const auto start = Clock::now();
+  Status s = world[0]->allreduce(v.data(), v.size(), DataType::kFloat64, ReduceOp::kMax);
+  EXPECT_EQ(s.code(), Code::kTimeout) << s.toString();
+  EXPECT_NE(s.message().find("a peer rank may have died or stalled"), std::string::npos);
+  EXPECT_NE(s.message().find("float64"), std::string::npos);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+  // The context is poisoned: the next call fails at once.
+  EXPECT_FALSE(world[0]->barrier().isOk());
+}
+
+TEST(GlooBackendTest, RendezvousTimesOutWhenARankIsMissing) {
+  auto store = std::make_shared<MemoryStore>();
+  GlooBackendOptions opts;
+  opts.timeout = milliseconds(500);
+  const auto start = Clock::now();
+  auto r = createGlooBackend(store, uniquePrefix(), 0, 2, opts);
+  EXPECT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), Code::kTimeout) << r.status().toString();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+}
+
+TEST(GlooBackendTest, InvalidArgumentsLeaveTheBackendUsable) {
+  auto store = std::make_shared<MemoryStore>();
+  GlooBackendOptions bad;
+  bad.algorithm = "tree";
+  EXPECT_EQ(createGlooBackend(store, "x", 0, 1, bad).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(createGlooBackend(store, "x", 2, 2, GlooBackendOptions()).status().code(),
+            Code::kInvalidArgument);
+
+  World world = makeWorld(2);
+  runRanks(world, [&](int r, Backend& b) {
+    int32_t x = r + 1;
+    EXPECT_EQ(b.allgatherv(&x, &x, {1}, DataType::kInt32).code(), Code::kInvalidArgument);
+    EXPECT_EQ(b.broadcast(&x, 1, DataType::kInt32, 5).code(), Code::kInvalidArgument);
+    EXPECT_EQ(b.reducescatter(&x, {1, 1, 1}, DataType::kInt32, ReduceOp::kSum).code(),
+              Code::kInvalidArgument);
+    EXPECT_EQ(b.allreduce(&x, 1, DataType::kBool, ReduceOp::kAverage).code(),
+              Code::kInvalidArgument);
+    EXPECT_EQ(b.name(), "gloo");
+    EXPECT_EQ(b.rank(), r);
+    EXPECT_EQ(b.size(), 2);
+    ASSERT_TRUE(b.allreduce(&x, 1, DataType::kInt32, ReduceOp::kSum).isOk());
+    EXPECT_EQ(x, 3);
+  });
+}
+
+}  // namespace
+}  // namespace hora

@@ -1,0 +1,356 @@
+// Unit tests for core/params.h (the HORA_* registry, defaults, overrides and
+// validation) and for log-level parsing in core/logging.h.
+#include "core/params.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+
+#include "core/logging.h"
+
+namespace hora {
+namespace {
+
+const ParamSpec* spec(const std::string& name) {
+  for (const auto& s : paramRegistry())
+    if (name == s.name) return &s;
+  return nullptr;
+}
+
+Params defaults() {
+  Result<Params> p = Params::fromMap({});
+  EXPECT_TRUE(p.isOk()) << p.status().toString();
+  return p.take();
+}
+
+// ---------------------------------------------------------------- registry
+
+TEST(ParamRegistryTest, EveryEntryHasPrefixedNameAndDoc) {
+  ASSERT_FALSE(paramRegistry().empty());
+  for (const auto& s : paramRegistry()) {
+    ASSERT_NE(s.name, nullptr);
+    ASSERT_NE(s.doc, nullptr);
+    ASSERT_NE(s.defaultValue, nullptr);
+    EXPECT_EQ(std::string(s.name).rfind("HORA_", 0), 0u) << s.name;
+    EXPECT_GT(std::strlen(s.name), std::strlen("HORA_")) << s.name;
+    EXPECT_GT(std::strlen(s.doc), 0u) << s.name;
+  }
+}
+
+TEST(ParamRegistryTest, NamesAreUnique) {
+  std::set<std::string> names;
+  for (const auto& s : paramRegistry()) EXPECT_TRUE(names.insert(s.name).second) << s.name;
+}
+
+TEST(ParamRegistryTest, EveryDefaultPassesItsOwnValidation) {
+  // Feeding each default back in explicitly must be accepted: the registry
+  // cannot hold a default that a user could not also set.
+  for (const auto& s : paramRegistry()) {
+    if (s.type == ParamType::kString) continue;
+    Result<Params> p = Params::fromMap({{s.name, s.defaultValue}});
+    EXPECT_TRUE(p.isOk()) << s.name << ": " << p.status().toString();
+  }
+}
+
+TEST(ParamRegistryTest, ExpectedDefaults) {
+  const std::map<std::string, std::string> expected = {
+      {"HORA_CYCLE_TIME_MS", "1"},           {"HORA_FUSION_THRESHOLD_BYTES", "134217728"},
+      {"HORA_CACHE_CAPACITY", "1024"},       {"HORA_STALL_WARNING_TIME_S", "60"},
+      {"HORA_STALL_SHUTDOWN_TIME_S", "300"},
+  };
+  for (const auto& [name, value] : expected) {
+    const ParamSpec* s = spec(name);
+    ASSERT_NE(s, nullptr) << name;
+    EXPECT_STREQ(s->defaultValue, value.c_str()) << name;
+  }
+}
+
+// ----------------------------------------------------------------- parsing
+
+TEST(ParamsTest, DefaultsFromRegistry) {
+  Params p = defaults();
+  EXPECT_DOUBLE_EQ(p.getFloat("HORA_CYCLE_TIME_MS"), 1.0);
+  EXPECT_EQ(p.getInt("HORA_FUSION_THRESHOLD_BYTES"), 134217728);
+  EXPECT_EQ(p.getInt("HORA_FUSION_THRESHOLD_BYTES"), int64_t{128} << 20);
+  EXPECT_EQ(p.getInt("HORA_CACHE_CAPACITY"), 1024);
+  EXPECT_DOUBLE_EQ(p.getFloat("HORA_STALL_WARNING_TIME_S"), 60.0);
+  EXPECT_DOUBLE_EQ(p.getFloat("HORA_STALL_SHUTDOWN_TIME_S"), 300.0);
+  EXPECT_EQ(p.getInt("HORA_RANK"), -1);
+  EXPECT_EQ(p.getInt("HORA_STORE_PORT"), 29500);
+  EXPECT_FALSE(p.getBool("HORA_STORE_EXTERNAL"));
+  EXPECT_EQ(p.getString("HORA_STORE_ADDR"), "");
+  EXPECT_EQ(p.getString("HORA_LOG_LEVEL"), "warning");
+  EXPECT_EQ(p.getString("HORA_GLOO_ALGORITHM"), "auto");
+}
+
+TEST(ParamsTest, NothingIsSetByDefault) {
+  Params p = defaults();
+  for (const auto& s : paramRegistry()) EXPECT_FALSE(p.isSet(s.name)) << s.name;
+}
+
+TEST(ParamsTest, EveryRegisteredNameIsReadable) {
+  Params p = defaults();
+  for (const auto& s : paramRegistry()) EXPECT_EQ(p.getString(s.name), s.defaultValue) << s.name;
+}
+
+TEST(ParamsTest, FromMapOverrides) {
+  Result<Params> r = Params::fromMap({
+      {"HORA_CYCLE_TIME_MS", "2.5"},
+      {"HORA_FUSION_THRESHOLD_BYTES", "0"},
+      {"HORA_CACHE_CAPACITY", "16"},
+      {"HORA_STALL_WARNING_TIME_S", "10"},
+      {"HORA_STALL_SHUTDOWN_TIME_S", "0"},
+      {"HORA_STORE_EXTERNAL", "true"},
+      {"HORA_STORE_ADDR", "10.0.0.1"},
+      {"HORA_RANK", "3"},
+  });
+  ASSERT_TRUE(r.isOk()) << r.status().toString();
+  const Params& p = r.value();
+  EXPECT_DOUBLE_EQ(p.getFloat("HORA_CYCLE_TIME_MS"), 2.5);
+  EXPECT_EQ(p.getInt("HORA_FUSION_THRESHOLD_BYTES"), 0);
+  EXPECT_EQ(p.getInt("HORA_CACHE_CAPACITY"), 16);
+  EXPECT_DOUBLE_EQ(p.getFloat("HORA_STALL_WARNING_TIME_S"), 10.0);
+  EXPECT_DOUBLE_EQ(p.getFloat("HORA_STALL_SHUTDOWN_TIME_S"), 0.0);
+  EXPECT_TRUE(p.getBool("HORA_STORE_EXTERNAL"));
+  EXPECT_EQ(p.getString("HORA_STORE_ADDR"), "10.0.0.1");
+  EXPECT_EQ(p.getInt("HORA_RANK"), 3);
+  EXPECT_TRUE(p.isSet("HORA_CACHE_CAPACITY"));
+  EXPECT_TRUE(p.isSet("HORA_STORE_ADDR"));
+  EXPECT_FALSE(p.isSet("HORA_SIZE"));
+  EXPECT_EQ(p.getInt("HORA_SIZE"), -1);
+}
+
+TEST(ParamsTest, SettingTheDefaultValueStillCountsAsSet) {
+  Result<Params> r = Params::fromMap({{"HORA_CACHE_CAPACITY", "1024"}});
+  ASSERT_TRUE(r.isOk());
+  EXPECT_TRUE(r.value().isSet("HORA_CACHE_CAPACITY"));
+}
+
+TEST(ParamsTest, EmptyStringIsAValidString) {
+  Result<Params> r = Params::fromMap({{"HORA_HOSTNAME", ""}});
+  ASSERT_TRUE(r.isOk());
+  EXPECT_TRUE(r.value().isSet("HORA_HOSTNAME"));
+  EXPECT_EQ(r.value().getString("HORA_HOSTNAME"), "");
+}
+
+TEST(ParamsTest, BoolSpellings) {
+  for (const char* v : {"1", "true"}) {
+    Result<Params> r = Params::fromMap({{"HORA_STORE_EXTERNAL", v}});
+    ASSERT_TRUE(r.isOk()) << v;
+    EXPECT_TRUE(r.value().getBool("HORA_STORE_EXTERNAL")) << v;
+  }
+  for (const char* v : {"0", "false"}) {
+    Result<Params> r = Params::fromMap({{"HORA_STORE_EXTERNAL", v}});
+    ASSERT_TRUE(r.isOk()) << v;
+    EXPECT_FALSE(r.value().getBool("HORA_STORE_EXTERNAL")) << v;
+  }
+}
+
+TEST(ParamsTest, NumericSpellingsAccepted) {
+  for (const char* v : {"0", "-1", "42", "9223372036854775807"}) {
+    EXPECT_TRUE(Params::fromMap({{"HORA_STORE_PORT", v}}).isOk()) << v;
+  }
+  for (const char* v : {"0", "0.5", "1e3", "-2", ".25"}) {
+    EXPECT_TRUE(Params::fromMap({{"HORA_CYCLE_TIME_MS", v}}).isOk()) << v;
+  }
+  Result<Params> r = Params::fromMap({{"HORA_CYCLE_TIME_MS", "1e3"}});
+  EXPECT_DOUBLE_EQ(r.value().getFloat("HORA_CYCLE_TIME_MS"), 1000.0);
+}
+
+void expectInvalid(const std::string& name, const std::string& value) {
+  Result<Params> r = Params::fromMap({{name, value}});
+  ASSERT_FALSE(r.isOk()) << name << "=" << value;
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << name << "=" << value;
+  const std::string& m = r.status().message();
+  const ParamSpec* s = spec(name);
+  ASSERT_NE(s, nullptr);
+  EXPECT_NE(m.find(name), std::string::npos) << m;
+  EXPECT_NE(m.find(std::string("default ") + s->defaultValue), std::string::npos) << m;
+  EXPECT_NE(m.find("'" + value + "'"), std::string::npos) << m;
+}
+
+TEST(ParamsTest, InvalidIntegers) {
+  for (const char* v : {"", "abc", "12abc", "1.5", "0x10", "1 ", "99999999999999999999999"}) {
+    expectInvalid("HORA_CACHE_CAPACITY", v);
+  }
+  expectInvalid("HORA_FUSION_THRESHOLD_BYTES", "128MiB");
+}
+
+TEST(ParamsTest, InvalidIntegerMessageSaysInteger) {
+  Result<Params> r = Params::fromMap({{"HORA_CACHE_CAPACITY", "lots"}});
+  ASSERT_FALSE(r.isOk());
+  EXPECT_NE(r.status().message().find("not an integer"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("default 1024"), std::string::npos);
+}
+
+TEST(ParamsTest, InvalidFloats) {
+  for (const char* v : {"", "fast", "1.5s", "nan", "NaN", "1e999"}) {
+    expectInvalid("HORA_STALL_WARNING_TIME_S", v);
+  }
+  Result<Params> r = Params::fromMap({{"HORA_CYCLE_TIME_MS", "x"}});
+  ASSERT_FALSE(r.isOk());
+  EXPECT_NE(r.status().message().find("not a number"), std::string::npos);
+  EXPECT_NE(r.status().message().find("default 1"), std::string::npos);
+}
+
+TEST(ParamsTest, InvalidBools) {
+  for (const char* v : {"", "yes", "no", "2", "TRUE", "on"}) {
+    expectInvalid("HORA_STORE_EXTERNAL", v);
+  }
+  Result<Params> r = Params::fromMap({{"HORA_STORE_EXTERNAL", "yes"}});
+  EXPECT_NE(r.status().message().find("boolean"), std::string::npos);
+}
+
+TEST(ParamsTest, UnknownNameRejected) {
+  Result<Params> r = Params::fromMap({{"HORA_CACHE_CAPACITYY", "5"}});
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("HORA_CACHE_CAPACITYY"), std::string::npos);
+  EXPECT_NE(r.status().message().find("unknown parameter"), std::string::npos);
+  // Even alongside valid names, and even when not HORA_-prefixed.
+  EXPECT_FALSE(Params::fromMap({{"HORA_RANK", "0"}, {"NOT_HORA", "1"}}).isOk());
+}
+
+TEST(ParamsTest, FirstInvalidParameterFailsWholeParse) {
+  Result<Params> r = Params::fromMap({{"HORA_RANK", "0"}, {"HORA_SIZE", "two"}});
+  ASSERT_FALSE(r.isOk());
+  EXPECT_NE(r.status().message().find("HORA_SIZE"), std::string::npos);
+}
+
+TEST(ParamsTest, ParseWithLookupFunction) {
+  int calls = 0;
+  Result<Params> r = Params::parse([&](const char* name) -> const char* {
+    ++calls;
+    return std::string(name) == "HORA_CACHE_CAPACITY" ? "7" : nullptr;
+  });
+  ASSERT_TRUE(r.isOk());
+  EXPECT_EQ(calls, static_cast<int>(paramRegistry().size()));
+  EXPECT_EQ(r.value().getInt("HORA_CACHE_CAPACITY"), 7);
+  EXPECT_TRUE(r.value().isSet("HORA_CACHE_CAPACITY"));
+  EXPECT_FALSE(r.value().isSet("HORA_RANK"));
+}
+
+TEST(ParamsTest, ParseWithNullLookupGivesDefaults) {
+  Result<Params> r = Params::parse(nullptr);
+  ASSERT_TRUE(r.isOk());
+  EXPECT_EQ(r.value().getInt("HORA_CACHE_CAPACITY"), 1024);
+}
+
+TEST(ParamsTest, UnregisteredGettersReturnZeroValues) {
+  Params p = defaults();
+  EXPECT_EQ(p.getInt("HORA_NOPE"), 0);
+  EXPECT_DOUBLE_EQ(p.getFloat("HORA_NOPE"), 0.0);
+  EXPECT_EQ(p.getString("HORA_NOPE"), "");
+  EXPECT_FALSE(p.getBool("HORA_NOPE"));
+  EXPECT_FALSE(p.isSet("HORA_NOPE"));
+}
+
+// ---------------------------------------------------------------- markdown
+
+TEST(ParamsTest, DumpMarkdownContainsEveryName) {
+  const std::string md = Params::dumpMarkdown();
+  EXPECT_EQ(md.rfind("| name | type | default | meaning |", 0), 0u);
+  for (const auto& s : paramRegistry()) {
+    EXPECT_NE(md.find(std::string("`") + s.name + "`"), std::string::npos) << s.name;
+    EXPECT_NE(md.find(s.doc), std::string::npos) << s.name;
+  }
+  // Header, separator and one row per parameter.
+  size_t lines = 0;
+  for (char c : md) lines += c == '\n';
+  EXPECT_EQ(lines, paramRegistry().size() + 2);
+}
+
+TEST(ParamsTest, DumpMarkdownShowsTypes) {
+  const std::string md = Params::dumpMarkdown();
+  EXPECT_NE(md.find("| `HORA_CACHE_CAPACITY` | int | `1024` |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| `HORA_CYCLE_TIME_MS` | float | `1` |"), std::string::npos);
+  EXPECT_NE(md.find("| `HORA_STORE_EXTERNAL` | bool | `0` |"), std::string::npos);
+  EXPECT_NE(md.find("| `HORA_LOG_LEVEL` | string | `warning` |"), std::string::npos);
+}
+
+// ------------------------------------------------------------------ logging
+
+TEST(LogLevelTest, ParsesEveryLevelCaseInsensitively) {
+  const std::map<std::string, LogLevel> cases = {
+      {"trace", LogLevel::kTrace},     {"debug", LogLevel::kDebug},  {"info", LogLevel::kInfo},
+      {"warning", LogLevel::kWarning}, {"warn", LogLevel::kWarning}, {"error", LogLevel::kError},
+      {"off", LogLevel::kOff},         {"none", LogLevel::kOff},     {"TRACE", LogLevel::kTrace},
+      {"Warning", LogLevel::kWarning}, {"eRRoR", LogLevel::kError},  {"OFF", LogLevel::kOff},
+  };
+  for (const auto& [text, level] : cases) {
+    LogLevel out = LogLevel::kInfo;
+    if (level == LogLevel::kInfo) out = LogLevel::kOff;
+    EXPECT_TRUE(parseLogLevel(text, &out)) << text;
+    EXPECT_EQ(out, level) << text;
+  }
+}
+
+TEST(LogLevelTest, UnknownLeavesOutputUntouched) {
+  for (const char* text : {"", "verbose", "warnings", " info", "info ", "3"}) {
+    LogLevel out = LogLevel::kDebug;
+    EXPECT_FALSE(parseLogLevel(text, &out)) << text;
+    EXPECT_EQ(out, LogLevel::kDebug) << text;
+  }
+}
+
+TEST(LogLevelTest, DefaultParamParses) {
+  LogLevel out = LogLevel::kTrace;
+  ASSERT_TRUE(parseLogLevel(defaults().getString("HORA_LOG_LEVEL"), &out));
+  EXPECT_EQ(out, LogLevel::kWarning);
+}
+
+TEST(LogLevelTest, NamesRoundTrip) {
+  for (LogLevel l : {LogLevel::kTrace, LogLevel::kDebug, LogLevel::kInfo, LogLevel::kWarning,
+                     LogLevel::kError, LogLevel::kOff}) {
+    LogLevel back = LogLevel::kInfo;
+    if (l == LogLevel::kInfo) back = LogLevel::kOff;
+    ASSERT_TRUE(parseLogLevel(logLevelName(l), &back)) << logLevelName(l);
+    EXPECT_EQ(back, l);
+  }
+  EXPECT_STREQ(logLevelName(LogLevel::kWarning), "WARNING");
+  EXPECT_STREQ(logLevelName(static_cast<LogLevel>(42)), "?");
+}
+
+TEST(LoggerTest, EnabledRespectsThreshold) {
+  Logger info(LogLevel::kInfo, "[t]");
+  EXPECT_FALSE(info.enabled(LogLevel::kTrace));
+  EXPECT_FALSE(info.enabled(LogLevel::kDebug));
+  EXPECT_TRUE(info.enabled(LogLevel::kInfo));
+  EXPECT_TRUE(info.enabled(LogLevel::kError));
+  Logger off(LogLevel::kOff, "[t]");
+  for (LogLevel l : {LogLevel::kTrace, LogLevel::kInfo, LogLevel::kError, LogLevel::kOff})
+    EXPECT_FALSE(off.enabled(l));
+  Logger def;
+  EXPECT_EQ(def.level(), LogLevel::kWarning);
+  EXPECT_EQ(def.prefix(), "[hora]");
+  EXPECT_FALSE(def.enabled(LogLevel::kInfo));
+  EXPECT_TRUE(def.enabled(LogLevel::kWarning));
+}
+
+TEST(LoggerTest, MacroSkipsStreamWhenDisabled) {
+  Logger off(LogLevel::kOff, "[t]");
+  int evaluated = 0;
+  auto sideEffect = [&]() { return ++evaluated; };
+  HORA_LOG(off, kError) << "never " << sideEffect();
+  EXPECT_EQ(evaluated, 0);
+  Logger err(LogLevel::kError, "[hora test]");
+  HORA_LOG(err, kInfo) << sideEffect();
+  EXPECT_EQ(evaluated, 0);
+}
+
+TEST(LoggerTest, MacroEvaluatesOnceWhenEnabled) {
+  Logger trace(LogLevel::kTrace, "[hora unit test]");
+  int evaluated = 0;
+  testing::internal::CaptureStderr();
+  HORA_LOG(trace, kDebug) << "value " << ++evaluated;
+  std::string out = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(evaluated, 1);
+  EXPECT_NE(out.find("[hora unit test] DEBUG value 1"), std::string::npos) << out;
+  EXPECT_EQ(out.back(), '\n');
+}
+
+}  // namespace
+}  // namespace hora
