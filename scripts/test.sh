@@ -21,7 +21,7 @@ case "$SAN" in
     "$ROOT/scripts/run_example.sh" -np 4 | tail -n 4
     if [ -x "$BUILD/bench/hora-bench" ] && [ -x "$ROOT/bench/run_bench.sh" ]; then
       echo "== benchmark smoke run (checks results, timings not asserted)"
-      HORA_BUILD_DIR="$BUILD" "$ROOT/bench/run_bench.sh" -np 2 --quick | tail -n 20
+      HORA_BENCH="$BUILD/bench/hora-bench" "$ROOT/bench/run_bench.sh" -np 2 --quick | tail -n 20
     fi
     ;;
   address)

@@ -37,6 +37,7 @@
 #include "core/host_buffer.h"
 #include "core/logging.h"
 #include "core/response_cache.h"
+#include "copy_worker.h"
 #include "core/store.h"
 #include "request_state.h"
 
@@ -52,7 +53,8 @@ struct ExecGroup {
 
 struct SetOptions {
   int64_t fusionThresholdBytes = 128 << 20;
-  int64_t fusionChunkBytes = 8 << 20;
+  int64_t fusionChunkBytes = 0;
+  int64_t fusionInplaceMinBytes = 0;
   int cacheCapacity = 1024;
   double cycleTimeMs = 1;
   double stallWarningS = 60;
@@ -115,6 +117,8 @@ class ProcessSetImpl {
   void execute(ExecGroup& group);
   void queueGroup(std::vector<Response> responses);  // control thread
   Status runAllreduce(std::vector<Response>& group, std::vector<std::shared_ptr<TensorEntry>>& es);
+  Status runFusedPipelined(std::vector<Response>& group, std::vector<std::shared_ptr<TensorEntry>>& es,
+                           ReduceOp op, double pre, double post, const std::string& what);
   Status runAllgather(const Response& r, TensorEntry* e);
   Status runBroadcast(const Response& r, TensorEntry* e);
   Status runAlltoall(const Response& r, TensorEntry* e);
@@ -152,6 +156,7 @@ class ProcessSetImpl {
   std::condition_variable execIdleCv_;  // signalled (under execMu_) after each group
   std::atomic<bool> executorExit_{false};
   HostBuffer fusion_;  // executor thread only
+  std::unique_ptr<CopyWorker> copier_;  // created on first pipelined allreduce; executor thread only
 
   std::atomic<uint64_t> autoNameCounters_[static_cast<int>(CollectiveKind::kCount)] = {};
 
