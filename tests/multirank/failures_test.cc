@@ -266,10 +266,14 @@ TEST(Failures, WrongSecretIsRefusedAndTheJobIsUnaffected) {
       hora_runtime_t rt;
       ASSERT_EQ(hora_init(&c, &rt), HORA_SUCCESS) << hora_last_error_message();
       jobReady = true;
-      for (int it = 0; it < 50 || !strayDone; ++it) {
+      for (int it = 0;; ++it) {
         std::vector<float> buf(32, 1.0f);
         ASSERT_EQ(allreduceF32(rt, buf, "work"), HORA_SUCCESS) << lastMessage();
         ASSERT_EQ(buf[0], 2.0f);
+        // Stop together: both ranks must agree the stray clients are done.
+        std::vector<float> stop(1, strayDone && it >= 50 ? 1.0f : 0.0f);
+        ASSERT_EQ(allreduceF32(rt, stop, "stop?"), HORA_SUCCESS) << lastMessage();
+        if (stop[0] == 2.0f) break;
       }
       EXPECT_EQ(hora_shutdown(rt), HORA_SUCCESS);
     });
