@@ -1,0 +1,187 @@
+// Internal to core/tcp_store_server.cc and core/tcp_store_client.cc: the
+// hora store wire protocol they share (frame layout, opcodes, protocol
+// limits, the Writer/Reader payload codecs and the handshake MAC). Not part of
+// hora's API; include core/tcp_store.h instead.
+//
+// Everything here is a constant, a pure function or a value type with no
+// shared state, so it is safe to use from any thread; a Writer or Reader
+// instance itself belongs to one thread.
+#pragma once
+
+#include <fcntl.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "core/hmac.h"
+#include "core/status.h"
+
+namespace hora::tcp_store_wire {
+
+// ---- Wire protocol ----------------------------------------------------------
+// Frame: [kMagic][kVersion][opcode][flags = 0][payload length u32 BE][payload].
+// Payload fields: str = u32 BE length + bytes; u64 = 8 bytes BE (i64 as two's
+// complement). Handshake: server kChallenge(nonce) -> client kAuth(mac) ->
+// server kAuthOk or kReplyError(u32 code, message) and close. Requests:
+//   kSet(str key, str value)      -> kReplyOk()
+//   kGet(str key, u64 timeoutMs)  -> kReplyOk(value bytes) | kReplyTimeout(message)
+//   kAdd(str key, u64 delta)      -> kReplyOk(u64 new value)
+//   kWait(u32 n, n x str key, u64 timeoutMs) -> kReplyOk() | kReplyTimeout(message)
+//   kCheck(str key)               -> kReplyOk(u8 exists)
+//   kRemove(str key)              -> kReplyOk()
+// Any request may also get kReplyError(u32 code, message). One request in
+// flight per connection; a second one before the reply is a protocol error.
+constexpr uint8_t kMagic = 0x68;  // 'h'
+constexpr uint8_t kVersion = 1;
+constexpr size_t kHeaderSize = 8;
+constexpr size_t kNonceSize = 32;
+constexpr size_t kMacSize = 32;
+constexpr size_t kMaxKey = 4096;
+constexpr size_t kMaxValue = size_t{64} << 20;
+constexpr size_t kMaxFrame = kMaxValue + 2 * kMaxKey;  // a set: key + value + their lengths
+constexpr size_t kMaxPreAuthFrame = 64;
+constexpr uint32_t kMaxWaitKeys = 65536;
+constexpr uint64_t kMaxWaitMs = uint64_t{7} * 24 * 3600 * 1000;  // a week: "forever"
+const char kAuthContext[] = "hora-store-v1";
+
+enum Op : uint8_t {
+  kChallenge = 0x01,
+  kAuth = 0x02,
+  kAuthOk = 0x03,
+  kSet = 0x10,
+  kGet = 0x11,
+  kAdd = 0x12,
+  kWait = 0x13,
+  kCheck = 0x14,
+  kRemove = 0x15,
+  kReplyOk = 0x20,
+  kReplyTimeout = 0x21,
+  kReplyError = 0x22,
+};
+
+inline bool isRequestOp(uint8_t op) { return op >= kSet && op <= kRemove; }
+
+inline std::string hexByte(uint8_t b) { return "0x" + toHex(std::string(1, static_cast<char>(b))); }
+
+// Builds one frame: header space first, patched by frame().
+class Writer {
+ public:
+  Writer() : buf_(kHeaderSize, '\0') {}
+  Writer& u8(uint8_t v) {
+    buf_.push_back(static_cast<char>(v));
+    return *this;
+  }
+  Writer& u32(uint32_t v) {
+    for (int i = 3; i >= 0; --i) buf_.push_back(static_cast<char>(v >> (8 * i)));
+    return *this;
+  }
+  Writer& u64(uint64_t v) {
+    for (int i = 7; i >= 0; --i) buf_.push_back(static_cast<char>(v >> (8 * i)));
+    return *this;
+  }
+  Writer& str(const std::string& s) {
+    u32(static_cast<uint32_t>(s.size()));
+    return raw(s);
+  }
+  Writer& raw(const std::string& s) {
+    buf_ += s;
+    return *this;
+  }
+  std::string frame(uint8_t op) {
+    uint32_t len = static_cast<uint32_t>(buf_.size() - kHeaderSize);
+    buf_[0] = static_cast<char>(kMagic);
+    buf_[1] = static_cast<char>(kVersion);
+    buf_[2] = static_cast<char>(op);
+    buf_[3] = 0;
+    for (int i = 0; i < 4; ++i) buf_[4 + i] = static_cast<char>(len >> (8 * (3 - i)));
+    return std::move(buf_);
+  }
+
+ private:
+  std::string buf_;
+};
+
+// Bounds-checked payload reader; every accessor fails instead of overrunning.
+class Reader {
+ public:
+  explicit Reader(const std::string& buf) : buf_(buf) {}
+  bool u8(uint8_t* v) {
+    if (!need(1)) return false;
+    *v = static_cast<uint8_t>(buf_[pos_++]);
+    return true;
+  }
+  bool u32(uint32_t* v) {
+    if (!need(4)) return false;
+    *v = 0;
+    for (int i = 0; i < 4; ++i) *v = (*v << 8) | static_cast<uint8_t>(buf_[pos_++]);
+    return true;
+  }
+  bool u64(uint64_t* v) {
+    if (!need(8)) return false;
+    *v = 0;
+    for (int i = 0; i < 8; ++i) *v = (*v << 8) | static_cast<uint8_t>(buf_[pos_++]);
+    return true;
+  }
+  // Reads a length-prefixed string of at most maxLen bytes; `why` says what failed.
+  bool str(std::string* out, size_t maxLen, const char* field, std::string* why) {
+    uint32_t len = 0;
+    if (!u32(&len)) return truncated(why);
+    if (len > maxLen) {
+      *why = std::string(field) + " of " + std::to_string(len) + " bytes exceeds the " +
+             std::to_string(maxLen) + "-byte limit";
+      return false;
+    }
+    if (!need(len)) return truncated(why);
+    out->assign(buf_, pos_, len);
+    pos_ += len;
+    return true;
+  }
+  std::string rest() const { return buf_.substr(pos_); }
+  bool done() const { return pos_ == buf_.size(); }
+
+ private:
+  bool need(size_t n) const { return buf_.size() - pos_ >= n; }
+  static bool truncated(std::string* why) {
+    *why = "truncated request payload";
+    return false;
+  }
+  const std::string& buf_;
+  size_t pos_ = 0;
+};
+
+struct Header {
+  uint8_t op = 0;
+  uint32_t length = 0;
+};
+
+// Returns "" when the header is well formed, else the reason.
+inline std::string decodeHeader(const std::array<unsigned char, kHeaderSize>& h, Header* out) {
+  if (h[0] != kMagic) return "bad magic byte " + hexByte(h[0]) + " (not a hora store client?)";
+  if (h[1] != kVersion)
+    return "protocol version " + std::to_string(h[1]) + ", expected " + std::to_string(kVersion) +
+           " (mixed hora versions?)";
+  if (h[3] != 0) return "nonzero reserved flags " + hexByte(h[3]);
+  out->op = h[2];
+  out->length = (uint32_t(h[4]) << 24) | (uint32_t(h[5]) << 16) | (uint32_t(h[6]) << 8) | h[7];
+  return "";
+}
+
+inline std::string authMac(const std::string& secret, const std::string& nonce) {
+  return hmacSha256(secret, std::string(kAuthContext) + nonce);
+}
+
+inline std::string hostPort(const std::string& host, int port) {
+  bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+// Sockets must not leak into processes the launcher or a rank forks.
+inline void setCloseOnExec(int fd) {
+  int flags = ::fcntl(fd, F_GETFD);
+  if (flags >= 0) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+}
+
+}  // namespace hora::tcp_store_wire
