@@ -128,24 +128,39 @@ Status ControlPlane::rendezvousCoordinator(Store& store) {
     return systemError("coordinator of set " + opts_.setName + " cannot listen on " +
                        opts_.hostname + ": " + ec.message() +
                        " (set HORA_HOSTNAME to a local address other ranks can reach)");
-  std::string token = randomToken();
+  // Handlers may still be pending when rendezvous ends (a stray client
+  // mid-hello), so everything they touch lives in shared state, not on this stack.
+  struct State {
+    std::string token;
+    int connected = 0;
+    std::vector<std::shared_ptr<Peer>> accepted;
+    std::function<void()> acceptNext;
+    bool open = true;
+  };
+  auto st = std::make_shared<State>();
+  st->token = randomToken();
   int port = acceptor.local_endpoint().port();
-  HORA_RETURN_IF_ERROR(store.set("ctrl", opts_.hostname + " " + std::to_string(port) + " " + token));
+  HORA_RETURN_IF_ERROR(store.set("ctrl", opts_.hostname + " " + std::to_string(port) + " " + st->token));
 
   peers_.assign(opts_.size, nullptr);
-  int connected = 0;
-  std::function<void()> acceptNext;
-  acceptNext = [&]() {
+  std::weak_ptr<State> weak = st;
+  st->acceptNext = [this, &acceptor, weak]() {
+    auto stl = weak.lock();
+    if (!stl || !stl->open) return;
     auto p = std::make_shared<Peer>(io_);
-    acceptor.async_accept(p->sock, [&, p](boost::system::error_code aec) {
-      if (aec) return;
+    stl->accepted.push_back(p);
+    acceptor.async_accept(p->sock, [this, weak, p](boost::system::error_code aec) {
+      auto st2 = weak.lock();
+      if (aec || !st2 || !st2->open) return;
       boost::system::error_code e2;
       auto remote = p->sock.remote_endpoint(e2);
       p->addr = e2 ? "?" : remote.address().to_string() + ":" + std::to_string(remote.port());
       p->sock.set_option(tcp::no_delay(true), e2);
-      acceptNext();
+      st2->acceptNext();
       // Hello: u32 len, u8 type, then magic, i32 rank, token.
-      asio::async_read(p->sock, asio::buffer(p->hdr, 5), [&, p](boost::system::error_code rec, size_t) {
+      asio::async_read(p->sock, asio::buffer(p->hdr, 5), [this, weak, p](boost::system::error_code rec, size_t) {
+        auto st3 = weak.lock();
+        if (!st3 || !st3->open) return;
         uint32_t len = 0;
         std::memcpy(&len, p->hdr, 4);
         if (rec || static_cast<FrameType>(p->hdr[4]) != FrameType::kHello || len < 2 || len > 4096) {
@@ -155,8 +170,9 @@ Status ControlPlane::rendezvousCoordinator(Store& store) {
           return;
         }
         p->body.resize(len - 1);
-        asio::async_read(p->sock, asio::buffer(&p->body[0], len - 1), [&, p](boost::system::error_code rec2, size_t) {
-          if (rec2) return;
+        asio::async_read(p->sock, asio::buffer(&p->body[0], len - 1), [this, weak, p](boost::system::error_code rec2, size_t) {
+          auto st4 = weak.lock();
+          if (rec2 || !st4 || !st4->open) return;
           ByteReader rd(p->body);
           std::string magic, tok;
           int32_t rank = -1;
@@ -165,7 +181,7 @@ Status ControlPlane::rendezvousCoordinator(Store& store) {
           if (s.isOk()) s = rd.str(&tok, "token", 256);
           std::string why;
           if (!s.isOk() || magic != kHelloMagic) why = "malformed hello";
-          else if (tok != token) why = "wrong session token";
+          else if (tok != st4->token) why = "wrong session token";
           else if (rank <= 0 || rank >= opts_.size) why = "rank " + std::to_string(rank) + " out of range";
           else if (peers_[rank]) why = "rank " + std::to_string(rank) + " connected twice";
           if (!why.empty()) {
@@ -177,17 +193,23 @@ Status ControlPlane::rendezvousCoordinator(Store& store) {
           }
           p->rank = rank;
           peers_[rank] = p;
-          ++connected;
+          ++st4->connected;
         });
       });
     });
   };
-  acceptNext();
+  st->acceptNext();
   auto deadline = SteadyClock::now() + opts_.startTimeout;
-  bool ok = runUntil(io_, [&] { return connected == opts_.size - 1; }, deadline);
+  bool ok = runUntil(io_, [&] { return st->connected == opts_.size - 1; }, deadline);
+  st->open = false;
   acceptor.close(ec);
+  // Close every accepted socket that did not become a peer, so no handler
+  // of the rendezvous stays pending on the control thread later.
+  for (auto& p : st->accepted)
+    if (p->rank < 0 || peers_[p->rank] != p) p->sock.close(ec);
   io_.restart();
-  io_.poll();  // let the cancelled accept finish while its captures are alive
+  io_.poll();
+  st->acceptNext = nullptr;
   if (!ok) {
     std::string missing;
     for (int r = 1; r < opts_.size; ++r)

@@ -50,6 +50,7 @@ std::string trailingShape(const Request& r) {
 
 std::string scaleText(const Request& r) {
   std::ostringstream os;
+  os.precision(17);  // 1.0 and 1.0000001 must not look equal
   os << "prescale " << r.prescale << " postscale " << r.postscale;
   return os.str();
 }
@@ -194,7 +195,7 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
     for (const Request* q : present) {
       std::string v = render(*q);
       differ |= v != v0;
-      values.push_back({q->rank, v});
+      values.push_back({global(q->rank), v});
     }
     if (!differ) return "";
     return std::string(collectiveName(first->kind)) + " \"" + name + "\" in process set " +
@@ -220,7 +221,7 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
           for (const Request* q : present)
             if (q->shape.empty())
               err = std::string(collectiveName(q->kind)) + " \"" + name + "\": rank " +
-                    std::to_string(q->rank) +
+                    std::to_string(global(q->rank)) +
                     " submitted a rank-zero tensor; it needs at least one dimension.";
         }
         break;
@@ -238,14 +239,16 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
   if (!err.empty()) return fail(Code::kMismatch, err);
 
   if (!joined.empty()) {
-    std::string joinedText = "ranks " + rankList(std::vector<int>(joined.begin(), joined.end()));
+    std::vector<int> joinedGlobal;
+    for (int j : joined) joinedGlobal.push_back(global(j));
+    std::string joinedText = "ranks " + rankList(joinedGlobal);
     if (first->kind == CollectiveKind::kAlltoall)
       return fail(Code::kInvalidUsage, "alltoall \"" + name + "\" cannot run while " + joinedText +
                                            " have joined; call it before join or on every rank.");
     if (first->kind == CollectiveKind::kBroadcast &&
         std::find(joined.begin(), joined.end(), first->root) != joined.end())
       return fail(Code::kInvalidUsage, "broadcast \"" + name + "\": root rank " +
-                                           std::to_string(first->root) +
+                                           std::to_string(global(first->root)) +
                                            " has already joined and cannot send.");
   }
 
@@ -264,7 +267,7 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
       bool bad = q->splits.size() != static_cast<size_t>(opts_.size);
       for (int64_t v : q->splits) bad |= v < 0, sum += v;
       if (bad || sum != q->shape[0])
-        return fail(Code::kInvalidArgument, "alltoall \"" + name + "\": rank " + std::to_string(q->rank) + " sent " +
+        return fail(Code::kInvalidArgument, "alltoall \"" + name + "\": rank " + std::to_string(global(q->rank)) + " sent " +
                                                 std::to_string(q->splits.size()) + " splits summing to " +
                                                 std::to_string(sum) + " for " + std::to_string(q->shape[0]) +
                                                 " rows in a set of " + std::to_string(opts_.size) +
@@ -309,7 +312,7 @@ ResponseList Coordinator::emit(std::vector<std::vector<Response>>* resolved) {
 std::vector<int> Coordinator::missingRanks(const Pending& p) const {
   std::vector<int> missing;
   for (int r = 0; r < opts_.size; ++r)
-    if (!p.byRank[r] && !joined_[r]) missing.push_back(r);
+    if (!p.byRank[r] && !joined_[r]) missing.push_back(global(r));
   return missing;
 }
 
@@ -323,7 +326,7 @@ std::vector<std::string> Coordinator::inspectStalls(Clock::time_point now) {
                               ->operator->();
     std::vector<int> have;
     for (int r = 0; r < opts_.size; ++r)
-      if (p.byRank[r]) have.push_back(r);
+      if (p.byRank[r]) have.push_back(global(r));
     std::string report = std::string(collectiveName(any.kind)) + " \"" + name +
                          "\" in process set " + opts_.setName + " has waited " +
                          std::to_string(static_cast<int>(waited)) + " s: submitted by ranks " +
@@ -331,7 +334,7 @@ std::vector<std::string> Coordinator::inspectStalls(Clock::time_point now) {
     if (joinedCount_ > 0) {
       std::vector<int> j;
       for (int r = 0; r < opts_.size; ++r)
-        if (joined_[r]) j.push_back(r);
+        if (joined_[r]) j.push_back(global(r));
       report += " (joined: " + rankList(j) + ")";
     }
     if (opts_.stallShutdownS > 0 && waited >= opts_.stallShutdownS) {

@@ -47,6 +47,8 @@ struct CoordinatorOptions {
   double stallWarningS = 60;
   double stallShutdownS = 300;  // 0 = never
   std::string setName = "global";
+  // Set rank -> global rank, for messages (empty: identity).
+  std::vector<int> globalRanks;
 };
 
 class Coordinator {
@@ -84,7 +86,10 @@ class Coordinator {
   };
   void markReadyIfComplete(const std::string& name);
   Response constructResponse(const std::string& name, Pending& p);
-  std::vector<int> missingRanks(const Pending& p) const;
+  std::vector<int> missingRanks(const Pending& p) const;  // global ranks
+  int global(int setRank) const {
+    return setRank < static_cast<int>(opts_.globalRanks.size()) ? opts_.globalRanks[setRank] : setRank;
+  }
 
   CoordinatorOptions opts_;
   ResponseCache* cache_;

@@ -1,6 +1,7 @@
 // extern "C" entry points: argument checks, handle validation, conversion of
 // DLPack tensors into TensorEntries, and the catch-all that keeps exceptions
 // from crossing the ABI. Runs on the calling (framework) thread.
+#include <atomic>
 #include <cstring>
 #include <shared_mutex>
 #include <thread>
@@ -19,20 +20,23 @@ constexpr uint32_t kRuntimeMagic = 0x68727430;  // "hrt0"
 constexpr uint32_t kSetMagic = 0x68707330;      // "hps0"
 constexpr uint32_t kDeadMagic = 0xdeadbeef;
 constexpr uint8_t kDLPackBoolCode = 6;
+// Names starting with this prefix are hora's own (join); user names may not use it.
+constexpr char kReservedPrefix[] = "__hora";
+const std::string kJoinName = std::string(kReservedPrefix) + ".join";
 }  // namespace
 
 // Handles stay allocated after shutdown/destroy (marked dead), so a late call
 // with them gets a clear error instead of a use-after-free. Each is a few
 // dozen bytes per runtime or set.
 struct hora_runtime_s {
-  uint32_t magic = kRuntimeMagic;
+  std::atomic<uint32_t> magic{kRuntimeMagic};
   std::shared_mutex mu;  // shared: calls using the runtime; exclusive: shutdown
   std::unique_ptr<hora::Runtime> rt;
   hora_process_set_s* global = nullptr;
 };
 
 struct hora_process_set_s {
-  uint32_t magic = kSetMagic;
+  std::atomic<uint32_t> magic{kSetMagic};
   hora_runtime_s* owner = nullptr;
   std::weak_ptr<hora::ProcessSetImpl> set;
 };
@@ -399,6 +403,8 @@ HORA_API hora_status_t hora_allreduce_async(hora_runtime_t h, const DLTensor* in
     std::shared_ptr<hora::ProcessSetImpl> set;
     if (hora_status_t s = resolveSet(h, o.process_set, "hora_allreduce_async", &set)) return s;
     std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kAllreduce);
+    if (o.name && std::strncmp(o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
+      return fail(Code::kInvalidArgument, "tensor names starting with \"__hora\" are reserved for hora itself");
     if (name.empty()) return fail(Code::kInvalidArgument, "hora_allreduce_async: name is empty");
     std::string where = opWhere("allreduce", name, *set);
     TensorInfo ti, to;
@@ -428,6 +434,8 @@ HORA_API hora_status_t hora_grouped_allreduce_async(hora_runtime_t h, int32_t n,
     std::shared_ptr<hora::ProcessSetImpl> set;
     if (hora_status_t s = resolveSet(h, o.process_set, "hora_grouped_allreduce_async", &set)) return s;
     std::string base = o.name ? o.name : set->autoName(hora::CollectiveKind::kAllreduce);
+    if (o.name && std::strncmp(o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
+      return fail(Code::kInvalidArgument, "tensor names starting with \"__hora\" are reserved for hora itself");
     std::vector<std::shared_ptr<hora::TensorEntry>> entries;
     for (int32_t i = 0; i < n; ++i) {
       std::string name = base + "." + std::to_string(i);
@@ -457,6 +465,8 @@ HORA_API hora_status_t hora_allgather_async(hora_runtime_t h, const DLTensor* in
     std::shared_ptr<hora::ProcessSetImpl> set;
     if (hora_status_t s = resolveSet(h, o.process_set, "hora_allgather_async", &set)) return s;
     std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kAllgather);
+    if (o.name && std::strncmp(o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
+      return fail(Code::kInvalidArgument, "tensor names starting with \"__hora\" are reserved for hora itself");
     std::string where = opWhere("allgather", name, *set);
     TensorInfo ti;
     Status s = checkTensor(in, where + ", input", &ti);
@@ -479,6 +489,8 @@ HORA_API hora_status_t hora_broadcast_async(hora_runtime_t h, DLTensor* tensor, 
     std::shared_ptr<hora::ProcessSetImpl> set;
     if (hora_status_t s = resolveSet(h, o.process_set, "hora_broadcast_async", &set)) return s;
     std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kBroadcast);
+    if (o.name && std::strncmp(o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
+      return fail(Code::kInvalidArgument, "tensor names starting with \"__hora\" are reserved for hora itself");
     std::string where = opWhere("broadcast", name, *set);
     TensorInfo ti;
     Status s = checkTensor(tensor, where + ", tensor", &ti);
@@ -505,6 +517,8 @@ HORA_API hora_status_t hora_alltoall_async(hora_runtime_t h, const DLTensor* in,
     std::shared_ptr<hora::ProcessSetImpl> set;
     if (hora_status_t s = resolveSet(h, o.process_set, "hora_alltoall_async", &set)) return s;
     std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kAlltoall);
+    if (o.name && std::strncmp(o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
+      return fail(Code::kInvalidArgument, "tensor names starting with \"__hora\" are reserved for hora itself");
     std::string where = opWhere("alltoall", name, *set);
     TensorInfo ti;
     Status s = checkTensor(in, where + ", input", &ti);
@@ -550,6 +564,8 @@ HORA_API hora_status_t hora_reducescatter_async(hora_runtime_t h, const DLTensor
     std::shared_ptr<hora::ProcessSetImpl> set;
     if (hora_status_t s = resolveSet(h, o.process_set, "hora_reducescatter_async", &set)) return s;
     std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kReducescatter);
+    if (o.name && std::strncmp(o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
+      return fail(Code::kInvalidArgument, "tensor names starting with \"__hora\" are reserved for hora itself");
     std::string where = opWhere("reducescatter", name, *set);
     TensorInfo ti;
     Status s = checkTensor(in, where + ", input", &ti);
@@ -570,6 +586,8 @@ HORA_API hora_status_t hora_barrier_async(hora_runtime_t h, const hora_options_t
     std::shared_ptr<hora::ProcessSetImpl> set;
     if (hora_status_t s = resolveSet(h, o.process_set, "hora_barrier_async", &set)) return s;
     std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kBarrier);
+    if (o.name && std::strncmp(o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
+      return fail(Code::kInvalidArgument, "tensor names starting with \"__hora\" are reserved for hora itself");
     TensorInfo ti{hora::DataType::kUint8, {}, nullptr, 0};
     o.op = HORA_OP_SUM;
     o.prescale = o.postscale = 1.0;
@@ -589,7 +607,7 @@ HORA_API hora_status_t hora_join_async(hora_runtime_t h, const hora_options_t* o
     TensorInfo ti{hora::DataType::kUint8, {}, nullptr, 0};
     o.op = HORA_OP_SUM;
     o.prescale = o.postscale = 1.0;
-    return submit(*set, {makeEntry(hora::CollectiveKind::kJoin, "join", ti, nullptr, o)}, makeState(o, 1), request);
+    return submit(*set, {makeEntry(hora::CollectiveKind::kJoin, kJoinName, ti, nullptr, o)}, makeState(o, 1), request);
   });
 }
 
@@ -615,9 +633,12 @@ HORA_API hora_status_t hora_wait(hora_request_t r, double timeout_s) {
       std::this_thread::yield();
     std::unique_lock<std::mutex> lk(r->state->mu);
     auto isDone = [&] { return r->state->done; };
-    if (timeout_s < 0) {
+    if (timeout_s != timeout_s) return fail(Code::kInvalidArgument, "hora_wait: timeout is NaN");
+    if (timeout_s < 0 || timeout_s > 1e9) {  // negative or absurdly large: wait forever
       r->state->cv.wait(lk, isDone);
-    } else if (!r->state->cv.wait_for(lk, std::chrono::duration<double>(timeout_s), isDone)) {
+    } else if (!r->state->cv.wait_for(
+                   lk, std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(timeout_s)),
+                   isDone)) {
       return fail(Code::kTimeout, "hora_wait: the request is still running after " + std::to_string(timeout_s) +
                                       " s (it continues; wait again or check the other ranks)");
     }

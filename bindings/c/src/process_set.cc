@@ -1,6 +1,7 @@
 #include "process_set.h"
 
 #include <algorithm>
+#include <future>
 
 #include "core/wire.h"
 #include "ops/gloo/gloo_backend.h"
@@ -52,6 +53,23 @@ Result<std::unique_ptr<ProcessSetImpl>> ProcessSetImpl::create(std::string name,
   std::unique_ptr<ProcessSetImpl> ps(new ProcessSetImpl(name, globalRanks, rank, std::move(options)));
   const SetOptions& o = ps->opts_;
 
+  // The response cache only works if every rank applies the same operations
+  // to a cache of the same capacity: check it before anything connects.
+  if (ps->size() > 1) {
+    std::string mine = std::to_string(ps->opts_.cacheCapacity);
+    if (rank == 0) {
+      HORA_RETURN_IF_ERROR(store->set("cache_capacity", mine));
+    } else {
+      auto theirs = store->get("cache_capacity",
+                               std::chrono::milliseconds(static_cast<int64_t>(ps->opts_.startTimeoutS * 1000)));
+      if (!theirs.isOk()) return theirs.status().withContext("process set " + name + ": waiting for the coordinator");
+      if (theirs.value() != mine)
+        return invalidArgument("process set " + name + ": HORA_CACHE_CAPACITY is " + mine + " on rank " +
+                               std::to_string(myGlobalRank) + " but " + theirs.value() + " on rank " +
+                               std::to_string(globalRanks[0]) + "; every rank must use the same value");
+    }
+  }
+
   ControlPlaneOptions cpo;
   cpo.rank = rank;
   cpo.size = ps->size();
@@ -84,6 +102,7 @@ Result<std::unique_ptr<ProcessSetImpl>> ProcessSetImpl::create(std::string name,
     co.stallWarningS = o.stallWarningS;
     co.stallShutdownS = o.stallShutdownS;
     co.setName = name;
+    co.globalRanks = globalRanks;
     ps->coordinator_ = std::make_unique<Coordinator>(co, &ps->cache_, ps->logger_);
   }
   ps->emitTimer_ = std::make_unique<asio::steady_timer>(ps->cp_->io());
@@ -149,6 +168,7 @@ void ProcessSetImpl::drainInbox() {
   if (batch.empty() || isBroken_) return;
   RequestList list;
   for (auto& e : batch) {
+    if (e->completed) continue;  // failed locally before it was sent (e.g. a stall error raced it)
     const Request& r = e->request;
     bool cacheableKind = r.kind == CollectiveKind::kAllreduce || r.kind == CollectiveKind::kBroadcast ||
                          r.kind == CollectiveKind::kReducescatter;
@@ -187,10 +207,22 @@ void ProcessSetImpl::submit(RequestList list) {
 }
 
 void ProcessSetImpl::onFrame(int from, FrameType type, std::string payload) {
-  if (isBroken_) return;
+  bool fromCoordinator = !coordinator_;
+  bool expected = coordinator_ ? (type == FrameType::kRequests || type == FrameType::kAbort)
+                               : (type == FrameType::kResponses || type == FrameType::kNack || type == FrameType::kAbort);
+  if (!expected) {
+    abortSet(protocolError(std::string("unexpected ") + frameTypeName(type) + " frame from " +
+                           (fromCoordinator ? "the coordinator" : "rank " + std::to_string(globalRank(from)))));
+    return;
+  }
+  if (isBroken_) {
+    // Keep answering: a rank that did not see the failure yet must learn it
+    // instead of waiting for a response that will never come.
+    if (coordinator_ && type == FrameType::kRequests) sendAbort(from, brokenStatus());
+    return;
+  }
   switch (type) {
     case FrameType::kRequests: {
-      if (!coordinator_) break;
       RequestList list;
       Status s = decode(payload, &list);
       std::vector<CacheHit> nacks;
@@ -219,7 +251,11 @@ void ProcessSetImpl::onFrame(int from, FrameType type, std::string payload) {
     }
     case FrameType::kNack: {
       RequestList n;
-      if (!decode(payload, &n).isOk()) return;
+      Status ds = decode(payload, &n);
+      if (!ds.isOk()) {
+        abortSet(ds.withContext("bad nack from the coordinator"));
+        return;
+      }
       RequestList again;
       for (const auto& h : n.hits) {
         auto it = sentAsHits_.find(h.signature);
@@ -237,7 +273,12 @@ void ProcessSetImpl::onFrame(int from, FrameType type, std::string payload) {
         msg = "the coordinator aborted the job with a malformed message";
       }
       if (code <= 0 || code > static_cast<int32_t>(Code::kInternal)) code = static_cast<int32_t>(Code::kRemoteError);
-      markBroken(Status(static_cast<Code>(code), msg));
+      if (coordinator_) {
+        // A worker failed on its own (data plane, protocol): tell everyone, naming it.
+        abortSet(Status(static_cast<Code>(code), "rank " + std::to_string(globalRank(from)) + " failed: " + msg));
+      } else {
+        markBroken(Status(static_cast<Code>(code), msg));
+      }
       return;
     }
     default:
@@ -264,6 +305,11 @@ void ProcessSetImpl::applyResponses(const ResponseList& list) {
         resolved.push_back(item.response);
       }
       sentAsHits_.erase(resolved.back().signature);
+      Status v = validateResponse(resolved.back());
+      if (!v.isOk()) {
+        abortSet(v);
+        return;
+      }
     }
     queueGroup(std::move(resolved));
   }
@@ -273,27 +319,94 @@ void ProcessSetImpl::applyResponses(const ResponseList& list) {
 // idle: one thread hand-off less on the latency-critical path, and short
 // enough not to delay heartbeats noticeably.
 namespace {
-constexpr int64_t kInlineMaxBytes = 64 << 10;
-
-bool inlineable(const std::vector<Response>& rs) {
-  int64_t bytes = 0;
-  for (const auto& r : rs) {
-    if (r.kind == ResponseKind::kAllgather || r.kind == ResponseKind::kAlltoall ||
-        r.kind == ResponseKind::kReducescatter)
-      return false;
-    bytes += r.byteSize();
-  }
-  return bytes <= kInlineMaxBytes;
+bool touchesBackend(ResponseKind k) {
+  return k != ResponseKind::kError && k != ResponseKind::kBarrier && k != ResponseKind::kJoin;
 }
 }  // namespace
 
+Status ProcessSetImpl::claimEntries(const std::vector<Response>& responses, ExecGroup* g) {
+  for (const auto& r : responses) {
+    std::shared_ptr<TensorEntry> e;
+    bool joined = std::find(r.joined.begin(), r.joined.end(), rank_) != r.joined.end();
+    if (!joined) e = takeEntry(r.name);
+    if (touchesBackend(r.kind) && !joined) {
+      // Every rank not listed as joined must take part with its own tensor:
+      // contributing anything else would hand the others a wrong result.
+      if (!e)
+        // kRemoteError (not kShutDown) so the peers abort their data plane
+        // instead of waiting in this collective for the peer timeout.
+        return Status(Code::kRemoteError, std::string(collectiveName(static_cast<CollectiveKind>(r.kind))) + " \"" +
+                                           r.name + "\" was agreed by all ranks but rank " +
+                                           std::to_string(globalRank(rank_)) +
+                                           " no longer has it (it shut down or it failed locally); the collective "
+                                           "cannot run");
+      bool sameKind = static_cast<uint8_t>(e->request.kind) == static_cast<uint8_t>(r.kind);
+      bool exact = r.kind == ResponseKind::kAllreduce || r.kind == ResponseKind::kBroadcast ||
+                   r.kind == ResponseKind::kReducescatter;
+      if (!sameKind || (exact && e->request.signature() != r.signature) || e->request.dtype != r.dtype) {
+        e->complete(entryStatus(*e, protocolError("the coordinator's response does not match this request")));
+        return protocolError("response for \"" + r.name + "\" does not match rank " +
+                             std::to_string(globalRank(rank_)) + "'s request (" + e->request.describe() +
+                             "): the response caches are out of step or the coordinator misbehaved");
+      }
+    }
+    g->entries.push_back(std::move(e));
+  }
+  return Status::ok();
+}
+
+Status ProcessSetImpl::validateResponse(const Response& r) const {
+  auto bad = [&](const std::string& why) {
+    return protocolError("malformed response for \"" + r.name + "\" from the coordinator of set " + name_ + ": " + why);
+  };
+  size_t n = static_cast<size_t>(size());
+  switch (r.kind) {
+    case ResponseKind::kAllgather:
+      if (r.shape.empty() || r.sizes.size() != n) return bad("allgather needs a shape and one size per rank");
+      break;
+    case ResponseKind::kAlltoall:
+      if (r.shape.empty() || r.sizes.size() != n * n) return bad("alltoall needs a shape and a size*size matrix");
+      break;
+    case ResponseKind::kReducescatter:
+      if (r.shape.empty()) return bad("reducescatter needs a shape");
+      break;
+    case ResponseKind::kBroadcast:
+      if (r.root < 0 || r.root >= size()) return bad("broadcast root out of range");
+      break;
+    case ResponseKind::kError:
+      if (r.errorCode <= 0 || r.errorCode > static_cast<int32_t>(Code::kInternal)) return bad("invalid error code");
+      break;
+    case ResponseKind::kJoin:
+      if (r.lastJoinedRank < 0 || r.lastJoinedRank >= size()) return bad("invalid last joined rank");
+      break;
+    default:
+      break;
+  }
+  for (int32_t j : r.joined)
+    if (j < 0 || j >= size()) return bad("joined rank out of range");
+  for (int64_t d : r.sizes)
+    if (d < 0) return bad("negative size");
+  return Status::ok();
+}
+
 void ProcessSetImpl::queueGroup(std::vector<Response> responses) {
   ExecGroup g;
-  for (const auto& r : responses) g.entries.push_back(takeEntry(r.name));
-  bool runHere = inlineable(responses);
+  Status s = claimEntries(responses, &g);
+  if (!s.isOk()) {
+    for (auto& e : g.entries)
+      if (e) e->complete(entryStatus(*e, s));
+    abortSet(s);
+    return;
+  }
+  bool runHere = true;
+  for (const auto& r : responses) runHere &= !touchesBackend(r.kind);
   g.responses = std::move(responses);
   {
     std::lock_guard<std::mutex> lk(execMu_);
+    // Barrier/join/error groups need no data plane: complete them right here
+    // when nothing is queued ahead (one thread hand-off less). Collectives
+    // always go to the executor so this thread keeps heartbeats and loss
+    // detection running while they wait on peers.
     runHere = runHere && execQueue_.empty() && execInFlight_ == 0 && !stopping_;
     if (!runHere) execQueue_.push_back(std::move(g));
     ++execInFlight_;
@@ -322,8 +435,9 @@ void ProcessSetImpl::maybeEmit(bool force) {
       emitTimerArmed_ = true;
       emitTimer_->expires_after(cycle);
       emitTimer_->async_wait([this](boost::system::error_code ec) {
+        if (ec == boost::asio::error::operation_aborted) return;  // cancelled: a newer timer owns the flag
         emitTimerArmed_ = false;
-        if (!ec) maybeEmit();
+        maybeEmit();
       });
     }
     return;
@@ -366,13 +480,23 @@ void ProcessSetImpl::onPeerLost(int peer, Status why) {
   abortSet(s);
 }
 
+void ProcessSetImpl::sendAbort(int peer, const Status& why) {
+  ByteWriter w;
+  w.i32(static_cast<int32_t>(why.code()));
+  w.str(why.message());
+  std::string payload = w.take();
+  if (peer >= 0)
+    cp_->send(peer, FrameType::kAbort, payload);
+  else
+    cp_->broadcast(FrameType::kAbort, payload);
+}
+
 void ProcessSetImpl::abortSet(Status why) {
-  if (cp_->isCoordinator() && size() > 1) {
-    ByteWriter w;
-    w.i32(static_cast<int32_t>(why.code()));
-    w.str(why.message());
-    cp_->broadcast(FrameType::kAbort, w.take());
-  }
+  // Coordinator: tell every worker. Worker: tell the coordinator, which
+  // tells the others naming this rank (a goodbye needs no abort: the peers
+  // already learn it from the goodbye itself).
+  if (size() > 1 && why.code() != Code::kShutDown) sendAbort(cp_->isCoordinator() ? -1 : 0, why);
+  if (size() > 1 && why.code() == Code::kShutDown && cp_->isCoordinator()) sendAbort(-1, why);
   markBroken(std::move(why));
 }
 
@@ -385,6 +509,10 @@ void ProcessSetImpl::markBroken(Status why) {
   }
   if (why.code() != Code::kShutDown)
     HORA_LOG(logger_, kError) << "process set " << name_ << " failed: " << why.message();
+  // Failures found off the control thread (the executor's data plane) reach
+  // the peers through it; abortSet() on the control thread already did this.
+  if (size() > 1 && cp_ && std::this_thread::get_id() != controlThread_.get_id() && !stopping_)
+    boost::asio::post(cp_->io(), [this, why] { sendAbort(cp_->isCoordinator() ? -1 : 0, why); });
   // A collective stuck on a vanished peer must not wait for the data-plane
   // timeout. A goodbye is different: that peer finished everything agreed
   // before it, so queued work may still complete.
@@ -420,12 +548,16 @@ std::shared_ptr<TensorEntry> ProcessSetImpl::takeEntry(const std::string& name) 
 }
 
 void ProcessSetImpl::shutdown(const std::string& reason) {
-  if (stopping_.exchange(true)) {
-    if (controlThread_.joinable()) controlThread_.join();
-    if (executorThread_.joinable()) executorThread_.join();
+  std::lock_guard<std::mutex> once(shutdownMu_);  // concurrent destroy/shutdown calls run it once
+  if (controlThread_.joinable() && std::this_thread::get_id() == controlThread_.get_id()) {
+    // Called from a completion callback on the control thread: joining itself would crash.
+    HORA_LOG(logger_, kError) << "hora_shutdown called from a completion callback; ignored (callbacks must not "
+                                 "call blocking hora functions)";
     return;
   }
+  if (stopping_.exchange(true)) return;
   Status why(Code::kShutDown, reason);
+  bool running = controlThread_.joinable();
   // Graceful order, so that the last collectives complete on every rank:
   // 1. emit what is ready (other ranks may be waiting for it), 2. let the
   // executor finish every agreed group, 3. fail what was never negotiated,
@@ -433,13 +565,19 @@ void ProcessSetImpl::shutdown(const std::string& reason) {
   // Each wait is bounded, so a hung peer delays shutdown but never blocks it.
   double lingerS = std::min(30.0, std::max(1.0, opts_.peerTimeoutS));
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(lingerS);
-  if (cp_) asio::post(cp_->io(), [this] { maybeEmit(true); });
-  {
+  if (running) {
+    auto emitted = std::make_shared<std::promise<void>>();
+    auto done = emitted->get_future();
+    asio::post(cp_->io(), [this, emitted] {
+      maybeEmit(true);
+      emitted->set_value();
+    });
+    done.wait_until(deadline);
     std::unique_lock<std::mutex> lk(execMu_);
     execIdleCv_.wait_until(lk, deadline, [&] { return execQueue_.empty() && execInFlight_ == 0; });
   }
   failAllPending(why);
-  if (cp_) {
+  if (running) {
     asio::post(cp_->io(), [this] {
       emitTimer_->cancel();
       stallTimer_->cancel();
@@ -447,8 +585,8 @@ void ProcessSetImpl::shutdown(const std::string& reason) {
     });
     while (!cp_->peersDone() && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    cp_->stop();
   }
+  if (cp_) cp_->stop();
   if (controlThread_.joinable()) controlThread_.join();
   {
     std::lock_guard<std::mutex> lk(execMu_);

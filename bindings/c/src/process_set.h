@@ -37,7 +37,6 @@
 #include "core/host_buffer.h"
 #include "core/logging.h"
 #include "core/response_cache.h"
-#include "copy_worker.h"
 #include "core/store.h"
 #include "request_state.h"
 
@@ -53,7 +52,6 @@ struct ExecGroup {
 
 struct SetOptions {
   int64_t fusionThresholdBytes = 128 << 20;
-  int64_t fusionChunkBytes = 0;
   int64_t fusionInplaceMinBytes = 0;
   int cacheCapacity = 1024;
   double cycleTimeMs = 1;
@@ -116,9 +114,10 @@ class ProcessSetImpl {
   void executorLoop();
   void execute(ExecGroup& group);
   void queueGroup(std::vector<Response> responses);  // control thread
+  Status claimEntries(const std::vector<Response>& responses, ExecGroup* g);
+  Status validateResponse(const Response& r) const;
+  void sendAbort(int peer, const Status& why);  // control thread; peer -1 = every worker
   Status runAllreduce(std::vector<Response>& group, std::vector<std::shared_ptr<TensorEntry>>& es);
-  Status runFusedPipelined(std::vector<Response>& group, std::vector<std::shared_ptr<TensorEntry>>& es,
-                           ReduceOp op, double pre, double post, const std::string& what);
   Status runAllgather(const Response& r, TensorEntry* e);
   Status runBroadcast(const Response& r, TensorEntry* e);
   Status runAlltoall(const Response& r, TensorEntry* e);
@@ -147,6 +146,7 @@ class ProcessSetImpl {
   Status broken_;
   std::atomic<bool> isBroken_{false};
   std::atomic<bool> stopping_{false};
+  std::mutex shutdownMu_;  // serializes shutdown()
   std::atomic<bool> drainPosted_{false};
 
   std::mutex execMu_;  // guards execQueue_
@@ -156,7 +156,6 @@ class ProcessSetImpl {
   std::condition_variable execIdleCv_;  // signalled (under execMu_) after each group
   std::atomic<bool> executorExit_{false};
   HostBuffer fusion_;  // executor thread only
-  std::unique_ptr<CopyWorker> copier_;  // created on first pipelined allreduce; executor thread only
 
   std::atomic<uint64_t> autoNameCounters_[static_cast<int>(CollectiveKind::kCount)] = {};
 

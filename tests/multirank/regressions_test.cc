@@ -1,0 +1,183 @@
+// Regression tests for defects found in review: each reproduced a wrong
+// result, a hang, a misattributed error or a slow failure before its fix.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "rank_harness.h"
+
+using namespace htest;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+hora_status_t submitF32(hora_runtime_t rt, std::vector<float>& buf, std::vector<int64_t>& shape, const char* name,
+                        hora_request_t* req, hora_process_set_t ps = nullptr) {
+  DLTensor t = makeTensor(buf.data(), dlType(kDLFloat, 32), &shape);
+  hora_options_t o;
+  hora_options_init(&o);
+  o.name = name;
+  o.process_set = ps;
+  return hora_allreduce_async(rt, &t, &t, &o, req);
+}
+
+// A rank shutting down right after submitting must never make a peer
+// report success with a wrong result (it contributed nothing).
+TEST(Regression, ShutdownRightAfterSubmitNeverYieldsAWrongResult) {
+  int wrong = 0;
+  for (int iter = 0; iter < 8; ++iter) {
+    std::atomic<int> w{0};
+    runThreads(2, [&](int rank, hora_runtime_t rt) {
+      std::vector<float> buf(4, 1.0f);
+      std::vector<int64_t> shape = {4};
+      hora_request_t req;
+      if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      ASSERT_EQ(submitF32(rt, buf, shape, "x", &req), HORA_SUCCESS);
+      if (rank == 1) hora_shutdown(rt);
+      hora_status_t s = waitAndFree(req, 40);
+      if (rank == 0 && s == HORA_SUCCESS && buf[0] != 2.0f) w++;
+    });
+    wrong += w;
+  }
+  EXPECT_EQ(wrong, 0);
+}
+
+TEST(Regression, SubsetMismatchNamesGlobalRanks) {
+  runThreads(3, [&](int rank, hora_runtime_t rt) {
+    if (rank == 0) return;
+    int32_t ranks[2] = {1, 2};
+    hora_process_set_t ps;
+    ASSERT_EQ(hora_process_set_create(rt, ranks, 2, &ps), HORA_SUCCESS) << hora_last_error_message();
+    std::vector<float> buf(rank == 2 ? 5 : 4, 1.0f);
+    std::vector<int64_t> shape = {static_cast<int64_t>(buf.size())};
+    hora_request_t req;
+    ASSERT_EQ(submitF32(rt, buf, shape, "mm", &req, ps), HORA_SUCCESS);
+    std::string m;
+    EXPECT_EQ(waitAndFree(req, 30, &m), HORA_ERR_MISMATCH);
+    EXPECT_NE(m.find("rank 2 has float32[5]"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 1 has float32[4]"), std::string::npos) << m;
+    hora_process_set_destroy(ps);
+  });
+}
+
+TEST(Regression, WaitWithHugeOrInfiniteTimeoutWaits) {
+  runThreads(2, [&](int rank, hora_runtime_t rt) {
+    std::vector<float> buf(4, 1.0f);
+    std::vector<int64_t> shape = {4};
+    hora_request_t req;
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ASSERT_EQ(submitF32(rt, buf, shape, "w", &req), HORA_SUCCESS);
+    EXPECT_EQ(hora_wait(req, 1e20), HORA_SUCCESS) << hora_last_error_message();
+    EXPECT_EQ(hora_wait(req, INFINITY), HORA_SUCCESS);
+    EXPECT_EQ(hora_wait(req, NAN), HORA_ERR_INVALID_ARGUMENT);
+    hora_request_free(req);
+  });
+}
+
+// Small (formerly control-thread-inline) allreduces: a stopped rank must be
+// named by every survivor as lost, with HORA_ERR_REMOTE.
+int smallLoop(int rank, int culprit, double deadlineS) {
+  hora_runtime_t rt;
+  if (hora_init(nullptr, &rt) != HORA_SUCCESS) return 10;
+  auto start = Clock::now();
+  std::vector<float> buf(16, 1.0f);
+  std::vector<int64_t> shape = {16};
+  for (int it = 0;; ++it) {
+    hora_request_t req;
+    CHILD_CHECK(submitF32(rt, buf, shape, "loop", &req) == HORA_SUCCESS, "%s", hora_last_error_message());
+    std::string msg;
+    hora_status_t s = waitAndFree(req, deadlineS, &msg);
+    if (s != HORA_SUCCESS) {
+      std::fprintf(stderr, "rank %d: step %d: %d %s\n", rank, it, s, msg.c_str());
+      CHILD_CHECK(s == HORA_ERR_REMOTE, "status %d", s);
+      std::string want = "rank " + std::to_string(culprit);
+      CHILD_CHECK(msg.find(want) != std::string::npos, "does not name %s", want.c_str());
+      hora_shutdown(rt);
+      return 0;
+    }
+    if (std::chrono::duration<double>(Clock::now() - start).count() > deadlineS) return 11;
+  }
+}
+
+TEST(Regression, SmallAllreduceStoppedRankIsNamed) {
+  auto results = runProcesses(3, [](int rank) -> int { return smallLoop(rank, 1, 40); }, 60,
+                              [](const std::vector<int>& pids) {
+                                std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+                                kill(pids[1], SIGSTOP);
+                                std::this_thread::sleep_for(std::chrono::seconds(5));
+                                kill(pids[1], SIGKILL);
+                              },
+                              {{"HORA_PEER_TIMEOUT_S", "2"}});
+  for (int r : {0, 2}) EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
+}
+
+TEST(Regression, BadGlooSettingFailsInitQuickly) {
+  auto results = runProcesses(2, [](int rank) -> int {
+    auto t0 = Clock::now();
+    hora_runtime_t rt;
+    hora_status_t s = hora_init(nullptr, &rt);
+    double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    CHILD_CHECK(s != HORA_SUCCESS, "init succeeded with a bogus algorithm");
+    CHILD_CHECK(dt < 10, "init took %.1f s to fail", dt);
+    CHILD_CHECK(std::string(hora_last_error_message()).find("bogus") != std::string::npos, "%s",
+                hora_last_error_message());
+    return 0;
+  }, 60, nullptr, {{"HORA_PEER_TIMEOUT_S", "20"}, {"HORA_GLOO_ALGORITHM", "bogus"}});
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(results[r].exitCode, 0) << results[r].output;
+}
+
+// A user tensor named like hora's join must not be confused with a join.
+TEST(Regression, TensorNamedJoinWhileAnotherRankJoins) {
+  runThreads(2, [&](int rank, hora_runtime_t rt) {
+    if (rank == 0) {
+      hora_request_t j;
+      ASSERT_EQ(hora_join_async(rt, nullptr, &j), HORA_SUCCESS);
+      EXPECT_EQ(waitAndFree(j, 20), HORA_SUCCESS) << lastMessage();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      std::vector<float> buf(4, 1.0f);
+      std::vector<int64_t> shape = {4};
+      hora_request_t req;
+      ASSERT_EQ(submitF32(rt, buf, shape, "join", &req), HORA_SUCCESS);
+      EXPECT_EQ(waitAndFree(req, 20), HORA_SUCCESS) << lastMessage();
+      EXPECT_EQ(buf[0], 1.0f);  // rank 0 joined: contributes nothing
+      hora_request_t j;
+      ASSERT_EQ(hora_join_async(rt, nullptr, &j), HORA_SUCCESS);
+      EXPECT_EQ(waitAndFree(j, 20), HORA_SUCCESS) << lastMessage();
+      std::vector<float> b2(4, 1.0f);
+      EXPECT_EQ(submitF32(rt, b2, shape, "__hora.join", &req), HORA_ERR_INVALID_ARGUMENT);
+    }
+  });
+}
+
+TEST(Regression, CacheCapacityMismatchIsRefusedAtStart) {
+  int port = freePort();
+  std::string workerMsg;
+  hora_status_t workerStatus = HORA_SUCCESS;
+  std::thread worker([&] {
+    hora_config_t c = testConfig(1, 2, port);
+    c.cache_capacity = 1;
+    hora_runtime_t rt;
+    workerStatus = hora_init(&c, &rt);
+    workerMsg = hora_last_error_message();
+    if (workerStatus == HORA_SUCCESS) hora_shutdown(rt);
+  });
+  hora_config_t c = testConfig(0, 2, port);
+  c.cache_capacity = 4;
+  c.start_timeout_s = 3;
+  hora_runtime_t rt;
+  hora_status_t s = hora_init(&c, &rt);
+  if (s == HORA_SUCCESS) hora_shutdown(rt);
+  worker.join();
+  EXPECT_NE(s, HORA_SUCCESS);
+  EXPECT_EQ(workerStatus, HORA_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(workerMsg.find("HORA_CACHE_CAPACITY"), std::string::npos) << workerMsg;
+}
+
+}  // namespace
