@@ -3,6 +3,7 @@
 // from crossing the ABI. Runs on the calling (framework) thread.
 #include <atomic>
 #include <cstring>
+#include <mutex>
 #include <shared_mutex>
 #include <thread>
 
@@ -42,6 +43,24 @@ struct hora_process_set_s {
 };
 
 namespace {
+
+// Dead handles stay allocated so a late call with one gets a clear status
+// instead of a use-after-free. This registry keeps them reachable (so leak
+// checkers see intent, not a leak); it grows by one small struct per runtime
+// or process set a process creates. The C layer is the only place allowed
+// process-wide state; nothing below the ABI uses it.
+std::mutex& graveyardMu() {
+  static std::mutex mu;
+  return mu;
+}
+std::vector<void*>& graveyard() {
+  static std::vector<void*> g;
+  return g;
+}
+void bury(void* handle) {
+  std::lock_guard<std::mutex> lk(graveyardMu());
+  graveyard().push_back(handle);
+}
 
 // Runs `body` with every exception turned into an internal-error status.
 template <typename F>
@@ -293,7 +312,10 @@ HORA_API hora_status_t hora_shutdown(hora_runtime_t h) {
       std::unique_lock<std::shared_mutex> lk(h->mu);
       rt = std::move(h->rt);
       h->magic = kDeadMagic;
+      h->global->magic = kDeadMagic;
     }
+    bury(h);
+    bury(h->global);
     if (rt) rt->shutdown();
     return HORA_SUCCESS;
   });
@@ -360,12 +382,18 @@ HORA_API hora_status_t hora_process_set_destroy(hora_process_set_t ps) {
   return guarded("hora_process_set_destroy", [&]() -> hora_status_t {
     if (!ps || ps->magic != kSetMagic)
       return fail(Code::kInvalidArgument, "hora_process_set_destroy: not a live process set handle");
+    if (ps->owner->magic == kDeadMagic) {  // the runtime already shut the set down: just release the handle
+      ps->magic = kDeadMagic;
+      bury(ps);
+      return HORA_SUCCESS;
+    }
     RuntimeRef ref;
     if (hora_status_t s = acquire(ps->owner, "hora_process_set_destroy", &ref)) return s;
     if (ps == ps->owner->global)
       return fail(Code::kInvalidUsage, "hora_process_set_destroy: the global set ends with hora_shutdown");
     auto set = ps->set.lock();
     ps->magic = kDeadMagic;
+    bury(ps);
     if (set) ref.rt->destroySet(set);
     return HORA_SUCCESS;
   });
