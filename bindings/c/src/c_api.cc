@@ -185,7 +185,7 @@ Status checkTensor(const DLTensor* t, const std::string& where, TensorInfo* out)
     n *= d;
   }
   out->count = n;
-  if (t->strides) {
+  if (t->strides && n > 0) {  // empty tensors have no layout to check (torch exports odd strides for them)
     int64_t expect = 1;
     for (int i = t->ndim - 1; i >= 0; --i) {
       if (t->shape[i] != 1 && t->strides[i] != expect)
