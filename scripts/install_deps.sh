@@ -1,9 +1,24 @@
 #!/usr/bin/env bash
 # Installs the Debian packages hora needs to build and test, when missing.
 # Idempotent: does nothing (and needs no root) when everything is present.
+#
+# Usage: scripts/install_deps.sh          build and test dependencies
+#        scripts/install_deps.sh --mpi    also Open MPI (openmpi-bin, ~15 packages), for
+#                                         tests/launcher/mpirun_test.sh (skipped without it)
+#        scripts/install_deps.sh --python also Debian's python3-torch, python3-numpy and
+#                                         python3-pytest for the Python binding (tests/python)
 set -euo pipefail
 
-PACKAGES=(cmake ninja-build g++ make pkg-config libgloo-dev libboost-dev libgtest-dev libdlpack-dev)
+# iproute2: `ip netns` for the multi-host launcher test.
+PACKAGES=(cmake ninja-build g++ make pkg-config libgloo-dev libboost-dev libgtest-dev libdlpack-dev
+  iproute2)
+for arg in "$@"; do
+  case "$arg" in
+    --mpi) PACKAGES+=(openmpi-bin) ;;
+    --python) PACKAGES+=(python3-torch python3-numpy python3-pytest) ;;
+    *) echo "install_deps.sh: unknown option '$arg' (--mpi, --python)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${PACKAGES[@]}"; do

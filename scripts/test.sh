@@ -14,6 +14,7 @@ if [ "${1:-}" = "--sanitize" ]; then SAN="$2"; fi
 case "$SAN" in
   "")
     BUILD="$ROOT/build"
+    "$ROOT/scripts/install_deps.sh" --python --mpi  # torch/numpy/pytest (tests/python), Open MPI (launcher test)
     "$ROOT/scripts/build.sh" "$BUILD" -DHORA_SANITIZE=
     cd "$BUILD"
     ctest --output-on-failure -j "$(nproc)" --timeout 300

@@ -235,6 +235,27 @@ HORA_API hora_status_t hora_request_join_last_rank(hora_request_t request, int32
  * its own reference, but its callback and output are discarded. */
 HORA_API hora_status_t hora_request_free(hora_request_t request);
 
+/* ---- rendezvous store server (for launchers) ----
+ * A launcher (horarun) hosts the job's rendezvous store itself, so no rank
+ * has to, and starts the ranks with HORA_STORE_EXTERNAL=1. The server
+ * authenticates every client with an HMAC-SHA256 challenge keyed by secret
+ * (NULL or "" = unauthenticated, logged); refused clients are logged to
+ * stderr with their address (level from HORA_LOG_LEVEL, default warning).
+ * The server serves on its own thread until stopped; these functions may be
+ * called from any thread, but stop must not race with other calls on the
+ * same handle. */
+typedef struct hora_store_server_s* hora_store_server_t;
+/* Binds bind_host:port (bind_host NULL or "" = every IPv4 interface; port 0 =
+ * an ephemeral port, see hora_store_server_port) and starts serving.
+ * HORA_ERR_SYSTEM when the address cannot be bound. */
+HORA_API hora_status_t hora_store_server_start(const char* bind_host, int32_t port,
+                                               const char* secret, hora_store_server_t* out);
+/* The bound port (the actual one when started with port 0). */
+HORA_API hora_status_t hora_store_server_port(hora_store_server_t server, int32_t* out);
+/* Closes every connection, joins the server thread and frees the handle.
+ * NULL is ignored. */
+HORA_API hora_status_t hora_store_server_stop(hora_store_server_t server);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,21 @@
+"""hora: collective communication for distributed training, over libhora's C ABI.
+
+The package loads ``libhora`` with ctypes (``hora._lib``: ``HORA_LIBRARY``,
+then the build tree, then the system) and hands tensors over as DLPack, so it
+is not compiled against any framework version.
+
+* ``hora``: lifecycle, identity, process sets, exceptions (framework-agnostic).
+* ``hora.numpy``: every collective on NumPy arrays or any ``__dlpack__`` object.
+* ``hora.torch``: a drop-in for ``horovod.torch`` (``import hora.torch as hvd``).
+
+``hora.init()`` reads the HORA_* environment (rank, size, store address,
+secret), the same contract as the C library (README).
+"""
+from .basics import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_process_set, barrier,  # noqa: F401
+                     cross_rank, cross_size, global_process_set, init, is_initialized, join, library_info,
+                     local_rank, local_size, poll, rank, remove_process_set, shutdown, size, synchronize)
+from .exceptions import (HoraError, HoraInternalError, HoraInvalidArgumentError, HoraInvalidUsageError,  # noqa: F401
+                         HoraMismatchError, HoraNotInitializedError, HoraNotSupportedError, HoraRemoteError,
+                         HoraShutDownError, HoraTimeoutError, HorovodInternalError)
+
+__version__ = "0.1.0"

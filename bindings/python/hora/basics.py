@@ -1,0 +1,522 @@
+"""The framework-agnostic core of the Python binding: one runtime per process,
+process sets, and requests (handles) over DLPack tensors.
+
+Framework modules (``hora.numpy``, ``hora.torch``) turn their tensors into
+``_dlpack.TensorRef``s, call the ``submit_*`` functions here, and register
+a ``finish`` function that builds their result once the request succeeded.
+
+Lifetime rule (hora.h): inputs and outputs are read and written on hora's
+threads after the call returns, so every ``Pending`` keeps the TensorRefs
+(and through them the framework tensors) alive until its request completed;
+only then is the request freed.
+
+Threads: any thread may submit and wait. ``hora_last_error_message`` is
+thread-local, so every failing call is turned into an exception on the same
+thread right after it returns (``_lib.check``).
+"""
+import atexit
+import ctypes
+import itertools
+import os
+import threading
+
+from . import _dlpack
+from . import _lib
+from .exceptions import HoraNotInitializedError, HoraInvalidArgumentError
+
+Sum = _lib.OP_SUM
+Average = _lib.OP_AVERAGE
+Min = _lib.OP_MIN
+Max = _lib.OP_MAX
+Product = _lib.OP_PRODUCT
+Adasum = 100  # accepted as a name for Horovod compatibility; not implemented by hora
+
+_OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product", Adasum: "Adasum"}
+
+_state_lock = threading.RLock()
+_runtime = None          # ctypes.c_void_p of hora_runtime_t, or None
+_atexit_registered = False
+_process_sets = {}       # id -> ProcessSet (user-added)
+_next_set_id = itertools.count(1)
+
+
+class ProcessSet:
+    """A subset of ranks with its own coordinator; collectives take ``process_set=``.
+
+    Create with ``add_process_set(ranks)`` (or pass to ``init(process_sets=...)``)
+    on every rank, in the same order. Ranks and roots inside collectives are
+    ranks within the set.
+    """
+
+    def __init__(self, ranks):
+        self.ranks = None if ranks is None else sorted(int(r) for r in ranks)
+        self.process_set_id = None
+        self._handle = None  # c_void_p for hora_process_set_t; None = global (NULL in options)
+
+    def _is_global(self):
+        return self.ranks is None
+
+    def included(self):
+        if self._is_global():
+            return True
+        return _rank() in self.ranks
+
+    def size(self):
+        if self._is_global():
+            return size()
+        return len(self.ranks)
+
+    def rank(self):
+        """This process's rank within the set, or -1 if it is not a member."""
+        if self._is_global():
+            return rank()
+        if self._handle is None:
+            return -1
+        out = ctypes.c_int32()
+        _lib.check(_lib.library().hora_process_set_rank(self._handle, ctypes.byref(out)))
+        return out.value
+
+    def __repr__(self):
+        if self._is_global():
+            return "ProcessSet(global)"
+        return "ProcessSet(process_set_id=%s, ranks=%s)" % (self.process_set_id, self.ranks)
+
+
+global_process_set = ProcessSet(None)
+global_process_set.process_set_id = 0
+
+
+def _require_runtime():
+    rt = _runtime
+    if rt is None:
+        raise HoraNotInitializedError("hora has not been initialized; use hora.init() (hvd.init()).", 3)
+    return rt
+
+
+def init(comm=None, process_sets=None):
+    """Starts hora in this process: identity and store from the HORA_* environment
+    (README), rendezvous with every rank. Idempotent. ``process_sets``: a list of
+    ``ProcessSet`` or rank lists to create right away (every rank passes the same)."""
+    global _runtime, _atexit_registered
+    if comm is not None:
+        raise NotImplementedError("hora.init(comm=...) is not supported: start every process of the job "
+                                  "with the HORA_* environment (or horarun) instead")
+    with _state_lock:
+        if _runtime is None:
+            lib = _lib.library()
+            major, minor, _ = _lib.version()
+            handle = ctypes.c_void_p()
+            _lib.check(lib.hora_init_versioned(None, ctypes.byref(handle), major, minor), "hora_init")
+            _runtime = handle
+            if not _atexit_registered:
+                atexit.register(shutdown)
+                _atexit_registered = True
+    if process_sets and process_sets != "dynamic":
+        for ps in process_sets:
+            add_process_set(ps)
+
+
+def shutdown():
+    """Stops hora: pending requests fail with HoraShutDownError. Safe to call twice."""
+    global _runtime
+    with _state_lock:
+        rt = _runtime
+        if rt is None:
+            return
+        _runtime = None
+        for ps in list(_process_sets.values()):
+            ps._handle = None
+            ps.process_set_id = None
+        _process_sets.clear()
+        _lib.check(_lib.library().hora_shutdown(rt), "hora_shutdown")
+
+
+def is_initialized():
+    return _runtime is not None
+
+
+def _identity(fn_name):
+    rt = _require_runtime()
+    out = ctypes.c_int32()
+    _lib.check(getattr(_lib.library(), fn_name)(rt, ctypes.byref(out)), fn_name)
+    return out.value
+
+
+def _rank():
+    return _identity("hora_rank")
+
+
+def rank():
+    return _identity("hora_rank")
+
+
+def size():
+    return _identity("hora_size")
+
+
+def local_rank():
+    return _identity("hora_local_rank")
+
+
+def local_size():
+    return _identity("hora_local_size")
+
+
+def cross_rank():
+    return _identity("hora_cross_rank")
+
+
+def cross_size():
+    return _identity("hora_cross_size")
+
+
+def is_homogeneous():
+    return True  # every rank runs the same number of local processes under hora's launchers
+
+
+# Feature probes, as in Horovod.
+def mpi_threads_supported():
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def mpi_built():
+    return False
+
+
+def gloo_enabled():
+    return True
+
+
+def gloo_built():
+    return True
+
+
+def nccl_built():
+    return 0
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False
+
+
+def add_process_set(process_set):
+    """Registers a process set (a ProcessSet or a list of ranks); call it on every
+    rank in the same order. Members block until every member arrived."""
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps._is_global():
+        raise ValueError("hora: the global process set always exists")
+    rt = _require_runtime()
+    if ps.process_set_id is not None:
+        raise ValueError("hora: %r was already added" % ps)
+    n = size()
+    if not ps.ranks or ps.ranks[0] < 0 or ps.ranks[-1] >= n or len(set(ps.ranks)) != len(ps.ranks):
+        raise HoraInvalidArgumentError("hora: process set ranks %s must be unique ranks in [0, %d)" % (ps.ranks, n), 1)
+    if _rank() in ps.ranks:
+        arr = (ctypes.c_int32 * len(ps.ranks))(*ps.ranks)
+        handle = ctypes.c_void_p()
+        _lib.check(_lib.library().hora_process_set_create(rt, arr, len(ps.ranks), ctypes.byref(handle)),
+                   "hora_process_set_create")
+        ps._handle = handle
+    with _state_lock:
+        ps.process_set_id = next(_next_set_id)
+        _process_sets[ps.process_set_id] = ps
+    return ps
+
+
+def remove_process_set(process_set):
+    """Destroys a process set added with add_process_set (every rank calls it)."""
+    ps = process_set
+    if ps._is_global():
+        raise ValueError("hora: the global process set cannot be removed")
+    with _state_lock:
+        if ps.process_set_id is None or _process_sets.pop(ps.process_set_id, None) is None:
+            return False
+        ps.process_set_id = None
+        handle, ps._handle = ps._handle, None
+    if handle is not None and _runtime is not None:
+        _lib.check(_lib.library().hora_process_set_destroy(handle), "hora_process_set_destroy")
+    return True
+
+
+def _set_options(opts, process_set):
+    if process_set is None or process_set._is_global():
+        opts.process_set = None
+        return
+    if process_set.process_set_id is None:
+        raise ValueError("hora: %r was not added with add_process_set()" % process_set)
+    if process_set._handle is None:
+        raise ValueError("hora: rank %d is not a member of %r" % (_rank(), process_set))
+    opts.process_set = process_set._handle
+
+
+def _op_name(kind, name):
+    # Horovod's naming: "<kind>.<name>"; unnamed ops are named by the core in call order.
+    return None if name is None else ("%s.%s" % (kind, name)).encode()
+
+
+def check_op(op):
+    if op == Adasum:
+        raise NotImplementedError("hora: the Adasum reduction is not implemented; use Average or Sum")
+    if op not in _OP_NAMES:
+        raise HoraInvalidArgumentError("hora: unknown reduce op %r" % (op,), 1)
+    return op
+
+
+class Pending:
+    """One submitted request, the objects it needs alive, and how to build its result.
+
+    ``finish(pending)`` runs on the waiting thread after success, while the
+    request (and its library-owned output) still exists.
+    """
+    __slots__ = ("request", "keep", "finish", "result", "done", "error", "children")
+
+    def __init__(self, request, keep, finish=None):
+        self.request = request
+        self.keep = keep
+        self.finish = finish
+        self.result = None
+        self.done = False
+        self.error = None
+        self.children = None
+
+    # -- results available inside finish() --
+    def output_dl(self):
+        out = ctypes.POINTER(_dlpack.DLTensor)()
+        _lib.check(_lib.library().hora_request_output(self.request, ctypes.byref(out)), "hora_request_output")
+        return out.contents
+
+    def received_splits(self):
+        ptr = ctypes.POINTER(ctypes.c_int64)()
+        n = ctypes.c_int32()
+        _lib.check(_lib.library().hora_request_received_splits(self.request, ctypes.byref(ptr), ctypes.byref(n)),
+                   "hora_request_received_splits")
+        return [ptr[i] for i in range(n.value)]
+
+    def join_last_rank(self):
+        out = ctypes.c_int32()
+        _lib.check(_lib.library().hora_request_join_last_rank(self.request, ctypes.byref(out)),
+                   "hora_request_join_last_rank")
+        return out.value
+
+    # -- completion --
+    def test(self):
+        """True once finished (success or failure); never raises."""
+        if self.done:
+            return True
+        if self.children is not None:
+            return all(c.test() for c in self.children)
+        flag = ctypes.c_int32()
+        _lib.library().hora_test(self.request, ctypes.byref(flag))
+        return bool(flag.value)
+
+    def wait(self):
+        """Waits for completion; returns finish()'s result or raises the request's error."""
+        if not self.done:
+            self._complete()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def _complete(self):
+        if self.children is not None:
+            results, first_error = [], None
+            for c in self.children:
+                try:
+                    results.append(c.wait())
+                except Exception as e:  # wait for every child before reporting
+                    first_error = first_error or e
+                    results.append(None)
+            self.error = first_error
+            if first_error is None:
+                self.result = self.finish(results) if self.finish else results
+            self.done = True
+            self.keep = None
+            return
+        lib = _lib.library()
+        req = self.request
+        try:
+            while True:
+                s = lib.hora_wait(req, 1.0)  # slices keep Ctrl-C responsive
+                if s != _lib.ERR_TIMEOUT:
+                    break
+                flag = ctypes.c_int32()
+                s = lib.hora_test(req, ctypes.byref(flag))
+                if flag.value:
+                    break
+            _lib.check(s, "hora_wait")
+            if self.finish is not None:
+                self.result = self.finish(self)
+        except BaseException as e:
+            if not isinstance(e, Exception):
+                raise  # KeyboardInterrupt: leave the request pending
+            self.error = e
+        self.done = True
+        lib.hora_request_free(req)
+        self.request = None
+        self.keep = None
+
+
+def group(children, finish=None):
+    p = Pending(None, None, finish)
+    p.children = children
+    return p
+
+
+def _submit(fn, *args, keep=(), finish=None, what=""):
+    req = ctypes.c_void_p()
+    _lib.check(fn(*args, ctypes.byref(req)), what)
+    return Pending(req, keep, finish)
+
+
+def _options(process_set, name_bytes, op=Sum, prescale=1.0, postscale=1.0, root=0):
+    o = _lib.new_options()
+    _set_options(o, process_set)
+    o.name = name_bytes
+    o.op = op
+    o.prescale = float(prescale)
+    o.postscale = float(postscale)
+    o.root = int(root)
+    return o
+
+
+def submit_allreduce(inp, out, name=None, op=Average, prescale=1.0, postscale=1.0, process_set=None,
+                     finish=None, keep=()):
+    rt = _require_runtime()
+    nb = _op_name("allreduce", name)
+    o = _options(process_set, nb, check_op(op), prescale, postscale)
+    return _submit(_lib.library().hora_allreduce_async, rt, inp.pointer, out.pointer, ctypes.byref(o),
+                   keep=(inp, out, nb, keep), finish=finish, what="hora_allreduce_async")
+
+
+def submit_grouped_allreduce(inps, outs, name=None, op=Average, prescale=1.0, postscale=1.0, process_set=None,
+                             finish=None, keep=()):
+    rt = _require_runtime()
+    n = len(inps)
+    if n == 0:
+        raise HoraInvalidArgumentError("hora: grouped_allreduce needs at least one tensor", 1)
+    nb = _op_name("grouped_allreduce", name)
+    o = _options(process_set, nb, check_op(op), prescale, postscale)
+    PT = ctypes.POINTER(_dlpack.DLTensor)
+    in_arr = (PT * n)(*[r.pointer for r in inps])
+    out_arr = (PT * n)(*[r.pointer for r in outs])
+    return _submit(_lib.library().hora_grouped_allreduce_async, rt, n, in_arr, out_arr, ctypes.byref(o),
+                   keep=(inps, outs, in_arr, out_arr, nb, keep), finish=finish, what="hora_grouped_allreduce_async")
+
+
+def submit_allgather(inp, name=None, process_set=None, finish=None, keep=()):
+    rt = _require_runtime()
+    nb = _op_name("allgather", name)
+    o = _options(process_set, nb)
+    return _submit(_lib.library().hora_allgather_async, rt, inp.pointer, ctypes.byref(o),
+                   keep=(inp, nb, keep), finish=finish, what="hora_allgather_async")
+
+
+def submit_broadcast(tensor, root_rank, name=None, process_set=None, finish=None, keep=()):
+    rt = _require_runtime()
+    nb = _op_name("broadcast", name)
+    o = _options(process_set, nb, root=root_rank)
+    return _submit(_lib.library().hora_broadcast_async, rt, tensor.pointer, ctypes.byref(o),
+                   keep=(tensor, nb, keep), finish=finish, what="hora_broadcast_async")
+
+
+def submit_alltoall(inp, splits=None, name=None, process_set=None, finish=None, keep=()):
+    rt = _require_runtime()
+    nb = _op_name("alltoall", name)
+    o = _options(process_set, nb)
+    if splits is None:
+        sp, n = None, 0
+    else:
+        splits = [int(s) for s in splits]
+        n = len(splits)
+        sp = (ctypes.c_int64 * max(n, 1))(*splits)
+    return _submit(_lib.library().hora_alltoall_async, rt, inp.pointer, sp, n, ctypes.byref(o),
+                   keep=(inp, sp, nb, keep), finish=finish, what="hora_alltoall_async")
+
+
+def submit_reducescatter(inp, name=None, op=Average, prescale=1.0, postscale=1.0, process_set=None,
+                         finish=None, keep=()):
+    rt = _require_runtime()
+    nb = _op_name("reducescatter", name)
+    o = _options(process_set, nb, check_op(op), prescale, postscale)
+    return _submit(_lib.library().hora_reducescatter_async, rt, inp.pointer, ctypes.byref(o),
+                   keep=(inp, nb, keep), finish=finish, what="hora_reducescatter_async")
+
+
+def submit_barrier(process_set=None, name=None):
+    rt = _require_runtime()
+    nb = _op_name("barrier", name)
+    o = _options(process_set, nb)
+    return _submit(_lib.library().hora_barrier_async, rt, ctypes.byref(o), keep=(nb,), what="hora_barrier_async")
+
+
+def submit_join():
+    rt = _require_runtime()
+    o = _options(None, None)
+    return _submit(_lib.library().hora_join_async, rt, ctypes.byref(o),
+                   finish=lambda p: p.join_last_rank(), what="hora_join_async")
+
+
+# ---- integer handles, as Horovod's poll()/synchronize() take ----
+_handles = {}
+_handle_lock = threading.Lock()
+_handle_ids = itertools.count(1)
+
+
+def register(pending):
+    with _handle_lock:
+        h = next(_handle_ids)
+        _handles[h] = pending
+    return h
+
+
+def _lookup(handle):
+    with _handle_lock:
+        p = _handles.get(handle)
+    if p is None:
+        raise ValueError("hora: unknown or already synchronized handle %r" % (handle,))
+    return p
+
+
+def poll(handle):
+    """True if the operation behind ``handle`` has finished (then synchronize() returns at once)."""
+    return _lookup(handle).test()
+
+
+def synchronize(handle):
+    """Waits for ``handle``'s operation and returns its result; raises its error."""
+    p = _lookup(handle)
+    try:
+        return p.wait()
+    finally:
+        with _handle_lock:
+            _handles.pop(handle, None)
+
+
+def barrier(process_set=global_process_set):
+    submit_barrier(process_set).wait()
+
+
+def join(device=-1):
+    """Declares this rank out of data (uneven inputs); returns the last rank to join."""
+    return submit_join().wait()
+
+
+def library_info():
+    """Path and version of the loaded libhora."""
+    return {"path": _lib.library_path(), "version": "%d.%d.%d" % _lib.version(), "pid": os.getpid()}

@@ -1,0 +1,84 @@
+"""Python exceptions for hora status codes (docs/errors.md).
+
+Every exception carries the core's one-line message (captured with
+``hora_last_error_message()`` on the failing thread) and the status code.
+
+* ``HoraError``: base of everything raised for a non-zero status.
+* ``HorovodInternalError`` (also ``HoraInternalError``): a ``RuntimeError``
+  for failures of the job rather than of the call: lost or failed peer
+  (``HoraRemoteError``), shutdown (``HoraShutDownError``), deadlines and stalls
+  (``HoraTimeoutError``), ranks that disagree (``HoraMismatchError``), Gloo,
+  OS, protocol, auth and internal errors. Horovod scripts that catch
+  ``HorovodInternalError`` keep working.
+* ``HoraInvalidArgumentError`` / ``HoraInvalidUsageError``: ``ValueError``;
+  nothing was submitted.
+* ``HoraNotInitializedError``: ``ValueError`` (Horovod raises ValueError when
+  ``init()`` was not called).
+* ``HoraNotSupportedError``: ``NotImplementedError`` (e.g. GPU memory).
+"""
+
+
+class HoraError(Exception):
+    """A hora call failed; ``status`` is the hora_status_t, ``message`` the core's text."""
+
+    def __init__(self, message, status=None, status_name=None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.status_name = status_name
+
+
+class HorovodInternalError(HoraError, RuntimeError):
+    """The job failed (peer lost, shutdown, stall, mismatch, backend): Horovod's name."""
+
+
+HoraInternalError = HorovodInternalError
+
+
+class HoraRemoteError(HorovodInternalError):
+    """A peer rank crashed, stalled or failed (HORA_ERR_REMOTE)."""
+
+
+class HoraShutDownError(HorovodInternalError):
+    """The runtime, or a peer's, shut down (HORA_ERR_SHUT_DOWN)."""
+
+
+class HoraTimeoutError(HorovodInternalError):
+    """A deadline passed or a tensor stalled (HORA_ERR_TIMEOUT)."""
+
+
+class HoraMismatchError(HorovodInternalError):
+    """Ranks submitted the same name with different shape/dtype/op (HORA_ERR_MISMATCH)."""
+
+
+class HoraInvalidArgumentError(HoraError, ValueError):
+    """A bad argument (HORA_ERR_INVALID_ARGUMENT); nothing was submitted."""
+
+
+class HoraInvalidUsageError(HoraError, ValueError):
+    """Wrong moment, e.g. a duplicate name in flight (HORA_ERR_INVALID_USAGE)."""
+
+
+class HoraNotInitializedError(HoraError, ValueError):
+    """hora.init() was not called (or shutdown() was)."""
+
+
+class HoraNotSupportedError(HoraError, NotImplementedError):
+    """Not supported by this libhora, e.g. GPU memory (HORA_ERR_NOT_SUPPORTED)."""
+
+
+_BY_STATUS = {
+    1: HoraInvalidArgumentError,
+    2: HoraInvalidUsageError,
+    3: HoraNotInitializedError,
+    4: HoraShutDownError,
+    7: HoraRemoteError,
+    8: HoraTimeoutError,
+    10: HoraNotSupportedError,
+    11: HoraMismatchError,
+}
+
+
+def error_from_status(status, message, status_name=None):
+    cls = _BY_STATUS.get(status, HorovodInternalError)
+    return cls(message, status, status_name)

@@ -1,0 +1,33 @@
+"""hora.torch: a drop-in for horovod.torch over libhora (``import hora.torch as hvd``).
+
+No extension is compiled against torch: collectives go through libhora's C
+ABI with tensors passed by DLPack, so the same install works with any torch
+that exports DLPack. CPU tensors only in this release (GPU tensors get
+HoraNotSupportedError from the core).
+"""
+from ..basics import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_process_set, ccl_built,  # noqa: F401
+                      cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, global_process_set,
+                      init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+                      mpi_threads_supported, nccl_built, poll, rank, remove_process_set, rocm_built, shutdown, size,
+                      synchronize)
+from ..exceptions import (HoraError, HoraInternalError, HoraInvalidArgumentError, HoraMismatchError,  # noqa: F401
+                          HoraRemoteError, HoraShutDownError, HoraTimeoutError, HorovodInternalError)
+from .compression import Compression, Compressor  # noqa: F401
+from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,  # noqa: F401
+                        broadcast_parameters)
+from .mpi_ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,  # noqa: F401
+                      allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_, broadcast_async,
+                      broadcast_async_, grouped_allgather, grouped_allgather_async, grouped_allreduce,
+                      grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_, grouped_reducescatter,
+                      grouped_reducescatter_async, join, reducescatter, reducescatter_async,
+                      sparse_allreduce_async)
+from .optimizer import DistributedOptimizer  # noqa: F401
+from .sync_batch_norm import SyncBatchNorm  # noqa: F401
+
+
+def start_timeline(file_path, mark_cycles=False):
+    raise NotImplementedError("hora has no timeline yet")
+
+
+def stop_timeline():
+    raise NotImplementedError("hora has no timeline yet")

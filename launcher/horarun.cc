@@ -1,0 +1,212 @@
+// horarun: hora's job launcher (main). Wires the pieces together on the main
+// thread, in order:
+//   1. options (options.h), hosts and rank assignment (hosts.h);
+//   2. where the rendezvous store must listen (netif.h), a fresh job secret,
+//      and the store itself through the C ABI (hora_store_server_start);
+//   3. optional --check (check.h);
+//   4. one LaunchSpec per rank with the HORA_* environment contract (README),
+//      then the Job (job.h) runs them and decides the exit status;
+//   5. the store is stopped.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "hora/hora.h"
+#include "hosts.h"
+#include "job.h"
+#include "netif.h"
+#include "options.h"
+#include "spawn.h"
+
+extern char** environ;
+
+namespace horarun {
+namespace {
+
+int usageError(const std::string& msg) {
+  std::fprintf(stderr, "horarun: %s\n(horarun --help shows the usage)\n", msg.c_str());
+  return 2;
+}
+
+bool makeSecret(std::string* out, std::string* error) {
+  unsigned char bytes[32];
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  bool ok = fd >= 0 && read(fd, bytes, sizeof(bytes)) == static_cast<ssize_t>(sizeof(bytes));
+  if (fd >= 0) close(fd);
+  if (!ok) {
+    *error = std::string("cannot read /dev/urandom: ") + std::strerror(errno);
+    return false;
+  }
+  static const char* hex = "0123456789abcdef";
+  out->clear();
+  for (unsigned char b : bytes) out->push_back(hex[b >> 4]), out->push_back(hex[b & 15]);
+  return true;
+}
+
+bool makeDir(const std::string& path, std::string* error) {
+  std::string cur;
+  for (size_t i = 0; i <= path.size(); ++i) {
+    if (i == path.size() || path[i] == '/') {
+      if (!cur.empty() && mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
+        *error = "cannot create '" + cur + "': " + std::strerror(errno);
+        return false;
+      }
+    }
+    if (i < path.size()) cur.push_back(path[i]);
+  }
+  return true;
+}
+
+// HORA_* variables set in horarun's own environment (HORA_LOG_LEVEL, ...),
+// forwarded to remote ranks; local ranks inherit them anyway. The secret and
+// the identity are never taken from here.
+EnvList inheritedHoraVariables() {
+  static const std::set<std::string> kOwn = {
+      "HORA_RANK",           "HORA_SIZE",       "HORA_LOCAL_RANK",  "HORA_LOCAL_SIZE",
+      "HORA_CROSS_RANK",     "HORA_CROSS_SIZE", "HORA_STORE_ADDR",  "HORA_STORE_PORT",
+      "HORA_STORE_EXTERNAL", "HORA_SECRET",     "HORA_SECRET_FILE", "HORA_HOSTNAME"};
+  EnvList out;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv = *e;
+    auto eq = kv.find('=');
+    if (kv.rfind("HORA_", 0) != 0 || eq == std::string::npos) continue;
+    if (kOwn.count(kv.substr(0, eq))) continue;
+    out.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  return out;
+}
+
+int realMain(int argc, char** argv) {
+  Options opt;
+  std::string error;
+  if (!parseOptions(argc, argv, &opt, &error)) return usageError(error);
+  if (opt.help) {
+    std::fputs(usageText(), stdout);
+    return 0;
+  }
+  if (opt.version) {
+    std::printf("%s\n", versionText().c_str());
+    return 0;
+  }
+
+  std::vector<HostSpec> hosts;
+  if (!opt.hosts.empty()) {
+    if (!parseHostList(opt.hosts, &hosts, &error)) return usageError(error);
+  } else if (!opt.hostfile.empty()) {
+    if (!parseHostfile(opt.hostfile, &hosts, &error)) return usageError(error);
+  } else {
+    hosts.push_back({"localhost", opt.np});
+  }
+  std::vector<Slot> slots;
+  if (!assignSlots(hosts, opt.np, &slots, &error)) return usageError(error);
+
+  std::vector<std::string> usedHosts, remoteHosts;
+  std::set<std::string> localNames;
+  for (const auto& s : slots) {
+    if (!usedHosts.empty() && usedHosts.back() == s.host) continue;
+    usedHosts.push_back(s.host);
+    if (isLocalHost(s.host))
+      localNames.insert(s.host);
+    else
+      remoteHosts.push_back(s.host);
+  }
+
+  StorePlan plan;
+  if (!planStore(remoteHosts, opt.networkInterface, &plan, &error)) {
+    std::fprintf(stderr, "horarun: %s\n", error.c_str());
+    return 1;
+  }
+  std::string secret;
+  if (!makeSecret(&secret, &error)) {
+    std::fprintf(stderr, "horarun: %s\n", error.c_str());
+    return 1;
+  }
+  hora_store_server_t store = nullptr;
+  if (hora_store_server_start(plan.bindHost.c_str(), 0, secret.c_str(), &store) != HORA_SUCCESS) {
+    std::fprintf(stderr, "horarun: cannot host the rendezvous store on %s: %s\n",
+                 plan.description.c_str(), hora_last_error_message());
+    return 1;
+  }
+  int32_t port = 0;
+  hora_store_server_port(store, &port);
+  if (opt.verbose)
+    std::fprintf(stderr, "horarun: rendezvous store on port %d, reached at %s\n", port,
+                 plan.description.c_str());
+
+  if (opt.check) {
+    bool ok = runChecks(opt, usedHosts, plan, port);
+    if (!ok || opt.command.empty()) {
+      hora_store_server_stop(store);
+      return ok ? 0 : 1;
+    }
+  }
+
+  std::string outputDir = opt.outputDir;
+  int width = static_cast<int>(std::to_string(opt.np - 1).size());
+  char cwd[4096] = {0};
+  if (!getcwd(cwd, sizeof(cwd) - 1)) cwd[0] = '\0';
+  EnvList inherited = inheritedHoraVariables();
+  std::vector<WorkerPlan> plans;
+  for (const auto& s : slots) {
+    WorkerPlan w;
+    w.slot = s;
+    LaunchSpec& spec = w.spec;
+    spec.command = opt.command;
+    spec.graceS = opt.graceS;
+    spec.remote = !localNames.count(s.host);
+    const std::string storeAddr = spec.remote ? plan.addrForHost.at(s.host) : plan.localAddr;
+    const std::string hostname = spec.remote ? s.host : plan.localAddr;
+    if (spec.remote) {
+      spec.remoteShell = remoteShellFor(opt, s.host);
+      spec.cwd = cwd;
+      spec.env = inherited;
+    }
+    for (const auto& kv : opt.env) spec.env.push_back(kv);
+    EnvList identity = {
+        {"HORA_RANK", std::to_string(s.rank)},
+        {"HORA_SIZE", std::to_string(s.size)},
+        {"HORA_LOCAL_RANK", std::to_string(s.localRank)},
+        {"HORA_LOCAL_SIZE", std::to_string(s.localSize)},
+        {"HORA_CROSS_RANK", std::to_string(s.crossRank)},
+        {"HORA_CROSS_SIZE", std::to_string(s.crossSize)},
+        {"HORA_STORE_ADDR", storeAddr},
+        {"HORA_STORE_PORT", std::to_string(port)},
+        {"HORA_STORE_EXTERNAL", "1"},
+        {"HORA_HOSTNAME", hostname},
+        {"HORA_SECRET", secret},
+        {"HORA_SECRET_FILE", ""},
+    };
+    spec.env.insert(spec.env.end(), identity.begin(), identity.end());
+    if (!outputDir.empty()) {
+      std::string r = std::to_string(s.rank);
+      std::string dir = outputDir + "/rank." + std::string(width - r.size(), '0') + r;
+      if (!makeDir(dir, &error)) {
+        hora_store_server_stop(store);
+        return usageError("--output-filename: " + error);
+      }
+      w.stdoutFile = dir + "/stdout";
+      w.stderrFile = dir + "/stderr";
+    }
+    plans.push_back(std::move(w));
+  }
+
+  int status;
+  {
+    Job job(std::move(plans), opt.graceS, opt.verbose);
+    status = job.run();
+  }
+  hora_store_server_stop(store);
+  return status;
+}
+
+}  // namespace
+}  // namespace horarun
+
+int main(int argc, char** argv) { return horarun::realMain(argc, argv); }

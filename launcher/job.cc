@@ -1,0 +1,288 @@
+#include "job.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <regex>
+#include <sstream>
+
+namespace horarun {
+
+namespace {
+
+std::string signalName(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
+void say(const std::string& line) { writeAll(2, "horarun: " + line + "\n"); }
+
+}  // namespace
+
+Job::Job(std::vector<WorkerPlan> plans, double graceS, bool verbose)
+    : signals_(io_),
+      graceTimer_(io_),
+      drainTimer_(io_),
+      attributionTimer_(io_),
+      graceS_(graceS),
+      verbose_(verbose) {
+  for (auto& p : plans) {
+    Worker w;
+    w.plan = std::move(p);
+    workers_.push_back(std::move(w));
+  }
+}
+
+int Job::run() {
+  start_ = std::chrono::steady_clock::now();
+  // Signals first, so no SIGCHLD from a fast worker is missed.
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) signals_.add(s);
+  waitSignals();
+  for (auto& w : workers_) {
+    std::string error;
+    if (!spawnProcess(w.plan.spec, &w.proc, &error)) {
+      spawnError_ = "cannot start rank " + std::to_string(w.plan.slot.rank) + " on " +
+                    w.plan.slot.host + ": " + error;
+      say(spawnError_);
+      beginTeardown();
+      break;
+    }
+    w.running = true;
+    if (verbose_)
+      say("rank " + std::to_string(w.plan.slot.rank) + " started on " + w.plan.slot.host +
+          " (pid " + std::to_string(w.proc.pid) + ")");
+    int rank = w.plan.slot.rank;
+    auto eof = [this] { maybeFinish(); };
+    w.out = std::make_unique<OutputStream>(io_, w.proc.outFd, rank, false, w.plan.stdoutFile, eof);
+    w.err = std::make_unique<OutputStream>(io_, w.proc.errFd, rank, true, w.plan.stderrFile, eof);
+    w.out->start();
+    w.err->start();
+  }
+  reap();  // anything that died before the handler was armed
+  maybeFinish();
+  io_.run();
+
+  printReport();
+  if (!spawnError_.empty() && firstFailure_ < 0) return 1;
+  if (firstFailure_ >= 0) {
+    int st = workers_[firstFailure_].waitStatus;
+    return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
+  }
+  if (interruptedBy_) return 128 + interruptedBy_;
+  return 0;
+}
+
+void Job::waitSignals() {
+  signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
+    if (ec) return;
+    onSignal(sig);
+    waitSignals();
+  });
+}
+
+void Job::onSignal(int sig) {
+  if (sig == SIGCHLD) {
+    reap();
+    return;
+  }
+  if (interruptedBy_ || tearingDown_) {
+    if (interruptedBy_) {
+      say("second " + signalName(sig) + ": killing every rank now");
+      killAll(SIGKILL);
+      return;
+    }
+  }
+  if (!interruptedBy_) interruptedBy_ = sig;
+  int live = 0;
+  for (const auto& w : workers_) live += w.running;
+  say("got " + signalName(sig) + ": stopping " + std::to_string(live) +
+      " ranks (SIGTERM, SIGKILL after " + std::to_string(static_cast<int>(graceS_ + 0.5)) + " s)");
+  beginTeardown();
+}
+
+void Job::reap() {
+  std::vector<int> failed;
+  for (;;) {
+    int st = 0;
+    pid_t pid = waitpid(-1, &st, WNOHANG);
+    if (pid <= 0) break;
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      Worker& w = workers_[i];
+      if (w.proc.pid != pid || !w.running) continue;
+      w.running = false;
+      w.waitStatus = st;
+      w.exitedAt = std::chrono::steady_clock::now();
+      if (w.proc.inFd >= 0) close(w.proc.inFd), w.proc.inFd = -1;
+      bool bad = WIFSIGNALED(st) || WEXITSTATUS(st) != 0;
+      if (verbose_) say("rank " + std::to_string(w.plan.slot.rank) + " " + describeExit(w));
+      if (bad && !w.stopRequested) failed.push_back(static_cast<int>(i));
+    }
+  }
+  if (firstFailure_ < 0 && !interruptedBy_ && !failed.empty()) {
+    candidates_.insert(candidates_.end(), failed.begin(), failed.end());
+    if (!attributing_) {
+      attributing_ = true;
+      attributionTimer_.expires_after(kAttributionWindow);
+      attributionTimer_.async_wait([this](const boost::system::error_code& ec) {
+        if (!ec) decideFirstFailure();
+      });
+    }
+  }
+  maybeFinish();
+}
+
+int Job::blamedRank(const Worker& w) const {
+  static const std::regex kBlame(
+      R"(rank ([0-9]+)( \(rank [0-9]+ of set [^)]*\))?( at [^ ]+)? (closed its control connection|sent nothing on the control plane))");
+  const auto& tail = w.err->tail();
+  for (auto it = tail.rbegin(); it != tail.rend(); ++it) {
+    std::smatch m;
+    if (std::regex_search(*it, m, kBlame)) return std::stoi(m[1].str());
+  }
+  return -1;
+}
+
+void Job::decideFirstFailure() {
+  attributing_ = false;
+  if (firstFailure_ >= 0 || candidates_.empty()) return;
+  auto isCandidate = [&](int idx) {
+    for (int c : candidates_)
+      if (c == idx) return true;
+    return false;
+  };
+  int pick = candidates_.front();
+  std::vector<int> visited{pick};
+  for (;;) {
+    int blamed = blamedRank(workers_[pick]);
+    int idx = -1;
+    for (size_t i = 0; i < workers_.size(); ++i)
+      if (workers_[i].plan.slot.rank == blamed) idx = static_cast<int>(i);
+    if (idx < 0 || !isCandidate(idx) ||
+        std::find(visited.begin(), visited.end(), idx) != visited.end())
+      break;
+    pick = idx;
+    visited.push_back(idx);
+  }
+  if (visited.size() == 1 && !WIFSIGNALED(workers_[pick].waitStatus))
+    for (int c : candidates_)
+      if (WIFSIGNALED(workers_[c].waitStatus)) {
+        pick = c;
+        break;
+      }
+  firstFailure_ = pick;
+  const Worker& w = workers_[pick];
+  int live = 0;
+  for (const auto& x : workers_) live += x.running;
+  say("rank " + std::to_string(w.plan.slot.rank) + " (host " + w.plan.slot.host + ", pid " +
+      std::to_string(w.proc.pid) + ") " + describeExit(w) + " after " +
+      std::to_string(std::chrono::duration<double>(w.exitedAt - start_).count()).substr(0, 5) +
+      " s; stopping the other " + std::to_string(live) + " running ranks");
+  beginTeardown();
+  maybeFinish();
+}
+
+void Job::beginTeardown() {
+  if (tearingDown_) return;
+  tearingDown_ = true;
+  killAll(SIGTERM);
+  graceTimer_.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(graceS_)));
+  graceTimer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;
+    int live = 0;
+    for (const auto& w : workers_) live += w.running;
+    if (live > 0) {
+      say(std::to_string(live) + " ranks still running " + std::to_string(graceS_).substr(0, 4) +
+          " s after SIGTERM: sending SIGKILL");
+      killAll(SIGKILL);
+    }
+  });
+}
+
+void Job::killAll(int sig) {
+  for (auto& w : workers_) {
+    if (!w.running) continue;
+    w.stopRequested = true;
+    if (w.proc.inFd >= 0) close(w.proc.inFd), w.proc.inFd = -1;
+    kill(-w.proc.pid, sig);
+  }
+}
+
+void Job::maybeFinish() {
+  bool anyRunning = false, allDrained = true;
+  for (const auto& w : workers_) {
+    anyRunning |= w.running;
+    if (w.out && !w.out->eof()) allDrained = false;
+    if (w.err && !w.err->eof()) allDrained = false;
+  }
+  if (anyRunning || attributing_) return;
+  if (allDrained) {
+    signals_.cancel();
+    graceTimer_.cancel();
+    drainTimer_.cancel();
+    io_.stop();
+    return;
+  }
+  if (drainArmed_) return;
+  drainArmed_ = true;
+  drainTimer_.expires_after(std::chrono::seconds(2));
+  drainTimer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;
+    for (auto& w : workers_) {
+      if (w.out && !w.out->eof()) w.out->abandon();
+      if (w.err && !w.err->eof()) w.err->abandon();
+    }
+  });
+}
+
+std::string Job::describeExit(const Worker& w) const {
+  int st = w.waitStatus;
+  if (WIFSIGNALED(st)) {
+    std::string s = "was killed by " + signalName(WTERMSIG(st));
+    if (w.stopRequested) s += " (sent by horarun)";
+    return s;
+  }
+  int code = WEXITSTATUS(st);
+  std::string s = "exited with code " + std::to_string(code);
+  if (w.plan.spec.remote && code > 128 && code < 160)
+    s += " (the remote shell's way of saying it was killed by " + signalName(code - 128) + ")";
+  if (code == 127) s += " (command not found or not executable)";
+  return s;
+}
+
+void Job::printReport() const {
+  if (firstFailure_ < 0 && !interruptedBy_) return;
+  std::ostringstream r;
+  if (firstFailure_ >= 0) {
+    const Worker& w = workers_[firstFailure_];
+    r << "horarun: job FAILED. First failure: rank " << w.plan.slot.rank << " on host "
+      << w.plan.slot.host << " (pid " << w.proc.pid << ") " << describeExit(w) << "\n";
+    const auto* tail = &w.err->tail();
+    const char* which = "stderr";
+    if (tail->empty()) tail = &w.out->tail(), which = "stdout (its stderr was empty)";
+    if (tail->empty()) {
+      r << "horarun: rank " << w.plan.slot.rank << " wrote nothing\n";
+    } else {
+      r << "horarun: last lines of rank " << w.plan.slot.rank << "'s " << which << ":\n";
+      for (const auto& line : *tail) r << "horarun:   | " << line << "\n";
+    }
+  } else {
+    r << "horarun: job interrupted by " << signalName(interruptedBy_) << "\n";
+  }
+  r << "horarun: how every rank ended:";
+  for (const auto& w : workers_) {
+    r << "\n  rank " << w.plan.slot.rank << ": ";
+    if (w.running)
+      r << "still running?";
+    else if (w.proc.pid < 0)
+      r << "never started";
+    else
+      r << describeExit(w);
+  }
+  r << "\n";
+  writeAll(2, r.str());
+}
+
+}  // namespace horarun

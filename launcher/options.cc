@@ -1,0 +1,255 @@
+#include "options.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+namespace horarun {
+
+namespace {
+
+const char kUsage[] =
+    "usage: horarun -np N [options] COMMAND [ARGS...]\n"
+    "\n"
+    "Starts N ranks of COMMAND with the HORA_* environment contract, hosts the\n"
+    "job's rendezvous store, prefixes output with ranks, and ends the job when\n"
+    "any rank fails.\n"
+    "\n"
+    "hosts:\n"
+    "  -np, --num-proc N            number of ranks (required)\n"
+    "  -H, --hosts h1:s1,h2:s2      hosts and slots, filled in order (default localhost:N)\n"
+    "  --hostfile FILE              lines 'host slots=N'\n"
+    "  -p, --ssh-port PORT          ssh port for remote hosts\n"
+    "  -i, --ssh-identity-file F    ssh identity file\n"
+    "  --ssh-command 'CMD'          remote shell; '{host}' is replaced by the host, else the\n"
+    "                               host is appended (env HORARUN_SSH_COMMAND; default ssh)\n"
+    "  --network-interface IF       bind the store to IF's IPv4 address (default: the address\n"
+    "                               that routes to the hosts; loopback for local jobs)\n"
+    "  --start-timeout S            seconds for checks and for ranks to rendezvous (30)\n"
+    "  --check                      check hosts, store reachability and versions; with a\n"
+    "                               COMMAND, run it only when every check passes\n"
+    "output and failures:\n"
+    "  --output-filename DIR        also write DIR/rank.<r>/{stdout,stderr}\n"
+    "  --grace-seconds S            SIGTERM to SIGKILL delay when stopping ranks (5)\n"
+    "  -x, --env NAME[=VALUE]       export NAME to every rank (also to remote ones)\n"
+    "  --verbose                    say what horarun does\n"
+    "tuning (set the ranks' HORA_* parameters, docs/params.md):\n"
+    "  --fusion-threshold-mb MB     HORA_FUSION_THRESHOLD_BYTES = MB * 1048576\n"
+    "  --cycle-time-ms MS           HORA_CYCLE_TIME_MS\n"
+    "  --cache-capacity N           HORA_CACHE_CAPACITY\n"
+    "  --log-level LEVEL            HORA_LOG_LEVEL (trace, debug, info, warning, error)\n"
+    "  --stall-check-warning-time-seconds S   HORA_STALL_WARNING_TIME_S\n"
+    "  --stall-check-shutdown-time-seconds S  HORA_STALL_SHUTDOWN_TIME_S (0 = never)\n"
+    "  --no-stall-check             no stall shutdown (HORA_STALL_SHUTDOWN_TIME_S=0)\n"
+    "  --peer-timeout-seconds S     HORA_PEER_TIMEOUT_S\n"
+    "  --timeline-filename F        not supported yet: hora has no timeline (refused)\n"
+    "  -v, --version                print versions\n";
+
+bool isNumber(const std::string& s, bool allowFraction) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  if (allowFraction)
+    std::strtod(s.c_str(), &end);
+  else
+    std::strtoll(s.c_str(), &end, 10);
+  return end && *end == '\0';
+}
+
+void addEnv(Options* o, const std::string& name, const std::string& value) {
+  for (auto& kv : o->env)
+    if (kv.first == name) {
+      kv.second = value;
+      return;
+    }
+  o->env.emplace_back(name, value);
+}
+
+// Splits a remote-shell string on whitespace, honouring '...' and "..." quotes.
+std::vector<std::string> splitWords(const std::string& text) {
+  std::vector<std::string> out;
+  std::string cur;
+  bool inWord = false;
+  char quote = 0;
+  for (char c : text) {
+    if (quote) {
+      if (c == quote)
+        quote = 0;
+      else
+        cur += c;
+    } else if (c == '\'' || c == '"') {
+      quote = c;
+      inWord = true;
+    } else if (c == ' ' || c == '\t' || c == '\n') {
+      if (inWord) out.push_back(cur), cur.clear(), inWord = false;
+    } else {
+      cur += c;
+      inWord = true;
+    }
+  }
+  if (inWord) out.push_back(cur);
+  return out;
+}
+
+}  // namespace
+
+const char* usageText() { return kUsage; }
+
+bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
+  if (const char* s = std::getenv("HORARUN_SSH_COMMAND")) o->sshCommand = s;
+  if (const char* s = std::getenv("HORARUN_START_TIMEOUT_S")) o->startTimeoutS = std::atof(s);
+  int i = 1;
+  auto value = [&](const std::string& flag, std::string* out) {
+    if (i + 1 >= argc) {
+      *error = flag + " needs a value";
+      return false;
+    }
+    *out = argv[++i];
+    return true;
+  };
+  auto number = [&](const std::string& flag, bool fraction, double* out) {
+    std::string v;
+    if (!value(flag, &v)) return false;
+    if (!isNumber(v, fraction) || std::strtod(v.c_str(), nullptr) < 0) {
+      *error = flag + " expects a non-negative " + (fraction ? "number" : "integer") + ", got '" +
+               v + "'";
+      return false;
+    }
+    *out = std::strtod(v.c_str(), nullptr);
+    return true;
+  };
+  // Tuning flag -> parameter, with a scale factor (MiB -> bytes).
+  struct Tuning {
+    const char* flag;
+    const char* param;
+    double scale;
+    bool fraction;
+  };
+  static const Tuning kTuning[] = {
+      {"--fusion-threshold-mb", "HORA_FUSION_THRESHOLD_BYTES", 1048576.0, true},
+      {"--cycle-time-ms", "HORA_CYCLE_TIME_MS", 1, true},
+      {"--cache-capacity", "HORA_CACHE_CAPACITY", 1, false},
+      {"--stall-check-warning-time-seconds", "HORA_STALL_WARNING_TIME_S", 1, true},
+      {"--stall-check-shutdown-time-seconds", "HORA_STALL_SHUTDOWN_TIME_S", 1, true},
+      {"--peer-timeout-seconds", "HORA_PEER_TIMEOUT_S", 1, true},
+  };
+  for (; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a.empty() || a[0] != '-') break;  // the command starts here
+    double d = 0;
+    std::string v;
+    bool handled = false;
+    for (const auto& t : kTuning) {
+      if (a != t.flag) continue;
+      if (!number(a, t.fraction, &d)) return false;
+      std::ostringstream ss;
+      if (t.scale != 1)
+        ss << static_cast<long long>(d * t.scale);
+      else
+        ss << d;
+      addEnv(o, t.param, ss.str());
+      handled = true;
+    }
+    if (handled) continue;
+    if (a == "-np" || a == "--num-proc") {
+      if (!number(a, false, &d)) return false;
+      o->np = static_cast<int>(d);
+    } else if (a == "-H" || a == "--hosts") {
+      if (!value(a, &o->hosts)) return false;
+    } else if (a == "--hostfile" || a == "-hostfile") {
+      if (!value(a, &o->hostfile)) return false;
+    } else if (a == "-p" || a == "--ssh-port") {
+      if (!number(a, false, &d)) return false;
+      o->sshPort = static_cast<int>(d);
+    } else if (a == "-i" || a == "--ssh-identity-file") {
+      if (!value(a, &o->sshIdentityFile)) return false;
+    } else if (a == "--ssh-command") {
+      if (!value(a, &o->sshCommand)) return false;
+    } else if (a == "--network-interface") {
+      if (!value(a, &o->networkInterface)) return false;
+    } else if (a == "--output-filename") {
+      if (!value(a, &o->outputDir)) return false;
+    } else if (a == "--start-timeout") {
+      if (!number(a, true, &o->startTimeoutS)) return false;
+    } else if (a == "--grace-seconds") {
+      if (!number(a, true, &o->graceS)) return false;
+    } else if (a == "--log-level") {
+      if (!value(a, &v)) return false;
+      addEnv(o, "HORA_LOG_LEVEL", v);
+    } else if (a == "--no-stall-check") {
+      addEnv(o, "HORA_STALL_SHUTDOWN_TIME_S", "0");
+    } else if (a == "--timeline-filename") {
+      *error = "--timeline-filename: hora has no timeline yet; nothing would be written";
+      return false;
+    } else if (a == "-x" || a == "--env") {
+      if (!value(a, &v)) return false;
+      auto eq = v.find('=');
+      if (eq == std::string::npos) {
+        const char* cur = std::getenv(v.c_str());
+        if (!cur) {
+          *error = "-x " + v + ": not set in horarun's environment (use -x NAME=VALUE)";
+          return false;
+        }
+        addEnv(o, v, cur);
+      } else {
+        addEnv(o, v.substr(0, eq), v.substr(eq + 1));
+      }
+    } else if (a == "--check") {
+      o->check = true;
+    } else if (a == "--verbose") {
+      o->verbose = true;
+    } else if (a == "-v" || a == "--version") {
+      o->version = true;
+    } else if (a == "-h" || a == "--help") {
+      o->help = true;
+    } else {
+      *error = "unknown option '" + a + "' (horarun --help lists them)";
+      return false;
+    }
+  }
+  for (; i < argc; ++i) o->command.push_back(argv[i]);
+  if (o->help || o->version) return true;
+  if (o->command.empty() && !o->check) {
+    *error = "no command given";
+    return false;
+  }
+  if (o->np < 1) {
+    *error = "-np N (N >= 1) is required";
+    return false;
+  }
+  if (!o->hosts.empty() && !o->hostfile.empty()) {
+    *error = "give either -H or --hostfile, not both";
+    return false;
+  }
+  if (o->startTimeoutS <= 0) {
+    *error = "--start-timeout must be positive";
+    return false;
+  }
+  addEnv(o, "HORA_START_TIMEOUT_S", std::to_string(o->startTimeoutS));
+  return true;
+}
+
+std::vector<std::string> remoteShellFor(const Options& opt, const std::string& host) {
+  std::vector<std::string> words;
+  if (!opt.sshCommand.empty()) {
+    words = splitWords(opt.sshCommand);
+  } else {
+    words = {"ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new"};
+    if (opt.sshPort > 0) words.insert(words.end(), {"-p", std::to_string(opt.sshPort)});
+    if (!opt.sshIdentityFile.empty()) words.insert(words.end(), {"-i", opt.sshIdentityFile});
+  }
+  bool replaced = false;
+  for (auto& w : words) {
+    for (size_t p; (p = w.find("{host}")) != std::string::npos;) {
+      w.replace(p, 6, host);
+      replaced = true;
+    }
+  }
+  if (!replaced) words.push_back(host);
+  return words;
+}
+
+}  // namespace horarun

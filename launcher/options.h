@@ -1,0 +1,42 @@
+// horarun's command line: the Options it produces, its parser and usage text,
+// and the mapping of tuning flags to the runtime's HORA_* parameters (one unit
+// system: sizes in MiB on the command line become bytes, times keep their unit
+// in the flag's and the parameter's name).
+//
+// Called once by main() on the main thread; pure logic (reads the environment
+// for defaults: HORARUN_SSH_COMMAND, HORARUN_START_TIMEOUT_S).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace horarun {
+
+struct Options {
+  int np = 0;
+  std::string hosts;     // -H
+  std::string hostfile;  // --hostfile
+  int sshPort = 0;       // -p
+  std::string sshIdentityFile;
+  std::string sshCommand;  // remote shell template; "{host}" is replaced, else host appended
+  std::string networkInterface;
+  std::string outputDir;      // --output-filename
+  double startTimeoutS = 30;  // remote-shell checks and workers' HORA_START_TIMEOUT_S
+  double graceS = 5;          // SIGTERM -> SIGKILL
+  bool check = false;
+  bool verbose = false;
+  bool version = false;
+  bool help = false;
+  // Extra environment for workers: -x NAME=VALUE, or -x NAME (copied from here).
+  std::vector<std::pair<std::string, std::string>> env;
+  std::vector<std::string> command;
+};
+
+// Parses argv. False with *error (a one-line message) on bad usage.
+bool parseOptions(int argc, char** argv, Options* out, std::string* error);
+const char* usageText();
+// The remote shell as argv tokens for one host (template expanded).
+std::vector<std::string> remoteShellFor(const Options& opt, const std::string& host);
+
+}  // namespace horarun

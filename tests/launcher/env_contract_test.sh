@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The HORA_* contract each rank receives: identity with local/cross ranks
+# computed host by host (two "hosts" that are both this machine), store
+# address and port, the secret (only through the environment: it is not on any
+# command line), and tuning flags mapped to parameters with their units.
+source "$(dirname "$0")/lib.sh"
+"$HORARUN" -np 3 -H localhost:2,127.0.0.1:2 --fusion-threshold-mb 2 --cycle-time-ms 3.5 \
+  --cache-capacity 7 --log-level info --no-stall-check --peer-timeout-seconds 9 --start-timeout 12 \
+  -x PROBE_EXTRA=hello "$PROBE" env >"$WORK/env.out" 2>"$WORK/env.err"
+rc=$?
+[ $rc -eq 0 ] || fail "horarun exited $rc"
+v() { sed -nE "s/^\[$1\]<stdout>: $2=(.*)$/\1/p" "$WORK/env.out"; }
+check() { [ "$(v "$1" "$2")" = "$3" ] || fail "rank $1: $2 is '$(v "$1" "$2")', expected '$3'"; }
+# rank: local_rank local_size cross_rank cross_size
+exp=("0 2 0 2" "1 2 0 1" "0 1 1 2")
+for r in 0 1 2; do
+  read -r lr ls cr cs <<<"${exp[$r]}"
+  check $r HORA_RANK $r; check $r HORA_SIZE 3
+  check $r HORA_LOCAL_RANK "$lr"; check $r HORA_LOCAL_SIZE "$ls"
+  check $r HORA_CROSS_RANK "$cr"; check $r HORA_CROSS_SIZE "$cs"
+  check $r HORA_STORE_ADDR 127.0.0.1; check $r HORA_STORE_EXTERNAL 1
+  check $r HORA_FUSION_THRESHOLD_BYTES 2097152; check $r HORA_CYCLE_TIME_MS 3.5
+  check $r HORA_CACHE_CAPACITY 7; check $r HORA_LOG_LEVEL info
+  check $r HORA_STALL_SHUTDOWN_TIME_S 0; check $r HORA_PEER_TIMEOUT_S 9
+  check $r PROBE_EXTRA hello; check $r HORA_SECRET set; check $r HORA_SECRET_LEN 64
+  [ "$(v $r HORA_START_TIMEOUT_S | cut -d. -f1)" = 12 ] || fail "rank $r: start timeout not 12"
+  port=$(v $r HORA_STORE_PORT)
+  [ "$port" -gt 0 ] 2>/dev/null || fail "rank $r: bad store port '$port'"
+done
+# Unsupported tuning flags are refused, not silently ignored.
+"$HORARUN" -np 1 --timeline-filename /tmp/x "$PROBE" env >/dev/null 2>"$WORK/timeline.err" && fail "--timeline-filename accepted"
+expect_grep "no timeline" "$WORK/timeline.err" "--timeline-filename refusal not explained"
+# The secret never appears on a command line: run a job and read every
+# process's cmdline while it runs.
+"$HORARUN" -np 2 "$PROBE" train 40 sleep 50 >"$WORK/cmd.out" 2>"$WORK/cmd.err" &
+hr=$!
+wait_for_line "probe ready rank 1" 10 "$WORK/cmd.out" || fail "job did not start"
+secret=$(tr '\0' '\n' </proc/$(sed -nE 's/.*probe ready rank 1 pid ([0-9]+).*/\1/p' "$WORK/cmd.out")/environ | sed -n 's/^HORA_SECRET=//p')
+[ ${#secret} -eq 64 ] || fail "could not read the worker's secret from its environment"
+if cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\0' ' ' | grep -q "$secret"; then fail "secret visible on a command line"; fi
+wait $hr || fail "job with cmdline check failed"
+echo "env contract ok"

@@ -1,0 +1,223 @@
+/*
+ * launcher_probe.c: the worker program of the launcher tests
+ * (the tests/launcher shell scripts). One binary, several behaviours:
+ *
+ *   launcher_probe env              print the HORA_* contract it received
+ *                                   (the secret only as "set, N chars")
+ *   launcher_probe lines N          write N stdout and N stderr lines of
+ *                                   varying length (up to ~9 KB), each in
+ *                                   several write() pieces, so lines from
+ *                                   different ranks arrive interleaved and cut
+ *                                   across reads
+ *   launcher_probe verify NP N STREAM < output
+ *                                   check horarun's forwarded output: every
+ *                                   expected line exactly once, intact, with
+ *                                   the right "[r]<STREAM>: " prefix
+ *   launcher_probe train STEPS [fail R S CODE] [hang R S] [ignore-term] [sleep MS]
+ *                                   allreduce STEPS times; rank R exits with
+ *                                   CODE before step S, or hangs there
+ *                                   (optionally ignoring SIGTERM); prints
+ *                                   "probe ready rank R pid P" after step 1
+ */
+#include <hora/hora.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static int env_int(const char* name) {
+  const char* v = getenv(name);
+  return v ? atoi(v) : -1;
+}
+
+static void write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, p, n);
+    if (w <= 0) return;
+    p += w;
+    n -= (size_t)w;
+  }
+}
+
+/* Line i of rank r on stream s (0 stdout, 1 stderr), without the newline. */
+static size_t make_line(char* buf, int r, int s, int i) {
+  int len = (i * 7919 + r * 131 + s * 17) % 9000;
+  size_t n = (size_t)sprintf(buf, "L r=%d s=%d i=%d len=%d ", r, s, i, len);
+  char c = (char)('a' + (r * 7 + i + s) % 26);
+  memset(buf + n, c, (size_t)len);
+  n += (size_t)len;
+  buf[n++] = '|';
+  return n;
+}
+
+static int do_lines(int n) {
+  int r = env_int("HORA_RANK");
+  static char buf[10000];
+  for (int i = 0; i < n; ++i) {
+    for (int s = 0; s < 2; ++s) {
+      size_t len = make_line(buf, r, s, i);
+      buf[len++] = '\n';
+      int fd = s ? 2 : 1;
+      /* Three pieces: the reader sees partial lines. */
+      size_t a = len / 3, b = 2 * len / 3;
+      write_all(fd, buf, a);
+      write_all(fd, buf + a, b - a);
+      write_all(fd, buf + b, len - b);
+    }
+  }
+  return 0;
+}
+
+static int do_verify(int np, int n, const char* stream) {
+  int s = strcmp(stream, "stderr") == 0;
+  char* seen = calloc((size_t)np * (size_t)n, 1);
+  static char line[20000], expect[10000], prefix[64];
+  long good = 0, bad = 0;
+  while (fgets(line, sizeof(line), stdin)) {
+    size_t len = strlen(line);
+    if (len && line[len - 1] == '\n') line[--len] = 0;
+    int r = -1, i = -1;
+    if (sscanf(line, "[%d]", &r) != 1 || r < 0 || r >= np) continue; /* not a probe line */
+    snprintf(prefix, sizeof(prefix), "[%d]<%s>: ", r, stream);
+    if (strncmp(line, prefix, strlen(prefix)) != 0) {
+      if (bad++ < 5) fprintf(stderr, "bad prefix: %.120s\n", line);
+      continue;
+    }
+    const char* body = line + strlen(prefix);
+    int rr, ss;
+    if (sscanf(body, "L r=%d s=%d i=%d", &rr, &ss, &i) != 3 || rr != r || ss != s || i < 0 ||
+        i >= n) {
+      if (bad++ < 5) fprintf(stderr, "garbled line: %.120s\n", line);
+      continue;
+    }
+    size_t el = make_line(expect, r, s, i);
+    if (strlen(body) != el || memcmp(body, expect, el) != 0) {
+      if (bad++ < 5) fprintf(stderr, "corrupted line (rank %d line %d): %.120s\n", r, i, line);
+      continue;
+    }
+    if (seen[r * n + i]++) {
+      if (bad++ < 5) fprintf(stderr, "duplicate line rank %d line %d\n", r, i);
+      continue;
+    }
+    ++good;
+  }
+  long missing = (long)np * n - good;
+  printf("verify %s: %ld intact lines, %ld bad, %ld missing\n", stream, good, bad, missing);
+  free(seen);
+  return bad == 0 && missing == 0 ? 0 : 1;
+}
+
+static int check(hora_status_t s, const char* what) {
+  if (s == HORA_SUCCESS) return 0;
+  fprintf(stderr, "probe: %s failed: %s\n", what, hora_last_error_message());
+  return 1;
+}
+
+static int do_train(int argc, char** argv) {
+  int steps = atoi(argv[2]);
+  int fail_rank = -1, fail_step = -1, fail_code = 0, hang_rank = -1, hang_step = -1,
+      ignore_term = 0;
+  int sleep_ms = 0;
+  for (int a = 3; a < argc; ++a) {
+    if (!strcmp(argv[a], "fail") && a + 3 < argc) {
+      fail_rank = atoi(argv[a + 1]), fail_step = atoi(argv[a + 2]), fail_code = atoi(argv[a + 3]);
+      a += 3;
+    } else if (!strcmp(argv[a], "hang") && a + 2 < argc) {
+      hang_rank = atoi(argv[a + 1]), hang_step = atoi(argv[a + 2]);
+      a += 2;
+    } else if (!strcmp(argv[a], "ignore-term")) {
+      ignore_term = 1;
+    } else if (!strcmp(argv[a], "sleep") && a + 1 < argc) {
+      sleep_ms = atoi(argv[++a]);
+    }
+  }
+  hora_runtime_t rt = NULL;
+  if (check(hora_init(NULL, &rt), "hora_init")) return 1;
+  int32_t rank = 0;
+  hora_rank(rt, &rank);
+  float data[64];
+  int64_t shape[1] = {64};
+  DLTensor t;
+  memset(&t, 0, sizeof(t));
+  t.data = data;
+  t.device.device_type = kDLCPU;
+  t.ndim = 1;
+  t.dtype.code = kDLFloat;
+  t.dtype.bits = 32;
+  t.dtype.lanes = 1;
+  t.shape = shape;
+  for (int step = 0; step < steps; ++step) {
+    if (rank == fail_rank && step == fail_step) {
+      fprintf(stderr, "probe: rank %d exiting with code %d on purpose at step %d\n", rank,
+              fail_code, step);
+      exit(fail_code);
+    }
+    if (rank == hang_rank && step == hang_step) {
+      if (ignore_term) signal(SIGTERM, SIG_IGN);
+      fprintf(stderr, "probe: rank %d hanging on purpose at step %d%s\n", rank, step,
+              ignore_term ? " (ignoring SIGTERM)" : "");
+      for (;;) pause();
+    }
+    for (int j = 0; j < 64; ++j) data[j] = (float)(rank + j);
+    hora_options_t opt;
+    hora_options_init(&opt);
+    opt.name = "probe.grad";
+    hora_request_t req = NULL;
+    if (check(hora_allreduce_async(rt, &t, &t, &opt, &req), "allreduce") ||
+        check(hora_wait(req, 60.0), "allreduce wait"))
+      return 1;
+    hora_request_free(req);
+    if (step == 1) {
+      printf("probe ready rank %d pid %d\n", rank, (int)getpid());
+      fflush(stdout);
+    }
+    if (sleep_ms) {
+      struct timespec ts = {sleep_ms / 1000, (sleep_ms % 1000) * 1000000L};
+      nanosleep(&ts, NULL);
+    }
+  }
+  printf("probe rank %d done after %d steps\n", rank, steps);
+  return check(hora_shutdown(rt), "hora_shutdown");
+}
+
+static int do_env(void) {
+  static const char* names[] = {"HORA_RANK",
+                                "HORA_SIZE",
+                                "HORA_LOCAL_RANK",
+                                "HORA_LOCAL_SIZE",
+                                "HORA_CROSS_RANK",
+                                "HORA_CROSS_SIZE",
+                                "HORA_STORE_ADDR",
+                                "HORA_STORE_PORT",
+                                "HORA_STORE_EXTERNAL",
+                                "HORA_HOSTNAME",
+                                "HORA_FUSION_THRESHOLD_BYTES",
+                                "HORA_CYCLE_TIME_MS",
+                                "HORA_CACHE_CAPACITY",
+                                "HORA_LOG_LEVEL",
+                                "HORA_START_TIMEOUT_S",
+                                "HORA_STALL_SHUTDOWN_TIME_S",
+                                "HORA_PEER_TIMEOUT_S",
+                                "PROBE_EXTRA"};
+  for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); ++k) {
+    const char* v = getenv(names[k]);
+    printf("%s=%s\n", names[k], v ? v : "<unset>");
+  }
+  const char* secret = getenv("HORA_SECRET");
+  printf("HORA_SECRET=%s\n", secret && *secret ? "set" : "<unset>");
+  printf("HORA_SECRET_LEN=%d\n", secret ? (int)strlen(secret) : 0);
+  fflush(stdout);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc >= 2 && !strcmp(argv[1], "env")) return do_env();
+  if (argc >= 3 && !strcmp(argv[1], "lines")) return do_lines(atoi(argv[2]));
+  if (argc >= 5 && !strcmp(argv[1], "verify"))
+    return do_verify(atoi(argv[2]), atoi(argv[3]), argv[4]);
+  if (argc >= 3 && !strcmp(argv[1], "train")) return do_train(argc, argv);
+  fprintf(stderr, "usage: see the comment at the top of launcher_probe.c\n");
+  return 2;
+}

@@ -1,0 +1,55 @@
+# Helpers shared by the launcher tests (sourced). ctest passes HORARUN, PROBE
+# and TRAIN (the train_linear example); running a script by hand works too
+# when they point at a build.
+set -uo pipefail
+: "${HORARUN:?set HORARUN to build/launcher/horarun}"
+: "${PROBE:?set PROBE to build/tests/launcher_probe}"
+: "${TRAIN:?set TRAIN to build/examples/train_linear}"
+WORK="$(mktemp -d /tmp/horarun-test.XXXXXX)"
+trap 'rm -rf "$WORK"' EXIT
+trap 'exit 1' INT TERM HUP PIPE  # still run the EXIT trap
+
+fail() {
+  echo "FAIL: $*" >&2
+  # A job still running in the background (the test gave up on it): stop it
+  # the way a user would, so nothing is left burning CPU.
+  local j
+  for j in $(jobs -p); do kill -TERM "$j" 2>/dev/null; done
+  [ -z "$(jobs -p)" ] || sleep 3
+  for f in "$WORK"/*.out "$WORK"/*.err; do
+    [ -f "$f" ] && { echo "---- $f (last 40 lines)" >&2; tail -n 40 "$f" >&2; }
+  done
+  exit 1
+}
+skip() {
+  echo "SKIP: $*"
+  exit 77
+}
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+# less_than X Y: X < Y as decimals
+less_than() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
+expect_grep() {  # expect_grep PATTERN FILE WHAT
+  grep -qE -- "$1" "$2" || fail "$3 (no line matching '$1' in $2)"
+}
+# Waits up to $2 seconds for a line matching $1 in file $3.
+wait_for_line() {
+  local deadline=$((SECONDS + $2))
+  while [ $SECONDS -lt $deadline ]; do
+    grep -qE -- "$1" "$3" 2>/dev/null && return 0
+    sleep 0.05
+  done
+  return 1
+}
+# No process left whose pid was printed in "probe ready rank R pid P" lines.
+expect_no_survivors() {
+  local pids
+  pids=$(sed -nE 's/.*probe ready rank [0-9]+ pid ([0-9]+).*/\1/p' "$1")
+  for p in $pids; do
+    if kill -0 "$p" 2>/dev/null && ! grep -q zombie "/proc/$p/status" 2>/dev/null \
+       && [ "$(awk '/^State/ {print $2}' /proc/$p/status 2>/dev/null)" != "Z" ]; then
+      kill -9 "$p" 2>/dev/null
+      fail "worker pid $p survived the job"
+    fi
+  done
+}
