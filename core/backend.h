@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,30 @@ class Backend {
   // In place over `count` elements. `op` is kSum, kMin, kMax or kProduct
   // (averaging is a sum plus a scale, done by the caller).
   virtual Status allreduce(void* data, size_t count, DataType dtype, ReduceOp op) = 0;
+  // An allreduce whose input is produced and whose result is consumed piece by
+  // piece, so that a backend can overlap those copies with its network waits
+  // (the runtime packs fused tensors into `staging` and unpacks them after).
+  // `staging` is scratch of `count` elements owned by the caller. The backend
+  // calls pack(b, e) to fill staging elements [b, e) before it first reads any
+  // of them (sends them or reduces into them), and unpack(b, e) once elements
+  // [b, e) of staging hold their final reduced values (it no longer writes
+  // them; it may still read them). Every element is packed exactly once and
+  // unpacked exactly once; ranges are non-empty and may come in any order and
+  // of any size, and pack(b, e) always precedes unpack of any element of
+  // [b, e). With count == 0 neither is called. `op` as for allreduce.
+  // Thread: both callbacks run on the calling thread, inside this call; they
+  // must not call back into the backend and must not throw. On failure some
+  // ranges may have been packed and some unpacked, not all.
+  // Default: pack(0, count), allreduce(staging, ...), unpack(0, count).
+  virtual Status allreduceGather(void* staging, size_t count, DataType dtype, ReduceOp op,
+                                 const std::function<void(size_t begin, size_t end)>& pack,
+                                 const std::function<void(size_t begin, size_t end)>& unpack) {
+    if (count == 0) return allreduce(staging, count, dtype, op);
+    pack(0, count);
+    Status s = allreduce(staging, count, dtype, op);
+    if (s.isOk()) unpack(0, count);
+    return s;
+  }
   // Rank r contributes counts[r] elements; `out` receives all of them in
   // rank order (sum(counts) elements). `in` may be null when counts[rank]==0.
   virtual Status allgatherv(const void* in, void* out, const std::vector<size_t>& counts,

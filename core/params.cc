@@ -25,7 +25,6 @@ const std::vector<ParamSpec>& paramRegistry() {
       {"HORA_HOSTNAME", ParamType::kString, "", "Address other ranks use to reach this one (default: the store address for local jobs, else this host's name)."},
       {"HORA_CYCLE_TIME_MS", ParamType::kFloat, "1", "Longest time the coordinator waits to gather more ready tensors into one fused batch once work is pending; the thread is woken by new work, never sleeps a fixed cycle."},
       {"HORA_FUSION_THRESHOLD_BYTES", ParamType::kInt, "134217728", "Largest fused batch in bytes (0 disables fusion)."},
-      {"HORA_FUSION_CHUNK_BYTES", ParamType::kInt, "0", "When > 0, fused batches larger than twice this are packed, reduced and unpacked in pipelined chunks of this size on a helper thread. Off by default: on 2 cores with 2+ ranks the CPU is already saturated and the split reduction is slower (bench/README.md)."},
       {"HORA_FUSION_INPLACE_MIN_BYTES", ParamType::kInt, "0", "Within a fused batch, tensors at least this large are reduced in place in their own buffers (no pack/unpack copies); smaller ones share the fusion buffer. 0 packs everything."},
       {"HORA_CACHE_CAPACITY", ParamType::kInt, "1024", "Response-cache entries (0 disables the cache)."},
       {"HORA_STALL_WARNING_TIME_S", ParamType::kFloat, "60", "Seconds a tensor may wait for missing ranks before a warning names it and them."},

@@ -279,6 +279,33 @@ Status GlooBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp
   });
 }
 
+Status GlooBackend::allreduceGather(void* staging, size_t count, DataType dtype, ReduceOp op,
+                                    const std::function<void(size_t, size_t)>& pack,
+                                    const std::function<void(size_t, size_t)>& unpack) {
+  const std::string what = describe("allreduce", count, dtype, op);
+  HORA_RETURN_IF_ERROR(checkUsable(what));
+  if (reduceFunction(dtype, op) == nullptr || !reduceOpSupported(op, dtype)) {
+    return invalidArgument(what + ": unsupported dtype/op");
+  }
+  if (count == 0) return Status::ok();
+  if (staging == nullptr) return invalidArgument(what + ": null buffer");
+  if (size_ == 1) {
+    pack(0, count);
+    unpack(0, count);
+    return Status::ok();
+  }
+  // Same choice as allreduce(), from inputs every rank shares.
+  const size_t bytes = count * dataTypeSize(dtype);
+  if (algorithm_ == Algorithm::kBcube ||
+      (algorithm_ == Algorithm::kAuto && bytes <= kGlooBcubeMaxBytes)) {
+    return Backend::allreduceGather(staging, count, dtype, op, pack, unpack);
+  }
+  const uint32_t tag = nextTag();
+  return guarded(what, [&] {
+    ringAllreduce(static_cast<uint8_t*>(staging), count, dtype, op, tag, pack, unpack);
+  });
+}
+
 Status GlooBackend::allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
                                DataType dtype) {
   const uint64_t total = counts.size() == static_cast<size_t>(size_) ? sumCounts(counts) : 0;

@@ -9,9 +9,10 @@
 //
 // Only Gloo's "new-style" collectives (gloo::allreduce with AllreduceOptions,
 // allgatherv, broadcast, alltoallv, barrier) run on the context, plus hora's
-// own ring reduce-scatter on the context's unbound buffers; the old Algorithm
-// classes are never mixed in (mixing them on one context stalled at 4 ranks).
-// Every call takes a fresh tag so its slots cannot match a previous call's.
+// own ring reduce-scatter and ring allreduce (allreduceGather, gloo_ring.cc)
+// on the context's unbound buffers; the old Algorithm classes are never mixed
+// in (mixing them on one context stalled at 4 ranks). Every call takes a
+// fresh tag so its slots cannot match a previous call's.
 //
 // Failure model: any Gloo exception becomes a Status naming the collective,
 // count and dtype (kRemoteError when a peer closed the connection, kTimeout
@@ -23,6 +24,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -68,6 +70,16 @@ class GlooBackend : public Backend {
   int size() const override { return size_; }
 
   Status allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
+  // Where allreduce() would run bcube (algorithm "bcube", or "auto" up to
+  // kGlooBcubeMaxBytes) this is Backend's default (pack all, allreduce, unpack
+  // all): small payloads are latency-bound and bcube wins there. Otherwise it
+  // runs hora's ring allreduce (gloo_ring.cc), the same schedule as Gloo's
+  // ring, packing each segment just before it is first sent or reduced into
+  // and unpacking it as soon as it is final, so the copies run while this
+  // rank waits for the network.
+  Status allreduceGather(void* staging, size_t count, DataType dtype, ReduceOp op,
+                         const std::function<void(size_t begin, size_t end)>& pack,
+                         const std::function<void(size_t begin, size_t end)>& unpack) override;
   Status allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
                     DataType dtype) override;
   Status broadcast(void* data, size_t count, DataType dtype, int root) override;
@@ -90,6 +102,11 @@ class GlooBackend : public Backend {
   uint32_t nextTag() { return ++tag_; }
   void ringReduceScatter(uint8_t* data, const std::vector<size_t>& counts, DataType dtype,
                          ReduceOp op, uint32_t tag);
+  // The ring behind allreduceGather (gloo_ring.cc); size_ > 1, count > 0.
+  // Throws Gloo's exceptions; the caller wraps it in guarded().
+  void ringAllreduce(uint8_t* data, size_t count, DataType dtype, ReduceOp op, uint32_t tag,
+                     const std::function<void(size_t, size_t)>& pack,
+                     const std::function<void(size_t, size_t)>& unpack);
 
   const std::shared_ptr<gloo::Context> context_;
   const int rank_;

@@ -348,6 +348,82 @@ TEST_P(GlooWorldTest, MixedSequenceKeepsRanksInStep) {
   });
 }
 
+// allreduceGather: every rank's input lives in its own buffer and is copied
+// into the staging buffer only through pack; results leave only through
+// unpack. Counts every element's packs and unpacks and checks that each
+// element is packed before it is unpacked and unpacked with its final value.
+void checkAllreduceGather(World& world, DataType dt, ReduceOp op, size_t count) {
+  const int size = static_cast<int>(world.size());
+  const size_t es = dataTypeSize(dt);
+  std::vector<uint8_t> want(count * es);
+  for (size_t i = 0; i < count; ++i) storeInt(dt, want.data(), i, expectedValue(dt, op, size, i));
+  runRanks(world, [&](int r, Backend& b) {
+    std::vector<uint8_t> in(count * es), staging(count * es + 1), out(count * es + 1, 0xab);
+    for (size_t i = 0; i < count; ++i) storeInt(dt, in.data(), i, inputValue(dt, op, r, i));
+    std::vector<uint8_t> packed(count, 0), unpacked(count, 0);
+    const auto caller = std::this_thread::get_id();
+    bool badRange = false, badThread = false, unpackBeforePack = false, wrongFinal = false;
+    auto pack = [&](size_t lo, size_t hi) {
+      badThread |= std::this_thread::get_id() != caller;
+      if (lo >= hi || hi > count) {
+        badRange = true;
+        return;
+      }
+      for (size_t i = lo; i < hi; ++i) ++packed[i];
+      std::memcpy(staging.data() + lo * es, in.data() + lo * es, (hi - lo) * es);
+    };
+    auto unpack = [&](size_t lo, size_t hi) {
+      badThread |= std::this_thread::get_id() != caller;
+      if (lo >= hi || hi > count) {
+        badRange = true;
+        return;
+      }
+      for (size_t i = lo; i < hi; ++i) {
+        ++unpacked[i];
+        unpackBeforePack |= packed[i] != 1;
+      }
+      wrongFinal |=
+          std::memcmp(staging.data() + lo * es, want.data() + lo * es, (hi - lo) * es) != 0;
+      std::memcpy(out.data() + lo * es, staging.data() + lo * es, (hi - lo) * es);
+    };
+    Status s = b.allreduceGather(staging.data(), count, dt, op, pack, unpack);
+    ASSERT_TRUE(s.isOk()) << s.toString();
+    const std::string where = "rank " + std::to_string(r) + " " + dataTypeName(dt) + " " +
+                              reduceOpName(op) + " count " + std::to_string(count);
+    EXPECT_FALSE(badRange) << where;
+    EXPECT_FALSE(badThread) << where;
+    EXPECT_FALSE(unpackBeforePack) << where;
+    EXPECT_FALSE(wrongFinal) << where;
+    size_t packedOnce = 0, unpackedOnce = 0;
+    for (size_t i = 0; i < count; ++i)
+      packedOnce += packed[i] == 1, unpackedOnce += unpacked[i] == 1;
+    EXPECT_EQ(packedOnce, count) << where;
+    EXPECT_EQ(unpackedOnce, count) << where;
+    EXPECT_EQ(0, std::memcmp(out.data(), want.data(), want.size())) << where;
+    EXPECT_EQ(out[count * es], 0xab) << where;
+  });
+}
+
+TEST_P(GlooWorldTest, AllreduceGatherPacksAndUnpacksEveryElementOnce) {
+  // "ring" runs hora's ring allreduce at every count (many segments empty at
+  // small counts); "auto" takes Backend's default up to kGlooBcubeMaxBytes.
+  for (const char* alg : {"ring", "auto"}) {
+    World world = makeWorld(GetParam(), alg);
+    for (DataType dt : {DataType::kFloat32, DataType::kInt32, DataType::kFloat16}) {
+      for (ReduceOp op : kReduceOps) {
+        for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}, size_t{3000000}}) {
+          checkAllreduceGather(world, dt, op, count);
+        }
+      }
+    }
+    // Interleaved with plain allreduces: tags keep consecutive calls apart.
+    for (int k = 0; k < 3; ++k) {
+      checkAllreduceGather(world, DataType::kFloat32, ReduceOp::kSum, 300007);
+      checkAllreduce(world, DataType::kFloat32, ReduceOp::kSum, 300007);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Sizes, GlooWorldTest, ::testing::Values(1, 2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "size" + std::to_string(info.param);
@@ -388,6 +464,56 @@ TEST(GlooBackendTest, AbortFromAnotherThreadUnblocksACall) {
   const auto again = Clock::now();
   EXPECT_EQ(world[0]->barrier().code(), Code::kRemoteError);
   EXPECT_LT(Clock::now() - again, milliseconds(100));
+}
+
+TEST(GlooBackendTest, AbortUnblocksAllreduceGather) {
+  World world = makeWorld(3, "ring", milliseconds(20000));
+  const size_t count = 3000000;  // many segments of hora's ring
+  const auto start = Clock::now();
+  // Rank 1 never calls; ranks 0 and 2 block; rank 0 is aborted from outside.
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(milliseconds(300));
+    world[0]->abort();
+  });
+  auto noop = [](size_t, size_t) {};
+  Status s2;
+  Clock::duration rank2Elapsed{};
+  std::thread rank2([&] {
+    std::vector<float> w(count, 1.0f);
+    s2 = world[2]->allreduceGather(w.data(), count, DataType::kFloat32, ReduceOp::kSum, noop, noop);
+    rank2Elapsed = Clock::now() - start;
+  });
+  std::vector<float> v(count, 1.0f);
+  Status s0 =
+      world[0]->allreduceGather(v.data(), count, DataType::kFloat32, ReduceOp::kSum, noop, noop);
+  const auto elapsed = Clock::now() - start;
+  aborter.join();
+  EXPECT_EQ(s0.code(), Code::kRemoteError) << s0.toString();
+  EXPECT_NE(s0.message().find("allreduce"), std::string::npos) << s0.toString();
+  EXPECT_LT(elapsed, std::chrono::seconds(3));
+  world[2]->abort();
+  rank2.join();
+  EXPECT_FALSE(s2.isOk());
+  EXPECT_LT(rank2Elapsed, std::chrono::seconds(3));
+  EXPECT_EQ(world[0]
+                ->allreduceGather(v.data(), count, DataType::kFloat32, ReduceOp::kSum, noop, noop)
+                .code(),
+            Code::kRemoteError);
+}
+
+TEST(GlooBackendTest, AllreduceGatherTimesOutOnAStalledPeer) {
+  World world = makeWorld(2, "ring", milliseconds(800));
+  std::vector<float> v(3000000, 1.0f);
+  size_t unpacked = 0;
+  const auto start = Clock::now();
+  Status s = world[0]->allreduceGather(
+      v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, [](size_t, size_t) {},
+      [&](size_t lo, size_t hi) { unpacked += hi - lo; });
+  EXPECT_EQ(s.code(), Code::kTimeout) << s.toString();
+  EXPECT_NE(s.message().find("a peer rank may have died or stalled"), std::string::npos);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+  EXPECT_EQ(unpacked, 0u);
+  EXPECT_FALSE(world[0]->barrier().isOk());
 }
 
 TEST(GlooBackendTest, AbortBeforeAnyCallAndTwice) {

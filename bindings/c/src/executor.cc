@@ -102,14 +102,17 @@ Status ProcessSetImpl::runAllreduce(std::vector<Response>& group,
 
   // Large tensors are reduced where they are: packing them would only add
   // two copies, which on a busy CPU cost as much as the reduction saves.
-  // Every rank splits the group the same way (sizes come from the response).
+  // Every rank must split the group the same way (sizes come from the
+  // response, never from whether this rank has an entry), because the packed
+  // path calls allreduceGather and the other one allreduce, which a backend
+  // may implement with different algorithms.
   size_t inplaceMin = opts_.fusionInplaceMinBytes > 0 ? static_cast<size_t>(opts_.fusionInplaceMinBytes) : SIZE_MAX;
   std::vector<Response> packed;
   std::vector<std::shared_ptr<TensorEntry>> packedEs;
   std::vector<size_t> alone;
   for (size_t i = 0; i < group.size(); ++i) {
     size_t bytes = static_cast<size_t>(group[i].numElements()) * esz;
-    if ((group.size() == 1 && es[i]) || bytes >= inplaceMin) {
+    if (group.size() == 1 || bytes >= inplaceMin) {
       alone.push_back(i);
     } else {
       packed.push_back(group[i]);
@@ -118,35 +121,43 @@ Status ProcessSetImpl::runAllreduce(std::vector<Response>& group,
   }
   auto t0 = std::chrono::steady_clock::now();
   if (!packed.empty()) {
-    size_t total = 0;
-    for (auto& r : packed) total += static_cast<size_t>(r.numElements());
-    if (opts_.fusionChunkBytes > 0 && total * esz > 2 * static_cast<size_t>(opts_.fusionChunkBytes) && size() > 1) {
-      HORA_RETURN_IF_ERROR(runFusedPipelined(packed, packedEs, op, pre, post, what));
-    } else {
-      HORA_RETURN_IF_ERROR(fusion_.reserve(total * esz));
-      char* buf = fusion_.data();
-      size_t off = 0;
-      for (size_t i = 0; i < packed.size(); ++i) {
-        size_t n = static_cast<size_t>(packed[i].numElements());
+    // start[i]: first element of packed tensor i in the fusion buffer.
+    std::vector<size_t> start(packed.size() + 1, 0);
+    for (size_t i = 0; i < packed.size(); ++i)
+      start[i + 1] = start[i] + static_cast<size_t>(packed[i].numElements());
+    size_t total = start.back();
+    HORA_RETURN_IF_ERROR(fusion_.reserve(total * esz));
+    char* buf = fusion_.data();
+    // Applies fn(tensor index, first element within the tensor, element
+    // count, first element within the buffer) to every tensor piece that
+    // overlaps buffer elements [lo, hi).
+    auto forPieces = [&](size_t lo, size_t hi, auto&& fn) {
+      size_t i =
+          static_cast<size_t>(std::upper_bound(start.begin(), start.end(), lo) - start.begin()) - 1;
+      for (; i < packed.size() && start[i] < hi; ++i) {
+        size_t a = std::max(lo, start[i]), b = std::min(hi, start[i + 1]);
+        if (b > a) fn(i, a - start[i], b - a, a);
+      }
+    };
+    // The backend packs and unpacks range by range while it waits for the
+    // network (GlooBackend's ring), or all at once around its allreduce.
+    auto pack = [&](size_t lo, size_t hi) {
+      forPieces(lo, hi, [&](size_t i, size_t off, size_t n, size_t at) {
         if (packedEs[i])
-          scaleCopy(dt, buf + off * esz, packedEs[i]->in, n, pre);
-        else
-          fillIdentity(dt, op, buf + off * esz, n);
-        off += n;
-      }
-      auto tp = std::chrono::steady_clock::now();
-      Status s = backend_->allreduce(buf, total, dt, op);
-      if (!s.isOk()) return backendFailure(s, what);
-      auto tr = std::chrono::steady_clock::now();
-      HORA_LOG(logger_, kDebug) << what << ": pack " << std::chrono::duration<double, std::milli>(tp - t0).count()
-                                << " ms, reduce " << std::chrono::duration<double, std::milli>(tr - tp).count() << " ms";
-      off = 0;
-      for (size_t i = 0; i < packed.size(); ++i) {
-        size_t n = static_cast<size_t>(packed[i].numElements());
-        if (packedEs[i]) scaleCopy(dt, packedEs[i]->out, buf + off * esz, n, post);
-        off += n;
-      }
-    }
+          scaleCopy(dt, buf + at * esz, static_cast<const char*>(packedEs[i]->in) + off * esz, n,
+                    pre);
+        else  // this rank joined: contribute the identity
+          fillIdentity(dt, op, buf + at * esz, n);
+      });
+    };
+    auto unpack = [&](size_t lo, size_t hi) {
+      forPieces(lo, hi, [&](size_t i, size_t off, size_t n, size_t at) {
+        if (packedEs[i])
+          scaleCopy(dt, static_cast<char*>(packedEs[i]->out) + off * esz, buf + at * esz, n, post);
+      });
+    };
+    Status s = backend_->allreduceGather(buf, total, dt, op, pack, unpack);
+    if (!s.isOk()) return backendFailure(s, what);
   }
   auto t1 = std::chrono::steady_clock::now();
   for (size_t i : alone) {
@@ -174,65 +185,6 @@ Status ProcessSetImpl::runAllreduce(std::vector<Response>& group,
                             << " in place in "
                             << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count()
                             << " ms";
-  return Status::ok();
-}
-
-// Chunked pipeline: the copy worker packs chunk k+1 and unpacks chunk k-1
-// while this thread reduces chunk k. Chunks are element ranges of the fused
-// buffer and may cut through tensors.
-Status ProcessSetImpl::runFusedPipelined(std::vector<Response>& group,
-                                         std::vector<std::shared_ptr<TensorEntry>>& es, ReduceOp op,
-                                         double pre, double post, const std::string& what) {
-  DataType dt = group.front().dtype;
-  size_t esz = dataTypeSize(dt);
-  std::vector<size_t> start(group.size() + 1, 0);
-  for (size_t i = 0; i < group.size(); ++i) start[i + 1] = start[i] + static_cast<size_t>(group[i].numElements());
-  size_t total = start.back();
-  HORA_RETURN_IF_ERROR(fusion_.reserve(total * esz));
-  if (!copier_) copier_ = std::make_unique<CopyWorker>();
-  char* buf = fusion_.data();
-  size_t chunk = std::max<size_t>(1, static_cast<size_t>(opts_.fusionChunkBytes) / esz);
-  size_t nchunks = (total + chunk - 1) / chunk;
-  // Applies fn(tensor index, first element within tensor, element count,
-  // first element within the buffer) to every tensor piece of chunk k.
-  auto forPieces = [&, chunk, total](size_t k, auto&& fn) {
-    size_t lo = k * chunk, hi = std::min(total, lo + chunk);
-    size_t i = static_cast<size_t>(std::upper_bound(start.begin(), start.end(), lo) - start.begin()) - 1;
-    for (; i < group.size() && start[i] < hi; ++i) {
-      size_t a = std::max(lo, start[i]), b = std::min(hi, start[i + 1]);
-      if (b > a) fn(i, a - start[i], b - a, a);
-    }
-  };
-  uint64_t base = copier_->submitted();
-  for (size_t k = 0; k < nchunks; ++k)
-    copier_->submit([&, k] {
-      forPieces(k, [&](size_t i, size_t off, size_t n, size_t at) {
-        if (es[i])
-          scaleCopy(dt, buf + at * esz, static_cast<const char*>(es[i]->in) + off * esz, n, pre);
-        else
-          fillIdentity(dt, op, buf + at * esz, n);
-      });
-    });
-  Status failure;
-  size_t reduced = 0;
-  for (size_t k = 0; k < nchunks; ++k) {
-    copier_->waitFor(base + k + 1);  // chunk k packed
-    size_t lo = k * chunk, n = std::min(total, lo + chunk) - lo;
-    Status s = backend_->allreduce(buf + lo * esz, n, dt, op);
-    if (!s.isOk()) {
-      failure = s;
-      break;
-    }
-    ++reduced;
-    copier_->submit([&, k] {
-      forPieces(k, [&](size_t i, size_t off, size_t n2, size_t at) {
-        if (es[i]) scaleCopy(dt, static_cast<char*>(es[i]->out) + off * esz, buf + at * esz, n2, post);
-      });
-    });
-  }
-  // Every task captured locals by reference: wait for all before returning.
-  copier_->waitFor(base + nchunks + reduced);
-  if (!failure.isOk()) return backendFailure(failure, what);
   return Status::ok();
 }
 
