@@ -34,6 +34,7 @@
 // first send, every other segment when its first receive is posted) and
 // unpacked exactly once (chunk r at its first allgather send, the others at
 // their allgather receive).
+#include <deque>
 #include <gloo/common/error.h>
 #include <gloo/context.h>
 #include <gloo/transport/unbound_buffer.h>
@@ -95,9 +96,10 @@ void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, Red
   const size_t segBytes = roundUp((totalBytes + numSegments - 1) / numSegments, es);
   const size_t iterations = numSegments - spr;  // sends (and receives) per phase
 
-  std::unique_ptr<uint8_t[]> scratch(new uint8_t[kDepth * segBytes]);
+  if (ringScratch_.size() < kDepth * segBytes) ringScratch_.resize(kDepth * segBytes);
+  uint8_t* scratch = ringScratch_.data();
   auto dataBuf = context_->createUnboundBuffer(data, totalBytes);
-  auto tmpBuf = context_->createUnboundBuffer(scratch.get(), kDepth * segBytes);
+  auto tmpBuf = context_->createUnboundBuffer(scratch, kDepth * segBytes);
 
   // Byte offset of segment k (mod numSegments) and its length, 0 when it
   // lies past the end of the buffer.
@@ -119,10 +121,28 @@ void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, Red
     dataBuf->send(sendRank, slot, s.offset, s.bytes);
     ++sendsPosted;
   };
+  // Unpacks wait until no send still reads the segment: unpack may rewrite
+  // the staging buffer in place (the executor post-scales there), so a
+  // segment is handed over only once every send posted before it finished.
+  struct PendingUnpack {
+    Segment seg;
+    size_t afterSends;
+  };
+  std::deque<PendingUnpack> pendingUnpacks;
+  auto flushUnpacks = [&] {
+    while (!pendingUnpacks.empty() && pendingUnpacks.front().afterSends <= sendsDone) {
+      call(unpack, pendingUnpacks.front().seg);
+      pendingUnpacks.pop_front();
+    }
+  };
+  auto deferUnpack = [&](const Segment& s) {
+    if (s.bytes > 0) pendingUnpacks.push_back({s, sendsPosted});
+  };
   auto drainSends = [&](size_t keep) {
     for (; sendsPosted - sendsDone > keep; ++sendsDone) {
       checkWait(dataBuf->waitSend(timeout_), "send");
     }
+    flushUnpacks();
   };
 
   // Reduce-scatter. Iteration i first completes receive i-kDepth (reducing
@@ -135,7 +155,7 @@ void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, Red
       if (done.bytes > 0) {
         checkWait(tmpBuf->waitRecv(timeout_), "receive");
         reduce(data + done.offset, data + done.offset,
-               scratch.get() + ((i - kDepth) % kDepth) * segBytes, done.bytes / es);
+               scratch + ((i - kDepth) % kDepth) * segBytes, done.bytes / es);
       }
     }
     if (i < iterations) {
@@ -155,26 +175,29 @@ void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, Red
   drainSends(0);
 
   // Allgather: receive i lands in place; send i is this rank's own chunk for
-  // i < spr (unpacked right after it is posted) and afterwards the segment
-  // received spr iterations earlier.
+  // i < spr and afterwards the segment received spr iterations earlier
+  // (forwarded). A segment is unpacked after its last send has completed, or
+  // right after its receive when it is never forwarded.
   const uint64_t agSlot = ringAllreduceSlot(tag, 1);
+  const size_t forwarded = iterations - spr;  // receives j < forwarded are sent on at j + spr
   for (size_t i = 0; i < iterations + kDepth; ++i) {
-    Segment done{0, 0};
     if (i >= kDepth) {
-      done = segment((r + 1) * spr + i - kDepth);
+      const size_t j = i - kDepth;
+      const Segment done = segment((r + 1) * spr + j);
       if (done.bytes > 0) checkWait(dataBuf->waitRecv(timeout_), "receive");
+      if (j >= forwarded) deferUnpack(done);  // no send reads it: ready now
     }
     if (i < iterations) {
       const Segment recv = segment((r + 1) * spr + i);
       if (recv.bytes > 0) dataBuf->recv(recvRank, agSlot, recv.offset, recv.bytes);
       const Segment out = segment(r * spr + i);
       send(out, agSlot);
-      if (i < spr) call(unpack, out);
+      deferUnpack(out);  // own chunk (i < spr) or a forward: its last send
     }
-    call(unpack, done);
     drainSends(kDepth);
   }
   drainSends(0);
+  if (!pendingUnpacks.empty()) flushUnpacks();
 }
 
 }  // namespace hora

@@ -653,12 +653,6 @@ HORA_API hora_status_t hora_test(hora_request_t r, int32_t* done) {
 HORA_API hora_status_t hora_wait(hora_request_t r, double timeout_s) {
   return guarded("hora_wait", [&]() -> hora_status_t {
     if (!r || r->magic != hora::kRequestMagic) return fail(Code::kInvalidArgument, "hora_wait: invalid request handle");
-    // Small collectives finish within tens of microseconds: spin briefly
-    // (yielding) before sleeping, to skip a futex wake-up on the hot path.
-    auto spinEnd = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
-    while (!r->state->doneFlag.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < spinEnd &&
-           timeout_s != 0)
-      std::this_thread::yield();
     std::unique_lock<std::mutex> lk(r->state->mu);
     auto isDone = [&] { return r->state->done; };
     if (timeout_s != timeout_s) return fail(Code::kInvalidArgument, "hora_wait: timeout is NaN");

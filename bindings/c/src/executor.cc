@@ -161,24 +161,32 @@ Status ProcessSetImpl::runAllreduce(std::vector<Response>& group,
   }
   auto t1 = std::chrono::steady_clock::now();
   for (size_t i : alone) {
+    // Reduced where it lies: the output buffer is the staging area, so the
+    // ring's "pack" is the input->output copy (or the prescale in place) and
+    // runs segment by segment inside the network waits, like the fused path.
     size_t n = static_cast<size_t>(group[i].numElements());
-    void* data;
-    if (es[i]) {
-      TensorEntry& e = *es[i];
-      if (e.in != e.out) {
-        scaleCopy(dt, e.out, e.in, n, pre);
-      } else if (pre != 1.0) {
-        scaleInPlace(dt, e.out, n, pre);
-      }
-      data = e.out;
+    TensorEntry* e = es[i].get();
+    char* data;
+    if (e) {
+      data = static_cast<char*>(e->out);
     } else {  // this rank joined: contribute the identity
       HORA_RETURN_IF_ERROR(fusion_.reserve(n * esz));
       data = fusion_.data();
-      fillIdentity(dt, op, data, n);
     }
-    Status s = backend_->allreduce(data, n, dt, op);
+    auto pack = [&](size_t lo, size_t hi) {
+      if (!e) {
+        fillIdentity(dt, op, data + lo * esz, hi - lo);
+      } else if (e->in != e->out) {
+        scaleCopy(dt, data + lo * esz, static_cast<const char*>(e->in) + lo * esz, hi - lo, pre);
+      } else if (pre != 1.0) {
+        scaleInPlace(dt, data + lo * esz, hi - lo, pre);
+      }
+    };
+    auto unpack = [&](size_t lo, size_t hi) {
+      if (e && post != 1.0) scaleInPlace(dt, data + lo * esz, hi - lo, post);
+    };
+    Status s = backend_->allreduceGather(data, n, dt, op, pack, unpack);
     if (!s.isOk()) return backendFailure(s, what);
-    if (es[i] && post != 1.0) scaleInPlace(dt, data, n, post);
   }
   HORA_LOG(logger_, kDebug) << what << ": " << packed.size() << " packed in "
                             << std::chrono::duration<double, std::milli>(t1 - t0).count() << " ms, " << alone.size()

@@ -30,7 +30,6 @@ void RequestState::completeEntry(const Status& s) {
   {
     std::lock_guard<std::mutex> lk(mu);
     done = true;
-    doneFlag = true;
   }
   cv.notify_all();
 }

@@ -28,7 +28,6 @@ struct RequestState {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;           // guarded by mu; waiters wake on it
-  std::atomic<bool> doneFlag{false};  // mirrors done, for lock-free spinning in hora_wait
   bool resultsReady = false;   // guarded by mu; set before the callback runs
   Status status;               // guarded by mu; first failure wins
   int remaining = 0;           // entries not yet completed; guarded by mu
