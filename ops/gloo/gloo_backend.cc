@@ -261,7 +261,9 @@ Status GlooBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp
   Algorithm alg = algorithm_;
   if (alg == Algorithm::kAuto) {
     // Same inputs on every rank, so every rank picks the same algorithm.
-    alg = count * elementSize <= kGlooBcubeMaxBytes ? Algorithm::kBcube : Algorithm::kRing;
+    alg = count * elementSize >= kGlooBcubeMinBytes && count * elementSize <= kGlooBcubeMaxBytes
+              ? Algorithm::kBcube
+              : Algorithm::kRing;
   }
   const uint32_t tag = nextTag();
   return guarded(what, [&] {
@@ -296,8 +298,9 @@ Status GlooBackend::allreduceGather(void* staging, size_t count, DataType dtype,
   }
   // Same choice as allreduce(), from inputs every rank shares.
   const size_t bytes = count * dataTypeSize(dtype);
-  if (algorithm_ == Algorithm::kBcube ||
-      (algorithm_ == Algorithm::kAuto && bytes <= kGlooBcubeMaxBytes)) {
+  // Up to 1 MiB latency dominates: Gloo's own allreduce (ring or bcube as
+  // allreduce() chooses); above it, the ring that overlaps pack/unpack.
+  if (algorithm_ == Algorithm::kBcube || bytes <= kGlooBcubeMaxBytes) {
     return Backend::allreduceGather(staging, count, dtype, op, pack, unpack);
   }
   const uint32_t tag = nextTag();

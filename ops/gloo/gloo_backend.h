@@ -55,6 +55,8 @@ struct GlooBackendOptions {
 // Allreduce payloads below this many bytes use bcube under "auto"; larger ones
 // use ring (see the measurements in gloo_backend.cc).
 constexpr size_t kGlooBcubeMaxBytes = 1024 * 1024;
+// Below this ring wins again for tiny messages (4 ranks on 2 cores, bench/README.md).
+constexpr size_t kGlooBcubeMinBytes = 1024;
 
 class GlooBackend : public Backend {
  public:
