@@ -14,6 +14,8 @@
 using hora::Code;
 using hora::Status;
 using hora::capi::clearError;
+using hora::capi::fail;
+using hora::capi::guarded;
 using hora::capi::setError;
 
 namespace {
@@ -62,24 +64,6 @@ void bury(void* handle) {
   graveyard().push_back(handle);
 }
 
-// Runs `body` with every exception turned into an internal-error status.
-template <typename F>
-hora_status_t guarded(const char* fn, F&& body) {
-  clearError();
-  try {
-    return body();
-  } catch (const std::bad_alloc&) {
-    return setError(HORA_ERR_SYSTEM, std::string(fn) + ": out of memory");
-  } catch (const std::exception& e) {
-    return setError(HORA_ERR_INTERNAL, std::string(fn) + ": unexpected exception: " + e.what());
-  } catch (...) {
-    return setError(HORA_ERR_INTERNAL, std::string(fn) + ": unexpected non-standard exception");
-  }
-}
-
-hora_status_t fail(Code code, const std::string& msg) {
-  return setError(static_cast<hora_status_t>(code), msg);
-}
 
 // Validates a runtime handle; on success holds its shared lock.
 struct RuntimeRef {

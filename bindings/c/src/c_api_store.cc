@@ -15,6 +15,8 @@
 
 using hora::Code;
 using hora::capi::clearError;
+using hora::capi::fail;
+using hora::capi::guarded;
 using hora::capi::setError;
 
 namespace {
@@ -28,23 +30,6 @@ struct hora_store_server_s {
 
 namespace {
 
-template <typename F>
-hora_status_t guarded(const char* fn, F&& body) {
-  clearError();
-  try {
-    return body();
-  } catch (const std::bad_alloc&) {
-    return setError(HORA_ERR_SYSTEM, std::string(fn) + ": out of memory");
-  } catch (const std::exception& e) {
-    return setError(HORA_ERR_INTERNAL, std::string(fn) + ": unexpected exception: " + e.what());
-  } catch (...) {
-    return setError(HORA_ERR_INTERNAL, std::string(fn) + ": unexpected non-standard exception");
-  }
-}
-
-hora_status_t fail(Code code, const std::string& msg) {
-  return setError(static_cast<hora_status_t>(code), msg);
-}
 
 // The store has no runtime to take a logger from: the level comes from
 // HORA_LOG_LEVEL (default warning, which shows refused clients).
