@@ -113,7 +113,10 @@ Result<std::unique_ptr<ProcessSetImpl>> ProcessSetImpl::create(std::string name,
   cbs.onPeerLost = [self](int peer, Status why) { self->onPeerLost(peer, std::move(why)); };
   ps->cp_->start(std::move(cbs));
   if (rank == 0) self->stallTick();
-  ps->controlThread_ = std::thread([self] { self->cp_->run(); });
+  ps->controlThread_ = std::thread([self] {
+    self->controlThreadId_ = std::this_thread::get_id();
+    self->cp_->run();
+  });
   ps->executorThread_ = std::thread([self] { self->executorLoop(); });
   return ps;
 }
@@ -510,7 +513,7 @@ void ProcessSetImpl::markBroken(Status why) {
     HORA_LOG(logger_, kError) << "process set " << name_ << " failed: " << why.message();
   // Failures found off the control thread (the executor's data plane) reach
   // the peers through it; abortSet() on the control thread already did this.
-  if (size() > 1 && cp_ && std::this_thread::get_id() != controlThread_.get_id() && !stopping_)
+  if (size() > 1 && cp_ && std::this_thread::get_id() != controlThreadId_.load() && !stopping_)
     boost::asio::post(cp_->io(), [this, why] { sendAbort(cp_->isCoordinator() ? -1 : 0, why); });
   // A collective stuck on a vanished peer must not wait for the data-plane
   // timeout. A goodbye is different: that peer finished everything agreed
@@ -548,7 +551,7 @@ std::shared_ptr<TensorEntry> ProcessSetImpl::takeEntry(const std::string& name) 
 
 void ProcessSetImpl::shutdown(const std::string& reason) {
   std::lock_guard<std::mutex> once(shutdownMu_);  // concurrent destroy/shutdown calls run it once
-  if (controlThread_.joinable() && std::this_thread::get_id() == controlThread_.get_id()) {
+  if (std::this_thread::get_id() == controlThreadId_.load()) {
     // Called from a completion callback on the control thread: joining itself would crash.
     HORA_LOG(logger_, kError) << "hora_shutdown called from a completion callback; ignored (callbacks must not "
                                  "call blocking hora functions)";

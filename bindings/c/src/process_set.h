@@ -160,6 +160,9 @@ class ProcessSetImpl {
   std::atomic<uint64_t> autoNameCounters_[static_cast<int>(CollectiveKind::kCount)] = {};
 
   std::thread controlThread_;
+  // Set by the control thread itself when it starts (reading controlThread_
+  // from that thread would race with its assignment in create()).
+  std::atomic<std::thread::id> controlThreadId_{};
   std::thread executorThread_;
 };
 
