@@ -48,7 +48,8 @@ Result<tcp::endpoint> resolve(asio::io_context& io, const std::string& host, int
 }
 
 // Runs handlers on this thread until done() or the deadline.
-bool runUntil(asio::io_context& io, const std::function<bool()>& done, SteadyClock::time_point deadline) {
+bool runUntil(asio::io_context& io, const std::function<bool()>& done,
+              SteadyClock::time_point deadline) {
   while (!done()) {
     auto now = SteadyClock::now();
     if (now >= deadline) return false;
@@ -61,14 +62,22 @@ bool runUntil(asio::io_context& io, const std::function<bool()>& done, SteadyClo
 
 const char* frameTypeName(FrameType t) {
   switch (t) {
-    case FrameType::kHello: return "hello";
-    case FrameType::kWelcome: return "welcome";
-    case FrameType::kRequests: return "requests";
-    case FrameType::kResponses: return "responses";
-    case FrameType::kNack: return "nack";
-    case FrameType::kHeartbeat: return "heartbeat";
-    case FrameType::kAbort: return "abort";
-    case FrameType::kGoodbye: return "goodbye";
+    case FrameType::kHello:
+      return "hello";
+    case FrameType::kWelcome:
+      return "welcome";
+    case FrameType::kRequests:
+      return "requests";
+    case FrameType::kResponses:
+      return "responses";
+    case FrameType::kNack:
+      return "nack";
+    case FrameType::kHeartbeat:
+      return "heartbeat";
+    case FrameType::kAbort:
+      return "abort";
+    case FrameType::kGoodbye:
+      return "goodbye";
   }
   return "unknown";
 }
@@ -99,8 +108,10 @@ ControlPlane::~ControlPlane() {
 std::string ControlPlane::peerName(int peer) const {
   int global = peer < static_cast<int>(opts_.globalRanks.size()) ? opts_.globalRanks[peer] : peer;
   std::string s = "rank " + std::to_string(global);
-  if (opts_.setName != "global") s += " (rank " + std::to_string(peer) + " of set " + opts_.setName + ")";
-  if (peer >= 0 && peer < static_cast<int>(peers_.size()) && peers_[peer] && !peers_[peer]->addr.empty())
+  if (opts_.setName != "global")
+    s += " (rank " + std::to_string(peer) + " of set " + opts_.setName + ")";
+  if (peer >= 0 && peer < static_cast<int>(peers_.size()) && peers_[peer] &&
+      !peers_[peer]->addr.empty())
     s += " at " + peers_[peer]->addr;
   return s;
 }
@@ -110,7 +121,8 @@ Result<std::unique_ptr<ControlPlane>> ControlPlane::create(std::shared_ptr<Store
                                                            Logger logger) {
   std::unique_ptr<ControlPlane> cp(new ControlPlane(std::move(options), std::move(logger)));
   if (cp->opts_.size > 1) {
-    Status s = cp->isCoordinator() ? cp->rendezvousCoordinator(*store) : cp->rendezvousWorker(*store);
+    Status s =
+        cp->isCoordinator() ? cp->rendezvousCoordinator(*store) : cp->rendezvousWorker(*store);
     if (!s.isOk()) return s;
   }
   return cp;
@@ -140,7 +152,8 @@ Status ControlPlane::rendezvousCoordinator(Store& store) {
   auto st = std::make_shared<State>();
   st->token = randomToken();
   int port = acceptor.local_endpoint().port();
-  HORA_RETURN_IF_ERROR(store.set("ctrl", opts_.hostname + " " + std::to_string(port) + " " + st->token));
+  HORA_RETURN_IF_ERROR(
+      store.set("ctrl", opts_.hostname + " " + std::to_string(port) + " " + st->token));
 
   peers_.assign(opts_.size, nullptr);
   std::weak_ptr<State> weak = st;
@@ -158,49 +171,58 @@ Status ControlPlane::rendezvousCoordinator(Store& store) {
       p->sock.set_option(tcp::no_delay(true), e2);
       st2->acceptNext();
       // Hello: u32 len, u8 type, then magic, i32 rank, token.
-      asio::async_read(p->sock, asio::buffer(p->hdr, 5), [this, weak, p](boost::system::error_code rec, size_t) {
-        auto st3 = weak.lock();
-        if (!st3 || !st3->open) return;
-        uint32_t len = 0;
-        std::memcpy(&len, p->hdr, 4);
-        if (rec || static_cast<FrameType>(p->hdr[4]) != FrameType::kHello || len < 2 || len > 4096) {
-          HORA_LOG(logger_, kWarning) << "control plane of set " << opts_.setName
-                                      << ": rejected connection from " << p->addr
-                                      << ": not a hora hello (stray client or port scan?)";
-          return;
-        }
-        p->body.resize(len - 1);
-        asio::async_read(p->sock, asio::buffer(&p->body[0], len - 1), [this, weak, p](boost::system::error_code rec2, size_t) {
-          auto st4 = weak.lock();
-          if (rec2 || !st4 || !st4->open) return;
-          ByteReader rd(p->body);
-          std::string magic, tok;
-          int32_t rank = -1;
-          Status s = rd.str(&magic, "magic", 64);
-          if (s.isOk()) s = rd.i32(&rank, "rank");
-          if (s.isOk()) s = rd.str(&tok, "token", 256);
-          std::string why;
-          if (!s.isOk() || magic != kHelloMagic) why = "malformed hello";
-          else if (tok != st4->token) why = "wrong session token";
-          else if (rank <= 0 || rank >= opts_.size) why = "rank " + std::to_string(rank) + " out of range";
-          else if (peers_[rank]) why = "rank " + std::to_string(rank) + " connected twice";
-          if (!why.empty()) {
-            HORA_LOG(logger_, kWarning) << "control plane of set " << opts_.setName
-                                        << ": rejected connection from " << p->addr << ": " << why;
-            boost::system::error_code ce;
-            p->sock.close(ce);
-            return;
-          }
-          p->rank = rank;
-          peers_[rank] = p;
-          ++st4->connected;
-        });
-      });
+      asio::async_read(
+          p->sock, asio::buffer(p->hdr, 5), [this, weak, p](boost::system::error_code rec, size_t) {
+            auto st3 = weak.lock();
+            if (!st3 || !st3->open) return;
+            uint32_t len = 0;
+            std::memcpy(&len, p->hdr, 4);
+            if (rec || static_cast<FrameType>(p->hdr[4]) != FrameType::kHello || len < 2 ||
+                len > 4096) {
+              HORA_LOG(logger_, kWarning)
+                  << "control plane of set " << opts_.setName << ": rejected connection from "
+                  << p->addr << ": not a hora hello (stray client or port scan?)";
+              return;
+            }
+            p->body.resize(len - 1);
+            asio::async_read(p->sock, asio::buffer(&p->body[0], len - 1),
+                             [this, weak, p](boost::system::error_code rec2, size_t) {
+                               auto st4 = weak.lock();
+                               if (rec2 || !st4 || !st4->open) return;
+                               ByteReader rd(p->body);
+                               std::string magic, tok;
+                               int32_t rank = -1;
+                               Status s = rd.str(&magic, "magic", 64);
+                               if (s.isOk()) s = rd.i32(&rank, "rank");
+                               if (s.isOk()) s = rd.str(&tok, "token", 256);
+                               std::string why;
+                               if (!s.isOk() || magic != kHelloMagic)
+                                 why = "malformed hello";
+                               else if (tok != st4->token)
+                                 why = "wrong session token";
+                               else if (rank <= 0 || rank >= opts_.size)
+                                 why = "rank " + std::to_string(rank) + " out of range";
+                               else if (peers_[rank])
+                                 why = "rank " + std::to_string(rank) + " connected twice";
+                               if (!why.empty()) {
+                                 HORA_LOG(logger_, kWarning)
+                                     << "control plane of set " << opts_.setName
+                                     << ": rejected connection from " << p->addr << ": " << why;
+                                 boost::system::error_code ce;
+                                 p->sock.close(ce);
+                                 return;
+                               }
+                               p->rank = rank;
+                               peers_[rank] = p;
+                               ++st4->connected;
+                             });
+          });
     });
   };
   st->acceptNext();
   auto deadline = SteadyClock::now() + opts_.startTimeout;
-  bool ok = runUntil(io_, [&] { return st->connected == opts_.size - 1; }, deadline);
+  bool ok = runUntil(
+      io_, [&] { return st->connected == opts_.size - 1; }, deadline);
   st->open = false;
   acceptor.close(ec);
   // Close every accepted socket that did not become a peer, so no handler
@@ -213,11 +235,14 @@ Status ControlPlane::rendezvousCoordinator(Store& store) {
   if (!ok) {
     std::string missing;
     for (int r = 1; r < opts_.size; ++r)
-      if (!peers_[r]) missing += (missing.empty() ? "" : ",") + std::to_string(opts_.globalRanks.empty() ? r : opts_.globalRanks[r]);
-    return timeoutError("process set " + opts_.setName + ": ranks " + missing +
-                        " did not connect to the coordinator within " +
-                        std::to_string(opts_.startTimeout.count() / 1000) +
-                        " s (HORA_START_TIMEOUT_S): were they started, with the same HORA_SIZE and store?");
+      if (!peers_[r])
+        missing += (missing.empty() ? "" : ",") +
+                   std::to_string(opts_.globalRanks.empty() ? r : opts_.globalRanks[r]);
+    return timeoutError(
+        "process set " + opts_.setName + ": ranks " + missing +
+        " did not connect to the coordinator within " +
+        std::to_string(opts_.startTimeout.count() / 1000) +
+        " s (HORA_START_TIMEOUT_S): were they started, with the same HORA_SIZE and store?");
   }
   for (int r = 1; r < opts_.size; ++r) {
     std::string f = frame(FrameType::kWelcome, "");
@@ -252,7 +277,8 @@ Status ControlPlane::rendezvousWorker(Store& store) {
       ec = cec;
       finished = true;
     });
-    if (!runUntil(io_, [&] { return finished; }, deadline)) {
+    if (!runUntil(
+            io_, [&] { return finished; }, deadline)) {
       p->sock.close(ec);
       io_.restart();
       io_.poll();
@@ -273,14 +299,16 @@ Status ControlPlane::rendezvousWorker(Store& store) {
   w.str(token);
   std::string f = frame(FrameType::kHello, w.take());
   asio::write(p->sock, asio::buffer(f), ec);
-  if (ec) return systemError("cannot say hello to the coordinator at " + p->addr + ": " + ec.message());
+  if (ec)
+    return systemError("cannot say hello to the coordinator at " + p->addr + ": " + ec.message());
   bool got = false;
   boost::system::error_code rec;
   asio::async_read(p->sock, asio::buffer(p->hdr, 5), [&](boost::system::error_code e, size_t) {
     rec = e;
     got = true;
   });
-  if (!runUntil(io_, [&] { return got; }, deadline)) {
+  if (!runUntil(
+          io_, [&] { return got; }, deadline)) {
     p->sock.close(ec);
     io_.restart();
     io_.poll();
@@ -289,15 +317,16 @@ Status ControlPlane::rendezvousWorker(Store& store) {
                         " before the start timeout (are other ranks missing?)");
   }
   if (rec || static_cast<FrameType>(p->hdr[4]) != FrameType::kWelcome)
-    return protocolError("the coordinator at " + p->addr + " refused rank " + std::to_string(opts_.rank) +
-                         (rec ? ": " + rec.message() : ""));
+    return protocolError("the coordinator at " + p->addr + " refused rank " +
+                         std::to_string(opts_.rank) + (rec ? ": " + rec.message() : ""));
   return Status::ok();
 }
 
 void ControlPlane::start(ControlPlaneCallbacks callbacks) {
   cb_ = std::move(callbacks);
   io_.restart();
-  work_ = std::make_unique<asio::executor_work_guard<asio::io_context::executor_type>>(io_.get_executor());
+  work_ = std::make_unique<asio::executor_work_guard<asio::io_context::executor_type>>(
+      io_.get_executor());
   for (auto& p : peers_)
     if (p) {
       p->lastHeard = SteadyClock::now();
@@ -320,25 +349,26 @@ void ControlPlane::stop() {
 }
 
 void ControlPlane::readHeader(std::shared_ptr<Peer> p) {
-  asio::async_read(p->sock, asio::buffer(p->hdr, 5), [this, p](boost::system::error_code ec, size_t) {
-    if (p->lost) return;
-    if (ec) {
-      lose(p, Status(Code::kRemoteError,
-                     peerName(p->rank) + " closed its control connection (" + ec.message() +
-                         "): the process exited, crashed or was killed"));
-      return;
-    }
-    uint32_t len = 0;
-    std::memcpy(&len, p->hdr, 4);
-    uint8_t type = static_cast<uint8_t>(p->hdr[4]);
-    if (len < 1 || len > kMaxFrameBytes || type < 1 || type > 8) {
-      lose(p, protocolError("malformed control frame from " + peerName(p->rank) + " (type " +
-                            std::to_string(type) + ", length " + std::to_string(len) +
-                            "): is a different program or hora version talking to this port?"));
-      return;
-    }
-    readBody(p, len - 1);
-  });
+  asio::async_read(
+      p->sock, asio::buffer(p->hdr, 5), [this, p](boost::system::error_code ec, size_t) {
+        if (p->lost) return;
+        if (ec) {
+          lose(p, Status(Code::kRemoteError, peerName(p->rank) +
+                                                 " closed its control connection (" + ec.message() +
+                                                 "): the process exited, crashed or was killed"));
+          return;
+        }
+        uint32_t len = 0;
+        std::memcpy(&len, p->hdr, 4);
+        uint8_t type = static_cast<uint8_t>(p->hdr[4]);
+        if (len < 1 || len > kMaxFrameBytes || type < 1 || type > 8) {
+          lose(p, protocolError("malformed control frame from " + peerName(p->rank) + " (type " +
+                                std::to_string(type) + ", length " + std::to_string(len) +
+                                "): is a different program or hora version talking to this port?"));
+          return;
+        }
+        readBody(p, len - 1);
+      });
 }
 
 void ControlPlane::readBody(std::shared_ptr<Peer> p, uint32_t len) {
@@ -347,7 +377,8 @@ void ControlPlane::readBody(std::shared_ptr<Peer> p, uint32_t len) {
   asio::async_read(p->sock, buf, [this, p](boost::system::error_code ec, size_t) {
     if (p->lost) return;
     if (ec) {
-      lose(p, Status(Code::kRemoteError, peerName(p->rank) + " closed its control connection mid-message (" +
+      lose(p, Status(Code::kRemoteError, peerName(p->rank) +
+                                             " closed its control connection mid-message (" +
                                              ec.message() + ")"));
       return;
     }
@@ -359,8 +390,9 @@ void ControlPlane::readBody(std::shared_ptr<Peer> p, uint32_t len) {
       if (!p->saidGoodbye) {
         p->saidGoodbye = true;
         if (!closing_ && cb_.onPeerLost)
-          cb_.onPeerLost(isCoordinator() ? p->rank : 0,
-                         Status(Code::kShutDown, peerName(p->rank) + " has shut down (called hora_shutdown)"));
+          cb_.onPeerLost(
+              isCoordinator() ? p->rank : 0,
+              Status(Code::kShutDown, peerName(p->rank) + " has shut down (called hora_shutdown)"));
         updateDone();
       }
     } else if (type != FrameType::kHeartbeat && cb_.onFrame) {
@@ -406,17 +438,19 @@ void ControlPlane::flush(std::shared_ptr<Peer> p) {
     return;
   }
   p->writing = true;
-  asio::async_write(p->sock, asio::buffer(p->outq.front()), [this, p](boost::system::error_code ec, size_t) {
-    if (ec) {
-      p->outq.clear();
-      p->writing = false;
-      if (!p->lost && !closing_)
-        lose(p, Status(Code::kRemoteError, "cannot send to " + peerName(p->rank) + ": " + ec.message()));
-      return;
-    }
-    p->outq.pop_front();
-    flush(p);
-  });
+  asio::async_write(
+      p->sock, asio::buffer(p->outq.front()), [this, p](boost::system::error_code ec, size_t) {
+        if (ec) {
+          p->outq.clear();
+          p->writing = false;
+          if (!p->lost && !closing_)
+            lose(p, Status(Code::kRemoteError,
+                           "cannot send to " + peerName(p->rank) + ": " + ec.message()));
+          return;
+        }
+        p->outq.pop_front();
+        flush(p);
+      });
 }
 
 void ControlPlane::lose(const std::shared_ptr<Peer>& p, Status why) {
@@ -459,7 +493,8 @@ void ControlPlane::closeGracefully() {
   closing_ = true;
   timer_.cancel();
   for (auto& p : peers_)
-    if (p && !p->lost) send(p->rank < 0 ? 0 : (isCoordinator() ? p->rank : 0), FrameType::kGoodbye, "");
+    if (p && !p->lost)
+      send(p->rank < 0 ? 0 : (isCoordinator() ? p->rank : 0), FrameType::kGoodbye, "");
   updateDone();
 }
 

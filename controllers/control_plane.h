@@ -20,8 +20,8 @@
 // dropped and logged (a stray client), after it the peer is treated as lost.
 #pragma once
 
-#include <boost/asio.hpp>
 #include <atomic>
+#include <boost/asio.hpp>
 #include <chrono>
 #include <deque>
 #include <functional>

@@ -41,7 +41,8 @@ std::string describeDisagreement(const std::vector<std::pair<int, std::string>>&
 std::string shapeText(const Request& r) { return describeTensor(r.dtype, r.shape); }
 
 std::string trailingShape(const Request& r) {
-  std::vector<int64_t> rest(r.shape.size() > 1 ? r.shape.begin() + 1 : r.shape.end(), r.shape.end());
+  std::vector<int64_t> rest(r.shape.size() > 1 ? r.shape.begin() + 1 : r.shape.end(),
+                            r.shape.end());
   std::string s = dataTypeName(r.dtype);
   s += "[*";
   for (int64_t d : rest) s += "," + std::to_string(d);
@@ -74,7 +75,9 @@ FusionKey keyOf(const Response& r) {
 }  // namespace
 
 Coordinator::Coordinator(CoordinatorOptions options, ResponseCache* cache, Logger logger)
-    : opts_(std::move(options)), cache_(cache), logger_(std::move(logger)),
+    : opts_(std::move(options)),
+      cache_(cache),
+      logger_(std::move(logger)),
       joined_(opts_.size, false) {}
 
 Status Coordinator::onRequests(int rank, const RequestList& list, Clock::time_point now,
@@ -205,8 +208,7 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
   };
   std::string err;
   err = compare("operation", [](const Request& q) { return std::string(collectiveName(q.kind)); });
-  if (err.empty())
-    err = compare("device", [](const Request& q) { return deviceName(q.device); });
+  if (err.empty()) err = compare("device", [](const Request& q) { return deviceName(q.device); });
   if (err.empty()) {
     switch (first->kind) {
       case CollectiveKind::kAllreduce:
@@ -229,8 +231,8 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
         break;
     }
   }
-  if (err.empty() &&
-      (first->kind == CollectiveKind::kAllreduce || first->kind == CollectiveKind::kReducescatter)) {
+  if (err.empty() && (first->kind == CollectiveKind::kAllreduce ||
+                      first->kind == CollectiveKind::kReducescatter)) {
     err = compare("reduction op", [](const Request& q) { return std::string(reduceOpName(q.op)); });
     if (err.empty()) err = compare("scale factors", scaleText);
   }
@@ -267,11 +269,12 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
       bool bad = q->splits.size() != static_cast<size_t>(opts_.size);
       for (int64_t v : q->splits) bad |= v < 0, sum += v;
       if (bad || sum != q->shape[0])
-        return fail(Code::kInvalidArgument, "alltoall \"" + name + "\": rank " + std::to_string(global(q->rank)) + " sent " +
-                                                std::to_string(q->splits.size()) + " splits summing to " +
-                                                std::to_string(sum) + " for " + std::to_string(q->shape[0]) +
-                                                " rows in a set of " + std::to_string(opts_.size) +
-                                                " ranks; splits must have one entry per rank and sum to dimension 0");
+        return fail(Code::kInvalidArgument,
+                    "alltoall \"" + name + "\": rank " + std::to_string(global(q->rank)) +
+                        " sent " + std::to_string(q->splits.size()) + " splits summing to " +
+                        std::to_string(sum) + " for " + std::to_string(q->shape[0]) +
+                        " rows in a set of " + std::to_string(opts_.size) +
+                        " ranks; splits must have one entry per rank and sum to dimension 0");
     }
     resp.sizes.assign(static_cast<size_t>(opts_.size) * opts_.size, 0);
     for (const Request* q : present)
@@ -321,9 +324,10 @@ std::vector<std::string> Coordinator::inspectStalls(Clock::time_point now) {
   std::vector<std::string> expired;
   for (auto& [name, p] : table_) {
     double waited = std::chrono::duration<double>(now - p.first).count();
-    const Request& any = *std::find_if(p.byRank.begin(), p.byRank.end(),
-                                       [](const auto& o) { return o.has_value(); })
-                              ->operator->();
+    const Request& any =
+        *std::find_if(p.byRank.begin(), p.byRank.end(), [](const auto& o) { return o.has_value(); })
+             ->
+             operator->();
     std::vector<int> have;
     for (int r = 0; r < opts_.size; ++r)
       if (p.byRank[r]) have.push_back(global(r));

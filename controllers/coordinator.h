@@ -88,7 +88,8 @@ class Coordinator {
   Response constructResponse(const std::string& name, Pending& p);
   std::vector<int> missingRanks(const Pending& p) const;  // global ranks
   int global(int setRank) const {
-    return setRank < static_cast<int>(opts_.globalRanks.size()) ? opts_.globalRanks[setRank] : setRank;
+    return setRank < static_cast<int>(opts_.globalRanks.size()) ? opts_.globalRanks[setRank]
+                                                                : setRank;
   }
 
   CoordinatorOptions opts_;

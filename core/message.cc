@@ -124,7 +124,8 @@ void encodeResponse(ByteWriter& w, const Response& r) {
 Status decodeResponse(ByteReader& rd, Response* r) {
   uint8_t kind, dtype, op, dev;
   HORA_RETURN_IF_ERROR(rd.u8(&kind, "response kind"));
-  HORA_RETURN_IF_ERROR(enumCheck(kind, static_cast<uint8_t>(ResponseKind::kError) + 1, "response kind"));
+  HORA_RETURN_IF_ERROR(
+      enumCheck(kind, static_cast<uint8_t>(ResponseKind::kError) + 1, "response kind"));
   r->kind = static_cast<ResponseKind>(kind);
   HORA_RETURN_IF_ERROR(rd.str(&r->name, "response name", 64 * 1024));
   HORA_RETURN_IF_ERROR(rd.u8(&dtype, "response dtype"));
@@ -171,7 +172,8 @@ Status header(ByteReader& rd, uint8_t tag, const char* what) {
   uint8_t t = 0, v = 0;
   HORA_RETURN_IF_ERROR(rd.u8(&t, what));
   HORA_RETURN_IF_ERROR(rd.u8(&v, what));
-  if (t != tag) return protocolError(std::string("not a ") + what + " (tag " + std::to_string(t) + ")");
+  if (t != tag)
+    return protocolError(std::string("not a ") + what + " (tag " + std::to_string(t) + ")");
   if (v != kWireVersion)
     return protocolError(std::string(what) + " has wire version " + std::to_string(v) +
                          ", this library speaks " + std::to_string(kWireVersion) +
@@ -185,7 +187,8 @@ Status decode(const std::string& bytes, RequestList* out) {
   HORA_RETURN_IF_ERROR(header(rd, kRequestListTag, "request list"));
   uint32_t n = 0;
   HORA_RETURN_IF_ERROR(rd.u32(&n, "request count"));
-  if (n > rd.remaining()) return protocolError("request count " + std::to_string(n) + " exceeds message");
+  if (n > rd.remaining())
+    return protocolError("request count " + std::to_string(n) + " exceeds message");
   out->requests.resize(n);
   for (auto& r : out->requests) HORA_RETURN_IF_ERROR(decodeRequest(rd, &r));
   HORA_RETURN_IF_ERROR(rd.u32(&n, "cache hit count"));
@@ -220,7 +223,8 @@ Status decode(const std::string& bytes, ResponseList* out) {
   HORA_RETURN_IF_ERROR(header(rd, kResponseListTag, "response list"));
   uint32_t ng = 0;
   HORA_RETURN_IF_ERROR(rd.u32(&ng, "group count"));
-  if (ng > rd.remaining()) return protocolError("group count " + std::to_string(ng) + " exceeds message");
+  if (ng > rd.remaining())
+    return protocolError("group count " + std::to_string(ng) + " exceeds message");
   out->groups.resize(ng);
   for (auto& g : out->groups) {
     uint32_t ni = 0;

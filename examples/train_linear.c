@@ -70,7 +70,8 @@ int main(void) {
   opt.name = "params";
   opt.root = 0;
   hora_request_t req = NULL;
-  if (check(hora_broadcast_async(rt, &pt, &opt, &req), "broadcast") || check(hora_wait(req, 60.0), "broadcast wait"))
+  if (check(hora_broadcast_async(rt, &pt, &opt, &req), "broadcast") ||
+      check(hora_wait(req, 60.0), "broadcast wait"))
     return 1;
   hora_request_free(req);
 
@@ -100,7 +101,8 @@ int main(void) {
     hora_request_free(req);
     for (int j = 0; j <= DIM; ++j) params[j] -= lr * grad[j];
     if (step % 10 == 0 || step == STEPS - 1)
-      printf("rank %d/%d step %2d local loss %.6f global loss %.6f\n", rank, size, step, local_loss, grad[DIM + 1]);
+      printf("rank %d/%d step %2d local loss %.6f global loss %.6f\n", rank, size, step, local_loss,
+             grad[DIM + 1]);
     fflush(stdout);
   }
 

@@ -34,12 +34,12 @@
 // first send, every other segment when its first receive is posted) and
 // unpacked exactly once (chunk r at its first allgather send, the others at
 // their allgather receive).
-#include <deque>
 #include <gloo/common/error.h>
 #include <gloo/context.h>
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
+#include <deque>
 #include <memory>
 #include <string>
 
@@ -154,8 +154,8 @@ void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, Red
       const Segment done = rsRecv(i - kDepth);
       if (done.bytes > 0) {
         checkWait(tmpBuf->waitRecv(timeout_), "receive");
-        reduce(data + done.offset, data + done.offset,
-               scratch + ((i - kDepth) % kDepth) * segBytes, done.bytes / es);
+        reduce(data + done.offset, data + done.offset, scratch + ((i - kDepth) % kDepth) * segBytes,
+               done.bytes / es);
       }
     }
     if (i < iterations) {

@@ -12,10 +12,10 @@ using namespace htest;
 
 namespace {
 
-#define EXPECT_ERR(call, code)                                                      \
-  do {                                                                              \
-    hora_status_t s_ = (call);                                                      \
-    EXPECT_EQ(s_, code) << #call << ": " << hora_last_error_message();              \
+#define EXPECT_ERR(call, code)                                                             \
+  do {                                                                                     \
+    hora_status_t s_ = (call);                                                             \
+    EXPECT_EQ(s_, code) << #call << ": " << hora_last_error_message();                     \
     EXPECT_GT(std::strlen(hora_last_error_message()), 10u) << #call << " gave no message"; \
   } while (0)
 
@@ -54,7 +54,8 @@ TEST(Abi, BadArgumentsAreRejectedAndNothingElseIsDisturbed) {
     o.name = "x";
 
     EXPECT_ERR(hora_allreduce_async(rt, nullptr, &good, &o, &req), HORA_ERR_INVALID_ARGUMENT);
-    EXPECT_NE(std::string(hora_last_error_message()).find("allreduce \"x\" on rank " + std::to_string(rank)),
+    EXPECT_NE(std::string(hora_last_error_message())
+                  .find("allreduce \"x\" on rank " + std::to_string(rank)),
               std::string::npos);
     EXPECT_ERR(hora_allreduce_async(rt, &good, &good, &o, nullptr), HORA_ERR_INVALID_ARGUMENT);
     DLTensor t = good;
@@ -116,7 +117,8 @@ TEST(Abi, BadArgumentsAreRejectedAndNothingElseIsDisturbed) {
       hora_request_t first;
       ASSERT_EQ(hora_allreduce_async(rt, &good, &good, &o, &first), HORA_SUCCESS);  // name "x"
       EXPECT_ERR(hora_allreduce_async(rt, &good, &good, &o, &req), HORA_ERR_INVALID_USAGE);
-      EXPECT_NE(std::string(hora_last_error_message()).find("already in flight"), std::string::npos);
+      EXPECT_NE(std::string(hora_last_error_message()).find("already in flight"),
+                std::string::npos);
       ASSERT_EQ(waitAndFree(first), HORA_SUCCESS) << lastMessage();
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -167,7 +169,8 @@ TEST(Abi, CallbackAndAllocatorOptions) {
     };
     o.callback_user = &log;
     std::vector<char> arena;
-    o.alloc = [](void* user, int32_t, const int64_t*, DLDataType, size_t nbytes, void** out) -> int {
+    o.alloc = [](void* user, int32_t, const int64_t*, DLDataType, size_t nbytes,
+                 void** out) -> int {
       auto* a = static_cast<std::vector<char>*>(user);  // runs on a hora thread
       a->assign(nbytes, 0);
       *out = a->data();
@@ -182,7 +185,8 @@ TEST(Abi, CallbackAndAllocatorOptions) {
     EXPECT_EQ(out->data, arena.data());
     EXPECT_EQ(static_cast<int32_t*>(out->data)[5], 2);
     hora_request_free(req);
-    for (int i = 0; i < 100 && log.calls == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (int i = 0; i < 100 && log.calls == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     EXPECT_EQ(log.calls, 1);
     EXPECT_EQ(log.lastStatus, HORA_SUCCESS);
   });
@@ -193,49 +197,58 @@ class ProcessMode : public ::testing::TestWithParam<int> {};
 
 TEST_P(ProcessMode, AllreduceAllgatherBroadcast) {
   int size = GetParam();
-  auto results = runProcesses(size, [size](int rank) -> int {
-    hora_runtime_t rt;
-    CHILD_CHECK(hora_init(nullptr, &rt) == HORA_SUCCESS, "%s", hora_last_error_message());
-    int32_t r = -1, n = -1, lr = -1, ls = -1;
-    hora_rank(rt, &r);
-    hora_size(rt, &n);
-    hora_local_rank(rt, &lr);
-    hora_local_size(rt, &ls);
-    CHILD_CHECK(r == rank && n == size && lr == rank && ls == size, "identity %d/%d local %d/%d", r, n, lr, ls);
-    for (const DT& dt : allDtypes()) {
-      for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{100003}}) {
-        std::vector<char> buf(std::max<int64_t>(count, 1) * hora::dataTypeSize(dt.dt));
-        for (int64_t i = 0; i < count; ++i) writeVal(dt.dt, buf.data(), i, inputValue(rank, i, hora::ReduceOp::kMax, dt.dt));
-        std::vector<int64_t> shape = {count};
-        DLTensor t = makeTensor(buf.data(), dt.dl, &shape);
-        hora_options_t o;
-        hora_options_init(&o);
-        std::string name = std::string("p.") + dt.name + "." + std::to_string(count);
-        o.name = name.c_str();
-        o.op = HORA_OP_MAX;
-        hora_request_t req;
-        CHILD_CHECK(hora_allreduce_async(rt, &t, &t, &o, &req) == HORA_SUCCESS, "%s", hora_last_error_message());
-        CHILD_CHECK(waitAndFree(req) == HORA_SUCCESS, "%s", lastMessage().c_str());
-        for (int64_t i = 0; i < count; ++i) {
-          double want = reference(size, i, hora::ReduceOp::kMax, dt.dt);
-          CHILD_CHECK(readVal(dt.dt, buf.data(), i) == want, "%s [%ld]", name.c_str(), (long)i);
+  auto results = runProcesses(
+      size,
+      [size](int rank) -> int {
+        hora_runtime_t rt;
+        CHILD_CHECK(hora_init(nullptr, &rt) == HORA_SUCCESS, "%s", hora_last_error_message());
+        int32_t r = -1, n = -1, lr = -1, ls = -1;
+        hora_rank(rt, &r);
+        hora_size(rt, &n);
+        hora_local_rank(rt, &lr);
+        hora_local_size(rt, &ls);
+        CHILD_CHECK(r == rank && n == size && lr == rank && ls == size,
+                    "identity %d/%d local %d/%d", r, n, lr, ls);
+        for (const DT& dt : allDtypes()) {
+          for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{100003}}) {
+            std::vector<char> buf(std::max<int64_t>(count, 1) * hora::dataTypeSize(dt.dt));
+            for (int64_t i = 0; i < count; ++i)
+              writeVal(dt.dt, buf.data(), i, inputValue(rank, i, hora::ReduceOp::kMax, dt.dt));
+            std::vector<int64_t> shape = {count};
+            DLTensor t = makeTensor(buf.data(), dt.dl, &shape);
+            hora_options_t o;
+            hora_options_init(&o);
+            std::string name = std::string("p.") + dt.name + "." + std::to_string(count);
+            o.name = name.c_str();
+            o.op = HORA_OP_MAX;
+            hora_request_t req;
+            CHILD_CHECK(hora_allreduce_async(rt, &t, &t, &o, &req) == HORA_SUCCESS, "%s",
+                        hora_last_error_message());
+            CHILD_CHECK(waitAndFree(req) == HORA_SUCCESS, "%s", lastMessage().c_str());
+            for (int64_t i = 0; i < count; ++i) {
+              double want = reference(size, i, hora::ReduceOp::kMax, dt.dt);
+              CHILD_CHECK(readVal(dt.dt, buf.data(), i) == want, "%s [%ld]", name.c_str(), (long)i);
+            }
+          }
         }
-      }
-    }
-    std::vector<int64_t> shape = {rank + 1};
-    std::vector<int64_t> mine(rank + 1, rank);
-    DLTensor t = makeTensor(mine.data(), dlType(kDLInt, 64), &shape);
-    hora_request_t req;
-    CHILD_CHECK(hora_allgather_async(rt, &t, nullptr, &req) == HORA_SUCCESS, "%s", hora_last_error_message());
-    CHILD_CHECK(hora_wait(req, 60) == HORA_SUCCESS, "%s", hora_last_error_message());
-    const DLTensor* out;
-    CHILD_CHECK(hora_request_output(req, &out) == HORA_SUCCESS, "no output");
-    CHILD_CHECK(out->shape[0] == size * (size + 1) / 2, "allgather rows %ld", (long)out->shape[0]);
-    hora_request_free(req);
-    CHILD_CHECK(hora_shutdown(rt) == HORA_SUCCESS, "%s", hora_last_error_message());
-    return 0;
-  }, 120);
-  for (int r = 0; r < size; ++r) EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
+        std::vector<int64_t> shape = {rank + 1};
+        std::vector<int64_t> mine(rank + 1, rank);
+        DLTensor t = makeTensor(mine.data(), dlType(kDLInt, 64), &shape);
+        hora_request_t req;
+        CHILD_CHECK(hora_allgather_async(rt, &t, nullptr, &req) == HORA_SUCCESS, "%s",
+                    hora_last_error_message());
+        CHILD_CHECK(hora_wait(req, 60) == HORA_SUCCESS, "%s", hora_last_error_message());
+        const DLTensor* out;
+        CHILD_CHECK(hora_request_output(req, &out) == HORA_SUCCESS, "no output");
+        CHILD_CHECK(out->shape[0] == size * (size + 1) / 2, "allgather rows %ld",
+                    (long)out->shape[0]);
+        hora_request_free(req);
+        CHILD_CHECK(hora_shutdown(rt) == HORA_SUCCESS, "%s", hora_last_error_message());
+        return 0;
+      },
+      120);
+  for (int r = 0; r < size; ++r)
+    EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSize, ProcessMode, ::testing::Values(1, 2, 3, 4),

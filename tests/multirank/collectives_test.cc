@@ -40,9 +40,15 @@ TEST_P(Collectives, AllreduceEveryDtypeOpCount) {
         auto op = static_cast<ReduceOp>(o);
         if (!hora::reduceOpSupported(op, dt.dt)) continue;
         for (int64_t n : kCounts) {
-          Pending p{nullptr, std::vector<char>(std::max<int64_t>(n, 1) * hora::dataTypeSize(dt.dt)), {n}, dt, op,
-                    std::string("ar.") + dt.name + "." + hora::reduceOpName(op) + "." + std::to_string(n)};
-          for (int64_t i = 0; i < n; ++i) writeVal(dt.dt, p.buf.data(), i, inputValue(rank, i, op, dt.dt));
+          Pending p{
+              nullptr,
+              std::vector<char>(std::max<int64_t>(n, 1) * hora::dataTypeSize(dt.dt)),
+              {n},
+              dt,
+              op,
+              std::string("ar.") + dt.name + "." + hora::reduceOpName(op) + "." + std::to_string(n)};
+          for (int64_t i = 0; i < n; ++i)
+            writeVal(dt.dt, p.buf.data(), i, inputValue(rank, i, op, dt.dt));
           pend.push_back(std::move(p));
         }
       }
@@ -52,7 +58,8 @@ TEST_P(Collectives, AllreduceEveryDtypeOpCount) {
         hora_options_init(&o);
         o.name = p.name.c_str();
         o.op = static_cast<hora_reduce_op_t>(p.op);
-        ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &p.req), HORA_SUCCESS) << hora_last_error_message();
+        ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &p.req), HORA_SUCCESS)
+            << hora_last_error_message();
       }
       for (auto& p : pend) {
         std::string msg;
@@ -62,7 +69,9 @@ TEST_P(Collectives, AllreduceEveryDtypeOpCount) {
         for (int64_t i = 0; i < n; ++i) {
           double got = readVal(dt.dt, p.buf.data(), i), want = reference(size, i, p.op, dt.dt);
           if (std::fabs(got - want) > tolerance(dt.dt, p.op) * std::max(1.0, std::fabs(want))) {
-            if (wrong++ < 3) ADD_FAILURE() << p.name << " rank " << rank << " [" << i << "] got " << got << " want " << want;
+            if (wrong++ < 3)
+              ADD_FAILURE() << p.name << " rank " << rank << " [" << i << "] got " << got
+                            << " want " << want;
           }
         }
         EXPECT_EQ(wrong, 0) << p.name;
@@ -75,42 +84,48 @@ TEST_P(Collectives, FusionScalesAndOutOfPlace) {
   int size = GetParam();
   // A small fusion threshold: many tensors fuse, the 3000-element ones exceed it.
   auto tweak = [](hora_config_t& c) { c.fusion_threshold_bytes = 4096; };
-  runThreads(size, [&](int rank, hora_runtime_t rt) {
-    for (int step = 0; step < 5; ++step) {  // repeated: later steps go through the response cache
-      const int kTensors = 40;
-      std::vector<std::vector<float>> in(kTensors), out(kTensors);
-      std::vector<std::vector<int64_t>> shapes(kTensors);
-      std::vector<hora_request_t> reqs(kTensors);
-      for (int k = 0; k < kTensors; ++k) {
-        int64_t n = k % 10 == 9 ? 3000 : 1 + (k * 37) % 300;
-        shapes[k] = {n};
-        in[k].resize(n);
-        out[k].assign(n, -1.f);
-        for (int64_t i = 0; i < n; ++i) in[k][i] = static_cast<float>((i + k + rank) % 9);
-        DLTensor ti = makeTensor(in[k].data(), dlType(kDLFloat, 32), &shapes[k]);
-        DLTensor to = makeTensor(out[k].data(), dlType(kDLFloat, 32), &shapes[k]);
-        std::string name = "fused." + std::to_string(k);
-        hora_options_t o;
-        hora_options_init(&o);
-        o.name = name.c_str();
-        o.prescale = 2.0;
-        o.postscale = 0.5;
-        o.op = k % 2 ? HORA_OP_SUM : HORA_OP_AVERAGE;
-        ASSERT_EQ(hora_allreduce_async(rt, &ti, &to, &o, &reqs[k]), HORA_SUCCESS) << hora_last_error_message();
-      }
-      for (int k = 0; k < kTensors; ++k) {
-        std::string msg;
-        ASSERT_EQ(waitAndFree(reqs[k], 60, &msg), HORA_SUCCESS) << msg;
-        for (size_t i = 0; i < in[k].size(); ++i) {
-          double sum = 0;
-          for (int r = 0; r < size; ++r) sum += (i + k + r) % 9;
-          double want = sum * (k % 2 ? 1.0 : 1.0 / size);
-          ASSERT_NEAR(out[k][i], want, 1e-4 * std::max(1.0, want)) << "tensor " << k << " [" << i << "] step " << step;
-          ASSERT_EQ(in[k][i], static_cast<float>((i + k + rank) % 9)) << "input modified";
+  runThreads(
+      size,
+      [&](int rank, hora_runtime_t rt) {
+        for (int step = 0; step < 5;
+             ++step) {  // repeated: later steps go through the response cache
+          const int kTensors = 40;
+          std::vector<std::vector<float>> in(kTensors), out(kTensors);
+          std::vector<std::vector<int64_t>> shapes(kTensors);
+          std::vector<hora_request_t> reqs(kTensors);
+          for (int k = 0; k < kTensors; ++k) {
+            int64_t n = k % 10 == 9 ? 3000 : 1 + (k * 37) % 300;
+            shapes[k] = {n};
+            in[k].resize(n);
+            out[k].assign(n, -1.f);
+            for (int64_t i = 0; i < n; ++i) in[k][i] = static_cast<float>((i + k + rank) % 9);
+            DLTensor ti = makeTensor(in[k].data(), dlType(kDLFloat, 32), &shapes[k]);
+            DLTensor to = makeTensor(out[k].data(), dlType(kDLFloat, 32), &shapes[k]);
+            std::string name = "fused." + std::to_string(k);
+            hora_options_t o;
+            hora_options_init(&o);
+            o.name = name.c_str();
+            o.prescale = 2.0;
+            o.postscale = 0.5;
+            o.op = k % 2 ? HORA_OP_SUM : HORA_OP_AVERAGE;
+            ASSERT_EQ(hora_allreduce_async(rt, &ti, &to, &o, &reqs[k]), HORA_SUCCESS)
+                << hora_last_error_message();
+          }
+          for (int k = 0; k < kTensors; ++k) {
+            std::string msg;
+            ASSERT_EQ(waitAndFree(reqs[k], 60, &msg), HORA_SUCCESS) << msg;
+            for (size_t i = 0; i < in[k].size(); ++i) {
+              double sum = 0;
+              for (int r = 0; r < size; ++r) sum += (i + k + r) % 9;
+              double want = sum * (k % 2 ? 1.0 : 1.0 / size);
+              ASSERT_NEAR(out[k][i], want, 1e-4 * std::max(1.0, want))
+                  << "tensor " << k << " [" << i << "] step " << step;
+              ASSERT_EQ(in[k][i], static_cast<float>((i + k + rank) % 9)) << "input modified";
+            }
+          }
         }
-      }
-    }
-  }, tweak);
+      },
+      tweak);
 }
 
 // Large single tensors go through the backend's own ring with the output as
@@ -136,7 +151,8 @@ TEST_P(Collectives, LargeSingleTensorRing) {
       // Variant 1 runs in place on a copy of the input.
       std::vector<float> inplace(in);
       DLTensor tp = makeTensor(inplace.data(), dlType(kDLFloat, 32), &shape);
-      ASSERT_EQ(variant ? hora_allreduce_async(rt, &tp, &tp, &o, &req) : hora_allreduce_async(rt, &ti, &to, &o, &req),
+      ASSERT_EQ(variant ? hora_allreduce_async(rt, &tp, &tp, &o, &req)
+                        : hora_allreduce_async(rt, &ti, &to, &o, &req),
                 HORA_SUCCESS)
           << hora_last_error_message();
       ASSERT_EQ(waitAndFree(req, 120), HORA_SUCCESS) << lastMessage();
@@ -188,7 +204,8 @@ TEST_P(Collectives, AllgatherUnevenFirstDim) {
       int64_t rows = rank == 0 ? 0 : rank + 1;  // rank 0 contributes nothing
       std::vector<int64_t> shape = {rows, 3};
       std::vector<char> buf(std::max<int64_t>(rows * 3, 1) * hora::dataTypeSize(dt.dt));
-      for (int64_t i = 0; i < rows * 3; ++i) writeVal(dt.dt, buf.data(), i, (rank * 10 + i) % 7 + (dt.dt == DataType::kBool ? 0 : 1));
+      for (int64_t i = 0; i < rows * 3; ++i)
+        writeVal(dt.dt, buf.data(), i, (rank * 10 + i) % 7 + (dt.dt == DataType::kBool ? 0 : 1));
       DLTensor t = makeTensor(buf.data(), dt.dl, &shape);
       hora_options_t o;
       hora_options_init(&o);
@@ -231,7 +248,8 @@ TEST_P(Collectives, BroadcastFromEveryRoot) {
         o.name = name.c_str();
         o.root = root;
         hora_request_t req;
-        ASSERT_EQ(hora_broadcast_async(rt, &t, &o, &req), HORA_SUCCESS) << hora_last_error_message();
+        ASSERT_EQ(hora_broadcast_async(rt, &t, &o, &req), HORA_SUCCESS)
+            << hora_last_error_message();
         ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
         for (int64_t i = 0; i < n; ++i) ASSERT_EQ(buf[i], i * 0.5 + root);
       }
@@ -256,7 +274,8 @@ TEST_P(Collectives, AlltoallUnevenSplits) {
     hora_options_init(&o);
     o.name = "a2a";
     hora_request_t req;
-    ASSERT_EQ(hora_alltoall_async(rt, &t, splits.data(), size, &o, &req), HORA_SUCCESS) << hora_last_error_message();
+    ASSERT_EQ(hora_alltoall_async(rt, &t, splits.data(), size, &o, &req), HORA_SUCCESS)
+        << hora_last_error_message();
     ASSERT_EQ(hora_wait(req, 60), HORA_SUCCESS) << hora_last_error_message();
     const int64_t* recv = nullptr;
     int32_t nrecv = 0;
@@ -293,7 +312,8 @@ TEST_P(Collectives, ReducescatterUneven) {
         o.name = name.c_str();
         o.op = op;
         hora_request_t req;
-        ASSERT_EQ(hora_reducescatter_async(rt, &t, &o, &req), HORA_SUCCESS) << hora_last_error_message();
+        ASSERT_EQ(hora_reducescatter_async(rt, &t, &o, &req), HORA_SUCCESS)
+            << hora_last_error_message();
         ASSERT_EQ(hora_wait(req, 60), HORA_SUCCESS) << hora_last_error_message();
         const DLTensor* out = nullptr;
         ASSERT_EQ(hora_request_output(req, &out), HORA_SUCCESS);
@@ -317,28 +337,31 @@ TEST_P(Collectives, BarrierAndResponseCacheSteadyState) {
   int size = GetParam();
   // Capacity 3 with 5 rotating names forces evictions while hits are in flight.
   auto tweak = [](hora_config_t& c) { c.cache_capacity = 3; };
-  runThreads(size, [&](int rank, hora_runtime_t rt) {
-    for (int it = 0; it < 40; ++it) {
-      int k = it % 5;
-      int64_t n = (it >= 20 && k == 0) ? 9 : 4;  // a name whose shape changes mid-run
-      std::vector<int64_t> shape = {n};
-      std::vector<int32_t> buf(n, rank + it);
-      DLTensor t = makeTensor(buf.data(), dlType(kDLInt, 32), &shape);
-      hora_options_t o;
-      hora_options_init(&o);
-      std::string name = "cached." + std::to_string(k);
-      o.name = name.c_str();
-      hora_request_t req;
-      ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_SUCCESS);
-      ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
-      for (int32_t v : buf) ASSERT_EQ(v, size * (size - 1) / 2 + size * it);
-      if (it % 10 == 0) {
-        hora_request_t b;
-        ASSERT_EQ(hora_barrier_async(rt, nullptr, &b), HORA_SUCCESS);
-        ASSERT_EQ(waitAndFree(b), HORA_SUCCESS) << lastMessage();
-      }
-    }
-  }, tweak);
+  runThreads(
+      size,
+      [&](int rank, hora_runtime_t rt) {
+        for (int it = 0; it < 40; ++it) {
+          int k = it % 5;
+          int64_t n = (it >= 20 && k == 0) ? 9 : 4;  // a name whose shape changes mid-run
+          std::vector<int64_t> shape = {n};
+          std::vector<int32_t> buf(n, rank + it);
+          DLTensor t = makeTensor(buf.data(), dlType(kDLInt, 32), &shape);
+          hora_options_t o;
+          hora_options_init(&o);
+          std::string name = "cached." + std::to_string(k);
+          o.name = name.c_str();
+          hora_request_t req;
+          ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_SUCCESS);
+          ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+          for (int32_t v : buf) ASSERT_EQ(v, size * (size - 1) / 2 + size * it);
+          if (it % 10 == 0) {
+            hora_request_t b;
+            ASSERT_EQ(hora_barrier_async(rt, nullptr, &b), HORA_SUCCESS);
+            ASSERT_EQ(waitAndFree(b), HORA_SUCCESS) << lastMessage();
+          }
+        }
+      },
+      tweak);
 }
 
 TEST_P(Collectives, JoinWithUnevenSteps) {
@@ -354,7 +377,8 @@ TEST_P(Collectives, JoinWithUnevenSteps) {
       o.name = "step";
       o.op = step % 2 ? HORA_OP_SUM : HORA_OP_AVERAGE;
       hora_request_t req;
-      ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_SUCCESS) << hora_last_error_message();
+      ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_SUCCESS)
+          << hora_last_error_message();
       ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
       // Ranks that have joined (those with fewer steps) contribute nothing.
       double sum = 0;
@@ -385,8 +409,12 @@ TEST_P(Collectives, ProcessSetsConcurrentWithGlobal) {
       if (r >= 1) tail.push_back(r);
     }
     hora_process_set_t a = nullptr, b = nullptr;
-    if (rank % 2 == 0) ASSERT_EQ(hora_process_set_create(rt, even.data(), even.size(), &a), HORA_SUCCESS) << hora_last_error_message();
-    if (rank >= 1) ASSERT_EQ(hora_process_set_create(rt, tail.data(), tail.size(), &b), HORA_SUCCESS) << hora_last_error_message();
+    if (rank % 2 == 0)
+      ASSERT_EQ(hora_process_set_create(rt, even.data(), even.size(), &a), HORA_SUCCESS)
+          << hora_last_error_message();
+    if (rank >= 1)
+      ASSERT_EQ(hora_process_set_create(rt, tail.data(), tail.size(), &b), HORA_SUCCESS)
+          << hora_last_error_message();
     for (int it = 0; it < 10; ++it) {
       std::vector<int64_t> shape = {3};
       std::vector<int32_t> g(3, rank), va(3, rank), vb(3, rank);
@@ -400,11 +428,13 @@ TEST_P(Collectives, ProcessSetsConcurrentWithGlobal) {
       ASSERT_EQ(hora_allreduce_async(rt, &tg, &tg, &o, &rg), HORA_SUCCESS);
       if (a) {
         o.process_set = a;
-        ASSERT_EQ(hora_allreduce_async(rt, &ta, &ta, &o, &ra), HORA_SUCCESS) << hora_last_error_message();
+        ASSERT_EQ(hora_allreduce_async(rt, &ta, &ta, &o, &ra), HORA_SUCCESS)
+            << hora_last_error_message();
       }
       if (b) {
         o.process_set = b;
-        ASSERT_EQ(hora_allreduce_async(rt, &tb, &tb, &o, &rb), HORA_SUCCESS) << hora_last_error_message();
+        ASSERT_EQ(hora_allreduce_async(rt, &tb, &tb, &o, &rb), HORA_SUCCESS)
+            << hora_last_error_message();
       }
       ASSERT_EQ(waitAndFree(rg), HORA_SUCCESS) << lastMessage();
       ASSERT_EQ(g[0], size * (size - 1) / 2);

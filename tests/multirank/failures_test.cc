@@ -22,8 +22,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-hora_status_t allreduceF32(hora_runtime_t rt, std::vector<float>& buf, const char* name, std::string* msg = nullptr,
-                           double timeoutS = 60) {
+hora_status_t allreduceF32(hora_runtime_t rt, std::vector<float>& buf, const char* name,
+                           std::string* msg = nullptr, double timeoutS = 60) {
   std::vector<int64_t> shape = {static_cast<int64_t>(buf.size())};
   DLTensor t = makeTensor(buf.data(), dlType(kDLFloat, 32), &shape);
   hora_options_t o;
@@ -112,26 +112,29 @@ TEST(Failures, PartialSubmissionIsReportedThenFailsEverywhere) {
     c.stall_warning_time_s = 0.3;
     c.stall_shutdown_time_s = 1.0;
   };
-  runThreads(3, [&](int rank, hora_runtime_t rt) {
-    if (rank != 2) {
-      auto t0 = Clock::now();
-      std::vector<float> buf(16, 1.0f);
-      std::string msg;
-      EXPECT_EQ(allreduceF32(rt, buf, "only.some.ranks", &msg, 20), HORA_ERR_TIMEOUT) << msg;
-      double waited = std::chrono::duration<double>(Clock::now() - t0).count();
-      EXPECT_GE(waited, 0.9);
-      EXPECT_LT(waited, 5.0);
-      EXPECT_NE(msg.find("\"only.some.ranks\""), std::string::npos) << msg;
-      EXPECT_NE(msg.find("missing on ranks 2"), std::string::npos) << msg;
-      EXPECT_NE(msg.find("submitted by ranks 0,1"), std::string::npos) << msg;
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-    }
-    // Everyone continues afterwards.
-    std::vector<float> ok(3, 1.0f);
-    EXPECT_EQ(allreduceF32(rt, ok, "after.stall"), HORA_SUCCESS) << lastMessage();
-    EXPECT_EQ(ok[0], 3.0f);
-  }, tweak);
+  runThreads(
+      3,
+      [&](int rank, hora_runtime_t rt) {
+        if (rank != 2) {
+          auto t0 = Clock::now();
+          std::vector<float> buf(16, 1.0f);
+          std::string msg;
+          EXPECT_EQ(allreduceF32(rt, buf, "only.some.ranks", &msg, 20), HORA_ERR_TIMEOUT) << msg;
+          double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+          EXPECT_GE(waited, 0.9);
+          EXPECT_LT(waited, 5.0);
+          EXPECT_NE(msg.find("\"only.some.ranks\""), std::string::npos) << msg;
+          EXPECT_NE(msg.find("missing on ranks 2"), std::string::npos) << msg;
+          EXPECT_NE(msg.find("submitted by ranks 0,1"), std::string::npos) << msg;
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        }
+        // Everyone continues afterwards.
+        std::vector<float> ok(3, 1.0f);
+        EXPECT_EQ(allreduceF32(rt, ok, "after.stall"), HORA_SUCCESS) << lastMessage();
+        EXPECT_EQ(ok[0], 3.0f);
+      },
+      tweak);
 }
 
 // Loops allreduce until it fails; returns 0 when the failure names `culprit`
@@ -149,7 +152,8 @@ int loopUntilPeerLost(int rank, int culprit, double deadlineS) {
     hora_status_t s = allreduceF32(rt, buf, "loop", &msg, deadlineS);
     if (s != HORA_SUCCESS) {
       double t = std::chrono::duration<double>(Clock::now() - start).count();
-      std::fprintf(stderr, "rank %d: step %d failed after %.2f s with %d: %s\n", rank, it, t, s, msg.c_str());
+      std::fprintf(stderr, "rank %d: step %d failed after %.2f s with %d: %s\n", rank, it, t, s,
+                   msg.c_str());
       CHILD_CHECK(s == HORA_ERR_REMOTE, "unexpected status %d", s);
       std::string want = "rank " + std::to_string(culprit);
       CHILD_CHECK(msg.find(want) != std::string::npos, "message does not name %s", want.c_str());
@@ -159,7 +163,8 @@ int loopUntilPeerLost(int rank, int culprit, double deadlineS) {
       hora_status_t s2 = allreduceF32(rt, more, "after", &msg2, 5);
       CHILD_CHECK(s2 == HORA_ERR_REMOTE, "follow-up status %d: %s", s2, msg2.c_str());
       auto t0 = Clock::now();
-      CHILD_CHECK(hora_shutdown(rt) == HORA_SUCCESS, "shutdown failed: %s", hora_last_error_message());
+      CHILD_CHECK(hora_shutdown(rt) == HORA_SUCCESS, "shutdown failed: %s",
+                  hora_last_error_message());
       double sd = std::chrono::duration<double>(Clock::now() - t0).count();
       CHILD_CHECK(sd < 35, "shutdown took %.1f s", sd);
       return 0;
@@ -172,54 +177,65 @@ int loopUntilPeerLost(int rank, int culprit, double deadlineS) {
 }
 
 TEST(Failures, RankKilledMidLoopFailsSurvivorsQuickly) {
-  auto results = runProcesses(3, [](int rank) -> int {
-    if (rank == 2) {
-      hora_runtime_t rt;
-      if (hora_init(nullptr, &rt) != HORA_SUCCESS) return 10;
-      std::vector<float> buf(1 << 16, 1.0f);
-      for (int it = 0; it < 20; ++it)
-        if (allreduceF32(rt, buf, "loop") != HORA_SUCCESS) return 12;
-      raise(SIGKILL);  // dies between collectives, with its sockets open
-    }
-    return loopUntilPeerLost(rank, 2, 30);
-  }, 60, nullptr, {{"HORA_PEER_TIMEOUT_S", "10"}});
+  auto results =
+      runProcesses(3,
+                   [](int rank) -> int {
+                     if (rank == 2) {
+                       hora_runtime_t rt;
+                       if (hora_init(nullptr, &rt) != HORA_SUCCESS) return 10;
+                       std::vector<float> buf(1 << 16, 1.0f);
+                       for (int it = 0; it < 20; ++it)
+                         if (allreduceF32(rt, buf, "loop") != HORA_SUCCESS) return 12;
+                       raise(SIGKILL);  // dies between collectives, with its sockets open
+                     }
+                     return loopUntilPeerLost(rank, 2, 30);
+                   },
+                   60, nullptr, {{"HORA_PEER_TIMEOUT_S", "10"}});
   EXPECT_EQ(results[2].signal, SIGKILL) << results[2].output;
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
-  if (getenv("HORA_TEST_VERBOSE")) std::printf("%s\n%s\n", results[0].output.c_str(), results[1].output.c_str());
+  for (int r = 0; r < 2; ++r)
+    EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
+  if (getenv("HORA_TEST_VERBOSE"))
+    std::printf("%s\n%s\n", results[0].output.c_str(), results[1].output.c_str());
 }
 
 TEST(Failures, StalledRankIsDeclaredLostAfterThePeerTimeout) {
   auto t0 = Clock::now();
-  auto results = runProcesses(3, [](int rank) -> int { return loopUntilPeerLost(rank, 1, 40); }, 60,
-                              [](const std::vector<int>& pids) {
-                                std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-                                kill(pids[1], SIGSTOP);  // alive, sockets open, silent
-                                std::this_thread::sleep_for(std::chrono::seconds(5));
-                                kill(pids[1], SIGKILL);
-                              },
-                              {{"HORA_PEER_TIMEOUT_S", "2"}});
-  for (int r : {0, 2}) EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
-  if (getenv("HORA_TEST_VERBOSE")) std::printf("%s\n%s\n", results[0].output.c_str(), results[2].output.c_str());
+  auto results = runProcesses(
+      3, [](int rank) -> int { return loopUntilPeerLost(rank, 1, 40); }, 60,
+      [](const std::vector<int>& pids) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        kill(pids[1], SIGSTOP);  // alive, sockets open, silent
+        std::this_thread::sleep_for(std::chrono::seconds(5));
+        kill(pids[1], SIGKILL);
+      },
+      {{"HORA_PEER_TIMEOUT_S", "2"}});
+  for (int r : {0, 2})
+    EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
+  if (getenv("HORA_TEST_VERBOSE"))
+    std::printf("%s\n%s\n", results[0].output.c_str(), results[2].output.c_str());
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 40);
 }
 
 TEST(Failures, CoordinatorKilledFailsWorkers) {
-  auto results = runProcesses(2, [](int rank) -> int {
-    if (rank == 0) {
-      hora_runtime_t rt;
-      if (hora_init(nullptr, &rt) != HORA_SUCCESS) return 10;
-      std::vector<float> buf(1 << 16, 1.0f);
-      for (int it = 0; it < 10; ++it)
-        if (allreduceF32(rt, buf, "loop") != HORA_SUCCESS) return 12;
-      raise(SIGKILL);
-    }
-    return loopUntilPeerLost(rank, 0, 30);
-  }, 60, nullptr, {{"HORA_PEER_TIMEOUT_S", "10"}});
+  auto results = runProcesses(2,
+                              [](int rank) -> int {
+                                if (rank == 0) {
+                                  hora_runtime_t rt;
+                                  if (hora_init(nullptr, &rt) != HORA_SUCCESS) return 10;
+                                  std::vector<float> buf(1 << 16, 1.0f);
+                                  for (int it = 0; it < 10; ++it)
+                                    if (allreduceF32(rt, buf, "loop") != HORA_SUCCESS) return 12;
+                                  raise(SIGKILL);
+                                }
+                                return loopUntilPeerLost(rank, 0, 30);
+                              },
+                              60, nullptr, {{"HORA_PEER_TIMEOUT_S", "10"}});
   EXPECT_EQ(results[1].exitCode, 0) << results[1].output;
 }
 
 TEST(Failures, ShutdownWithRequestsInFlightCompletesThem) {
-  runThreads(2, [&](int rank, hora_runtime_t) {}, nullptr);  // warm-up of the harness itself
+  runThreads(
+      2, [&](int rank, hora_runtime_t) {}, nullptr);  // warm-up of the harness itself
   int port = freePort();
   std::thread other([&] {
     hora_config_t c = testConfig(1, 2, port);
@@ -280,11 +296,13 @@ TEST(Failures, WrongSecretIsRefusedAndTheJobIsUnaffected) {
   while (!jobReady) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   hora::Logger quiet(hora::LogLevel::kOff, "[stray]");
   // A client with the wrong secret is refused by the store.
-  auto bad = hora::TcpStoreClient::connect("127.0.0.1", port, "wrong-secret", std::chrono::milliseconds(3000), quiet);
+  auto bad = hora::TcpStoreClient::connect("127.0.0.1", port, "wrong-secret",
+                                           std::chrono::milliseconds(3000), quiet);
   EXPECT_FALSE(bad.isOk());
   EXPECT_EQ(bad.status().code(), hora::Code::kAuthError) << bad.status().toString();
   // Garbage on the store port and on the coordinator's control port.
-  auto good = hora::TcpStoreClient::connect("127.0.0.1", port, "test-secret", std::chrono::milliseconds(3000), quiet);
+  auto good = hora::TcpStoreClient::connect("127.0.0.1", port, "test-secret",
+                                            std::chrono::milliseconds(3000), quiet);
   ASSERT_TRUE(good.isOk()) << good.status().toString();
   auto ctrl = good.value()->get("hora/set/global/ctrl/ctrl", std::chrono::milliseconds(3000));
   ASSERT_TRUE(ctrl.isOk()) << ctrl.status().toString();
@@ -310,7 +328,8 @@ TEST(Failures, WrongSecretIsRefusedAndTheJobIsUnaffected) {
   c.start_timeout_s = 3;
   hora_runtime_t rt = nullptr;
   EXPECT_EQ(hora_init(&c, &rt), HORA_ERR_AUTH);
-  EXPECT_NE(std::string(hora_last_error_message()).find("HORA_SECRET"), std::string::npos) << hora_last_error_message();
+  EXPECT_NE(std::string(hora_last_error_message()).find("HORA_SECRET"), std::string::npos)
+      << hora_last_error_message();
   strayDone = true;
   for (auto& t : ranks) t.join();
 }

@@ -41,10 +41,10 @@ struct ProcessResult {
 // after `deadlineS` are killed (SIGKILL) and reported with signal 9 and a
 // note in output. `hooks` runs in the parent with the pids once all are
 // started (for killing/stopping a chosen rank); may be null.
-std::vector<ProcessResult> runProcesses(int size, const std::function<int(int rank)>& body,
-                                        double deadlineS = 120,
-                                        const std::function<void(const std::vector<int>& pids)>& hooks = nullptr,
-                                        const std::vector<std::pair<std::string, std::string>>& env = {});
+std::vector<ProcessResult> runProcesses(
+    int size, const std::function<int(int rank)>& body, double deadlineS = 120,
+    const std::function<void(const std::vector<int>& pids)>& hooks = nullptr,
+    const std::vector<std::pair<std::string, std::string>>& env = {});
 
 // Small DLTensor helpers.
 DLTensor makeTensor(void* data, DLDataType dt, std::vector<int64_t>* shape);
@@ -60,13 +60,13 @@ const std::string& lastMessage();
 }  // namespace htest
 
 // In child processes: print and exit with code 1 when a condition fails.
-#define CHILD_CHECK(cond, ...)                                                      \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
+#define CHILD_CHECK(cond, ...)                                                               \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
       std::fprintf(stderr, "CHILD_CHECK failed at %s:%d: %s | ", __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                            \
-      std::fprintf(stderr, "\n");                                                   \
-      std::fflush(stderr);                                                          \
-      return 1;                                                                     \
-    }                                                                               \
+      std::fprintf(stderr, __VA_ARGS__);                                                     \
+      std::fprintf(stderr, "\n");                                                            \
+      std::fflush(stderr);                                                                   \
+      return 1;                                                                              \
+    }                                                                                        \
   } while (0)

@@ -75,22 +75,24 @@ void runThreads(int size, const std::function<void(int, hora_runtime_t)>& body,
     });
   }
   std::unique_lock<std::mutex> lk(mu);
-  bool ok = cv.wait_for(lk, std::chrono::duration<double>(deadlineS), [&] { return finished == size; });
+  bool ok =
+      cv.wait_for(lk, std::chrono::duration<double>(deadlineS), [&] { return finished == size; });
   lk.unlock();
   if (!ok) {
     // A hang: report and abort the whole test binary (ctest marks it failed)
     // rather than block CI on threads that will never return.
-    std::fprintf(stderr, "runThreads: %d of %d ranks still running after %.0f s: hang\n", size - finished, size,
-                 deadlineS);
+    std::fprintf(stderr, "runThreads: %d of %d ranks still running after %.0f s: hang\n",
+                 size - finished, size, deadlineS);
     std::fflush(stderr);
     std::_Exit(3);
   }
   for (auto& t : threads) t.join();
 }
 
-std::vector<ProcessResult> runProcesses(int size, const std::function<int(int)>& body, double deadlineS,
-                                        const std::function<void(const std::vector<int>&)>& hooks,
-                                        const std::vector<std::pair<std::string, std::string>>& env) {
+std::vector<ProcessResult> runProcesses(
+    int size, const std::function<int(int)>& body, double deadlineS,
+    const std::function<void(const std::vector<int>&)>& hooks,
+    const std::vector<std::pair<std::string, std::string>>& env) {
   int port = freePort();
   std::vector<int> pids(size), fds(size);
   std::fflush(stdout);
@@ -158,7 +160,8 @@ std::vector<ProcessResult> runProcesses(int size, const std::function<int(int)>&
       for (int r = 0; r < size; ++r)
         if (!done[r]) {
           kill(pids[r], SIGKILL);
-          results[r].output += "\n[harness] rank " + std::to_string(r) + " killed after the deadline (hang)\n";
+          results[r].output +=
+              "\n[harness] rank " + std::to_string(r) + " killed after the deadline (hang)\n";
         }
       deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     }

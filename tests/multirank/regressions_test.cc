@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <thread>
 
@@ -17,8 +17,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-hora_status_t submitF32(hora_runtime_t rt, std::vector<float>& buf, std::vector<int64_t>& shape, const char* name,
-                        hora_request_t* req, hora_process_set_t ps = nullptr) {
+hora_status_t submitF32(hora_runtime_t rt, std::vector<float>& buf, std::vector<int64_t>& shape,
+                        const char* name, hora_request_t* req, hora_process_set_t ps = nullptr) {
   DLTensor t = makeTensor(buf.data(), dlType(kDLFloat, 32), &shape);
   hora_options_t o;
   hora_options_init(&o);
@@ -53,7 +53,8 @@ TEST(Regression, SubsetMismatchNamesGlobalRanks) {
     if (rank == 0) return;
     int32_t ranks[2] = {1, 2};
     hora_process_set_t ps;
-    ASSERT_EQ(hora_process_set_create(rt, ranks, 2, &ps), HORA_SUCCESS) << hora_last_error_message();
+    ASSERT_EQ(hora_process_set_create(rt, ranks, 2, &ps), HORA_SUCCESS)
+        << hora_last_error_message();
     std::vector<float> buf(rank == 2 ? 5 : 4, 1.0f);
     std::vector<int64_t> shape = {static_cast<int64_t>(buf.size())};
     hora_request_t req;
@@ -90,7 +91,8 @@ int smallLoop(int rank, int culprit, double deadlineS) {
   std::vector<int64_t> shape = {16};
   for (int it = 0;; ++it) {
     hora_request_t req;
-    CHILD_CHECK(submitF32(rt, buf, shape, "loop", &req) == HORA_SUCCESS, "%s", hora_last_error_message());
+    CHILD_CHECK(submitF32(rt, buf, shape, "loop", &req) == HORA_SUCCESS, "%s",
+                hora_last_error_message());
     std::string msg;
     hora_status_t s = waitAndFree(req, deadlineS, &msg);
     if (s != HORA_SUCCESS) {
@@ -106,29 +108,34 @@ int smallLoop(int rank, int culprit, double deadlineS) {
 }
 
 TEST(Regression, SmallAllreduceStoppedRankIsNamed) {
-  auto results = runProcesses(3, [](int rank) -> int { return smallLoop(rank, 1, 40); }, 60,
-                              [](const std::vector<int>& pids) {
-                                std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-                                kill(pids[1], SIGSTOP);
-                                std::this_thread::sleep_for(std::chrono::seconds(5));
-                                kill(pids[1], SIGKILL);
-                              },
-                              {{"HORA_PEER_TIMEOUT_S", "2"}});
-  for (int r : {0, 2}) EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
+  auto results = runProcesses(
+      3, [](int rank) -> int { return smallLoop(rank, 1, 40); }, 60,
+      [](const std::vector<int>& pids) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        kill(pids[1], SIGSTOP);
+        std::this_thread::sleep_for(std::chrono::seconds(5));
+        kill(pids[1], SIGKILL);
+      },
+      {{"HORA_PEER_TIMEOUT_S", "2"}});
+  for (int r : {0, 2})
+    EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
 }
 
 TEST(Regression, BadGlooSettingFailsInitQuickly) {
-  auto results = runProcesses(2, [](int rank) -> int {
-    auto t0 = Clock::now();
-    hora_runtime_t rt;
-    hora_status_t s = hora_init(nullptr, &rt);
-    double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    CHILD_CHECK(s != HORA_SUCCESS, "init succeeded with a bogus algorithm");
-    CHILD_CHECK(dt < 10, "init took %.1f s to fail", dt);
-    CHILD_CHECK(std::string(hora_last_error_message()).find("bogus") != std::string::npos, "%s",
-                hora_last_error_message());
-    return 0;
-  }, 60, nullptr, {{"HORA_PEER_TIMEOUT_S", "20"}, {"HORA_GLOO_ALGORITHM", "bogus"}});
+  auto results = runProcesses(
+      2,
+      [](int rank) -> int {
+        auto t0 = Clock::now();
+        hora_runtime_t rt;
+        hora_status_t s = hora_init(nullptr, &rt);
+        double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+        CHILD_CHECK(s != HORA_SUCCESS, "init succeeded with a bogus algorithm");
+        CHILD_CHECK(dt < 10, "init took %.1f s to fail", dt);
+        CHILD_CHECK(std::string(hora_last_error_message()).find("bogus") != std::string::npos, "%s",
+                    hora_last_error_message());
+        return 0;
+      },
+      60, nullptr, {{"HORA_PEER_TIMEOUT_S", "20"}, {"HORA_GLOO_ALGORITHM", "bogus"}});
   for (int r = 0; r < 2; ++r) EXPECT_EQ(results[r].exitCode, 0) << results[r].output;
 }
 

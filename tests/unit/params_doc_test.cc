@@ -11,14 +11,16 @@
 #endif
 
 TEST(ParamsDoc, DocsParamsMdMatchesTheRegistry) {
-  std::string expected = "# HORA_* parameters\n\nGenerated from `core/params.cc` (the registry); "
-                         "`tests/unit/params_doc_test.cc` fails when they drift apart.\n"
-                         "Explicit `hora_config_t` fields override these.\n\n" +
-                         hora::Params::dumpMarkdown();
+  std::string expected =
+      "# HORA_* parameters\n\nGenerated from `core/params.cc` (the registry); "
+      "`tests/unit/params_doc_test.cc` fails when they drift apart.\n"
+      "Explicit `hora_config_t` fields override these.\n\n" +
+      hora::Params::dumpMarkdown();
   std::ifstream f(std::string(HORA_SOURCE_DIR) + "/docs/params.md");
   std::stringstream ss;
   ss << f.rdbuf();
   EXPECT_EQ(ss.str(), expected) << "regenerate docs/params.md with the content above (or run "
                                    "HORA_WRITE_PARAMS_DOC=1 on this test)";
-  if (getenv("HORA_WRITE_PARAMS_DOC")) std::ofstream(std::string(HORA_SOURCE_DIR) + "/docs/params.md") << expected;
+  if (getenv("HORA_WRITE_PARAMS_DOC"))
+    std::ofstream(std::string(HORA_SOURCE_DIR) + "/docs/params.md") << expected;
 }

@@ -66,7 +66,6 @@ void bury(void* handle) {
   graveyard().push_back(handle);
 }
 
-
 // Validates a runtime handle; on success holds its shared lock.
 struct RuntimeRef {
   std::shared_lock<std::shared_mutex> lock;
@@ -74,11 +73,15 @@ struct RuntimeRef {
 };
 
 hora_status_t acquire(hora_runtime_t h, const char* fn, RuntimeRef* out) {
-  if (!h) return fail(Code::kNotInitialized, std::string(fn) + ": runtime is NULL: call hora_init first");
+  if (!h)
+    return fail(Code::kNotInitialized, std::string(fn) + ": runtime is NULL: call hora_init first");
   if (h->magic == kDeadMagic)
-    return fail(Code::kShutDown, std::string(fn) + ": this runtime was shut down (hora_shutdown); start a new one with hora_init");
+    return fail(Code::kShutDown,
+                std::string(fn) +
+                    ": this runtime was shut down (hora_shutdown); start a new one with hora_init");
   if (h->magic != kRuntimeMagic)
-    return fail(Code::kInvalidArgument, std::string(fn) + ": not a hora runtime handle (corrupt or foreign pointer)");
+    return fail(Code::kInvalidArgument,
+                std::string(fn) + ": not a hora runtime handle (corrupt or foreign pointer)");
   out->lock = std::shared_lock<std::shared_mutex>(h->mu);
   if (!h->rt) return fail(Code::kShutDown, std::string(fn) + ": this runtime was shut down");
   out->rt = h->rt.get();
@@ -96,7 +99,8 @@ hora_status_t resolveSet(hora_runtime_t h, hora_process_set_t ps, const char* fn
   if (ps->magic != kSetMagic)
     return fail(Code::kInvalidArgument, std::string(fn) + ": not a hora process set handle");
   if (ps->owner != h)
-    return fail(Code::kInvalidArgument, std::string(fn) + ": the process set belongs to another runtime");
+    return fail(Code::kInvalidArgument,
+                std::string(fn) + ": the process set belongs to another runtime");
   *out = ps->set.lock();
   if (!*out) return fail(Code::kShutDown, std::string(fn) + ": the process set is shut down");
   return HORA_SUCCESS;
@@ -151,19 +155,22 @@ Status checkTensor(const DLTensor* t, const std::string& where, TensorInfo* out)
   if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost) {
     bool gpu = t->device.device_type == kDLCUDA || t->device.device_type == kDLCUDAManaged ||
                t->device.device_type == kDLROCM;
-    return Status(Code::kNotSupported,
-                  where + " is in " + (gpu ? "GPU" : "non-CPU") + " memory (DLPack device type " +
-                      std::to_string(t->device.device_type) +
-                      "); this libhora serves CPU memory only (the NCCL GPU backend is not loaded): "
-                      "copy the tensor to the CPU first");
+    return Status(
+        Code::kNotSupported,
+        where + " is in " + (gpu ? "GPU" : "non-CPU") + " memory (DLPack device type " +
+            std::to_string(t->device.device_type) +
+            "); this libhora serves CPU memory only (the NCCL GPU backend is not loaded): "
+            "copy the tensor to the CPU first");
   }
   if (!mapDType(t->dtype, &out->dtype))
-    return hora::invalidArgument(where + " has unsupported DLPack dtype (code " + std::to_string(t->dtype.code) +
-                                 ", bits " + std::to_string(t->dtype.bits) + ", lanes " +
-                                 std::to_string(t->dtype.lanes) +
-                                 "); supported: uint8, int8/16/32/64, float16/32/64, bfloat16, bool");
-  if (t->ndim < 0 || t->ndim > 32) return hora::invalidArgument(where + " has invalid ndim " + std::to_string(t->ndim));
-  if (t->ndim > 0 && !t->shape) return hora::invalidArgument(where + " has ndim > 0 but a NULL shape");
+    return hora::invalidArgument(
+        where + " has unsupported DLPack dtype (code " + std::to_string(t->dtype.code) + ", bits " +
+        std::to_string(t->dtype.bits) + ", lanes " + std::to_string(t->dtype.lanes) +
+        "); supported: uint8, int8/16/32/64, float16/32/64, bfloat16, bool");
+  if (t->ndim < 0 || t->ndim > 32)
+    return hora::invalidArgument(where + " has invalid ndim " + std::to_string(t->ndim));
+  if (t->ndim > 0 && !t->shape)
+    return hora::invalidArgument(where + " has ndim > 0 but a NULL shape");
   out->shape.assign(t->shape, t->shape + t->ndim);
   int64_t n = 1;
   for (int64_t d : out->shape) {
@@ -171,12 +178,15 @@ Status checkTensor(const DLTensor* t, const std::string& where, TensorInfo* out)
     n *= d;
   }
   out->count = n;
-  if (t->strides && n > 0) {  // empty tensors have no layout to check (torch exports odd strides for them)
+  if (t->strides &&
+      n > 0) {  // empty tensors have no layout to check (torch exports odd strides for them)
     int64_t expect = 1;
     for (int i = t->ndim - 1; i >= 0; --i) {
       if (t->shape[i] != 1 && t->strides[i] != expect)
-        return hora::invalidArgument(where + " is not contiguous (strides do not describe a compact row-major "
-                                             "layout); make it contiguous first (e.g. tensor.contiguous())");
+        return hora::invalidArgument(
+            where +
+            " is not contiguous (strides do not describe a compact row-major "
+            "layout); make it contiguous first (e.g. tensor.contiguous())");
       expect *= t->shape[i];
     }
   }
@@ -214,7 +224,8 @@ std::shared_ptr<hora::RequestState> makeState(const hora_options_t& o, int entri
 }
 
 // Enqueues and hands out the request handle.
-hora_status_t submit(hora::ProcessSetImpl& set, std::vector<std::shared_ptr<hora::TensorEntry>> entries,
+hora_status_t submit(hora::ProcessSetImpl& set,
+                     std::vector<std::shared_ptr<hora::TensorEntry>> entries,
                      std::shared_ptr<hora::RequestState> st, hora_request_t* request) {
   auto* h = new hora_request_s();
   h->state = st;
@@ -230,7 +241,8 @@ hora_status_t submit(hora::ProcessSetImpl& set, std::vector<std::shared_ptr<hora
 }
 
 std::string opWhere(const char* kind, const std::string& name, hora::ProcessSetImpl& set) {
-  return std::string(kind) + " \"" + name + "\" on rank " + std::to_string(set.globalRank(set.rank()));
+  return std::string(kind) + " \"" + name + "\" on rank " +
+         std::to_string(set.globalRank(set.rank()));
 }
 
 Status checkOp(const hora_options_t& o, hora::DataType dt, const std::string& where, bool scatter) {
@@ -249,7 +261,7 @@ Status checkOp(const hora_options_t& o, hora::DataType dt, const std::string& wh
   return Status::ok();
 }
 
-#define HORA_CHECK_REQ_OUT(fn)                                                    \
+#define HORA_CHECK_REQ_OUT(fn)                                                              \
   if (!request) return fail(Code::kInvalidArgument, std::string(fn) + ": request is NULL"); \
   *request = nullptr;
 
@@ -263,10 +275,12 @@ HORA_API hora_status_t hora_init_versioned(const hora_config_t* config, hora_run
     if (!out) return fail(Code::kInvalidArgument, "hora_init: out is NULL");
     *out = nullptr;
     if (header_major != HORA_VERSION_MAJOR || header_minor > HORA_VERSION_MINOR)
-      return fail(Code::kInvalidUsage,
-                  "hora_init: program built against hora.h " + std::to_string(header_major) + "." +
-                      std::to_string(header_minor) + " but libhora is " + std::to_string(HORA_VERSION_MAJOR) +
-                      "." + std::to_string(HORA_VERSION_MINOR) + ": rebuild against the installed header");
+      return fail(Code::kInvalidUsage, "hora_init: program built against hora.h " +
+                                           std::to_string(header_major) + "." +
+                                           std::to_string(header_minor) + " but libhora is " +
+                                           std::to_string(HORA_VERSION_MAJOR) + "." +
+                                           std::to_string(HORA_VERSION_MINOR) +
+                                           ": rebuild against the installed header");
     hora_config_t c;
     hora_config_init(&c);
     if (config) {
@@ -291,8 +305,10 @@ HORA_API hora_status_t hora_init_versioned(const hora_config_t* config, hora_run
 HORA_API hora_status_t hora_shutdown(hora_runtime_t h) {
   return guarded("hora_shutdown", [&]() -> hora_status_t {
     if (!h) return HORA_SUCCESS;
-    if (h->magic == kDeadMagic) return fail(Code::kShutDown, "hora_shutdown: runtime already shut down");
-    if (h->magic != kRuntimeMagic) return fail(Code::kInvalidArgument, "hora_shutdown: not a hora runtime handle");
+    if (h->magic == kDeadMagic)
+      return fail(Code::kShutDown, "hora_shutdown: runtime already shut down");
+    if (h->magic != kRuntimeMagic)
+      return fail(Code::kInvalidArgument, "hora_shutdown: not a hora runtime handle");
     std::unique_ptr<hora::Runtime> rt;
     {
       std::unique_lock<std::shared_mutex> lk(h->mu);
@@ -307,15 +323,15 @@ HORA_API hora_status_t hora_shutdown(hora_runtime_t h) {
   });
 }
 
-#define HORA_IDENTITY_GETTER(fn, field)                                              \
-  HORA_API hora_status_t fn(hora_runtime_t h, int32_t* out) {                       \
-    return guarded(#fn, [&]() -> hora_status_t {                                    \
-      RuntimeRef ref;                                                               \
-      if (hora_status_t s = acquire(h, #fn, &ref)) return s;                        \
+#define HORA_IDENTITY_GETTER(fn, field)                                                  \
+  HORA_API hora_status_t fn(hora_runtime_t h, int32_t* out) {                            \
+    return guarded(#fn, [&]() -> hora_status_t {                                         \
+      RuntimeRef ref;                                                                    \
+      if (hora_status_t s = acquire(h, #fn, &ref)) return s;                             \
       if (!out) return fail(Code::kInvalidArgument, std::string(#fn) + ": out is NULL"); \
-      *out = ref.rt->identity().field;                                              \
-      return HORA_SUCCESS;                                                          \
-    });                                                                             \
+      *out = ref.rt->identity().field;                                                   \
+      return HORA_SUCCESS;                                                               \
+    });                                                                                  \
   }
 HORA_IDENTITY_GETTER(hora_rank, rank)
 HORA_IDENTITY_GETTER(hora_size, size)
@@ -342,14 +358,17 @@ HORA_API hora_status_t hora_process_set_create(hora_runtime_t h, const int32_t* 
     if (!out) return fail(Code::kInvalidArgument, "hora_process_set_create: out is NULL");
     *out = nullptr;
     int size = ref.rt->identity().size, me = ref.rt->identity().rank;
-    if (!ranks || n <= 0) return fail(Code::kInvalidArgument, "hora_process_set_create: ranks is NULL or empty");
+    if (!ranks || n <= 0)
+      return fail(Code::kInvalidArgument, "hora_process_set_create: ranks is NULL or empty");
     std::vector<int> list(ranks, ranks + n);
     for (int i = 0; i < n; ++i) {
       if (list[i] < 0 || list[i] >= size)
-        return fail(Code::kInvalidArgument, "hora_process_set_create: rank " + std::to_string(list[i]) +
-                                                " is outside the job (size " + std::to_string(size) + ")");
+        return fail(Code::kInvalidArgument,
+                    "hora_process_set_create: rank " + std::to_string(list[i]) +
+                        " is outside the job (size " + std::to_string(size) + ")");
       if (i > 0 && list[i] <= list[i - 1])
-        return fail(Code::kInvalidArgument, "hora_process_set_create: ranks must be sorted and unique");
+        return fail(Code::kInvalidArgument,
+                    "hora_process_set_create: ranks must be sorted and unique");
     }
     if (std::find(list.begin(), list.end(), me) == list.end())
       return fail(Code::kInvalidUsage, "hora_process_set_create: rank " + std::to_string(me) +
@@ -367,8 +386,10 @@ HORA_API hora_status_t hora_process_set_create(hora_runtime_t h, const int32_t* 
 HORA_API hora_status_t hora_process_set_destroy(hora_process_set_t ps) {
   return guarded("hora_process_set_destroy", [&]() -> hora_status_t {
     if (!ps || ps->magic != kSetMagic)
-      return fail(Code::kInvalidArgument, "hora_process_set_destroy: not a live process set handle");
-    if (ps->owner->magic == kDeadMagic) {  // the runtime already shut the set down: just release the handle
+      return fail(Code::kInvalidArgument,
+                  "hora_process_set_destroy: not a live process set handle");
+    if (ps->owner->magic ==
+        kDeadMagic) {  // the runtime already shut the set down: just release the handle
       ps->magic = kDeadMagic;
       bury(ps);
       return HORA_SUCCESS;
@@ -376,7 +397,8 @@ HORA_API hora_status_t hora_process_set_destroy(hora_process_set_t ps) {
     RuntimeRef ref;
     if (hora_status_t s = acquire(ps->owner, "hora_process_set_destroy", &ref)) return s;
     if (ps == ps->owner->global)
-      return fail(Code::kInvalidUsage, "hora_process_set_destroy: the global set ends with hora_shutdown");
+      return fail(Code::kInvalidUsage,
+                  "hora_process_set_destroy: the global set ends with hora_shutdown");
     auto set = ps->set.lock();
     ps->magic = kDeadMagic;
     bury(ps);
@@ -408,7 +430,8 @@ HORA_API hora_status_t hora_process_set_size(hora_process_set_t ps, int32_t* out
 }
 
 HORA_API hora_status_t hora_allreduce_async(hora_runtime_t h, const DLTensor* in, DLTensor* out,
-                                            const hora_options_t* options, hora_request_t* request) {
+                                            const hora_options_t* options,
+                                            hora_request_t* request) {
   return guarded("hora_allreduce_async", [&]() -> hora_status_t {
     HORA_CHECK_REQ_OUT("hora_allreduce_async");
     RuntimeRef ref;
@@ -418,7 +441,8 @@ HORA_API hora_status_t hora_allreduce_async(hora_runtime_t h, const DLTensor* in
     if (hora_status_t s = resolveSet(h, o.process_set, "hora_allreduce_async", &set)) return s;
     std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kAllreduce);
     if (o.name && std::strncmp(o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
-      return fail(Code::kInvalidArgument, "tensor names starting with \"__hora\" are reserved for hora itself");
+      return fail(Code::kInvalidArgument,
+                  "tensor names starting with \"__hora\" are reserved for hora itself");
     if (name.empty()) return fail(Code::kInvalidArgument, "hora_allreduce_async: name is empty");
     std::string where = opWhere("allreduce", name, *set);
     TensorInfo ti, to;
@@ -426,7 +450,8 @@ HORA_API hora_status_t hora_allreduce_async(hora_runtime_t h, const DLTensor* in
     if (s.isOk()) s = checkTensor(out, where + ", output", &to);
     if (s.isOk() && (ti.dtype != to.dtype || ti.count != to.count))
       s = hora::invalidArgument(where + ": output " + hora::describeTensor(to.dtype, to.shape) +
-                                " does not match input " + hora::describeTensor(ti.dtype, ti.shape));
+                                " does not match input " +
+                                hora::describeTensor(ti.dtype, ti.shape));
     if (s.isOk()) s = checkOp(o, ti.dtype, where, false);
     if (!s.isOk()) return setError(s);
     auto e = makeEntry(hora::CollectiveKind::kAllreduce, name, ti, in, o);
@@ -435,21 +460,25 @@ HORA_API hora_status_t hora_allreduce_async(hora_runtime_t h, const DLTensor* in
   });
 }
 
-HORA_API hora_status_t hora_grouped_allreduce_async(hora_runtime_t h, int32_t n, const DLTensor* const* in,
-                                                    DLTensor* const* out, const hora_options_t* options,
+HORA_API hora_status_t hora_grouped_allreduce_async(hora_runtime_t h, int32_t n,
+                                                    const DLTensor* const* in, DLTensor* const* out,
+                                                    const hora_options_t* options,
                                                     hora_request_t* request) {
   return guarded("hora_grouped_allreduce_async", [&]() -> hora_status_t {
     HORA_CHECK_REQ_OUT("hora_grouped_allreduce_async");
     RuntimeRef ref;
     if (hora_status_t s = acquire(h, "hora_grouped_allreduce_async", &ref)) return s;
     if (n <= 0 || !in || !out)
-      return fail(Code::kInvalidArgument, "hora_grouped_allreduce_async: n must be positive and in/out non-NULL");
+      return fail(Code::kInvalidArgument,
+                  "hora_grouped_allreduce_async: n must be positive and in/out non-NULL");
     hora_options_t o = readOptions(options);
     std::shared_ptr<hora::ProcessSetImpl> set;
-    if (hora_status_t s = resolveSet(h, o.process_set, "hora_grouped_allreduce_async", &set)) return s;
+    if (hora_status_t s = resolveSet(h, o.process_set, "hora_grouped_allreduce_async", &set))
+      return s;
     std::string base = o.name ? o.name : set->autoName(hora::CollectiveKind::kAllreduce);
     if (o.name && std::strncmp(o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
-      return fail(Code::kInvalidArgument, "tensor names starting with \"__hora\" are reserved for hora itself");
+      return fail(Code::kInvalidArgument,
+                  "tensor names starting with \"__hora\" are reserved for hora itself");
     std::vector<std::shared_ptr<hora::TensorEntry>> entries;
     for (int32_t i = 0; i < n; ++i) {
       std::string name = base + "." + std::to_string(i);
@@ -469,7 +498,8 @@ HORA_API hora_status_t hora_grouped_allreduce_async(hora_runtime_t h, int32_t n,
   });
 }
 
-HORA_API hora_status_t hora_allgather_async(hora_runtime_t h, const DLTensor* in, const hora_options_t* options,
+HORA_API hora_status_t hora_allgather_async(hora_runtime_t h, const DLTensor* in,
+                                            const hora_options_t* options,
                                             hora_request_t* request) {
   return guarded("hora_allgather_async", [&]() -> hora_status_t {
     HORA_CHECK_REQ_OUT("hora_allgather_async");
@@ -480,20 +510,24 @@ HORA_API hora_status_t hora_allgather_async(hora_runtime_t h, const DLTensor* in
     if (hora_status_t s = resolveSet(h, o.process_set, "hora_allgather_async", &set)) return s;
     std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kAllgather);
     if (o.name && std::strncmp(o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
-      return fail(Code::kInvalidArgument, "tensor names starting with \"__hora\" are reserved for hora itself");
+      return fail(Code::kInvalidArgument,
+                  "tensor names starting with \"__hora\" are reserved for hora itself");
     std::string where = opWhere("allgather", name, *set);
     TensorInfo ti;
     Status s = checkTensor(in, where + ", input", &ti);
     if (s.isOk() && ti.shape.empty())
-      s = hora::invalidArgument(where + ": input is a scalar; allgather needs at least one dimension");
+      s = hora::invalidArgument(where +
+                                ": input is a scalar; allgather needs at least one dimension");
     if (!s.isOk()) return setError(s);
     o.op = HORA_OP_SUM;
     o.prescale = o.postscale = 1.0;
-    return submit(*set, {makeEntry(hora::CollectiveKind::kAllgather, name, ti, in, o)}, makeState(o, 1), request);
+    return submit(*set, {makeEntry(hora::CollectiveKind::kAllgather, name, ti, in, o)},
+                  makeState(o, 1), request);
   });
 }
 
-HORA_API hora_status_t hora_broadcast_async(hora_runtime_t h, DLTensor* tensor, const hora_options_t* options,
+HORA_API hora_status_t hora_broadcast_async(hora_runtime_t h, DLTensor* tensor,
+                                            const hora_options_t* options,
                                             hora_request_t* request) {
   return guarded("hora_broadcast_async", [&]() -> hora_status_t {
     HORA_CHECK_REQ_OUT("hora_broadcast_async");
@@ -504,13 +538,15 @@ HORA_API hora_status_t hora_broadcast_async(hora_runtime_t h, DLTensor* tensor, 
     if (hora_status_t s = resolveSet(h, o.process_set, "hora_broadcast_async", &set)) return s;
     std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kBroadcast);
     if (o.name && std::strncmp(o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
-      return fail(Code::kInvalidArgument, "tensor names starting with \"__hora\" are reserved for hora itself");
+      return fail(Code::kInvalidArgument,
+                  "tensor names starting with \"__hora\" are reserved for hora itself");
     std::string where = opWhere("broadcast", name, *set);
     TensorInfo ti;
     Status s = checkTensor(tensor, where + ", tensor", &ti);
     if (s.isOk() && (o.root < 0 || o.root >= set->size()))
-      s = hora::invalidArgument(where + ": root " + std::to_string(o.root) + " is outside the process set (size " +
-                                std::to_string(set->size()) + ")");
+      s = hora::invalidArgument(where + ": root " + std::to_string(o.root) +
+                                " is outside the process set (size " + std::to_string(set->size()) +
+                                ")");
     if (!s.isOk()) return setError(s);
     o.op = HORA_OP_SUM;
     o.prescale = o.postscale = 1.0;
@@ -520,9 +556,9 @@ HORA_API hora_status_t hora_broadcast_async(hora_runtime_t h, DLTensor* tensor, 
   });
 }
 
-HORA_API hora_status_t hora_alltoall_async(hora_runtime_t h, const DLTensor* in, const int64_t* splits,
-                                           int32_t nsplits, const hora_options_t* options,
-                                           hora_request_t* request) {
+HORA_API hora_status_t hora_alltoall_async(hora_runtime_t h, const DLTensor* in,
+                                           const int64_t* splits, int32_t nsplits,
+                                           const hora_options_t* options, hora_request_t* request) {
   return guarded("hora_alltoall_async", [&]() -> hora_status_t {
     HORA_CHECK_REQ_OUT("hora_alltoall_async");
     RuntimeRef ref;
@@ -532,18 +568,21 @@ HORA_API hora_status_t hora_alltoall_async(hora_runtime_t h, const DLTensor* in,
     if (hora_status_t s = resolveSet(h, o.process_set, "hora_alltoall_async", &set)) return s;
     std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kAlltoall);
     if (o.name && std::strncmp(o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
-      return fail(Code::kInvalidArgument, "tensor names starting with \"__hora\" are reserved for hora itself");
+      return fail(Code::kInvalidArgument,
+                  "tensor names starting with \"__hora\" are reserved for hora itself");
     std::string where = opWhere("alltoall", name, *set);
     TensorInfo ti;
     Status s = checkTensor(in, where + ", input", &ti);
-    if (s.isOk() && ti.shape.empty()) s = hora::invalidArgument(where + ": input needs at least one dimension");
+    if (s.isOk() && ti.shape.empty())
+      s = hora::invalidArgument(where + ": input needs at least one dimension");
     if (!s.isOk()) return setError(s);
     std::vector<int64_t> sp;
     int n = set->size();
     if (splits) {
       if (nsplits != n)
         return fail(Code::kInvalidArgument, where + ": nsplits is " + std::to_string(nsplits) +
-                                                " but the process set has " + std::to_string(n) + " ranks");
+                                                " but the process set has " + std::to_string(n) +
+                                                " ranks");
       sp.assign(splits, splits + n);
       int64_t sum = 0;
       for (int64_t v : sp) {
@@ -552,12 +591,14 @@ HORA_API hora_status_t hora_alltoall_async(hora_runtime_t h, const DLTensor* in,
       }
       if (sum != ti.shape[0])
         return fail(Code::kInvalidArgument, where + ": splits sum to " + std::to_string(sum) +
-                                                " but dimension 0 is " + std::to_string(ti.shape[0]));
+                                                " but dimension 0 is " +
+                                                std::to_string(ti.shape[0]));
     } else {
       if (ti.shape[0] % n != 0)
-        return fail(Code::kInvalidArgument, where + ": dimension 0 (" + std::to_string(ti.shape[0]) +
-                                                ") does not divide by the set size " + std::to_string(n) +
-                                                "; pass explicit splits");
+        return fail(Code::kInvalidArgument, where + ": dimension 0 (" +
+                                                std::to_string(ti.shape[0]) +
+                                                ") does not divide by the set size " +
+                                                std::to_string(n) + "; pass explicit splits");
       sp.assign(n, ti.shape[0] / n);
     }
     o.op = HORA_OP_SUM;
@@ -569,7 +610,8 @@ HORA_API hora_status_t hora_alltoall_async(hora_runtime_t h, const DLTensor* in,
 }
 
 HORA_API hora_status_t hora_reducescatter_async(hora_runtime_t h, const DLTensor* in,
-                                                const hora_options_t* options, hora_request_t* request) {
+                                                const hora_options_t* options,
+                                                hora_request_t* request) {
   return guarded("hora_reducescatter_async", [&]() -> hora_status_t {
     HORA_CHECK_REQ_OUT("hora_reducescatter_async");
     RuntimeRef ref;
@@ -579,19 +621,22 @@ HORA_API hora_status_t hora_reducescatter_async(hora_runtime_t h, const DLTensor
     if (hora_status_t s = resolveSet(h, o.process_set, "hora_reducescatter_async", &set)) return s;
     std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kReducescatter);
     if (o.name && std::strncmp(o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
-      return fail(Code::kInvalidArgument, "tensor names starting with \"__hora\" are reserved for hora itself");
+      return fail(Code::kInvalidArgument,
+                  "tensor names starting with \"__hora\" are reserved for hora itself");
     std::string where = opWhere("reducescatter", name, *set);
     TensorInfo ti;
     Status s = checkTensor(in, where + ", input", &ti);
-    if (s.isOk() && ti.shape.empty()) s = hora::invalidArgument(where + ": input needs at least one dimension");
+    if (s.isOk() && ti.shape.empty())
+      s = hora::invalidArgument(where + ": input needs at least one dimension");
     if (s.isOk()) s = checkOp(o, ti.dtype, where, true);
     if (!s.isOk()) return setError(s);
-    return submit(*set, {makeEntry(hora::CollectiveKind::kReducescatter, name, ti, in, o)}, makeState(o, 1),
-                  request);
+    return submit(*set, {makeEntry(hora::CollectiveKind::kReducescatter, name, ti, in, o)},
+                  makeState(o, 1), request);
   });
 }
 
-HORA_API hora_status_t hora_barrier_async(hora_runtime_t h, const hora_options_t* options, hora_request_t* request) {
+HORA_API hora_status_t hora_barrier_async(hora_runtime_t h, const hora_options_t* options,
+                                          hora_request_t* request) {
   return guarded("hora_barrier_async", [&]() -> hora_status_t {
     HORA_CHECK_REQ_OUT("hora_barrier_async");
     RuntimeRef ref;
@@ -601,27 +646,32 @@ HORA_API hora_status_t hora_barrier_async(hora_runtime_t h, const hora_options_t
     if (hora_status_t s = resolveSet(h, o.process_set, "hora_barrier_async", &set)) return s;
     std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kBarrier);
     if (o.name && std::strncmp(o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
-      return fail(Code::kInvalidArgument, "tensor names starting with \"__hora\" are reserved for hora itself");
+      return fail(Code::kInvalidArgument,
+                  "tensor names starting with \"__hora\" are reserved for hora itself");
     TensorInfo ti{hora::DataType::kUint8, {}, nullptr, 0};
     o.op = HORA_OP_SUM;
     o.prescale = o.postscale = 1.0;
-    return submit(*set, {makeEntry(hora::CollectiveKind::kBarrier, name, ti, nullptr, o)}, makeState(o, 1), request);
+    return submit(*set, {makeEntry(hora::CollectiveKind::kBarrier, name, ti, nullptr, o)},
+                  makeState(o, 1), request);
   });
 }
 
-HORA_API hora_status_t hora_join_async(hora_runtime_t h, const hora_options_t* options, hora_request_t* request) {
+HORA_API hora_status_t hora_join_async(hora_runtime_t h, const hora_options_t* options,
+                                       hora_request_t* request) {
   return guarded("hora_join_async", [&]() -> hora_status_t {
     HORA_CHECK_REQ_OUT("hora_join_async");
     RuntimeRef ref;
     if (hora_status_t s = acquire(h, "hora_join_async", &ref)) return s;
     hora_options_t o = readOptions(options);
     if (o.process_set && o.process_set != h->global)
-      return fail(Code::kNotSupported, "hora_join_async: join is supported on the global process set only");
+      return fail(Code::kNotSupported,
+                  "hora_join_async: join is supported on the global process set only");
     auto set = h->rt->globalSet();
     TensorInfo ti{hora::DataType::kUint8, {}, nullptr, 0};
     o.op = HORA_OP_SUM;
     o.prescale = o.postscale = 1.0;
-    return submit(*set, {makeEntry(hora::CollectiveKind::kJoin, kJoinName, ti, nullptr, o)}, makeState(o, 1), request);
+    return submit(*set, {makeEntry(hora::CollectiveKind::kJoin, kJoinName, ti, nullptr, o)},
+                  makeState(o, 1), request);
   });
 }
 
@@ -638,16 +688,19 @@ HORA_API hora_status_t hora_test(hora_request_t r, int32_t* done) {
 
 HORA_API hora_status_t hora_wait(hora_request_t r, double timeout_s) {
   return guarded("hora_wait", [&]() -> hora_status_t {
-    if (!r || r->magic != hora::kRequestMagic) return fail(Code::kInvalidArgument, "hora_wait: invalid request handle");
+    if (!r || r->magic != hora::kRequestMagic)
+      return fail(Code::kInvalidArgument, "hora_wait: invalid request handle");
     std::unique_lock<std::mutex> lk(r->state->mu);
     auto isDone = [&] { return r->state->done; };
     if (timeout_s != timeout_s) return fail(Code::kInvalidArgument, "hora_wait: timeout is NaN");
     if (timeout_s < 0 || timeout_s > 1e9) {  // negative or absurdly large: wait forever
       r->state->cv.wait(lk, isDone);
-    } else if (!r->state->cv.wait_for(
-                   lk, std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(timeout_s)),
-                   isDone)) {
-      return fail(Code::kTimeout, "hora_wait: the request is still running after " + std::to_string(timeout_s) +
+    } else if (!r->state->cv.wait_for(lk,
+                                      std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::duration<double>(timeout_s)),
+                                      isDone)) {
+      return fail(Code::kTimeout, "hora_wait: the request is still running after " +
+                                      std::to_string(timeout_s) +
                                       " s (it continues; wait again or check the other ranks)");
     }
     return setError(r->state->status);
@@ -657,9 +710,11 @@ HORA_API hora_status_t hora_wait(hora_request_t r, double timeout_s) {
 HORA_API hora_status_t hora_request_output(hora_request_t r, const DLTensor** out) {
   return guarded("hora_request_output", [&]() -> hora_status_t {
     if (!r || r->magic != hora::kRequestMagic || !out)
-      return fail(Code::kInvalidArgument, "hora_request_output: invalid request handle or NULL out");
+      return fail(Code::kInvalidArgument,
+                  "hora_request_output: invalid request handle or NULL out");
     std::lock_guard<std::mutex> lk(r->state->mu);
-    if (!r->state->resultsReady) return fail(Code::kInProgress, "hora_request_output: the request has not completed yet");
+    if (!r->state->resultsReady)
+      return fail(Code::kInProgress, "hora_request_output: the request has not completed yet");
     if (!r->state->status.isOk()) return setError(r->state->status);
     if (!r->state->hasOutput)
       return fail(Code::kInvalidUsage, "hora_request_output: this request has no output tensor");
@@ -668,12 +723,15 @@ HORA_API hora_status_t hora_request_output(hora_request_t r, const DLTensor** ou
   });
 }
 
-HORA_API hora_status_t hora_request_received_splits(hora_request_t r, const int64_t** splits, int32_t* n) {
+HORA_API hora_status_t hora_request_received_splits(hora_request_t r, const int64_t** splits,
+                                                    int32_t* n) {
   return guarded("hora_request_received_splits", [&]() -> hora_status_t {
     if (!r || r->magic != hora::kRequestMagic || !splits || !n)
-      return fail(Code::kInvalidArgument, "hora_request_received_splits: invalid request handle or NULL out");
+      return fail(Code::kInvalidArgument,
+                  "hora_request_received_splits: invalid request handle or NULL out");
     std::lock_guard<std::mutex> lk(r->state->mu);
-    if (!r->state->resultsReady) return fail(Code::kInProgress, "hora_request_received_splits: not completed yet");
+    if (!r->state->resultsReady)
+      return fail(Code::kInProgress, "hora_request_received_splits: not completed yet");
     if (!r->state->status.isOk()) return setError(r->state->status);
     *splits = r->state->receivedSplits.data();
     *n = static_cast<int32_t>(r->state->receivedSplits.size());
@@ -684,9 +742,11 @@ HORA_API hora_status_t hora_request_received_splits(hora_request_t r, const int6
 HORA_API hora_status_t hora_request_join_last_rank(hora_request_t r, int32_t* rank) {
   return guarded("hora_request_join_last_rank", [&]() -> hora_status_t {
     if (!r || r->magic != hora::kRequestMagic || !rank)
-      return fail(Code::kInvalidArgument, "hora_request_join_last_rank: invalid request handle or NULL out");
+      return fail(Code::kInvalidArgument,
+                  "hora_request_join_last_rank: invalid request handle or NULL out");
     std::lock_guard<std::mutex> lk(r->state->mu);
-    if (!r->state->resultsReady) return fail(Code::kInProgress, "hora_request_join_last_rank: not completed yet");
+    if (!r->state->resultsReady)
+      return fail(Code::kInProgress, "hora_request_join_last_rank: not completed yet");
     if (!r->state->status.isOk()) return setError(r->state->status);
     *rank = r->state->lastJoinedRank;
     return HORA_SUCCESS;
@@ -697,7 +757,8 @@ HORA_API hora_status_t hora_request_free(hora_request_t r) {
   return guarded("hora_request_free", [&]() -> hora_status_t {
     if (!r) return HORA_SUCCESS;
     if (r->magic != hora::kRequestMagic)
-      return fail(Code::kInvalidArgument, "hora_request_free: invalid request handle (freed twice?)");
+      return fail(Code::kInvalidArgument,
+                  "hora_request_free: invalid request handle (freed twice?)");
     {
       std::lock_guard<std::recursive_mutex> lk(r->state->cbMu);
       r->state->handle = nullptr;

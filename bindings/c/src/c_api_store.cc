@@ -30,7 +30,6 @@ struct hora_store_server_s {
 
 namespace {
 
-
 // The store has no runtime to take a logger from: the level comes from
 // HORA_LOG_LEVEL (default warning, which shows refused clients).
 hora::Logger storeLogger() {

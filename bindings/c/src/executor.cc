@@ -43,7 +43,8 @@ void ProcessSetImpl::executorLoop() {
 Status ProcessSetImpl::backendFailure(const Status& s, const std::string& what) {
   // A data-plane failure is usually the shadow of a lost peer that the
   // control plane names precisely; give it a moment to say so.
-  for (int i = 0; i < 40 && !isBroken_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (int i = 0; i < 40 && !isBroken_; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   Status named = isBroken_ ? brokenStatus() : s.withContext(what);
   markBroken(named);
   return named;
@@ -55,7 +56,9 @@ void ProcessSetImpl::execute(ExecGroup& g) {
   switch (first.kind) {
     case ResponseKind::kError:
       for (size_t i = 0; i < es.size(); ++i)
-        if (es[i]) es[i]->complete(Status(static_cast<Code>(g.responses[i].errorCode), g.responses[i].error));
+        if (es[i])
+          es[i]->complete(
+              Status(static_cast<Code>(g.responses[i].errorCode), g.responses[i].error));
       return;
     case ResponseKind::kBarrier:
       // The response itself proves every rank arrived.
@@ -79,11 +82,21 @@ void ProcessSetImpl::execute(ExecGroup& g) {
   TensorEntry* e = es[0].get();
   Status s;
   switch (first.kind) {
-    case ResponseKind::kAllgather: s = runAllgather(first, e); break;
-    case ResponseKind::kBroadcast: s = runBroadcast(first, e); break;
-    case ResponseKind::kAlltoall: s = runAlltoall(first, e); break;
-    case ResponseKind::kReducescatter: s = runReducescatter(first, e); break;
-    default: s = internalError("unexpected response kind"); break;
+    case ResponseKind::kAllgather:
+      s = runAllgather(first, e);
+      break;
+    case ResponseKind::kBroadcast:
+      s = runBroadcast(first, e);
+      break;
+    case ResponseKind::kAlltoall:
+      s = runAlltoall(first, e);
+      break;
+    case ResponseKind::kReducescatter:
+      s = runReducescatter(first, e);
+      break;
+    default:
+      s = internalError("unexpected response kind");
+      break;
   }
   if (e) e->complete(s.isOk() ? s : entryStatus(*e, s));
 }
@@ -95,10 +108,12 @@ Status ProcessSetImpl::runAllreduce(std::vector<Response>& group,
   size_t esz = dataTypeSize(dt);
   ReduceOp op = r0.op == ReduceOp::kAverage ? ReduceOp::kSum : r0.op;
   int contributors = size() - static_cast<int>(r0.joined.size());
-  double post = r0.postscale * (r0.op == ReduceOp::kAverage ? 1.0 / std::max(1, contributors) : 1.0);
+  double post =
+      r0.postscale * (r0.op == ReduceOp::kAverage ? 1.0 / std::max(1, contributors) : 1.0);
   double pre = r0.prescale;
-  std::string what = "allreduce \"" + r0.name + "\"" +
-                     (group.size() > 1 ? " (fused with " + std::to_string(group.size() - 1) + " more)" : "");
+  std::string what =
+      "allreduce \"" + r0.name + "\"" +
+      (group.size() > 1 ? " (fused with " + std::to_string(group.size() - 1) + " more)" : "");
 
   // Large tensors are reduced where they are: packing them would only add
   // two copies, which on a busy CPU cost as much as the reduction saves.
@@ -106,7 +121,8 @@ Status ProcessSetImpl::runAllreduce(std::vector<Response>& group,
   // response, never from whether this rank has an entry), because the packed
   // path calls allreduceGather and the other one allreduce, which a backend
   // may implement with different algorithms.
-  size_t inplaceMin = opts_.fusionInplaceMinBytes > 0 ? static_cast<size_t>(opts_.fusionInplaceMinBytes) : SIZE_MAX;
+  size_t inplaceMin =
+      opts_.fusionInplaceMinBytes > 0 ? static_cast<size_t>(opts_.fusionInplaceMinBytes) : SIZE_MAX;
   std::vector<Response> packed;
   std::vector<std::shared_ptr<TensorEntry>> packedEs;
   std::vector<size_t> alone;
@@ -188,11 +204,12 @@ Status ProcessSetImpl::runAllreduce(std::vector<Response>& group,
     Status s = backend_->allreduceGather(data, n, dt, op, pack, unpack);
     if (!s.isOk()) return backendFailure(s, what);
   }
-  HORA_LOG(logger_, kDebug) << what << ": " << packed.size() << " packed in "
-                            << std::chrono::duration<double, std::milli>(t1 - t0).count() << " ms, " << alone.size()
-                            << " in place in "
-                            << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count()
-                            << " ms";
+  HORA_LOG(logger_, kDebug)
+      << what << ": " << packed.size() << " packed in "
+      << std::chrono::duration<double, std::milli>(t1 - t0).count() << " ms, " << alone.size()
+      << " in place in "
+      << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count()
+      << " ms";
   return Status::ok();
 }
 
@@ -202,10 +219,12 @@ Result<void*> ProcessSetImpl::allocateOutput(TensorEntry& e, const std::vector<i
   st.outShape = shape;
   void* data = nullptr;
   if (st.alloc) {
-    int rc = st.alloc(st.allocUser, static_cast<int32_t>(shape.size()), shape.data(), e.dlType, bytes, &data);
+    int rc = st.alloc(st.allocUser, static_cast<int32_t>(shape.size()), shape.data(), e.dlType,
+                      bytes, &data);
     if (rc != 0 || (!data && bytes > 0))
       return Status(Code::kSystemError, "the output allocator callback failed (returned " +
-                                            std::to_string(rc) + ") for " + std::to_string(bytes) + " bytes");
+                                            std::to_string(rc) + ") for " + std::to_string(bytes) +
+                                            " bytes");
   } else {
     st.ownedOutput.resize(std::max<size_t>(bytes, 1));
     data = st.ownedOutput.data();
@@ -281,11 +300,14 @@ Status ProcessSetImpl::runAlltoall(const Response& r, TensorEntry* e) {
   if (e) {
     e->owner->receivedSplits = recvRows;
     auto o = allocateOutput(*e, outShape);
-    if (o.isOk()) out = o.value();
-    else allocFailure = o.status();
+    if (o.isOk())
+      out = o.value();
+    else
+      allocFailure = o.status();
   }
   if (!out) {
-    HORA_RETURN_IF_ERROR(fusion_.reserve(static_cast<size_t>(outRows * row) * dataTypeSize(r.dtype)));
+    HORA_RETURN_IF_ERROR(
+        fusion_.reserve(static_cast<size_t>(outRows * row) * dataTypeSize(r.dtype)));
     out = fusion_.data();
   }
   Status s = backend_->alltoallv(e ? e->in : nullptr, send, out, recv, r.dtype);
@@ -320,7 +342,8 @@ Status ProcessSetImpl::runReducescatter(const Response& r, TensorEntry* e) {
   if (!s.isOk()) return backendFailure(s, "reducescatter \"" + r.name + "\"");
   if (!e) return Status::ok();
   std::vector<int64_t> outShape = r.shape;
-  if (!outShape.empty()) outShape[0] = static_cast<int64_t>(counts[rank_] / std::max<int64_t>(row, 1));
+  if (!outShape.empty())
+    outShape[0] = static_cast<int64_t>(counts[rank_] / std::max<int64_t>(row, 1));
   if (row == 0 && !outShape.empty()) outShape[0] = dim0 / n + (rank_ < dim0 % n ? 1 : 0);
   auto o = allocateOutput(*e, outShape);
   if (!o.isOk()) return o.status();

@@ -36,8 +36,11 @@ void RequestState::completeEntry(const Status& s) {
 
 ProcessSetImpl::ProcessSetImpl(std::string name, std::vector<int> globalRanks, int rank,
                                SetOptions options)
-    : name_(std::move(name)), globalRanks_(std::move(globalRanks)), rank_(rank),
-      opts_(std::move(options)), logger_(opts_.logger),
+    : name_(std::move(name)),
+      globalRanks_(std::move(globalRanks)),
+      rank_(rank),
+      opts_(std::move(options)),
+      logger_(opts_.logger),
       cache_(static_cast<size_t>(std::max(0, opts_.cacheCapacity))) {}
 
 Result<std::unique_ptr<ProcessSetImpl>> ProcessSetImpl::create(std::string name,
@@ -47,9 +50,11 @@ Result<std::unique_ptr<ProcessSetImpl>> ProcessSetImpl::create(std::string name,
                                                                SetOptions options) {
   auto it = std::find(globalRanks.begin(), globalRanks.end(), myGlobalRank);
   if (it == globalRanks.end())
-    return invalidArgument("rank " + std::to_string(myGlobalRank) + " is not a member of process set " + name);
+    return invalidArgument("rank " + std::to_string(myGlobalRank) +
+                           " is not a member of process set " + name);
   int rank = static_cast<int>(it - globalRanks.begin());
-  std::unique_ptr<ProcessSetImpl> ps(new ProcessSetImpl(name, globalRanks, rank, std::move(options)));
+  std::unique_ptr<ProcessSetImpl> ps(
+      new ProcessSetImpl(name, globalRanks, rank, std::move(options)));
   const SetOptions& o = ps->opts_;
 
   // The response cache only works if every rank applies the same operations
@@ -59,13 +64,16 @@ Result<std::unique_ptr<ProcessSetImpl>> ProcessSetImpl::create(std::string name,
     if (rank == 0) {
       HORA_RETURN_IF_ERROR(store->set("cache_capacity", mine));
     } else {
-      auto theirs = store->get("cache_capacity",
-                               std::chrono::milliseconds(static_cast<int64_t>(ps->opts_.startTimeoutS * 1000)));
-      if (!theirs.isOk()) return theirs.status().withContext("process set " + name + ": waiting for the coordinator");
+      auto theirs = store->get(
+          "cache_capacity",
+          std::chrono::milliseconds(static_cast<int64_t>(ps->opts_.startTimeoutS * 1000)));
+      if (!theirs.isOk())
+        return theirs.status().withContext("process set " + name + ": waiting for the coordinator");
       if (theirs.value() != mine)
-        return invalidArgument("process set " + name + ": HORA_CACHE_CAPACITY is " + mine + " on rank " +
-                               std::to_string(myGlobalRank) + " but " + theirs.value() + " on rank " +
-                               std::to_string(globalRanks[0]) + "; every rank must use the same value");
+        return invalidArgument("process set " + name + ": HORA_CACHE_CAPACITY is " + mine +
+                               " on rank " + std::to_string(myGlobalRank) + " but " +
+                               theirs.value() + " on rank " + std::to_string(globalRanks[0]) +
+                               "; every rank must use the same value");
     }
   }
 
@@ -91,7 +99,8 @@ Result<std::unique_ptr<ProcessSetImpl>> ProcessSetImpl::create(std::string name,
   // about twice as fast for small messages here (bench/README.md).
   if (go.algorithm == "auto" && globalRanks.size() == 2) go.algorithm = "ring";
   auto be = createGlooBackend(store, "gloo", rank, ps->size(), go);
-  if (!be.isOk()) return be.status().withContext("process set " + name + ": connecting the Gloo data plane");
+  if (!be.isOk())
+    return be.status().withContext("process set " + name + ": connecting the Gloo data plane");
   ps->backend_ = be.take();
 
   if (rank == 0) {
@@ -109,7 +118,9 @@ Result<std::unique_ptr<ProcessSetImpl>> ProcessSetImpl::create(std::string name,
 
   ProcessSetImpl* self = ps.get();
   ControlPlaneCallbacks cbs;
-  cbs.onFrame = [self](int from, FrameType t, std::string p) { self->onFrame(from, t, std::move(p)); };
+  cbs.onFrame = [self](int from, FrameType t, std::string p) {
+    self->onFrame(from, t, std::move(p));
+  };
   cbs.onPeerLost = [self](int peer, Status why) { self->onPeerLost(peer, std::move(why)); };
   ps->cp_->start(std::move(cbs));
   if (rank == 0) self->stallTick();
@@ -136,9 +147,10 @@ Status ProcessSetImpl::brokenStatus() {
 Status ProcessSetImpl::enqueue(std::vector<std::shared_ptr<TensorEntry>> entries) {
   {
     std::lock_guard<std::mutex> lk(tableMu_);
-    if (stopping_) return Status(Code::kShutDown, "process set " + name_ + " on rank " +
-                                                      std::to_string(globalRank(rank_)) +
-                                                      " is shut down; no new collectives can start");
+    if (stopping_)
+      return Status(Code::kShutDown, "process set " + name_ + " on rank " +
+                                         std::to_string(globalRank(rank_)) +
+                                         " is shut down; no new collectives can start");
     if (isBroken_) return broken_;
     for (size_t i = 0; i < entries.size(); ++i) {
       const std::string& n = entries[i]->request.name;
@@ -172,7 +184,8 @@ void ProcessSetImpl::drainInbox() {
   for (auto& e : batch) {
     if (e->completed) continue;  // failed locally before it was sent (e.g. a stall error raced it)
     const Request& r = e->request;
-    bool cacheableKind = r.kind == CollectiveKind::kAllreduce || r.kind == CollectiveKind::kBroadcast ||
+    bool cacheableKind = r.kind == CollectiveKind::kAllreduce ||
+                         r.kind == CollectiveKind::kBroadcast ||
                          r.kind == CollectiveKind::kReducescatter;
     int32_t bit = cacheableKind ? cache_.lookup(r.name, r.signature()) : -1;
     if (bit >= 0) {
@@ -211,10 +224,12 @@ void ProcessSetImpl::submit(RequestList list) {
 void ProcessSetImpl::onFrame(int from, FrameType type, std::string payload) {
   bool fromCoordinator = !coordinator_;
   bool expected = coordinator_ ? (type == FrameType::kRequests || type == FrameType::kAbort)
-                               : (type == FrameType::kResponses || type == FrameType::kNack || type == FrameType::kAbort);
+                               : (type == FrameType::kResponses || type == FrameType::kNack ||
+                                  type == FrameType::kAbort);
   if (!expected) {
-    abortSet(protocolError(std::string("unexpected ") + frameTypeName(type) + " frame from " +
-                           (fromCoordinator ? "the coordinator" : "rank " + std::to_string(globalRank(from)))));
+    abortSet(protocolError(
+        std::string("unexpected ") + frameTypeName(type) + " frame from " +
+        (fromCoordinator ? "the coordinator" : "rank " + std::to_string(globalRank(from)))));
     return;
   }
   if (isBroken_) {
@@ -230,7 +245,8 @@ void ProcessSetImpl::onFrame(int from, FrameType type, std::string payload) {
       std::vector<CacheHit> nacks;
       if (s.isOk()) s = coordinator_->onRequests(from, list, Clock::now(), &nacks);
       if (!s.isOk()) {
-        abortSet(s.withContext("bad request message from rank " + std::to_string(globalRank(from))));
+        abortSet(
+            s.withContext("bad request message from rank " + std::to_string(globalRank(from))));
         return;
       }
       if (!nacks.empty()) {
@@ -274,10 +290,12 @@ void ProcessSetImpl::onFrame(int from, FrameType type, std::string payload) {
         code = static_cast<int32_t>(Code::kProtocolError);
         msg = "the coordinator aborted the job with a malformed message";
       }
-      if (code <= 0 || code > static_cast<int32_t>(Code::kInternal)) code = static_cast<int32_t>(Code::kRemoteError);
+      if (code <= 0 || code > static_cast<int32_t>(Code::kInternal))
+        code = static_cast<int32_t>(Code::kRemoteError);
       if (coordinator_) {
         // A worker failed on its own (data plane, protocol): tell everyone, naming it.
-        abortSet(Status(static_cast<Code>(code), "rank " + std::to_string(globalRank(from)) + " failed: " + msg));
+        abortSet(Status(static_cast<Code>(code),
+                        "rank " + std::to_string(globalRank(from)) + " failed: " + msg));
       } else {
         markBroken(Status(static_cast<Code>(code), msg));
       }
@@ -296,9 +314,10 @@ void ProcessSetImpl::applyResponses(const ResponseList& list) {
       if (item.cacheBit >= 0) {
         const Response* r = cache_.touch(static_cast<uint32_t>(item.cacheBit));
         if (!r) {
-          abortSet(protocolError("response cache out of step with the coordinator (bit " +
-                                 std::to_string(item.cacheBit) +
-                                 " unknown here): are all ranks using the same HORA_CACHE_CAPACITY?"));
+          abortSet(
+              protocolError("response cache out of step with the coordinator (bit " +
+                            std::to_string(item.cacheBit) +
+                            " unknown here): are all ranks using the same HORA_CACHE_CAPACITY?"));
           return;
         }
         resolved.push_back(*r);
@@ -337,19 +356,23 @@ Status ProcessSetImpl::claimEntries(const std::vector<Response>& responses, Exec
       if (!e)
         // kRemoteError (not kShutDown) so the peers abort their data plane
         // instead of waiting in this collective for the peer timeout.
-        return Status(Code::kRemoteError, std::string(collectiveName(static_cast<CollectiveKind>(r.kind))) + " \"" +
-                                           r.name + "\" was agreed by all ranks but rank " +
-                                           std::to_string(globalRank(rank_)) +
-                                           " no longer has it (it shut down or it failed locally); the collective "
-                                           "cannot run");
+        return Status(Code::kRemoteError,
+                      std::string(collectiveName(static_cast<CollectiveKind>(r.kind))) + " \"" +
+                          r.name + "\" was agreed by all ranks but rank " +
+                          std::to_string(globalRank(rank_)) +
+                          " no longer has it (it shut down or it failed locally); the collective "
+                          "cannot run");
       bool sameKind = static_cast<uint8_t>(e->request.kind) == static_cast<uint8_t>(r.kind);
       bool exact = r.kind == ResponseKind::kAllreduce || r.kind == ResponseKind::kBroadcast ||
                    r.kind == ResponseKind::kReducescatter;
-      if (!sameKind || (exact && e->request.signature() != r.signature) || e->request.dtype != r.dtype) {
-        e->complete(entryStatus(*e, protocolError("the coordinator's response does not match this request")));
-        return protocolError("response for \"" + r.name + "\" does not match rank " +
-                             std::to_string(globalRank(rank_)) + "'s request (" + e->request.describe() +
-                             "): the response caches are out of step or the coordinator misbehaved");
+      if (!sameKind || (exact && e->request.signature() != r.signature) ||
+          e->request.dtype != r.dtype) {
+        e->complete(entryStatus(
+            *e, protocolError("the coordinator's response does not match this request")));
+        return protocolError(
+            "response for \"" + r.name + "\" does not match rank " +
+            std::to_string(globalRank(rank_)) + "'s request (" + e->request.describe() +
+            "): the response caches are out of step or the coordinator misbehaved");
       }
     }
     g->entries.push_back(std::move(e));
@@ -359,15 +382,18 @@ Status ProcessSetImpl::claimEntries(const std::vector<Response>& responses, Exec
 
 Status ProcessSetImpl::validateResponse(const Response& r) const {
   auto bad = [&](const std::string& why) {
-    return protocolError("malformed response for \"" + r.name + "\" from the coordinator of set " + name_ + ": " + why);
+    return protocolError("malformed response for \"" + r.name + "\" from the coordinator of set " +
+                         name_ + ": " + why);
   };
   size_t n = static_cast<size_t>(size());
   switch (r.kind) {
     case ResponseKind::kAllgather:
-      if (r.shape.empty() || r.sizes.size() != n) return bad("allgather needs a shape and one size per rank");
+      if (r.shape.empty() || r.sizes.size() != n)
+        return bad("allgather needs a shape and one size per rank");
       break;
     case ResponseKind::kAlltoall:
-      if (r.shape.empty() || r.sizes.size() != n * n) return bad("alltoall needs a shape and a size*size matrix");
+      if (r.shape.empty() || r.sizes.size() != n * n)
+        return bad("alltoall needs a shape and a size*size matrix");
       break;
     case ResponseKind::kReducescatter:
       if (r.shape.empty()) return bad("reducescatter needs a shape");
@@ -376,10 +402,12 @@ Status ProcessSetImpl::validateResponse(const Response& r) const {
       if (r.root < 0 || r.root >= size()) return bad("broadcast root out of range");
       break;
     case ResponseKind::kError:
-      if (r.errorCode <= 0 || r.errorCode > static_cast<int32_t>(Code::kInternal)) return bad("invalid error code");
+      if (r.errorCode <= 0 || r.errorCode > static_cast<int32_t>(Code::kInternal))
+        return bad("invalid error code");
       break;
     case ResponseKind::kJoin:
-      if (r.lastJoinedRank < 0 || r.lastJoinedRank >= size()) return bad("invalid last joined rank");
+      if (r.lastJoinedRank < 0 || r.lastJoinedRank >= size())
+        return bad("invalid last joined rank");
       break;
     default:
       break;
@@ -437,7 +465,8 @@ void ProcessSetImpl::maybeEmit(bool force) {
       emitTimerArmed_ = true;
       emitTimer_->expires_after(cycle);
       emitTimer_->async_wait([this](boost::system::error_code ec) {
-        if (ec == boost::asio::error::operation_aborted) return;  // cancelled: a newer timer owns the flag
+        if (ec == boost::asio::error::operation_aborted)
+          return;  // cancelled: a newer timer owns the flag
         emitTimerArmed_ = false;
         maybeEmit();
       });
@@ -461,7 +490,10 @@ void ProcessSetImpl::stallTick() {
   if (!coordinator_ || isBroken_ || stopping_) return;
   for (const auto& w : coordinator_->inspectStalls(Clock::now())) HORA_LOG(logger_, kWarning) << w;
   maybeEmit();
-  double period = std::min(1.0, std::max(0.05, std::min(opts_.stallWarningS, opts_.stallShutdownS > 0 ? opts_.stallShutdownS : 1e9) / 4));
+  double period =
+      std::min(1.0, std::max(0.05, std::min(opts_.stallWarningS,
+                                            opts_.stallShutdownS > 0 ? opts_.stallShutdownS : 1e9) /
+                                       4));
   stallTimer_->expires_after(std::chrono::milliseconds(static_cast<int64_t>(period * 1000)));
   stallTimer_->async_wait([this](boost::system::error_code ec) {
     if (!ec) stallTick();
@@ -476,9 +508,10 @@ void ProcessSetImpl::onPeerLost(int peer, Status why) {
   if (!cp_->isCoordinator() && why.code() != Code::kShutDown)
     s = Status(why.code(), "lost the coordinator of set " + name_ + ": " + why.message());
   if (why.code() == Code::kShutDown)
-    s = Status(Code::kShutDown, why.message() +
-                                    "; collectives that need it can no longer complete (did ranks run "
-                                    "different numbers of steps? see hora_join for uneven data)");
+    s = Status(Code::kShutDown,
+               why.message() +
+                   "; collectives that need it can no longer complete (did ranks run "
+                   "different numbers of steps? see hora_join for uneven data)");
   abortSet(s);
 }
 
@@ -553,8 +586,9 @@ void ProcessSetImpl::shutdown(const std::string& reason) {
   std::lock_guard<std::mutex> once(shutdownMu_);  // concurrent destroy/shutdown calls run it once
   if (std::this_thread::get_id() == controlThreadId_.load()) {
     // Called from a completion callback on the control thread: joining itself would crash.
-    HORA_LOG(logger_, kError) << "hora_shutdown called from a completion callback; ignored (callbacks must not "
-                                 "call blocking hora functions)";
+    HORA_LOG(logger_, kError)
+        << "hora_shutdown called from a completion callback; ignored (callbacks must not "
+           "call blocking hora functions)";
     return;
   }
   if (stopping_.exchange(true)) return;

@@ -133,8 +133,8 @@ class ProcessSetImpl {
 
   std::unique_ptr<ControlPlane> cp_;
   std::unique_ptr<Backend> backend_;
-  ResponseCache cache_;                      // control thread only
-  std::unique_ptr<Coordinator> coordinator_; // set rank 0 only; control thread only
+  ResponseCache cache_;                       // control thread only
+  std::unique_ptr<Coordinator> coordinator_;  // set rank 0 only; control thread only
   std::unique_ptr<boost::asio::steady_timer> emitTimer_, stallTimer_;
   bool emitTimerArmed_ = false;
   Clock::time_point firstReady_{};

@@ -27,10 +27,10 @@ constexpr uint32_t kRequestMagic = 0x68726571;  // "hreq"
 struct RequestState {
   std::mutex mu;
   std::condition_variable cv;
-  bool done = false;           // guarded by mu; waiters wake on it
-  bool resultsReady = false;   // guarded by mu; set before the callback runs
-  Status status;               // guarded by mu; first failure wins
-  int remaining = 0;           // entries not yet completed; guarded by mu
+  bool done = false;                // guarded by mu; waiters wake on it
+  bool resultsReady = false;        // guarded by mu; set before the callback runs
+  Status status;                    // guarded by mu; first failure wins
+  int remaining = 0;                // entries not yet completed; guarded by mu
   hora_request_t handle = nullptr;  // null once the user freed it; guarded by cbMu
   std::recursive_mutex cbMu;
   hora_callback_t callback = nullptr;
@@ -53,11 +53,11 @@ struct RequestState {
 
 // One tensor of a request.
 struct TensorEntry {
-  Request request;       // what is negotiated (name, kind, dtype, shape, ...)
+  Request request;  // what is negotiated (name, kind, dtype, shape, ...)
   const void* in = nullptr;
-  void* out = nullptr;   // allreduce/broadcast: result location
-  int64_t count = 0;     // elements of the input
-  DLDataType dlType{};   // echoed into allocated outputs
+  void* out = nullptr;  // allreduce/broadcast: result location
+  int64_t count = 0;    // elements of the input
+  DLDataType dlType{};  // echoed into allocated outputs
   std::shared_ptr<RequestState> owner;
   std::atomic<bool> completed{false};
 

@@ -47,8 +47,10 @@ bool isLoopback(const std::string& a) {
 }  // namespace
 
 Status Runtime::resolveIdentity(const hora_config_t& c) {
-  id_.rank = pick(c.rank, params_, "HORA_RANK", {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"});
-  id_.size = pick(c.size, params_, "HORA_SIZE", {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"});
+  id_.rank =
+      pick(c.rank, params_, "HORA_RANK", {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"});
+  id_.size =
+      pick(c.size, params_, "HORA_SIZE", {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"});
   if (id_.rank < 0) id_.rank = 0;
   if (id_.size < 0) id_.size = 1;
   if (id_.size < 1 || id_.rank >= id_.size)
@@ -71,7 +73,8 @@ Status Runtime::deriveTopology(bool needLocal, bool needCross, const std::string
   auto timeout = std::chrono::milliseconds(static_cast<int64_t>(startTimeoutS_ * 1000));
   for (int r = 0; r < id_.size; ++r) {
     auto v = store_->get("host/" + std::to_string(r), timeout);
-    if (!v.isOk()) return v.status().withContext("waiting for rank " + std::to_string(r) + " to join the job");
+    if (!v.isOk())
+      return v.status().withContext("waiting for rank " + std::to_string(r) + " to join the job");
     hosts[r] = v.value();
   }
   std::vector<std::string> distinct;
@@ -88,7 +91,8 @@ Status Runtime::deriveTopology(bool needLocal, bool needCross, const std::string
   }
   if (needCross) {
     id_.crossSize = static_cast<int>(distinct.size());
-    id_.crossRank = static_cast<int>(std::find(distinct.begin(), distinct.end(), host) - distinct.begin());
+    id_.crossRank =
+        static_cast<int>(std::find(distinct.begin(), distinct.end(), host) - distinct.begin());
   }
   return Status::ok();
 }
@@ -105,17 +109,21 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   LogLevel level = LogLevel::kWarning;
   std::string levelText = c.log_level ? c.log_level : p.getString("HORA_LOG_LEVEL");
   if (!parseLogLevel(levelText, &level))
-    return invalidArgument("log level '" + levelText + "' is not one of trace, debug, info, warning, error, off");
+    return invalidArgument("log level '" + levelText +
+                           "' is not one of trace, debug, info, warning, error, off");
   rt->logger_ = Logger(level, "[hora rank " + std::to_string(id.rank) + "]");
 
-  auto num = [](double configured, double fallback) { return configured >= 0 ? configured : fallback; };
+  auto num = [](double configured, double fallback) {
+    return configured >= 0 ? configured : fallback;
+  };
   SetOptions& so = rt->setOpts_;
   so.logger = rt->logger_;
   so.cycleTimeMs = num(c.cycle_time_ms, p.getFloat("HORA_CYCLE_TIME_MS"));
   so.fusionThresholdBytes = c.fusion_threshold_bytes >= 0 ? c.fusion_threshold_bytes
                                                           : p.getInt("HORA_FUSION_THRESHOLD_BYTES");
   so.fusionInplaceMinBytes = p.getInt("HORA_FUSION_INPLACE_MIN_BYTES");
-  so.cacheCapacity = c.cache_capacity >= 0 ? c.cache_capacity : static_cast<int>(p.getInt("HORA_CACHE_CAPACITY"));
+  so.cacheCapacity =
+      c.cache_capacity >= 0 ? c.cache_capacity : static_cast<int>(p.getInt("HORA_CACHE_CAPACITY"));
   so.stallWarningS = num(c.stall_warning_time_s, p.getFloat("HORA_STALL_WARNING_TIME_S"));
   so.stallShutdownS = num(c.stall_shutdown_time_s, p.getFloat("HORA_STALL_SHUTDOWN_TIME_S"));
   so.peerTimeoutS = num(c.peer_timeout_s, p.getFloat("HORA_PEER_TIMEOUT_S"));
@@ -130,10 +138,14 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
         "cache capacity, fusion threshold and stall times must not be negative "
         "(check HORA_CACHE_CAPACITY, HORA_FUSION_THRESHOLD_BYTES, HORA_FUSION_INPLACE_MIN_BYTES, "
         "HORA_STALL_*_TIME_S)");
-  if (so.peerTimeoutS <= 0 || so.startTimeoutS <= 0 || so.cycleTimeMs < 0 || so.heartbeatIntervalMs <= 0)
-    return invalidArgument("peer timeout, start timeout and heartbeat interval must be positive, cycle time non-negative");
+  if (so.peerTimeoutS <= 0 || so.startTimeoutS <= 0 || so.cycleTimeMs < 0 ||
+      so.heartbeatIntervalMs <= 0)
+    return invalidArgument(
+        "peer timeout, start timeout and heartbeat interval must be positive, cycle time "
+        "non-negative");
   // Heartbeats must come well inside the peer timeout.
-  so.heartbeatIntervalMs = std::min<int>(so.heartbeatIntervalMs, std::max(50, static_cast<int>(so.peerTimeoutS * 250)));
+  so.heartbeatIntervalMs =
+      std::min<int>(so.heartbeatIntervalMs, std::max(50, static_cast<int>(so.peerTimeoutS * 250)));
 
   std::string storeAddr = c.store_addr ? c.store_addr : p.getString("HORA_STORE_ADDR");
   int storePort = c.store_port > 0 ? c.store_port : static_cast<int>(p.getInt("HORA_STORE_PORT"));
@@ -145,7 +157,9 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
     secret = p.getString("HORA_SECRET");
   } else if (!p.getString("HORA_SECRET_FILE").empty()) {
     std::ifstream f(p.getString("HORA_SECRET_FILE"));
-    if (!f) return invalidArgument("cannot read HORA_SECRET_FILE '" + p.getString("HORA_SECRET_FILE") + "'");
+    if (!f)
+      return invalidArgument("cannot read HORA_SECRET_FILE '" + p.getString("HORA_SECRET_FILE") +
+                             "'");
     std::getline(f, secret);
   }
   std::string host = c.hostname ? c.hostname : p.getString("HORA_HOSTNAME");
@@ -157,15 +171,16 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
     rt->store_ = std::make_shared<MemoryStore>();
   } else {
     if (storeAddr.empty())
-      return invalidArgument("rank " + std::to_string(id.rank) + " of " + std::to_string(id.size) +
-                             ": HORA_STORE_ADDR is not set; set it (and HORA_STORE_PORT) to the address "
-                             "where rank 0 or the launcher serves the rendezvous store, or start the job "
-                             "with horarun");
+      return invalidArgument(
+          "rank " + std::to_string(id.rank) + " of " + std::to_string(id.size) +
+          ": HORA_STORE_ADDR is not set; set it (and HORA_STORE_PORT) to the address "
+          "where rank 0 or the launcher serves the rendezvous store, or start the job "
+          "with horarun");
     if (id.rank == 0 && !external) {
       auto server = TcpStoreServer::start(storeAddr, storePort, secret, rt->logger_);
       if (!server.isOk())
-        return server.status().withContext("rank 0 could not host the rendezvous store at " + storeAddr +
-                                           ":" + std::to_string(storePort) +
+        return server.status().withContext("rank 0 could not host the rendezvous store at " +
+                                           storeAddr + ":" + std::to_string(storePort) +
                                            " (port in use by another job? set HORA_STORE_PORT)");
       rt->server_ = server.take();
     }
@@ -178,7 +193,8 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   bool needLocal = id.localRank < 0 || id.localSize < 0;
   bool needCross = id.crossRank < 0 || id.crossSize < 0;
   if (id.size > 1 && (needLocal || needCross)) {
-    HORA_RETURN_IF_ERROR(rt->deriveTopology(needLocal, needCross, host == "127.0.0.1" ? hostName() : host));
+    HORA_RETURN_IF_ERROR(
+        rt->deriveTopology(needLocal, needCross, host == "127.0.0.1" ? hostName() : host));
   } else {
     if (needLocal) rt->id_.localRank = id.rank, rt->id_.localSize = id.size;
     if (needCross) rt->id_.crossRank = 0, rt->id_.crossSize = 1;
@@ -186,13 +202,14 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
 
   std::vector<int> all(id.size);
   for (int r = 0; r < id.size; ++r) all[r] = r;
-  auto g = ProcessSetImpl::create("global", all, id.rank, std::make_shared<PrefixStore>(rt->store_, "set/global"),
-                                  so);
+  auto g = ProcessSetImpl::create("global", all, id.rank,
+                                  std::make_shared<PrefixStore>(rt->store_, "set/global"), so);
   if (!g.isOk()) return g.status().withContext("rank " + std::to_string(id.rank));
   rt->global_ = std::shared_ptr<ProcessSetImpl>(g.take().release());
   rt->sets_.push_back(rt->global_);
-  HORA_LOG(rt->logger_, kInfo) << "hora initialized: rank " << id.rank << "/" << id.size << ", local "
-                               << rt->id_.localRank << "/" << rt->id_.localSize << ", host " << host;
+  HORA_LOG(rt->logger_, kInfo) << "hora initialized: rank " << id.rank << "/" << id.size
+                               << ", local " << rt->id_.localRank << "/" << rt->id_.localSize
+                               << ", host " << host;
   return rt;
 }
 
@@ -205,9 +222,9 @@ Result<std::shared_ptr<ProcessSetImpl>> Runtime::createSet(const std::vector<int
     n = setCounters_[key]++;
   }
   std::string name = "[" + key + "]#" + std::to_string(n);
-  auto s = ProcessSetImpl::create(name, ranks, id_.rank,
-                                  std::make_shared<PrefixStore>(store_, "set/" + key + "/" + std::to_string(n)),
-                                  setOpts_);
+  auto s = ProcessSetImpl::create(
+      name, ranks, id_.rank,
+      std::make_shared<PrefixStore>(store_, "set/" + key + "/" + std::to_string(n)), setOpts_);
   if (!s.isOk()) return s.status();
   std::shared_ptr<ProcessSetImpl> set(s.take().release());
   std::lock_guard<std::mutex> lk(mu_);
@@ -216,7 +233,8 @@ Result<std::shared_ptr<ProcessSetImpl>> Runtime::createSet(const std::vector<int
 }
 
 void Runtime::destroySet(const std::shared_ptr<ProcessSetImpl>& set) {
-  set->shutdown("process set " + set->name() + " was destroyed on rank " + std::to_string(id_.rank));
+  set->shutdown("process set " + set->name() + " was destroyed on rank " +
+                std::to_string(id_.rank));
   std::lock_guard<std::mutex> lk(mu_);
   sets_.erase(std::remove(sets_.begin(), sets_.end(), set), sets_.end());
 }
@@ -230,7 +248,8 @@ void Runtime::shutdown() {
   // Sub-sets first, the global set last.
   std::reverse(sets.begin(), sets.end());
   for (auto& s : sets)
-    s->shutdown("hora_shutdown was called on rank " + std::to_string(id_.rank) + " with this request pending");
+    s->shutdown("hora_shutdown was called on rank " + std::to_string(id_.rank) +
+                " with this request pending");
   global_.reset();
   store_.reset();
   server_.reset();

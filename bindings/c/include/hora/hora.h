@@ -154,14 +154,14 @@ typedef int (*hora_alloc_t)(void* user, int32_t ndim, const int64_t* shape, DLDa
 typedef struct hora_options {
   uint32_t struct_size;
   hora_process_set_t process_set; /* NULL: the global set */
-  const char* name;      /* must be the same on every rank; NULL: "<op>.noname.<n>" by call order */
-  hora_reduce_op_t op;   /* allreduce / reducescatter; default HORA_OP_SUM */
-  double prescale;       /* multiply inputs before reducing (default 1) */
-  double postscale;      /* multiply results after reducing (default 1) */
-  int32_t root;          /* broadcast root, rank within the set */
+  const char* name;    /* must be the same on every rank; NULL: "<op>.noname.<n>" by call order */
+  hora_reduce_op_t op; /* allreduce / reducescatter; default HORA_OP_SUM */
+  double prescale;     /* multiply inputs before reducing (default 1) */
+  double postscale;    /* multiply results after reducing (default 1) */
+  int32_t root;        /* broadcast root, rank within the set */
   hora_callback_t callback;
   void* callback_user;
-  hora_alloc_t alloc;    /* NULL: results go to a library-owned buffer (hora_request_output) */
+  hora_alloc_t alloc; /* NULL: results go to a library-owned buffer (hora_request_output) */
   void* alloc_user;
 } hora_options_t;
 
@@ -181,26 +181,22 @@ HORA_API hora_status_t hora_allreduce_async(hora_runtime_t runtime, const DLTens
 /* n tensors completed as one request; they are negotiated and fused together.
  * Names are "<options->name>.<i>" (or generated). */
 HORA_API hora_status_t hora_grouped_allreduce_async(hora_runtime_t runtime, int32_t n,
-                                                    const DLTensor* const* in,
-                                                    DLTensor* const* out,
+                                                    const DLTensor* const* in, DLTensor* const* out,
                                                     const hora_options_t* options,
                                                     hora_request_t* request);
 /* Concatenates along dimension 0; the first dimension may differ per rank,
  * the others must agree. Output: library-owned or through options->alloc. */
 HORA_API hora_status_t hora_allgather_async(hora_runtime_t runtime, const DLTensor* in,
-                                            const hora_options_t* options,
-                                            hora_request_t* request);
+                                            const hora_options_t* options, hora_request_t* request);
 /* In place: the root's tensor is copied into every rank's tensor. */
 HORA_API hora_status_t hora_broadcast_async(hora_runtime_t runtime, DLTensor* tensor,
-                                            const hora_options_t* options,
-                                            hora_request_t* request);
+                                            const hora_options_t* options, hora_request_t* request);
 /* splits[r] rows (dimension 0) go to rank r; splits NULL = equal split (dim 0
  * must divide by the set size). nsplits must equal the set size. The
  * received splits are available from hora_request_received_splits. */
 HORA_API hora_status_t hora_alltoall_async(hora_runtime_t runtime, const DLTensor* in,
                                            const int64_t* splits, int32_t nsplits,
-                                           const hora_options_t* options,
-                                           hora_request_t* request);
+                                           const hora_options_t* options, hora_request_t* request);
 /* Reduces across ranks, then rank r keeps rows [start_r, start_r + n_r) of
  * dimension 0, where ranks below (dim0 % size) get one extra row. op: sum or
  * average. Output: library-owned or through options->alloc. */
