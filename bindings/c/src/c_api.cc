@@ -114,6 +114,29 @@ hora_options_t readOptions(const hora_options_t* o) {
   return r;
 }
 
+// What every collective entry point needs before it looks at its tensors:
+// a live runtime (held for the call), the caller's options, the process set
+// and the tensor name (given, or generated in call order).
+struct CallContext {
+  RuntimeRef ref;
+  hora_options_t o;
+  std::shared_ptr<hora::ProcessSetImpl> set;
+  std::string name;
+};
+
+hora_status_t beginCall(const char* fn, hora_runtime_t h, const hora_options_t* options,
+                        hora::CollectiveKind kind, CallContext* c) {
+  if (hora_status_t s = acquire(h, fn, &c->ref)) return s;
+  c->o = readOptions(options);
+  if (hora_status_t s = resolveSet(h, c->o.process_set, fn, &c->set)) return s;
+  if (c->o.name && std::strncmp(c->o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
+    return fail(
+        Code::kInvalidArgument,
+        std::string(fn) + ": tensor names starting with \"__hora\" are reserved for hora itself");
+  c->name = c->o.name ? c->o.name : c->set->autoName(kind);
+  return HORA_SUCCESS;
+}
+
 bool mapDType(DLDataType t, hora::DataType* out) {
   if (t.lanes != 1) return false;
   using hora::DataType;
@@ -434,15 +457,13 @@ HORA_API hora_status_t hora_allreduce_async(hora_runtime_t h, const DLTensor* in
                                             hora_request_t* request) {
   return guarded("hora_allreduce_async", [&]() -> hora_status_t {
     HORA_CHECK_REQ_OUT("hora_allreduce_async");
-    RuntimeRef ref;
-    if (hora_status_t s = acquire(h, "hora_allreduce_async", &ref)) return s;
-    hora_options_t o = readOptions(options);
-    std::shared_ptr<hora::ProcessSetImpl> set;
-    if (hora_status_t s = resolveSet(h, o.process_set, "hora_allreduce_async", &set)) return s;
-    std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kAllreduce);
-    if (o.name && std::strncmp(o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
-      return fail(Code::kInvalidArgument,
-                  "tensor names starting with \"__hora\" are reserved for hora itself");
+    CallContext c;
+    if (hora_status_t s =
+            beginCall("hora_allreduce_async", h, options, hora::CollectiveKind::kAllreduce, &c))
+      return s;
+    hora_options_t& o = c.o;
+    std::shared_ptr<hora::ProcessSetImpl>& set = c.set;
+    const std::string& name = c.name;
     if (name.empty()) return fail(Code::kInvalidArgument, "hora_allreduce_async: name is empty");
     std::string where = opWhere("allreduce", name, *set);
     TensorInfo ti, to;
@@ -466,19 +487,16 @@ HORA_API hora_status_t hora_grouped_allreduce_async(hora_runtime_t h, int32_t n,
                                                     hora_request_t* request) {
   return guarded("hora_grouped_allreduce_async", [&]() -> hora_status_t {
     HORA_CHECK_REQ_OUT("hora_grouped_allreduce_async");
-    RuntimeRef ref;
-    if (hora_status_t s = acquire(h, "hora_grouped_allreduce_async", &ref)) return s;
+    CallContext c;
+    if (hora_status_t s = beginCall("hora_grouped_allreduce_async", h, options,
+                                    hora::CollectiveKind::kAllreduce, &c))
+      return s;
     if (n <= 0 || !in || !out)
       return fail(Code::kInvalidArgument,
                   "hora_grouped_allreduce_async: n must be positive and in/out non-NULL");
-    hora_options_t o = readOptions(options);
-    std::shared_ptr<hora::ProcessSetImpl> set;
-    if (hora_status_t s = resolveSet(h, o.process_set, "hora_grouped_allreduce_async", &set))
-      return s;
-    std::string base = o.name ? o.name : set->autoName(hora::CollectiveKind::kAllreduce);
-    if (o.name && std::strncmp(o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
-      return fail(Code::kInvalidArgument,
-                  "tensor names starting with \"__hora\" are reserved for hora itself");
+    hora_options_t& o = c.o;
+    std::shared_ptr<hora::ProcessSetImpl>& set = c.set;
+    const std::string& base = c.name;
     std::vector<std::shared_ptr<hora::TensorEntry>> entries;
     for (int32_t i = 0; i < n; ++i) {
       std::string name = base + "." + std::to_string(i);
@@ -503,15 +521,13 @@ HORA_API hora_status_t hora_allgather_async(hora_runtime_t h, const DLTensor* in
                                             hora_request_t* request) {
   return guarded("hora_allgather_async", [&]() -> hora_status_t {
     HORA_CHECK_REQ_OUT("hora_allgather_async");
-    RuntimeRef ref;
-    if (hora_status_t s = acquire(h, "hora_allgather_async", &ref)) return s;
-    hora_options_t o = readOptions(options);
-    std::shared_ptr<hora::ProcessSetImpl> set;
-    if (hora_status_t s = resolveSet(h, o.process_set, "hora_allgather_async", &set)) return s;
-    std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kAllgather);
-    if (o.name && std::strncmp(o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
-      return fail(Code::kInvalidArgument,
-                  "tensor names starting with \"__hora\" are reserved for hora itself");
+    CallContext c;
+    if (hora_status_t s =
+            beginCall("hora_allgather_async", h, options, hora::CollectiveKind::kAllgather, &c))
+      return s;
+    hora_options_t& o = c.o;
+    std::shared_ptr<hora::ProcessSetImpl>& set = c.set;
+    const std::string& name = c.name;
     std::string where = opWhere("allgather", name, *set);
     TensorInfo ti;
     Status s = checkTensor(in, where + ", input", &ti);
@@ -531,15 +547,13 @@ HORA_API hora_status_t hora_broadcast_async(hora_runtime_t h, DLTensor* tensor,
                                             hora_request_t* request) {
   return guarded("hora_broadcast_async", [&]() -> hora_status_t {
     HORA_CHECK_REQ_OUT("hora_broadcast_async");
-    RuntimeRef ref;
-    if (hora_status_t s = acquire(h, "hora_broadcast_async", &ref)) return s;
-    hora_options_t o = readOptions(options);
-    std::shared_ptr<hora::ProcessSetImpl> set;
-    if (hora_status_t s = resolveSet(h, o.process_set, "hora_broadcast_async", &set)) return s;
-    std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kBroadcast);
-    if (o.name && std::strncmp(o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
-      return fail(Code::kInvalidArgument,
-                  "tensor names starting with \"__hora\" are reserved for hora itself");
+    CallContext c;
+    if (hora_status_t s =
+            beginCall("hora_broadcast_async", h, options, hora::CollectiveKind::kBroadcast, &c))
+      return s;
+    hora_options_t& o = c.o;
+    std::shared_ptr<hora::ProcessSetImpl>& set = c.set;
+    const std::string& name = c.name;
     std::string where = opWhere("broadcast", name, *set);
     TensorInfo ti;
     Status s = checkTensor(tensor, where + ", tensor", &ti);
@@ -561,15 +575,13 @@ HORA_API hora_status_t hora_alltoall_async(hora_runtime_t h, const DLTensor* in,
                                            const hora_options_t* options, hora_request_t* request) {
   return guarded("hora_alltoall_async", [&]() -> hora_status_t {
     HORA_CHECK_REQ_OUT("hora_alltoall_async");
-    RuntimeRef ref;
-    if (hora_status_t s = acquire(h, "hora_alltoall_async", &ref)) return s;
-    hora_options_t o = readOptions(options);
-    std::shared_ptr<hora::ProcessSetImpl> set;
-    if (hora_status_t s = resolveSet(h, o.process_set, "hora_alltoall_async", &set)) return s;
-    std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kAlltoall);
-    if (o.name && std::strncmp(o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
-      return fail(Code::kInvalidArgument,
-                  "tensor names starting with \"__hora\" are reserved for hora itself");
+    CallContext c;
+    if (hora_status_t s =
+            beginCall("hora_alltoall_async", h, options, hora::CollectiveKind::kAlltoall, &c))
+      return s;
+    hora_options_t& o = c.o;
+    std::shared_ptr<hora::ProcessSetImpl>& set = c.set;
+    const std::string& name = c.name;
     std::string where = opWhere("alltoall", name, *set);
     TensorInfo ti;
     Status s = checkTensor(in, where + ", input", &ti);
@@ -614,15 +626,13 @@ HORA_API hora_status_t hora_reducescatter_async(hora_runtime_t h, const DLTensor
                                                 hora_request_t* request) {
   return guarded("hora_reducescatter_async", [&]() -> hora_status_t {
     HORA_CHECK_REQ_OUT("hora_reducescatter_async");
-    RuntimeRef ref;
-    if (hora_status_t s = acquire(h, "hora_reducescatter_async", &ref)) return s;
-    hora_options_t o = readOptions(options);
-    std::shared_ptr<hora::ProcessSetImpl> set;
-    if (hora_status_t s = resolveSet(h, o.process_set, "hora_reducescatter_async", &set)) return s;
-    std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kReducescatter);
-    if (o.name && std::strncmp(o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
-      return fail(Code::kInvalidArgument,
-                  "tensor names starting with \"__hora\" are reserved for hora itself");
+    CallContext c;
+    if (hora_status_t s = beginCall("hora_reducescatter_async", h, options,
+                                    hora::CollectiveKind::kReducescatter, &c))
+      return s;
+    hora_options_t& o = c.o;
+    std::shared_ptr<hora::ProcessSetImpl>& set = c.set;
+    const std::string& name = c.name;
     std::string where = opWhere("reducescatter", name, *set);
     TensorInfo ti;
     Status s = checkTensor(in, where + ", input", &ti);
@@ -639,15 +649,13 @@ HORA_API hora_status_t hora_barrier_async(hora_runtime_t h, const hora_options_t
                                           hora_request_t* request) {
   return guarded("hora_barrier_async", [&]() -> hora_status_t {
     HORA_CHECK_REQ_OUT("hora_barrier_async");
-    RuntimeRef ref;
-    if (hora_status_t s = acquire(h, "hora_barrier_async", &ref)) return s;
-    hora_options_t o = readOptions(options);
-    std::shared_ptr<hora::ProcessSetImpl> set;
-    if (hora_status_t s = resolveSet(h, o.process_set, "hora_barrier_async", &set)) return s;
-    std::string name = o.name ? o.name : set->autoName(hora::CollectiveKind::kBarrier);
-    if (o.name && std::strncmp(o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
-      return fail(Code::kInvalidArgument,
-                  "tensor names starting with \"__hora\" are reserved for hora itself");
+    CallContext c;
+    if (hora_status_t s =
+            beginCall("hora_barrier_async", h, options, hora::CollectiveKind::kBarrier, &c))
+      return s;
+    hora_options_t& o = c.o;
+    std::shared_ptr<hora::ProcessSetImpl>& set = c.set;
+    const std::string& name = c.name;
     TensorInfo ti{hora::DataType::kUint8, {}, nullptr, 0};
     o.op = HORA_OP_SUM;
     o.prescale = o.postscale = 1.0;
