@@ -870,10 +870,9 @@ int main(int argc, char** argv) {
   out("# hora-bench: hora %d.%d.%d, %d ranks, %u hardware threads on rank 0's host, mode %s\n",
       vmaj, vmin, vpat, gSize, std::thread::hardware_concurrency(), opt.quick ? "quick" : "full");
   out("# hora tunables (env; empty = default): HORA_CYCLE_TIME_MS=%s HORA_FUSION_THRESHOLD_BYTES=%s"
-      " HORA_FUSION_INPLACE_MIN_BYTES=%s HORA_GLOO_ALGORITHM=%s HORA_CACHE_CAPACITY=%s\n",
+      " HORA_GLOO_ALGORITHM=%s HORA_CACHE_CAPACITY=%s\n",
       envOr("HORA_CYCLE_TIME_MS", "").c_str(), envOr("HORA_FUSION_THRESHOLD_BYTES", "").c_str(),
-      envOr("HORA_FUSION_INPLACE_MIN_BYTES", "").c_str(), envOr("HORA_GLOO_ALGORITHM", "").c_str(),
-      envOr("HORA_CACHE_CAPACITY", "").c_str());
+      envOr("HORA_GLOO_ALGORITHM", "").c_str(), envOr("HORA_CACHE_CAPACITY", "").c_str());
   out("# raw gloo peer: GlooBackend (ring and bcube) over its own TCP pairs, rendezvous prefix "
       "'rawgloo'\n");
 

@@ -39,10 +39,6 @@ const std::vector<ParamSpec>& paramRegistry() {
        "work is pending; the thread is woken by new work, never sleeps a fixed cycle."},
       {"HORA_FUSION_THRESHOLD_BYTES", ParamType::kInt, "134217728",
        "Largest fused batch in bytes (0 disables fusion)."},
-      {"HORA_FUSION_INPLACE_MIN_BYTES", ParamType::kInt, "0",
-       "Within a fused batch, tensors at least this large are reduced in place in their own "
-       "buffers (no pack/unpack copies); smaller ones share the fusion buffer. 0 packs "
-       "everything."},
       {"HORA_CACHE_CAPACITY", ParamType::kInt, "1024",
        "Response-cache entries (0 disables the cache)."},
       {"HORA_STALL_WARNING_TIME_S", ParamType::kFloat, "60",

@@ -37,22 +37,38 @@ HORA_API void hora_get_version(int32_t* major, int32_t* minor, int32_t* patch) {
 
 HORA_API const char* hora_status_string(hora_status_t status) {
   switch (status) {
-    case HORA_SUCCESS: return "success";
-    case HORA_ERR_INVALID_ARGUMENT: return "invalid argument: check the arguments named in hora_last_error_message()";
-    case HORA_ERR_INVALID_USAGE: return "invalid usage: the call is not valid now (duplicate name in flight, wrong state)";
-    case HORA_ERR_NOT_INITIALIZED: return "not initialized: call hora_init first";
-    case HORA_ERR_SHUT_DOWN: return "shut down: the runtime (or a peer) shut down; no more collectives can run";
-    case HORA_ERR_SYSTEM: return "system error: an OS call failed (network, memory, file)";
-    case HORA_ERR_BACKEND: return "backend error: the data-plane library failed";
-    case HORA_ERR_REMOTE: return "remote error: a peer rank was lost or failed; see the message for which";
-    case HORA_ERR_TIMEOUT: return "timeout: a deadline passed";
-    case HORA_IN_PROGRESS: return "in progress";
-    case HORA_ERR_NOT_SUPPORTED: return "not supported in this build or on this device";
-    case HORA_ERR_MISMATCH: return "mismatch: ranks submitted different requests for the same tensor";
-    case HORA_ERR_AUTH: return "authentication failed: check HORA_SECRET / HORA_SECRET_FILE";
-    case HORA_ERR_PROTOCOL: return "protocol error: malformed message (mixed hora versions or a stray client?)";
-    case HORA_ERR_INTERNAL: return "internal error: a bug in hora, please report it";
-    default: return "unknown status code";
+    case HORA_SUCCESS:
+      return "success";
+    case HORA_ERR_INVALID_ARGUMENT:
+      return "invalid argument: check the arguments named in hora_last_error_message()";
+    case HORA_ERR_INVALID_USAGE:
+      return "invalid usage: the call is not valid now (duplicate name in flight, wrong state)";
+    case HORA_ERR_NOT_INITIALIZED:
+      return "not initialized: call hora_init first";
+    case HORA_ERR_SHUT_DOWN:
+      return "shut down: the runtime (or a peer) shut down; no more collectives can run";
+    case HORA_ERR_SYSTEM:
+      return "system error: an OS call failed (network, memory, file)";
+    case HORA_ERR_BACKEND:
+      return "backend error: the data-plane library failed";
+    case HORA_ERR_REMOTE:
+      return "remote error: a peer rank was lost or failed; see the message for which";
+    case HORA_ERR_TIMEOUT:
+      return "timeout: a deadline passed";
+    case HORA_IN_PROGRESS:
+      return "in progress";
+    case HORA_ERR_NOT_SUPPORTED:
+      return "not supported in this build or on this device";
+    case HORA_ERR_MISMATCH:
+      return "mismatch: ranks submitted different requests for the same tensor";
+    case HORA_ERR_AUTH:
+      return "authentication failed: check HORA_SECRET / HORA_SECRET_FILE";
+    case HORA_ERR_PROTOCOL:
+      return "protocol error: malformed message (mixed hora versions or a stray client?)";
+    case HORA_ERR_INTERNAL:
+      return "internal error: a bug in hora, please report it";
+    default:
+      return "unknown status code";
   }
 }
 

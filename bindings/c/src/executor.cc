@@ -115,73 +115,15 @@ Status ProcessSetImpl::runAllreduce(std::vector<Response>& group,
       "allreduce \"" + r0.name + "\"" +
       (group.size() > 1 ? " (fused with " + std::to_string(group.size() - 1) + " more)" : "");
 
-  // Large tensors are reduced where they are: packing them would only add
-  // two copies, which on a busy CPU cost as much as the reduction saves.
-  // Every rank must split the group the same way (sizes come from the
-  // response, never from whether this rank has an entry), because the packed
-  // path calls allreduceGather and the other one allreduce, which a backend
-  // may implement with different algorithms.
-  size_t inplaceMin =
-      opts_.fusionInplaceMinBytes > 0 ? static_cast<size_t>(opts_.fusionInplaceMinBytes) : SIZE_MAX;
-  std::vector<Response> packed;
-  std::vector<std::shared_ptr<TensorEntry>> packedEs;
-  std::vector<size_t> alone;
-  for (size_t i = 0; i < group.size(); ++i) {
-    size_t bytes = static_cast<size_t>(group[i].numElements()) * esz;
-    if (group.size() == 1 || bytes >= inplaceMin) {
-      alone.push_back(i);
-    } else {
-      packed.push_back(group[i]);
-      packedEs.push_back(es[i]);
-    }
-  }
-  auto t0 = std::chrono::steady_clock::now();
-  if (!packed.empty()) {
-    // start[i]: first element of packed tensor i in the fusion buffer.
-    std::vector<size_t> start(packed.size() + 1, 0);
-    for (size_t i = 0; i < packed.size(); ++i)
-      start[i + 1] = start[i] + static_cast<size_t>(packed[i].numElements());
-    size_t total = start.back();
-    HORA_RETURN_IF_ERROR(fusion_.reserve(total * esz));
-    char* buf = fusion_.data();
-    // Applies fn(tensor index, first element within the tensor, element
-    // count, first element within the buffer) to every tensor piece that
-    // overlaps buffer elements [lo, hi).
-    auto forPieces = [&](size_t lo, size_t hi, auto&& fn) {
-      size_t i =
-          static_cast<size_t>(std::upper_bound(start.begin(), start.end(), lo) - start.begin()) - 1;
-      for (; i < packed.size() && start[i] < hi; ++i) {
-        size_t a = std::max(lo, start[i]), b = std::min(hi, start[i + 1]);
-        if (b > a) fn(i, a - start[i], b - a, a);
-      }
-    };
-    // The backend packs and unpacks range by range while it waits for the
-    // network (GlooBackend's ring), or all at once around its allreduce.
-    auto pack = [&](size_t lo, size_t hi) {
-      forPieces(lo, hi, [&](size_t i, size_t off, size_t n, size_t at) {
-        if (packedEs[i])
-          scaleCopy(dt, buf + at * esz, static_cast<const char*>(packedEs[i]->in) + off * esz, n,
-                    pre);
-        else  // this rank joined: contribute the identity
-          fillIdentity(dt, op, buf + at * esz, n);
-      });
-    };
-    auto unpack = [&](size_t lo, size_t hi) {
-      forPieces(lo, hi, [&](size_t i, size_t off, size_t n, size_t at) {
-        if (packedEs[i])
-          scaleCopy(dt, static_cast<char*>(packedEs[i]->out) + off * esz, buf + at * esz, n, post);
-      });
-    };
-    Status s = backend_->allreduceGather(buf, total, dt, op, pack, unpack);
-    if (!s.isOk()) return backendFailure(s, what);
-  }
-  auto t1 = std::chrono::steady_clock::now();
-  for (size_t i : alone) {
-    // Reduced where it lies: the output buffer is the staging area, so the
-    // ring's "pack" is the input->output copy (or the prescale in place) and
-    // runs segment by segment inside the network waits, like the fused path.
-    size_t n = static_cast<size_t>(group[i].numElements());
-    TensorEntry* e = es[i].get();
+  // Every rank takes the same path for a group (chosen from the response,
+  // never from whether this rank has an entry): both end in allreduceGather,
+  // whose algorithm depends only on the element count.
+  if (group.size() == 1) {
+    // One tensor is reduced where it lies: the output buffer is the staging
+    // area, so the ring's "pack" is the input->output copy (or the prescale
+    // in place), done segment by segment inside the network waits.
+    size_t n = static_cast<size_t>(r0.numElements());
+    TensorEntry* e = es[0].get();
     char* data;
     if (e) {
       data = static_cast<char*>(e->out);
@@ -202,15 +144,45 @@ Status ProcessSetImpl::runAllreduce(std::vector<Response>& group,
       if (e && post != 1.0) scaleInPlace(dt, data + lo * esz, hi - lo, post);
     };
     Status s = backend_->allreduceGather(data, n, dt, op, pack, unpack);
-    if (!s.isOk()) return backendFailure(s, what);
+    return s.isOk() ? s : backendFailure(s, what);
   }
-  HORA_LOG(logger_, kDebug)
-      << what << ": " << packed.size() << " packed in "
-      << std::chrono::duration<double, std::milli>(t1 - t0).count() << " ms, " << alone.size()
-      << " in place in "
-      << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count()
-      << " ms";
-  return Status::ok();
+
+  // Fused: the tensors share the persistent fusion buffer. start[i] is the
+  // first element of tensor i in it.
+  std::vector<size_t> start(group.size() + 1, 0);
+  for (size_t i = 0; i < group.size(); ++i)
+    start[i + 1] = start[i] + static_cast<size_t>(group[i].numElements());
+  size_t total = start.back();
+  HORA_RETURN_IF_ERROR(fusion_.reserve(total * esz));
+  char* buf = fusion_.data();
+  // Applies fn(tensor index, first element within the tensor, element count,
+  // first element within the buffer) to every tensor piece overlapping
+  // buffer elements [lo, hi).
+  auto forPieces = [&](size_t lo, size_t hi, auto&& fn) {
+    size_t i =
+        static_cast<size_t>(std::upper_bound(start.begin(), start.end(), lo) - start.begin()) - 1;
+    for (; i < group.size() && start[i] < hi; ++i) {
+      size_t a = std::max(lo, start[i]), b = std::min(hi, start[i + 1]);
+      if (b > a) fn(i, a - start[i], b - a, a);
+    }
+  };
+  // The backend packs and unpacks range by range while it waits for the
+  // network (GlooBackend's ring), or all at once around its allreduce.
+  auto pack = [&](size_t lo, size_t hi) {
+    forPieces(lo, hi, [&](size_t i, size_t off, size_t n, size_t at) {
+      if (es[i])
+        scaleCopy(dt, buf + at * esz, static_cast<const char*>(es[i]->in) + off * esz, n, pre);
+      else  // this rank joined: contribute the identity
+        fillIdentity(dt, op, buf + at * esz, n);
+    });
+  };
+  auto unpack = [&](size_t lo, size_t hi) {
+    forPieces(lo, hi, [&](size_t i, size_t off, size_t n, size_t at) {
+      if (es[i]) scaleCopy(dt, static_cast<char*>(es[i]->out) + off * esz, buf + at * esz, n, post);
+    });
+  };
+  Status s = backend_->allreduceGather(buf, total, dt, op, pack, unpack);
+  return s.isOk() ? s : backendFailure(s, what);
 }
 
 Result<void*> ProcessSetImpl::allocateOutput(TensorEntry& e, const std::vector<int64_t>& shape) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <future>
+#include <unordered_set>
 
 #include "core/wire.h"
 #include "ops/gloo/gloo_backend.h"
@@ -152,11 +153,10 @@ Status ProcessSetImpl::enqueue(std::vector<std::shared_ptr<TensorEntry>> entries
                                          std::to_string(globalRank(rank_)) +
                                          " is shut down; no new collectives can start");
     if (isBroken_) return broken_;
+    std::unordered_set<std::string> inCall;
     for (size_t i = 0; i < entries.size(); ++i) {
       const std::string& n = entries[i]->request.name;
-      bool dupInCall = false;
-      for (size_t j = 0; j < i; ++j) dupInCall |= entries[j]->request.name == n;
-      if (table_.count(n) || dupInCall)
+      if (table_.count(n) || !inCall.insert(n).second)
         return invalidUsage(std::string(collectiveName(entries[i]->request.kind)) + " \"" + n +
                             "\" on rank " + std::to_string(globalRank(rank_)) +
                             ": a request with this name is already in flight; wait for it or use a "

@@ -52,7 +52,6 @@ struct ExecGroup {
 
 struct SetOptions {
   int64_t fusionThresholdBytes = 128 << 20;
-  int64_t fusionInplaceMinBytes = 0;
   int cacheCapacity = 1024;
   double cycleTimeMs = 1;
   double stallWarningS = 60;

@@ -121,7 +121,6 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   so.cycleTimeMs = num(c.cycle_time_ms, p.getFloat("HORA_CYCLE_TIME_MS"));
   so.fusionThresholdBytes = c.fusion_threshold_bytes >= 0 ? c.fusion_threshold_bytes
                                                           : p.getInt("HORA_FUSION_THRESHOLD_BYTES");
-  so.fusionInplaceMinBytes = p.getInt("HORA_FUSION_INPLACE_MIN_BYTES");
   so.cacheCapacity =
       c.cache_capacity >= 0 ? c.cache_capacity : static_cast<int>(p.getInt("HORA_CACHE_CAPACITY"));
   so.stallWarningS = num(c.stall_warning_time_s, p.getFloat("HORA_STALL_WARNING_TIME_S"));
@@ -132,11 +131,11 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   so.glooIface = p.getString("HORA_GLOO_IFACE");
   so.glooAlgorithm = p.getString("HORA_GLOO_ALGORITHM");
   rt->startTimeoutS_ = so.startTimeoutS;
-  if (so.cacheCapacity < 0 || so.fusionThresholdBytes < 0 || so.fusionInplaceMinBytes < 0 ||
-      so.stallWarningS < 0 || so.stallShutdownS < 0)
+  if (so.cacheCapacity < 0 || so.fusionThresholdBytes < 0 || so.stallWarningS < 0 ||
+      so.stallShutdownS < 0)
     return invalidArgument(
         "cache capacity, fusion threshold and stall times must not be negative "
-        "(check HORA_CACHE_CAPACITY, HORA_FUSION_THRESHOLD_BYTES, HORA_FUSION_INPLACE_MIN_BYTES, "
+        "(check HORA_CACHE_CAPACITY, HORA_FUSION_THRESHOLD_BYTES, "
         "HORA_STALL_*_TIME_S)");
   if (so.peerTimeoutS <= 0 || so.startTimeoutS <= 0 || so.cycleTimeMs < 0 ||
       so.heartbeatIntervalMs <= 0)
