@@ -14,7 +14,9 @@
 // collective, the element count and dtype. Third-party exceptions never
 // escape a backend.
 //
-// Implementations: ops/gloo (CPU memory). Buffers are CPU memory here.
+// Implementations: ops/gloo (CPU memory, any hosts) and ops/shm (allreduce
+// through shared memory when every rank is on one host; the rest delegated
+// to a Gloo backend). Buffers are CPU memory here.
 #pragma once
 
 #include <cstddef>
@@ -38,28 +40,34 @@ class Backend {
   // In place over `count` elements. `op` is kSum, kMin, kMax or kProduct
   // (averaging is a sum plus a scale, done by the caller).
   virtual Status allreduce(void* data, size_t count, DataType dtype, ReduceOp op) = 0;
+  // Writes input elements [begin, end) to `dst` (end - begin elements).
+  using PackFn = std::function<void(size_t begin, size_t end, void* dst)>;
+  // `src` holds the final reduced elements [begin, end); consumes them.
+  using UnpackFn = std::function<void(size_t begin, size_t end, const void* src)>;
+
   // An allreduce whose input is produced and whose result is consumed piece by
   // piece, so that a backend can overlap those copies with its network waits
-  // (the runtime packs fused tensors into `staging` and unpacks them after).
-  // `staging` is scratch of `count` elements owned by the caller. The backend
-  // calls pack(b, e) to fill staging elements [b, e) before it first reads any
-  // of them (sends them or reduces into them), and unpack(b, e) once elements
-  // [b, e) of staging hold their final reduced values (it no longer writes
-  // them; it may still read them). Every element is packed exactly once and
-  // unpacked exactly once; ranges are non-empty and may come in any order and
-  // of any size, and pack(b, e) always precedes unpack of any element of
-  // [b, e). With count == 0 neither is called. `op` as for allreduce.
+  // (GlooBackend's ring) or pack straight into memory its peers read and
+  // unpack straight from theirs (ShmBackend), with no staging copy at all.
+  // `staging` is scratch of `count` elements owned by the caller, which a
+  // backend may use as the destination of pack and the source of unpack
+  // (then dst/src == staging + begin elements, and the callbacks can tell).
+  // The backend calls pack(b, e, dst) before it needs elements [b, e) of the
+  // input, and unpack(b, e, src) once it has their final reduced values.
+  // Every element is packed exactly once and unpacked exactly once; ranges
+  // are non-empty and may come in any order and of any size, and pack(b, e)
+  // always precedes unpack of any element of [b, e). With count == 0 neither
+  // is called. `op` as for allreduce.
   // Thread: both callbacks run on the calling thread, inside this call; they
   // must not call back into the backend and must not throw. On failure some
   // ranges may have been packed and some unpacked, not all.
-  // Default: pack(0, count), allreduce(staging, ...), unpack(0, count).
+  // Default: pack all into staging, allreduce(staging, ...), unpack all.
   virtual Status allreduceGather(void* staging, size_t count, DataType dtype, ReduceOp op,
-                                 const std::function<void(size_t begin, size_t end)>& pack,
-                                 const std::function<void(size_t begin, size_t end)>& unpack) {
+                                 const PackFn& pack, const UnpackFn& unpack) {
     if (count == 0) return allreduce(staging, count, dtype, op);
-    pack(0, count);
+    pack(0, count, staging);
     Status s = allreduce(staging, count, dtype, op);
-    if (s.isOk()) unpack(0, count);
+    if (s.isOk()) unpack(0, count, staging);
     return s;
   }
   // Rank r contributes counts[r] elements; `out` receives all of them in

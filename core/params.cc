@@ -56,6 +56,14 @@ const std::vector<ParamSpec>& paramRegistry() {
        "Gloo allreduce algorithm: auto (by size), ring or bcube."},
       {"HORA_GLOO_IFACE", ParamType::kString, "",
        "Network interface for Gloo's data plane (default: by HORA_HOSTNAME)."},
+      {"HORA_SHM", ParamType::kBool, "1",
+       "Allreduce through shared memory (/dev/shm) when every rank of a process set runs on one "
+       "host; 0 keeps everything on Gloo. Must be the same on every rank."},
+      {"HORA_SHM_CHUNK_BYTES", ParamType::kInt, "4194304",
+       "Pipeline chunk of the shared-memory allreduce; each rank's segment holds two (a multiple "
+       "of 64)."},
+      {"HORA_SHM_MIN_BYTES", ParamType::kInt, "0",
+       "Allreduce payloads smaller than this go through Gloo even when shared memory is on."},
       {"HORA_LOG_LEVEL", ParamType::kString, "warning",
        "trace, debug, info, warning, error or off."},
   };

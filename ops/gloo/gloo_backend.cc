@@ -282,8 +282,7 @@ Status GlooBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp
 }
 
 Status GlooBackend::allreduceGather(void* staging, size_t count, DataType dtype, ReduceOp op,
-                                    const std::function<void(size_t, size_t)>& pack,
-                                    const std::function<void(size_t, size_t)>& unpack) {
+                                    const PackFn& pack, const UnpackFn& unpack) {
   const std::string what = describe("allreduce", count, dtype, op);
   HORA_RETURN_IF_ERROR(checkUsable(what));
   if (reduceFunction(dtype, op) == nullptr || !reduceOpSupported(op, dtype)) {
@@ -292,8 +291,8 @@ Status GlooBackend::allreduceGather(void* staging, size_t count, DataType dtype,
   if (count == 0) return Status::ok();
   if (staging == nullptr) return invalidArgument(what + ": null buffer");
   if (size_ == 1) {
-    pack(0, count);
-    unpack(0, count);
+    pack(0, count, staging);
+    unpack(0, count, staging);
     return Status::ok();
   }
   // Same choice as allreduce(), from inputs every rank shares.

@@ -80,8 +80,7 @@ class GlooBackend : public Backend {
   // and unpacking it as soon as it is final, so the copies run while this
   // rank waits for the network.
   Status allreduceGather(void* staging, size_t count, DataType dtype, ReduceOp op,
-                         const std::function<void(size_t begin, size_t end)>& pack,
-                         const std::function<void(size_t begin, size_t end)>& unpack) override;
+                         const PackFn& pack, const UnpackFn& unpack) override;
   Status allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
                     DataType dtype) override;
   Status broadcast(void* data, size_t count, DataType dtype, int root) override;
@@ -107,8 +106,7 @@ class GlooBackend : public Backend {
   // The ring behind allreduceGather (gloo_ring.cc); size_ > 1, count > 0.
   // Throws Gloo's exceptions; the caller wraps it in guarded().
   void ringAllreduce(uint8_t* data, size_t count, DataType dtype, ReduceOp op, uint32_t tag,
-                     const std::function<void(size_t, size_t)>& pack,
-                     const std::function<void(size_t, size_t)>& unpack);
+                     const PackFn& pack, const UnpackFn& unpack);
 
   const std::shared_ptr<gloo::Context> context_;
   const int rank_;

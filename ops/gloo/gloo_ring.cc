@@ -79,8 +79,7 @@ void checkWait(bool completed, const char* what) {
 }  // namespace
 
 void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, ReduceOp op,
-                                uint32_t tag, const std::function<void(size_t, size_t)>& pack,
-                                const std::function<void(size_t, size_t)>& unpack) {
+                                uint32_t tag, const PackFn& pack, const UnpackFn& unpack) {
   const size_t n = static_cast<size_t>(size_);
   const size_t r = static_cast<size_t>(rank_);
   const size_t es = dataTypeSize(dtype);
@@ -111,8 +110,9 @@ void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, Red
     const size_t offset = (k % numSegments) * segBytes;
     return Segment{offset, offset >= totalBytes ? 0 : std::min(segBytes, totalBytes - offset)};
   };
-  auto call = [&](const std::function<void(size_t, size_t)>& fn, const Segment& s) {
-    if (s.bytes > 0) fn(s.offset / es, (s.offset + s.bytes) / es);
+  // Both hooks work in place in `data` (the caller's staging buffer).
+  auto call = [&](const auto& fn, const Segment& s) {
+    if (s.bytes > 0) fn(s.offset / es, (s.offset + s.bytes) / es, data + s.offset);
   };
   // Sends complete in posting order; at most kDepth stay outstanding.
   size_t sendsPosted = 0, sendsDone = 0;

@@ -4,6 +4,7 @@
 // computed reference.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 
 #include "gtest/gtest.h"
@@ -27,10 +28,23 @@ struct Pending {
   std::string name;
 };
 
-class Collectives : public ::testing::TestWithParam<int> {};
+// Every collective runs over both CPU data planes: allreduce through shared
+// memory (the default on one host) and everything through Gloo (HORA_SHM=0,
+// what a multi-host job uses). The variable is set before any runtime of
+// the test starts and read once by each runtime's init.
+struct Plane {
+  int size;
+  bool shm;
+};
+
+class Collectives : public ::testing::TestWithParam<Plane> {
+ protected:
+  void SetUp() override { ::setenv("HORA_SHM", GetParam().shm ? "1" : "0", 1); }
+  void TearDown() override { ::unsetenv("HORA_SHM"); }
+};
 
 TEST_P(Collectives, AllreduceEveryDtypeOpCount) {
-  int size = GetParam();
+  int size = GetParam().size;
   runThreads(size, [&](int rank, hora_runtime_t rt) {
     for (const DT& dt : allDtypes()) {
       // Submit everything of one dtype, then wait: exercises fusion too.
@@ -81,7 +95,7 @@ TEST_P(Collectives, AllreduceEveryDtypeOpCount) {
 }
 
 TEST_P(Collectives, FusionScalesAndOutOfPlace) {
-  int size = GetParam();
+  int size = GetParam().size;
   // A small fusion threshold: many tensors fuse, the 3000-element ones exceed it.
   auto tweak = [](hora_config_t& c) { c.fusion_threshold_bytes = 4096; };
   runThreads(
@@ -131,7 +145,7 @@ TEST_P(Collectives, FusionScalesAndOutOfPlace) {
 // Large single tensors go through the backend's own ring with the output as
 // staging: out of place, in place, with scale factors and a joined rank.
 TEST_P(Collectives, LargeSingleTensorRing) {
-  int size = GetParam();
+  int size = GetParam().size;
   runThreads(size, [&](int rank, hora_runtime_t rt) {
     const int64_t n = 3 * 1000 * 1000 + 7;  // 12 MB, odd
     std::vector<int64_t> shape = {n};
@@ -170,7 +184,7 @@ TEST_P(Collectives, LargeSingleTensorRing) {
 }
 
 TEST_P(Collectives, GroupedAllreduce) {
-  int size = GetParam();
+  int size = GetParam().size;
   runThreads(size, [&](int rank, hora_runtime_t rt) {
     const int n = 6;
     std::vector<std::vector<int32_t>> bufs(n);
@@ -198,7 +212,7 @@ TEST_P(Collectives, GroupedAllreduce) {
 }
 
 TEST_P(Collectives, AllgatherUnevenFirstDim) {
-  int size = GetParam();
+  int size = GetParam().size;
   runThreads(size, [&](int rank, hora_runtime_t rt) {
     for (const DT& dt : allDtypes()) {
       int64_t rows = rank == 0 ? 0 : rank + 1;  // rank 0 contributes nothing
@@ -234,7 +248,7 @@ TEST_P(Collectives, AllgatherUnevenFirstDim) {
 }
 
 TEST_P(Collectives, BroadcastFromEveryRoot) {
-  int size = GetParam();
+  int size = GetParam().size;
   runThreads(size, [&](int rank, hora_runtime_t rt) {
     for (int root = 0; root < size; ++root) {
       for (int64_t n : kCounts) {
@@ -258,7 +272,7 @@ TEST_P(Collectives, BroadcastFromEveryRoot) {
 }
 
 TEST_P(Collectives, AlltoallUnevenSplits) {
-  int size = GetParam();
+  int size = GetParam().size;
   runThreads(size, [&](int rank, hora_runtime_t rt) {
     // rank r sends (r + d) % 3 rows to rank d; a row is 2 int64 values [r, d].
     std::vector<int64_t> splits(size);
@@ -298,7 +312,7 @@ TEST_P(Collectives, AlltoallUnevenSplits) {
 }
 
 TEST_P(Collectives, ReducescatterUneven) {
-  int size = GetParam();
+  int size = GetParam().size;
   runThreads(size, [&](int rank, hora_runtime_t rt) {
     for (int64_t dim0 : {int64_t{1}, int64_t{7}, int64_t{10}, int64_t{1001}}) {
       for (hora_reduce_op_t op : {HORA_OP_SUM, HORA_OP_AVERAGE}) {
@@ -334,7 +348,7 @@ TEST_P(Collectives, ReducescatterUneven) {
 }
 
 TEST_P(Collectives, BarrierAndResponseCacheSteadyState) {
-  int size = GetParam();
+  int size = GetParam().size;
   // Capacity 3 with 5 rotating names forces evictions while hits are in flight.
   auto tweak = [](hora_config_t& c) { c.cache_capacity = 3; };
   runThreads(
@@ -365,7 +379,7 @@ TEST_P(Collectives, BarrierAndResponseCacheSteadyState) {
 }
 
 TEST_P(Collectives, JoinWithUnevenSteps) {
-  int size = GetParam();
+  int size = GetParam().size;
   runThreads(size, [&](int rank, hora_runtime_t rt) {
     // Rank r runs r + 2 steps, then joins; the others keep reducing.
     for (int step = 0; step < rank + 2; ++step) {
@@ -399,7 +413,7 @@ TEST_P(Collectives, JoinWithUnevenSteps) {
 }
 
 TEST_P(Collectives, ProcessSetsConcurrentWithGlobal) {
-  int size = GetParam();
+  int size = GetParam().size;
   if (size < 2) GTEST_SKIP() << "needs two ranks";
   runThreads(size, [&](int rank, hora_runtime_t rt) {
     // Set A: even ranks; set B: ranks 1..size-1.
@@ -459,7 +473,13 @@ TEST_P(Collectives, ProcessSetsConcurrentWithGlobal) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSize, Collectives, ::testing::Values(1, 2, 3, 4),
-                         [](const auto& info) { return "np" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(WorldSize, Collectives,
+                         ::testing::Values(Plane{1, true}, Plane{2, true}, Plane{3, true},
+                                           Plane{4, true}, Plane{2, false}, Plane{3, false},
+                                           Plane{4, false}),
+                         [](const auto& info) {
+                           return "np" + std::to_string(info.param.size) +
+                                  (info.param.shm ? "_shm" : "_gloo");
+                         });
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -139,14 +140,14 @@ TEST(Failures, PartialSubmissionIsReportedThenFailsEverywhere) {
 
 // Loops allreduce until it fails; returns 0 when the failure names `culprit`
 // with one of the expected codes within the deadline.
-int loopUntilPeerLost(int rank, int culprit, double deadlineS) {
+int loopUntilPeerLost(int rank, int culprit, double deadlineS, size_t elements = 1 << 16) {
   hora_runtime_t rt;
   if (hora_init(nullptr, &rt) != HORA_SUCCESS) {
     std::fprintf(stderr, "init failed: %s\n", hora_last_error_message());
     return 10;
   }
   auto start = Clock::now();
-  std::vector<float> buf(1 << 16, 1.0f);
+  std::vector<float> buf(elements, 1.0f);
   for (int it = 0;; ++it) {
     std::string msg;
     hora_status_t s = allreduceF32(rt, buf, "loop", &msg, deadlineS);
@@ -196,6 +197,31 @@ TEST(Failures, RankKilledMidLoopFailsSurvivorsQuickly) {
     EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
   if (getenv("HORA_TEST_VERBOSE"))
     std::printf("%s\n%s\n", results[0].output.c_str(), results[1].output.c_str());
+}
+
+// A rank killed while the others are inside a large allreduce (most of each
+// step is spent in the shared-memory data plane on one host, so the survivors
+// are usually asleep waiting for the dead rank's next chunk): they fail
+// naming it long before the 30 s peer timeout.
+TEST(Failures, RankKilledInsideALargeAllreduceFailsSurvivorsQuickly) {
+  std::atomic<int64_t> killedAtMs{0};
+  auto t0 = Clock::now();
+  auto results = runProcesses(
+      3, [](int rank) -> int { return loopUntilPeerLost(rank, 1, 40, 8 << 20); }, 60,
+      [&](const std::vector<int>& pids) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+        kill(pids[1], SIGKILL);
+        killedAtMs =
+            std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+      },
+      {{"HORA_PEER_TIMEOUT_S", "30"}});
+  EXPECT_EQ(results[1].signal, SIGKILL) << results[1].output;
+  for (int r : {0, 2})
+    EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
+  const double total = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_LT(total - killedAtMs.load() / 1000.0, 10.0) << "survivors took too long to fail";
+  if (getenv("HORA_TEST_VERBOSE"))
+    std::printf("%s\n%s\n", results[0].output.c_str(), results[2].output.c_str());
 }
 
 TEST(Failures, StalledRankIsDeclaredLostAfterThePeerTimeout) {

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend_check.h"
 #include "core/memory_store.h"
 #include "core/reduce.h"
 
@@ -23,8 +24,6 @@ namespace {
 
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
-
-using World = std::vector<std::unique_ptr<Backend>>;
 
 std::string uniquePrefix() {
   static std::atomic<int> counter{0};
@@ -58,112 +57,6 @@ World makeWorld(int size, const std::string& algorithm = "auto",
     EXPECT_TRUE(errors[r].isOk()) << "rank " << r << ": " << errors[r].toString();
   }
   return world;
-}
-
-// Runs fn(rank, backend) on one thread per rank and joins them.
-void runRanks(World& world, const std::function<void(int, Backend&)>& fn) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < static_cast<int>(world.size()); ++r) {
-    threads.emplace_back([&, r] { fn(r, *world[r]); });
-  }
-  for (auto& t : threads) t.join();
-}
-
-bool isSigned(DataType dt) { return dt != DataType::kUint8 && dt != DataType::kBool; }
-
-// Writes integer v as element i of a buffer of type dt (exact for our ranges).
-void storeInt(DataType dt, void* p, size_t i, int64_t v) {
-  switch (dt) {
-    case DataType::kUint8:
-      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
-      break;
-    case DataType::kInt8:
-      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
-      break;
-    case DataType::kInt16:
-      static_cast<int16_t*>(p)[i] = static_cast<int16_t>(v);
-      break;
-    case DataType::kInt32:
-      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
-      break;
-    case DataType::kInt64:
-      static_cast<int64_t*>(p)[i] = v;
-      break;
-    case DataType::kFloat16:
-      static_cast<uint16_t*>(p)[i] = floatToHalf(static_cast<float>(v));
-      break;
-    case DataType::kBfloat16:
-      static_cast<uint16_t*>(p)[i] = floatToBfloat16(static_cast<float>(v));
-      break;
-    case DataType::kFloat32:
-      static_cast<float*>(p)[i] = static_cast<float>(v);
-      break;
-    case DataType::kFloat64:
-      static_cast<double*>(p)[i] = static_cast<double>(v);
-      break;
-    case DataType::kBool:
-      static_cast<uint8_t*>(p)[i] = v != 0;
-      break;
-    default:
-      break;
-  }
-}
-
-// The value rank r contributes at element i for `op`, and the reduction of
-// all ranks' values (computed in int64; bool sum/max = or, product/min = and).
-int64_t inputValue(DataType dt, ReduceOp op, int r, size_t i) {
-  const int64_t base = static_cast<int64_t>((i * 7 + static_cast<size_t>(r) * 3) % 4);
-  if (dt == DataType::kBool) return base % 2;
-  if (op == ReduceOp::kProduct) {
-    int64_t v = 1 + base % 2;
-    return isSigned(dt) && (i + r) % 5 == 0 ? -v : v;
-  }
-  return isSigned(dt) ? base - 2 : base;
-}
-
-int64_t expectedValue(DataType dt, ReduceOp op, int size, size_t i) {
-  int64_t acc = inputValue(dt, op, 0, i);
-  for (int r = 1; r < size; ++r) {
-    const int64_t v = inputValue(dt, op, r, i);
-    switch (op) {
-      case ReduceOp::kSum:
-        acc = dt == DataType::kBool ? (acc | v) : acc + v;
-        break;
-      case ReduceOp::kProduct:
-        acc = dt == DataType::kBool ? (acc & v) : acc * v;
-        break;
-      case ReduceOp::kMin:
-        acc = std::min(acc, v);
-        break;
-      case ReduceOp::kMax:
-        acc = std::max(acc, v);
-        break;
-      default:
-        break;
-    }
-  }
-  return acc;
-}
-
-const DataType kAllTypes[] = {DataType::kUint8,    DataType::kInt8,    DataType::kInt16,
-                              DataType::kInt32,    DataType::kInt64,   DataType::kFloat16,
-                              DataType::kBfloat16, DataType::kFloat32, DataType::kFloat64,
-                              DataType::kBool};
-const ReduceOp kReduceOps[] = {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
-
-void checkAllreduce(World& world, DataType dt, ReduceOp op, size_t count) {
-  const int size = static_cast<int>(world.size());
-  const size_t es = dataTypeSize(dt);
-  std::vector<uint8_t> want(count * es);
-  for (size_t i = 0; i < count; ++i) storeInt(dt, want.data(), i, expectedValue(dt, op, size, i));
-  runRanks(world, [&](int r, Backend& b) {
-    std::vector<uint8_t> buf(count * es);
-    for (size_t i = 0; i < count; ++i) storeInt(dt, buf.data(), i, inputValue(dt, op, r, i));
-    Status s = b.allreduce(buf.data(), count, dt, op);
-    ASSERT_TRUE(s.isOk()) << s.toString();
-    EXPECT_TRUE(buf == want) << "rank " << r << " " << dataTypeName(dt) << " " << reduceOpName(op)
-                             << " count " << count;
-  });
 }
 
 class GlooWorldTest : public ::testing::TestWithParam<int> {};
@@ -348,62 +241,6 @@ TEST_P(GlooWorldTest, MixedSequenceKeepsRanksInStep) {
   });
 }
 
-// allreduceGather: every rank's input lives in its own buffer and is copied
-// into the staging buffer only through pack; results leave only through
-// unpack. Counts every element's packs and unpacks and checks that each
-// element is packed before it is unpacked and unpacked with its final value.
-void checkAllreduceGather(World& world, DataType dt, ReduceOp op, size_t count) {
-  const int size = static_cast<int>(world.size());
-  const size_t es = dataTypeSize(dt);
-  std::vector<uint8_t> want(count * es);
-  for (size_t i = 0; i < count; ++i) storeInt(dt, want.data(), i, expectedValue(dt, op, size, i));
-  runRanks(world, [&](int r, Backend& b) {
-    std::vector<uint8_t> in(count * es), staging(count * es + 1), out(count * es + 1, 0xab);
-    for (size_t i = 0; i < count; ++i) storeInt(dt, in.data(), i, inputValue(dt, op, r, i));
-    std::vector<uint8_t> packed(count, 0), unpacked(count, 0);
-    const auto caller = std::this_thread::get_id();
-    bool badRange = false, badThread = false, unpackBeforePack = false, wrongFinal = false;
-    auto pack = [&](size_t lo, size_t hi) {
-      badThread |= std::this_thread::get_id() != caller;
-      if (lo >= hi || hi > count) {
-        badRange = true;
-        return;
-      }
-      for (size_t i = lo; i < hi; ++i) ++packed[i];
-      std::memcpy(staging.data() + lo * es, in.data() + lo * es, (hi - lo) * es);
-    };
-    auto unpack = [&](size_t lo, size_t hi) {
-      badThread |= std::this_thread::get_id() != caller;
-      if (lo >= hi || hi > count) {
-        badRange = true;
-        return;
-      }
-      for (size_t i = lo; i < hi; ++i) {
-        ++unpacked[i];
-        unpackBeforePack |= packed[i] != 1;
-      }
-      wrongFinal |=
-          std::memcmp(staging.data() + lo * es, want.data() + lo * es, (hi - lo) * es) != 0;
-      std::memcpy(out.data() + lo * es, staging.data() + lo * es, (hi - lo) * es);
-    };
-    Status s = b.allreduceGather(staging.data(), count, dt, op, pack, unpack);
-    ASSERT_TRUE(s.isOk()) << s.toString();
-    const std::string where = "rank " + std::to_string(r) + " " + dataTypeName(dt) + " " +
-                              reduceOpName(op) + " count " + std::to_string(count);
-    EXPECT_FALSE(badRange) << where;
-    EXPECT_FALSE(badThread) << where;
-    EXPECT_FALSE(unpackBeforePack) << where;
-    EXPECT_FALSE(wrongFinal) << where;
-    size_t packedOnce = 0, unpackedOnce = 0;
-    for (size_t i = 0; i < count; ++i)
-      packedOnce += packed[i] == 1, unpackedOnce += unpacked[i] == 1;
-    EXPECT_EQ(packedOnce, count) << where;
-    EXPECT_EQ(unpackedOnce, count) << where;
-    EXPECT_EQ(0, std::memcmp(out.data(), want.data(), want.size())) << where;
-    EXPECT_EQ(out[count * es], 0xab) << where;
-  });
-}
-
 TEST_P(GlooWorldTest, AllreduceGatherPacksAndUnpacksEveryElementOnce) {
   // "ring" runs hora's ring allreduce at every count (many segments empty at
   // small counts); "auto" takes Backend's default up to kGlooBcubeMaxBytes.
@@ -475,17 +312,19 @@ TEST(GlooBackendTest, AbortUnblocksAllreduceGather) {
     std::this_thread::sleep_for(milliseconds(300));
     world[0]->abort();
   });
-  auto noop = [](size_t, size_t) {};
+  auto noop = [](size_t, size_t, const void*) {};
+  auto packNoop = [](size_t, size_t, void*) {};
   Status s2;
   Clock::duration rank2Elapsed{};
   std::thread rank2([&] {
     std::vector<float> w(count, 1.0f);
-    s2 = world[2]->allreduceGather(w.data(), count, DataType::kFloat32, ReduceOp::kSum, noop, noop);
+    s2 = world[2]->allreduceGather(w.data(), count, DataType::kFloat32, ReduceOp::kSum, packNoop,
+                                   noop);
     rank2Elapsed = Clock::now() - start;
   });
   std::vector<float> v(count, 1.0f);
-  Status s0 =
-      world[0]->allreduceGather(v.data(), count, DataType::kFloat32, ReduceOp::kSum, noop, noop);
+  Status s0 = world[0]->allreduceGather(v.data(), count, DataType::kFloat32, ReduceOp::kSum,
+                                        packNoop, noop);
   const auto elapsed = Clock::now() - start;
   aborter.join();
   EXPECT_EQ(s0.code(), Code::kRemoteError) << s0.toString();
@@ -495,10 +334,11 @@ TEST(GlooBackendTest, AbortUnblocksAllreduceGather) {
   rank2.join();
   EXPECT_FALSE(s2.isOk());
   EXPECT_LT(rank2Elapsed, std::chrono::seconds(3));
-  EXPECT_EQ(world[0]
-                ->allreduceGather(v.data(), count, DataType::kFloat32, ReduceOp::kSum, noop, noop)
-                .code(),
-            Code::kRemoteError);
+  EXPECT_EQ(
+      world[0]
+          ->allreduceGather(v.data(), count, DataType::kFloat32, ReduceOp::kSum, packNoop, noop)
+          .code(),
+      Code::kRemoteError);
 }
 
 TEST(GlooBackendTest, AllreduceGatherTimesOutOnAStalledPeer) {
@@ -507,8 +347,8 @@ TEST(GlooBackendTest, AllreduceGatherTimesOutOnAStalledPeer) {
   size_t unpacked = 0;
   const auto start = Clock::now();
   Status s = world[0]->allreduceGather(
-      v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, [](size_t, size_t) {},
-      [&](size_t lo, size_t hi) { unpacked += hi - lo; });
+      v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, [](size_t, size_t, void*) {},
+      [&](size_t lo, size_t hi, const void*) { unpacked += hi - lo; });
   EXPECT_EQ(s.code(), Code::kTimeout) << s.toString();
   EXPECT_NE(s.message().find("a peer rank may have died or stalled"), std::string::npos);
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));

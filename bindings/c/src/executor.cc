@@ -120,8 +120,10 @@ Status ProcessSetImpl::runAllreduce(std::vector<Response>& group,
   // whose algorithm depends only on the element count.
   if (group.size() == 1) {
     // One tensor is reduced where it lies: the output buffer is the staging
-    // area, so the ring's "pack" is the input->output copy (or the prescale
-    // in place), done segment by segment inside the network waits.
+    // area, so with Gloo's ring "pack" is the input->output copy (or the
+    // prescale in place), done segment by segment inside the network waits;
+    // a backend with its own memory (shm) packs from the input and unpacks
+    // into the output instead.
     size_t n = static_cast<size_t>(r0.numElements());
     TensorEntry* e = es[0].get();
     char* data;
@@ -131,17 +133,27 @@ Status ProcessSetImpl::runAllreduce(std::vector<Response>& group,
       HORA_RETURN_IF_ERROR(fusion_.reserve(n * esz));
       data = fusion_.data();
     }
-    auto pack = [&](size_t lo, size_t hi) {
+    auto pack = [&](size_t lo, size_t hi, void* dst) {
+      char* d = static_cast<char*>(dst);
       if (!e) {
-        fillIdentity(dt, op, data + lo * esz, hi - lo);
-      } else if (e->in != e->out) {
-        scaleCopy(dt, data + lo * esz, static_cast<const char*>(e->in) + lo * esz, hi - lo, pre);
+        fillIdentity(dt, op, d, hi - lo);
+        return;
+      }
+      const char* src = static_cast<const char*>(e->in) + lo * esz;
+      if (src != d) {
+        scaleCopy(dt, d, src, hi - lo, pre);
       } else if (pre != 1.0) {
-        scaleInPlace(dt, data + lo * esz, hi - lo, pre);
+        scaleInPlace(dt, d, hi - lo, pre);
       }
     };
-    auto unpack = [&](size_t lo, size_t hi) {
-      if (e && post != 1.0) scaleInPlace(dt, data + lo * esz, hi - lo, post);
+    auto unpack = [&](size_t lo, size_t hi, const void* src) {
+      if (!e) return;
+      char* d = data + lo * esz;
+      if (src != d) {
+        scaleCopy(dt, d, src, hi - lo, post);
+      } else if (post != 1.0) {
+        scaleInPlace(dt, d, hi - lo, post);
+      }
     };
     Status s = backend_->allreduceGather(data, n, dt, op, pack, unpack);
     return s.isOk() ? s : backendFailure(s, what);
@@ -167,18 +179,23 @@ Status ProcessSetImpl::runAllreduce(std::vector<Response>& group,
     }
   };
   // The backend packs and unpacks range by range while it waits for the
-  // network (GlooBackend's ring), or all at once around its allreduce.
-  auto pack = [&](size_t lo, size_t hi) {
+  // network (GlooBackend's ring, dst/src inside buf), straight into and out
+  // of shared memory (ShmBackend), or all at once around its allreduce.
+  auto pack = [&](size_t lo, size_t hi, void* dst) {
+    char* d = static_cast<char*>(dst);
     forPieces(lo, hi, [&](size_t i, size_t off, size_t n, size_t at) {
+      char* to = d + (at - lo) * esz;
       if (es[i])
-        scaleCopy(dt, buf + at * esz, static_cast<const char*>(es[i]->in) + off * esz, n, pre);
+        scaleCopy(dt, to, static_cast<const char*>(es[i]->in) + off * esz, n, pre);
       else  // this rank joined: contribute the identity
-        fillIdentity(dt, op, buf + at * esz, n);
+        fillIdentity(dt, op, to, n);
     });
   };
-  auto unpack = [&](size_t lo, size_t hi) {
+  auto unpack = [&](size_t lo, size_t hi, const void* src) {
+    const char* from0 = static_cast<const char*>(src);
     forPieces(lo, hi, [&](size_t i, size_t off, size_t n, size_t at) {
-      if (es[i]) scaleCopy(dt, static_cast<char*>(es[i]->out) + off * esz, buf + at * esz, n, post);
+      if (es[i])
+        scaleCopy(dt, static_cast<char*>(es[i]->out) + off * esz, from0 + (at - lo) * esz, n, post);
     });
   };
   Status s = backend_->allreduceGather(buf, total, dt, op, pack, unpack);

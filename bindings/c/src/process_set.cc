@@ -6,6 +6,7 @@
 
 #include "core/wire.h"
 #include "ops/gloo/gloo_backend.h"
+#include "ops/shm/shm_backend.h"
 
 namespace hora {
 
@@ -102,7 +103,24 @@ Result<std::unique_ptr<ProcessSetImpl>> ProcessSetImpl::create(std::string name,
   auto be = createGlooBackend(store, "gloo", rank, ps->size(), go);
   if (!be.isOk())
     return be.status().withContext("process set " + name + ": connecting the Gloo data plane");
-  ps->backend_ = be.take();
+  // On one host, allreduce goes through shared memory (ops/shm); the ranks
+  // agree on it at set-up, else the set stays on Gloo.
+  ShmBackendOptions sho;
+  sho.enabled = o.shm && o.shmChunkBytes > 0 && o.shmMinBytes >= 0;
+  sho.chunkBytes = static_cast<size_t>(std::max<int64_t>(o.shmChunkBytes, 0));
+  sho.minBytes = static_cast<size_t>(std::max<int64_t>(o.shmMinBytes, 0));
+  sho.timeout = go.timeout;
+  sho.startTimeout = cpo.startTimeout;
+  std::string noShm;
+  auto sb = createShmBackend(std::make_shared<PrefixStore>(store, "shm"), rank, ps->size(), sho,
+                             be.take(), &noShm);
+  if (!sb.isOk())
+    return sb.status().withContext("process set " + name + ": setting up shared memory");
+  ps->backend_ = sb.take();
+  if (ps->size() > 1)
+    HORA_LOG(ps->logger_, kInfo) << "process set " << name << ": data plane "
+                                 << ps->backend_->name()
+                                 << (noShm.empty() ? "" : " (no shared memory: " + noShm + ")");
 
   if (rank == 0) {
     CoordinatorOptions co;

@@ -62,6 +62,9 @@ struct SetOptions {
   std::string hostname = "127.0.0.1";
   std::string glooIface;
   std::string glooAlgorithm = "auto";
+  bool shm = true;
+  int64_t shmChunkBytes = 4 << 20;
+  int64_t shmMinBytes = 0;
   Logger logger;
 };
 

@@ -130,6 +130,9 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   so.heartbeatIntervalMs = static_cast<int>(p.getInt("HORA_HEARTBEAT_INTERVAL_MS"));
   so.glooIface = p.getString("HORA_GLOO_IFACE");
   so.glooAlgorithm = p.getString("HORA_GLOO_ALGORITHM");
+  so.shm = p.getBool("HORA_SHM");
+  so.shmChunkBytes = p.getInt("HORA_SHM_CHUNK_BYTES");
+  so.shmMinBytes = p.getInt("HORA_SHM_MIN_BYTES");
   rt->startTimeoutS_ = so.startTimeoutS;
   if (so.cacheCapacity < 0 || so.fusionThresholdBytes < 0 || so.stallWarningS < 0 ||
       so.stallShutdownS < 0)

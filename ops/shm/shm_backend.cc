@@ -1,0 +1,368 @@
+#include "ops/shm/shm_backend.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "core/reduce.h"
+
+namespace hora {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Checks before a waiter goes to sleep. The peer usually is a few
+// microseconds behind (it runs the same copies); a short spin catches that
+// without a syscall, and a long one would steal the core it needs when ranks
+// outnumber cores.
+constexpr int kSpinIterations = 2000;
+// Longest sleep between checks of abort, deadline and peer liveness.
+constexpr int kSleepSliceMs = 5;
+// Chunks up to this size are reduced whole by every rank (one round of
+// waiting less); above it each rank reduces 1/n and the parts are exchanged.
+constexpr size_t kSmallChunkBytes = 64 << 10;
+// Parts start on cache-line boundaries so two ranks never write one line.
+constexpr size_t kPartAlignBytes = 64;
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+std::string describe(size_t count, DataType dtype, ReduceOp op) {
+  return std::string("shm allreduce(count=") + std::to_string(count) +
+         ", dtype=" + dataTypeName(dtype) + ", op=" + reduceOpName(op) + ")";
+}
+
+std::string seconds(std::chrono::milliseconds ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3g s", static_cast<double>(ms.count()) / 1000.0);
+  return buf;
+}
+
+}  // namespace
+
+ShmBackend::ShmBackend(std::vector<std::unique_ptr<ShmSegment>> segments, int rank,
+                       std::unique_ptr<Backend> fallback, const ShmBackendOptions& opts)
+    : segs_(std::move(segments)),
+      rank_(rank),
+      size_(static_cast<int>(segs_.size())),
+      fallback_(std::move(fallback)),
+      opts_(opts) {
+  // Touched now, not on the first small allreduce.
+  scratch_.assign(std::min(kSmallChunkBytes, segs_[rank_]->slotBytes()), 0);
+}
+
+ShmBackend::~ShmBackend() = default;
+
+Status ShmBackend::checkUsable(const std::string& what) const {
+  if (aborted_.load(std::memory_order_acquire))
+    return Status(Code::kRemoteError, what + ": backend was aborted (a peer rank was lost)");
+  std::lock_guard<std::mutex> lock(brokenMu_);
+  if (!broken_.isOk())
+    return Status(broken_.code(),
+                  what + ": backend unusable after an earlier failure: " + broken_.message());
+  return Status::ok();
+}
+
+Status ShmBackend::fail(Status s) {
+  {
+    std::lock_guard<std::mutex> lock(brokenMu_);
+    if (broken_.isOk()) broken_ = s;
+  }
+  // The ranks no longer agree on what was exchanged: the fallback's next
+  // call must not start a collective the others will never join.
+  fallback_->abort();
+  return s;
+}
+
+template <typename F>
+Status ShmBackend::delegate(const std::string& what, F&& call) {
+  HORA_RETURN_IF_ERROR(checkUsable(what));
+  Status s = call();
+  // Bad arguments leave a backend usable; anything else broke the fallback.
+  if (!s.isOk() && s.code() != Code::kInvalidArgument) {
+    std::lock_guard<std::mutex> lock(brokenMu_);
+    if (broken_.isOk()) broken_ = s;
+  }
+  return s;
+}
+
+void ShmBackend::abort() noexcept {
+  aborted_.store(true, std::memory_order_release);
+  fallback_->abort();
+  shmFutexWakeAll(segs_[rank_]->header().doorbell.value);
+}
+
+void ShmBackend::publish(ShmCounter ShmHeader::*which, uint32_t value) {
+  (segs_[rank_]->header().*which).value.store(value, std::memory_order_seq_cst);
+  // Pairs with the waiter's sleeping=1 / re-check (both seq_cst): either it
+  // sees the new value before sleeping or this sees it asleep and rings.
+  for (int j = 0; j < size_; ++j) {
+    if (j == rank_) continue;
+    ShmHeader& h = segs_[j]->header();
+    if (h.sleeping.value.load(std::memory_order_seq_cst) != 0) shmFutexWakeAll(h.doorbell.value);
+  }
+}
+
+Status ShmBackend::waitFor(int peer, ShmCounter ShmHeader::*which, uint32_t want, const char* phase,
+                           const std::string& what) {
+  std::atomic<uint32_t>& word = (segs_[peer]->header().*which).value;
+  for (int i = 0; i < kSpinIterations; ++i) {
+    if (shmReached(word.load(std::memory_order_acquire), want)) return Status::ok();
+    cpuRelax();
+  }
+  ShmHeader& me = segs_[rank_]->header();
+  const auto deadline = Clock::now() + opts_.timeout;
+  const pid_t peerPid = segs_[peer]->header().pid;
+  const std::string who = "rank " + std::to_string(peer) + " (pid " + std::to_string(peerPid) + ")";
+  for (;;) {
+    me.sleeping.value.store(1, std::memory_order_seq_cst);
+    const uint32_t bell = me.doorbell.value.load(std::memory_order_seq_cst);
+    const bool done = shmReached(word.load(std::memory_order_seq_cst), want);
+    if (!done && !aborted_.load(std::memory_order_acquire))
+      shmFutexWait(me.doorbell.value, bell, kSleepSliceMs);
+    me.sleeping.value.store(0, std::memory_order_relaxed);
+    if (shmReached(word.load(std::memory_order_acquire), want)) return Status::ok();
+    if (aborted_.load(std::memory_order_acquire))
+      return Status(Code::kRemoteError, what + ": aborted while waiting for " + who + " to " +
+                                            phase + " (a peer rank was lost)");
+    if (peerPid != ::getpid() && ::kill(peerPid, 0) != 0 && errno == ESRCH)
+      return Status(Code::kRemoteError,
+                    what + ": " + who + " exited while this rank waited for it to " + phase);
+    if (Clock::now() >= deadline)
+      return timeoutError(what + ": " + who + " did not " + phase + " within " +
+                          seconds(opts_.timeout) +
+                          "; a peer rank may have died or stalled (the bound is "
+                          "HORA_PEER_TIMEOUT_S)");
+  }
+}
+
+Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
+                                const UnpackFn& unpack, const std::string& what) {
+  const size_t es = dataTypeSize(dtype);
+  const ReduceFn reduce = reduceFunction(dtype, op);
+  ShmSegment& own = *segs_[rank_];
+  const size_t chunkElems = std::max<size_t>(1, own.slotBytes() / es);
+  const size_t align = std::max<size_t>(1, kPartAlignBytes / es);
+  const size_t n = static_cast<size_t>(size_);
+  for (size_t base = 0; base < count; base += chunkElems) {
+    const size_t len = std::min(chunkElems, count - base);
+    const uint32_t c = static_cast<uint32_t>(chunks_);
+    const uint32_t next = c + 1;
+    // 1. The slot of chunk c last held chunk c-2: wait until every peer is done with it.
+    if (chunks_ >= 2) {
+      for (int j = 0; j < size_; ++j) {
+        if (j == rank_) continue;
+        HORA_RETURN_IF_ERROR(
+            waitFor(j, &ShmHeader::consumed, c - 1, "finish reading the chunk before last", what));
+      }
+    }
+    uint8_t* mine = own.slot(c);
+    pack(base, base + len, mine);
+    publish(&ShmHeader::packed, next);
+    for (int j = 0; j < size_; ++j) {
+      if (j == rank_) continue;
+      HORA_RETURN_IF_ERROR(waitFor(j, &ShmHeader::packed, next, "pack its input", what));
+    }
+    if (len * es <= scratch_.size()) {
+      // 2'. Small chunk: every rank reduces all of it, in rank order (so every
+      // rank computes the same bits), into private scratch.
+      uint8_t* acc = scratch_.data();
+      std::memcpy(acc, segs_[0]->slot(c), len * es);
+      for (int j = 1; j < size_; ++j) reduce(acc, acc, segs_[j]->slot(c), len);
+      unpack(base, base + len, acc);
+    } else {
+      // 2. This rank's part, reduced in place in its own slot: peers read
+      // only their own parts of it until this rank publishes `reduced`.
+      const size_t per = (len + n - 1) / n;
+      const size_t partElems = (per + align - 1) / align * align;
+      auto partLo = [&](size_t j) { return std::min(len, j * partElems); };
+      auto partHi = [&](size_t j) { return std::min(len, (j + 1) * partElems); };
+      const size_t lo = partLo(rank_), hi = partHi(rank_);
+      if (hi > lo) {
+        uint8_t* acc = mine + lo * es;
+        for (int j = 0; j < size_; ++j)
+          if (j != rank_) reduce(acc, acc, segs_[j]->slot(c) + lo * es, hi - lo);
+      }
+      publish(&ShmHeader::reduced, next);
+      // 3. Every part from the slot that holds it, this rank's first.
+      for (int k = 0; k < size_; ++k) {
+        const int j = (rank_ + k) % size_;
+        const size_t plo = partLo(j), phi = partHi(j);
+        if (phi <= plo) continue;
+        if (j != rank_)
+          HORA_RETURN_IF_ERROR(waitFor(j, &ShmHeader::reduced, next, "reduce its part", what));
+        unpack(base + plo, base + phi, segs_[j]->slot(c) + plo * es);
+      }
+    }
+    publish(&ShmHeader::consumed, next);
+    ++chunks_;
+  }
+  return Status::ok();
+}
+
+Status ShmBackend::allreduceGather(void* staging, size_t count, DataType dtype, ReduceOp op,
+                                   const PackFn& pack, const UnpackFn& unpack) {
+  const std::string what = describe(count, dtype, op);
+  HORA_RETURN_IF_ERROR(checkUsable(what));
+  if (reduceFunction(dtype, op) == nullptr || !reduceOpSupported(op, dtype))
+    return invalidArgument(what + ": unsupported dtype/op");
+  if (count == 0) return Status::ok();
+  if (size_ == 1 || count * dataTypeSize(dtype) < opts_.minBytes) {
+    return delegate(
+        what, [&] { return fallback_->allreduceGather(staging, count, dtype, op, pack, unpack); });
+  }
+  Status s = shmAllreduce(count, dtype, op, pack, unpack, what);
+  return s.isOk() ? s : fail(s);
+}
+
+Status ShmBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
+  const std::string what = describe(count, dtype, op);
+  HORA_RETURN_IF_ERROR(checkUsable(what));
+  if (data == nullptr && count > 0) return invalidArgument(what + ": null buffer");
+  const size_t es = dataTypeSize(dtype);
+  auto* bytes = static_cast<uint8_t*>(data);
+  return allreduceGather(
+      data, count, dtype, op,
+      [&](size_t lo, size_t hi, void* dst) {
+        if (dst != bytes + lo * es) std::memcpy(dst, bytes + lo * es, (hi - lo) * es);
+      },
+      [&](size_t lo, size_t hi, const void* src) {
+        if (src != bytes + lo * es) std::memcpy(bytes + lo * es, src, (hi - lo) * es);
+      });
+}
+
+Status ShmBackend::allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
+                              DataType dtype) {
+  return delegate("shm+gloo allgatherv",
+                  [&] { return fallback_->allgatherv(in, out, counts, dtype); });
+}
+
+Status ShmBackend::broadcast(void* data, size_t count, DataType dtype, int root) {
+  return delegate("shm+gloo broadcast",
+                  [&] { return fallback_->broadcast(data, count, dtype, root); });
+}
+
+Status ShmBackend::alltoallv(const void* in, const std::vector<int64_t>& send, void* out,
+                             const std::vector<int64_t>& recv, DataType dtype) {
+  return delegate("shm+gloo alltoallv",
+                  [&] { return fallback_->alltoallv(in, send, out, recv, dtype); });
+}
+
+Status ShmBackend::reducescatter(void* inout, const std::vector<size_t>& counts, DataType dtype,
+                                 ReduceOp op) {
+  return delegate("shm+gloo reducescatter",
+                  [&] { return fallback_->reducescatter(inout, counts, dtype, op); });
+}
+
+Status ShmBackend::barrier() {
+  return delegate("shm+gloo barrier", [&] { return fallback_->barrier(); });
+}
+
+// ------------------------------------------------------------ set-up
+
+namespace {
+
+// Publishes `mine` under "<key>/<rank>" and returns every rank's value.
+Result<std::vector<std::string>> exchange(Store& store, const std::string& key, int rank, int size,
+                                          const std::string& mine,
+                                          std::chrono::milliseconds timeout) {
+  HORA_RETURN_IF_ERROR(store.set(key + "/" + std::to_string(rank), mine));
+  std::vector<std::string> all(size);
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) {
+      all[r] = mine;
+      continue;
+    }
+    auto v = store.get(key + "/" + std::to_string(r), timeout);
+    if (!v.isOk())
+      return v.status().withContext("shared-memory set-up: waiting for rank " + std::to_string(r));
+    all[r] = v.take();
+  }
+  return all;
+}
+
+// The first "no ..." entry, naming its rank; empty if every entry says "ok".
+std::string firstRefusal(const std::vector<std::string>& all) {
+  for (size_t r = 0; r < all.size(); ++r)
+    if (all[r].compare(0, 2, "ok") != 0)
+      return "rank " + std::to_string(r) + ": " + all[r].substr(std::min<size_t>(3, all[r].size()));
+  return "";
+}
+
+std::string randomHex() {
+  std::random_device rd;
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%08x%08x", rd(), rd());
+  return buf;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, int rank, int size,
+                                                  const ShmBackendOptions& opts,
+                                                  std::unique_ptr<Backend> fallback,
+                                                  std::string* whyNot) {
+  whyNot->clear();
+  if (size <= 1) {
+    *whyNot = "a single rank needs no shared memory";
+    return fallback;
+  }
+  if (opts.chunkBytes < 64 || opts.chunkBytes % 64 != 0) {
+    *whyNot = "HORA_SHM_CHUNK_BYTES must be a positive multiple of 64";
+    return fallback;
+  }
+  // Round 1: enabled everywhere, one host? Every rank sees the same answers,
+  // so all decide alike (and a rank with shm off cannot leave the others
+  // waiting for its segment).
+  const std::string self = opts.enabled ? "ok " + shmHostIdentity() : "no HORA_SHM=0 on this rank";
+  auto hosts = exchange(*store, "host", rank, size, self, opts.startTimeout);
+  if (!hosts.isOk()) return hosts.status();
+  *whyNot = firstRefusal(hosts.value());
+  if (!whyNot->empty()) return fallback;
+  for (int r = 1; r < size; ++r) {
+    if (hosts.value()[r] != hosts.value()[0]) {
+      *whyNot = "ranks 0 and " + std::to_string(r) + " run on different hosts";
+      return fallback;
+    }
+  }
+  // Round 2: every rank creates its segment.
+  const std::string name =
+      "hora-" + std::to_string(::getpid()) + "-" + randomHex() + "-r" + std::to_string(rank);
+  std::vector<std::unique_ptr<ShmSegment>> segs(size);
+  auto own = ShmSegment::create(opts.dir, name, opts.chunkBytes);
+  std::string mine = own.isOk() ? "ok " + name : "no " + own.status().message();
+  if (own.isOk()) segs[rank] = own.take();
+  auto created = exchange(*store, "created", rank, size, mine, opts.startTimeout);
+  if (!created.isOk()) return created.status();
+  *whyNot = firstRefusal(created.value());
+  if (!whyNot->empty()) return fallback;
+  // Round 3: every rank maps every peer's segment.
+  std::string opened = "ok";
+  for (int r = 0; r < size && opened == "ok"; ++r) {
+    if (r == rank) continue;
+    auto seg = ShmSegment::open(opts.dir, created.value()[r].substr(3), opts.chunkBytes);
+    if (seg.isOk()) {
+      segs[r] = seg.take();
+    } else {
+      opened = "no " + seg.status().message();
+    }
+  }
+  auto all = exchange(*store, "opened", rank, size, opened, opts.startTimeout);
+  // Every peer has mapped this segment or given up on it: the name can go.
+  segs[rank]->unlink();
+  if (!all.isOk()) return all.status();
+  *whyNot = firstRefusal(all.value());
+  if (!whyNot->empty()) return fallback;
+  return std::unique_ptr<Backend>(new ShmBackend(std::move(segs), rank, std::move(fallback), opts));
+}
+
+}  // namespace hora

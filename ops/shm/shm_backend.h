@@ -1,0 +1,134 @@
+// ShmBackend: allreduce through shared memory for a communicator whose ranks
+// all run on one host; every other collective is delegated to a fallback
+// backend (Gloo).
+//
+// Why: on one host Gloo moves every byte through loopback TCP (user -> kernel
+// -> user copies plus the reduction), and that path is slower than the memory
+// copies an allreduce needs at minimum. Here each rank packs its input (the
+// fused tensors, straight from their own memory) into its own segment, each
+// rank reduces 1/n of every chunk reading all segments, and each rank unpacks
+// every part straight from the segment that holds it into its outputs: two
+// copies and one reduction per byte, no kernel in between, no staging buffer.
+// Multi-host communicators never get here (createShmBackend checks the host
+// of every rank) and stay on Gloo.
+//
+// Protocol per chunk c (at most the slot size; two slots alternate so a fast
+// rank can pack chunk c+1 while slow peers still read chunk c):
+//   1. wait until every peer has consumed chunk c-2 (the slot is free again),
+//      pack, publish packed = c+1;
+//   2. wait until every rank has packed c, reduce this rank's part of the
+//      chunk from all slots into its own slot (always in rank order, so the
+//      bits do not depend on timing), publish reduced = c+1 (small chunks
+//      skip this: every rank reduces the whole chunk itself, in rank order,
+//      into private scratch, saving one round of waiting);
+//   3. wait until each part is reduced, unpack it from the slot that holds
+//      it, publish consumed = c+1.
+//
+// Threads: created on the process set's init thread; every collective is
+// called from its executor thread as the Backend contract requires; abort()
+// from any thread (it wakes a waiting executor at once).
+//
+// Failure model: as GlooBackend's. A wait gives up when abort() is called,
+// when a peer's process no longer exists (kRemoteError naming the rank), or
+// after the timeout (kTimeout naming the rank that did not progress). After
+// any failure every later call, delegated ones included, fails at once.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/status.h"
+#include "core/store.h"
+#include "ops/shm/shm_segment.h"
+
+namespace hora {
+
+struct ShmBackendOptions {
+  // false: this rank takes part in the set-up exchange but refuses, so the
+  // whole communicator stays on the fallback.
+  bool enabled = true;
+  // Bytes per slot: the pipeline's chunk. Each rank's segment holds two.
+  size_t chunkBytes = 4 << 20;
+  // Allreduce payloads below this many bytes go to the fallback.
+  size_t minBytes = 0;
+  // Bounds every wait for a peer.
+  std::chrono::milliseconds timeout{30000};
+  // Bounds the start-up exchange through the store.
+  std::chrono::milliseconds startTimeout{120000};
+  // Where segments are created (tmpfs). Tests point one rank elsewhere to
+  // simulate a rank that cannot use shared memory.
+  std::string dir = "/dev/shm";
+};
+
+class ShmBackend : public Backend {
+ public:
+  // Use createShmBackend. segments[r] is rank r's segment (own one included).
+  ShmBackend(std::vector<std::unique_ptr<ShmSegment>> segments, int rank,
+             std::unique_ptr<Backend> fallback, const ShmBackendOptions& opts);
+  ~ShmBackend() override;
+
+  std::string name() const override { return "shm+" + fallback_->name(); }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  Status allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
+  Status allreduceGather(void* staging, size_t count, DataType dtype, ReduceOp op,
+                         const PackFn& pack, const UnpackFn& unpack) override;
+  Status allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
+                    DataType dtype) override;
+  Status broadcast(void* data, size_t count, DataType dtype, int root) override;
+  Status alltoallv(const void* in, const std::vector<int64_t>& send, void* out,
+                   const std::vector<int64_t>& recv, DataType dtype) override;
+  Status reducescatter(void* inout, const std::vector<size_t>& counts, DataType dtype,
+                       ReduceOp op) override;
+  Status barrier() override;
+  void abort() noexcept override;
+
+ private:
+  // The shared-memory allreduce; size_ > 1, count > 0, op supported.
+  Status shmAllreduce(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
+                      const UnpackFn& unpack, const std::string& what);
+  // Waits until rank `peer`'s counter `which` reaches `want`.
+  Status waitFor(int peer, ShmCounter ShmHeader::*which, uint32_t want, const char* phase,
+                 const std::string& what);
+  // Publishes this rank's counter and wakes peers that sleep.
+  void publish(ShmCounter ShmHeader::*which, uint32_t value);
+  Status checkUsable(const std::string& what) const;
+  Status fail(Status s);  // records the first failure, aborts the fallback
+  template <typename F>
+  Status delegate(const std::string& what, F&& call);
+
+  std::vector<std::unique_ptr<ShmSegment>> segs_;
+  const int rank_;
+  const int size_;
+  std::unique_ptr<Backend> fallback_;
+  const ShmBackendOptions opts_;
+  uint64_t chunks_ = 0;           // chunks run so far; executor thread only
+  std::vector<uint8_t> scratch_;  // small-chunk reduction target; executor thread only
+
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex brokenMu_;
+  Status broken_;  // guarded by brokenMu_
+};
+
+// Sets up shared memory among the `size` ranks of a communicator and wraps
+// `fallback` (already connected, same ranks). Every rank publishes its host
+// identity under `store`; if all match, each creates and maps its segment
+// and maps every peer's, and the ranks agree through the store that all of
+// them succeeded. If any rank cannot (another host, /dev/shm missing or too
+// small, a mapping error), every rank gets `fallback` back unchanged and
+// *whyNot says why (an empty *whyNot means shm is in use). Fails (kTimeout
+// or the store's error) only when the exchange itself fails; then the
+// fallback is gone too and the set cannot start. size 1 returns fallback.
+Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, int rank, int size,
+                                                  const ShmBackendOptions& opts,
+                                                  std::unique_ptr<Backend> fallback,
+                                                  std::string* whyNot);
+
+}  // namespace hora

@@ -1,0 +1,188 @@
+// Backend checks shared by the backend unit tests (Gloo, shm): ranks as
+// threads over one World, small-integer data so every dtype's result is exact,
+// and the allreduceGather contract (every element packed once before it is
+// unpacked once, with its final value).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/reduce.h"
+#include "core/types.h"
+
+namespace hora {
+namespace {
+
+using World = std::vector<std::unique_ptr<Backend>>;
+
+// Runs fn(rank, backend) on one thread per rank and joins them.
+void runRanks(World& world, const std::function<void(int, Backend&)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < static_cast<int>(world.size()); ++r) {
+    threads.emplace_back([&, r] { fn(r, *world[r]); });
+  }
+  for (auto& t : threads) t.join();
+}
+
+bool isSigned(DataType dt) { return dt != DataType::kUint8 && dt != DataType::kBool; }
+
+// Writes integer v as element i of a buffer of type dt (exact for our ranges).
+void storeInt(DataType dt, void* p, size_t i, int64_t v) {
+  switch (dt) {
+    case DataType::kUint8:
+      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
+      break;
+    case DataType::kInt8:
+      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
+      break;
+    case DataType::kInt16:
+      static_cast<int16_t*>(p)[i] = static_cast<int16_t>(v);
+      break;
+    case DataType::kInt32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+      break;
+    case DataType::kInt64:
+      static_cast<int64_t*>(p)[i] = v;
+      break;
+    case DataType::kFloat16:
+      static_cast<uint16_t*>(p)[i] = floatToHalf(static_cast<float>(v));
+      break;
+    case DataType::kBfloat16:
+      static_cast<uint16_t*>(p)[i] = floatToBfloat16(static_cast<float>(v));
+      break;
+    case DataType::kFloat32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      break;
+    case DataType::kFloat64:
+      static_cast<double*>(p)[i] = static_cast<double>(v);
+      break;
+    case DataType::kBool:
+      static_cast<uint8_t*>(p)[i] = v != 0;
+      break;
+    default:
+      break;
+  }
+}
+
+// The value rank r contributes at element i for `op`, and the reduction of
+// all ranks' values (computed in int64; bool sum/max = or, product/min = and).
+int64_t inputValue(DataType dt, ReduceOp op, int r, size_t i) {
+  const int64_t base = static_cast<int64_t>((i * 7 + static_cast<size_t>(r) * 3) % 4);
+  if (dt == DataType::kBool) return base % 2;
+  if (op == ReduceOp::kProduct) {
+    int64_t v = 1 + base % 2;
+    return isSigned(dt) && (i + r) % 5 == 0 ? -v : v;
+  }
+  return isSigned(dt) ? base - 2 : base;
+}
+
+int64_t expectedValue(DataType dt, ReduceOp op, int size, size_t i) {
+  int64_t acc = inputValue(dt, op, 0, i);
+  for (int r = 1; r < size; ++r) {
+    const int64_t v = inputValue(dt, op, r, i);
+    switch (op) {
+      case ReduceOp::kSum:
+        acc = dt == DataType::kBool ? (acc | v) : acc + v;
+        break;
+      case ReduceOp::kProduct:
+        acc = dt == DataType::kBool ? (acc & v) : acc * v;
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
+      default:
+        break;
+    }
+  }
+  return acc;
+}
+
+const DataType kAllTypes[] = {DataType::kUint8,    DataType::kInt8,    DataType::kInt16,
+                              DataType::kInt32,    DataType::kInt64,   DataType::kFloat16,
+                              DataType::kBfloat16, DataType::kFloat32, DataType::kFloat64,
+                              DataType::kBool};
+const ReduceOp kReduceOps[] = {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
+
+void checkAllreduce(World& world, DataType dt, ReduceOp op, size_t count) {
+  const int size = static_cast<int>(world.size());
+  const size_t es = dataTypeSize(dt);
+  std::vector<uint8_t> want(count * es);
+  for (size_t i = 0; i < count; ++i) storeInt(dt, want.data(), i, expectedValue(dt, op, size, i));
+  runRanks(world, [&](int r, Backend& b) {
+    std::vector<uint8_t> buf(count * es);
+    for (size_t i = 0; i < count; ++i) storeInt(dt, buf.data(), i, inputValue(dt, op, r, i));
+    Status s = b.allreduce(buf.data(), count, dt, op);
+    ASSERT_TRUE(s.isOk()) << s.toString();
+    EXPECT_TRUE(buf == want) << "rank " << r << " " << dataTypeName(dt) << " " << reduceOpName(op)
+                             << " count " << count;
+  });
+}
+
+// allreduceGather: every rank's input lives in its own buffer and is copied
+// into the staging buffer only through pack; results leave only through
+// unpack. Counts every element's packs and unpacks and checks that each
+// element is packed before it is unpacked and unpacked with its final value.
+void checkAllreduceGather(World& world, DataType dt, ReduceOp op, size_t count) {
+  const int size = static_cast<int>(world.size());
+  const size_t es = dataTypeSize(dt);
+  std::vector<uint8_t> want(count * es);
+  for (size_t i = 0; i < count; ++i) storeInt(dt, want.data(), i, expectedValue(dt, op, size, i));
+  runRanks(world, [&](int r, Backend& b) {
+    std::vector<uint8_t> in(count * es), staging(count * es + 1), out(count * es + 1, 0xab);
+    for (size_t i = 0; i < count; ++i) storeInt(dt, in.data(), i, inputValue(dt, op, r, i));
+    std::vector<uint8_t> packed(count, 0), unpacked(count, 0);
+    const auto caller = std::this_thread::get_id();
+    bool badRange = false, badThread = false, unpackBeforePack = false, wrongFinal = false;
+    auto pack = [&](size_t lo, size_t hi, void* dst) {
+      badThread |= std::this_thread::get_id() != caller;
+      if (lo >= hi || hi > count) {
+        badRange = true;
+        return;
+      }
+      for (size_t i = lo; i < hi; ++i) ++packed[i];
+      std::memcpy(dst, in.data() + lo * es, (hi - lo) * es);
+    };
+    auto unpack = [&](size_t lo, size_t hi, const void* src) {
+      badThread |= std::this_thread::get_id() != caller;
+      if (lo >= hi || hi > count) {
+        badRange = true;
+        return;
+      }
+      for (size_t i = lo; i < hi; ++i) {
+        ++unpacked[i];
+        unpackBeforePack |= packed[i] != 1;
+      }
+      wrongFinal |= std::memcmp(src, want.data() + lo * es, (hi - lo) * es) != 0;
+      std::memcpy(out.data() + lo * es, src, (hi - lo) * es);
+    };
+    Status s = b.allreduceGather(staging.data(), count, dt, op, pack, unpack);
+    ASSERT_TRUE(s.isOk()) << s.toString();
+    const std::string where = "rank " + std::to_string(r) + " " + dataTypeName(dt) + " " +
+                              reduceOpName(op) + " count " + std::to_string(count);
+    EXPECT_FALSE(badRange) << where;
+    EXPECT_FALSE(badThread) << where;
+    EXPECT_FALSE(unpackBeforePack) << where;
+    EXPECT_FALSE(wrongFinal) << where;
+    size_t packedOnce = 0, unpackedOnce = 0;
+    for (size_t i = 0; i < count; ++i)
+      packedOnce += packed[i] == 1, unpackedOnce += unpacked[i] == 1;
+    EXPECT_EQ(packedOnce, count) << where;
+    EXPECT_EQ(unpackedOnce, count) << where;
+    EXPECT_EQ(0, std::memcmp(out.data(), want.data(), want.size())) << where;
+    EXPECT_EQ(out[count * es], 0xab) << where;
+  });
+}
+
+}  // namespace
+}  // namespace hora

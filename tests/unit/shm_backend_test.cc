@@ -1,0 +1,275 @@
+// ShmBackend with ranks as threads in one process: every rank gets a Gloo
+// backend and wraps it through createShmBackend over one shared MemoryStore,
+// as ranks of one host would. Checks the allreduce results and the
+// allreduceGather contract on both reduction paths (small chunks reduced
+// whole by every rank, large chunks split in parts), the set-up agreement
+// (one rank that cannot use shared memory keeps every rank on Gloo), that no
+// segment file outlives set-up, and that a stalled or aborted peer fails the
+// call promptly instead of hanging it.
+#include "ops/shm/shm_backend.h"
+
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend_check.h"
+#include "core/memory_store.h"
+#include "ops/gloo/gloo_backend.h"
+
+namespace hora {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+struct ShmWorld {
+  World world;
+  std::vector<std::string> whyNot;
+};
+
+// Builds `size` backends; options(r) gives rank r's shm options.
+ShmWorld makeShmWorld(int size, const std::function<ShmBackendOptions(int)>& options) {
+  static std::atomic<int> counter{0};
+  auto store = std::make_shared<MemoryStore>();
+  const std::string prefix = "shm_test_" + std::to_string(counter++);
+  ShmWorld w;
+  w.world.resize(size);
+  w.whyNot.resize(size);
+  std::vector<Status> errors(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      ShmBackendOptions so = options(r);
+      GlooBackendOptions go;
+      go.timeout = so.timeout;
+      auto gloo = createGlooBackend(store, prefix + "/gloo", r, size, go);
+      if (!gloo.isOk()) {
+        errors[r] = gloo.status();
+        return;
+      }
+      auto shm = createShmBackend(std::make_shared<PrefixStore>(store, prefix + "/shm"), r, size,
+                                  so, gloo.take(), &w.whyNot[r]);
+      if (shm.isOk()) {
+        w.world[r] = shm.take();
+      } else {
+        errors[r] = shm.status();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < size; ++r)
+    EXPECT_TRUE(errors[r].isOk()) << "rank " << r << ": " << errors[r].toString();
+  return w;
+}
+
+ShmWorld makeShmWorld(int size, size_t chunkBytes, milliseconds timeout = milliseconds(5000)) {
+  return makeShmWorld(size, [&](int) {
+    ShmBackendOptions so;
+    so.chunkBytes = chunkBytes;
+    so.timeout = timeout;
+    return so;
+  });
+}
+
+class ShmWorldTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShmWorldTest, UsesSharedMemoryOnOneHost) {
+  ShmWorld w = makeShmWorld(GetParam(), 4096);
+  for (int r = 0; r < GetParam(); ++r) {
+    ASSERT_TRUE(w.world[r]);
+    if (GetParam() > 1) {
+      EXPECT_EQ(w.world[r]->name(), "shm+gloo") << w.whyNot[r];
+      EXPECT_EQ(w.whyNot[r], "");
+    } else {
+      EXPECT_EQ(w.world[r]->name(), "gloo");
+    }
+  }
+}
+
+TEST_P(ShmWorldTest, AllreduceEveryDtypeAndOpBothPaths) {
+  // 4 KiB chunks: every chunk takes the small path, many chunks per call.
+  // 256 KiB chunks: the split path, plus a small tail chunk.
+  for (size_t chunk : {size_t{4096}, size_t{256} << 10}) {
+    ShmWorld w = makeShmWorld(GetParam(), chunk);
+    for (DataType dt : kAllTypes) {
+      for (ReduceOp op : kReduceOps) {
+        if (!reduceOpSupported(op, dt)) continue;
+        for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}, size_t{100003}}) {
+          checkAllreduce(w.world, dt, op, count);
+        }
+      }
+    }
+  }
+}
+
+TEST_P(ShmWorldTest, AllreduceGatherPacksAndUnpacksEveryElementOnce) {
+  for (size_t chunk : {size_t{4096}, size_t{256} << 10}) {
+    ShmWorld w = makeShmWorld(GetParam(), chunk);
+    for (DataType dt : {DataType::kFloat32, DataType::kInt32, DataType::kFloat16}) {
+      for (ReduceOp op : kReduceOps) {
+        for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}, size_t{300007}}) {
+          checkAllreduceGather(w.world, dt, op, count);
+        }
+      }
+    }
+    // Many calls in a row: the chunk counters keep counting across calls and
+    // the two slots keep alternating; interleaved with delegated collectives.
+    for (int k = 0; k < 5; ++k) {
+      checkAllreduceGather(w.world, DataType::kFloat32, ReduceOp::kSum, 70001);
+      checkAllreduce(w.world, DataType::kFloat64, ReduceOp::kMax, 3);
+      runRanks(w.world, [](int, Backend& b) { ASSERT_TRUE(b.barrier().isOk()); });
+    }
+  }
+}
+
+TEST_P(ShmWorldTest, PayloadsOnBothSidesOfMinBytesAreCorrect) {
+  ShmWorld w = makeShmWorld(GetParam(), [](int) {
+    ShmBackendOptions so;
+    so.chunkBytes = 8192;
+    so.minBytes = 4000;  // 1000 float32 = exactly 4000 bytes go through shm
+    return so;
+  });
+  for (size_t count : {size_t{1}, size_t{999}, size_t{1000}, size_t{5000}})
+    checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, count);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, ShmWorldTest, ::testing::Values(1, 2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "size" + std::to_string(info.param);
+                         });
+
+// ------------------------------------------------------------ set-up agreement
+
+TEST(ShmBackendTest, OneRankWithoutSharedMemoryKeepsEveryRankOnGloo) {
+  ShmWorld w = makeShmWorld(3, [](int r) {
+    ShmBackendOptions so;
+    so.chunkBytes = 4096;
+    if (r == 1) so.dir = "/nonexistent-hora-test-dir";
+    return so;
+  });
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(w.world[r]);
+    EXPECT_EQ(w.world[r]->name(), "gloo");
+    EXPECT_NE(w.whyNot[r].find("rank 1"), std::string::npos) << w.whyNot[r];
+    EXPECT_NE(w.whyNot[r].find("/nonexistent-hora-test-dir"), std::string::npos) << w.whyNot[r];
+  }
+  checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 1001);
+}
+
+TEST(ShmBackendTest, DisabledOnOneRankKeepsEveryRankOnGloo) {
+  ShmWorld w = makeShmWorld(2, [](int r) {
+    ShmBackendOptions so;
+    so.enabled = r != 0;
+    return so;
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(w.world[r]);
+    EXPECT_EQ(w.world[r]->name(), "gloo");
+    EXPECT_NE(w.whyNot[r].find("HORA_SHM=0"), std::string::npos) << w.whyNot[r];
+  }
+  checkAllreduce(w.world, DataType::kInt64, ReduceOp::kMax, 17);
+}
+
+TEST(ShmBackendTest, NoSegmentFileOutlivesSetUp) {
+  char tmpl[] = "/dev/shm/hora-test-XXXXXX";
+  const char* dir = ::mkdtemp(tmpl);
+  ASSERT_NE(dir, nullptr);
+  const std::string d = dir;
+  {
+    ShmWorld w = makeShmWorld(3, [&](int) {
+      ShmBackendOptions so;
+      so.chunkBytes = 4096;
+      so.dir = d;
+      return so;
+    });
+    ASSERT_EQ(w.world[0]->name(), "shm+gloo") << w.whyNot[0];
+    int entries = 0;
+    DIR* dp = ::opendir(d.c_str());
+    ASSERT_NE(dp, nullptr);
+    while (dirent* e = ::readdir(dp))
+      if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") ++entries;
+    ::closedir(dp);
+    EXPECT_EQ(entries, 0) << "segment files left in " << d;
+    checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 5000);
+  }
+  ::rmdir(d.c_str());
+}
+
+TEST(ShmBackendTest, BadChunkSizeFallsBackWithAReason) {
+  ShmWorld w = makeShmWorld(2, [](int) {
+    ShmBackendOptions so;
+    so.chunkBytes = 100;  // not a multiple of 64
+    return so;
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(w.world[r]->name(), "gloo");
+    EXPECT_NE(w.whyNot[r].find("HORA_SHM_CHUNK_BYTES"), std::string::npos) << w.whyNot[r];
+  }
+}
+
+// ------------------------------------------------------------ failure paths
+
+TEST(ShmBackendTest, StalledPeerTimesOutNamingIt) {
+  ShmWorld w = makeShmWorld(2, 4096, milliseconds(800));
+  std::vector<float> v(100000, 1.0f);
+  const auto start = Clock::now();
+  // Rank 1 never calls.
+  Status s = w.world[0]->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+  EXPECT_EQ(s.code(), Code::kTimeout) << s.toString();
+  EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.toString();
+  EXPECT_NE(s.message().find("a peer rank may have died or stalled"), std::string::npos);
+  EXPECT_NE(s.message().find("float32"), std::string::npos);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+  // Unusable afterwards, delegated collectives included.
+  EXPECT_FALSE(w.world[0]->allreduce(v.data(), 1, DataType::kFloat32, ReduceOp::kSum).isOk());
+  EXPECT_FALSE(w.world[0]->barrier().isOk());
+}
+
+TEST(ShmBackendTest, AbortFromAnotherThreadUnblocksACall) {
+  ShmWorld w = makeShmWorld(3, 4096, milliseconds(20000));
+  const auto start = Clock::now();
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(milliseconds(300));
+    w.world[0]->abort();
+  });
+  // Rank 2 joins, rank 1 never does: rank 0 (and 2) wait for rank 1.
+  Status s2;
+  std::thread rank2([&] {
+    std::vector<float> x(50000, 1.0f);
+    s2 = w.world[2]->allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
+  });
+  std::vector<float> v(50000, 1.0f);
+  Status s0 = w.world[0]->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+  const auto elapsed = Clock::now() - start;
+  aborter.join();
+  EXPECT_EQ(s0.code(), Code::kRemoteError) << s0.toString();
+  EXPECT_NE(s0.message().find("aborted"), std::string::npos) << s0.toString();
+  EXPECT_LT(elapsed, std::chrono::seconds(3));
+  w.world[2]->abort();
+  rank2.join();
+  EXPECT_FALSE(s2.isOk());
+  EXPECT_EQ(w.world[0]->allreduce(v.data(), 1, DataType::kFloat32, ReduceOp::kSum).code(),
+            Code::kRemoteError);
+  EXPECT_FALSE(w.world[0]->barrier().isOk());
+}
+
+TEST(ShmBackendTest, InvalidArgumentsLeaveTheBackendUsable) {
+  ShmWorld w = makeShmWorld(2, 4096);
+  runRanks(w.world, [](int, Backend& b) {
+    EXPECT_EQ(b.allreduce(nullptr, 5, DataType::kFloat32, ReduceOp::kSum).code(),
+              Code::kInvalidArgument);
+    EXPECT_EQ(b.allreduce(nullptr, 0, DataType::kFloat32, ReduceOp::kSum).code(), Code::kOk);
+  });
+  checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 3000);
+}
+
+}  // namespace
+}  // namespace hora
