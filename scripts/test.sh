@@ -18,8 +18,9 @@ case "$SAN" in
     "$ROOT/scripts/build.sh" "$BUILD" -DHORA_SANITIZE=
     cd "$BUILD"
     ctest --output-on-failure -j "$(nproc)" --timeout 300
-    echo "== example job (4 ranks)"
-    "$ROOT/scripts/run_example.sh" -np 4 | tail -n 4
+    echo "== example jobs: PyTorch (2 ranks), C (4 ranks)"
+    "$ROOT/scripts/run_example.sh" -np 2 | tail -n 4
+    "$ROOT/scripts/run_example.sh" --c -np 4 | tail -n 4
     if [ -x "$BUILD/bench/hora-bench" ] && [ -x "$ROOT/bench/run_bench.sh" ]; then
       echo "== benchmark smoke run (checks results, timings not asserted)"
       HORA_BENCH="$BUILD/bench/hora-bench" "$ROOT/bench/run_bench.sh" -np 2 --quick | tail -n 20

@@ -1,5 +1,6 @@
 #include "ops/shm/shm_backend.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -17,9 +18,16 @@ using Clock = std::chrono::steady_clock;
 
 // Checks before a waiter goes to sleep. The peer usually is a few
 // microseconds behind (it runs the same copies); a short spin catches that
-// without a syscall, and a long one would steal the core it needs when ranks
-// outnumber cores.
+// without a syscall. When the ranks outnumber the cores a spinner steals the
+// core the awaited rank needs, so then waiters sleep at once.
 constexpr int kSpinIterations = 2000;
+
+int usableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
 // Longest sleep between checks of abort, deadline and peer liveness.
 constexpr int kSleepSliceMs = 5;
 // Chunks up to this size are reduced whole by every rank (one round of
@@ -58,6 +66,7 @@ ShmBackend::ShmBackend(std::vector<std::unique_ptr<ShmSegment>> segments, int ra
       opts_(opts) {
   // Touched now, not on the first small allreduce.
   scratch_.assign(std::min(kSmallChunkBytes, segs_[rank_]->slotBytes()), 0);
+  spinIterations_ = size_ <= usableCpus() ? kSpinIterations : 0;
 }
 
 ShmBackend::~ShmBackend() = default;
@@ -115,7 +124,7 @@ void ShmBackend::publish(ShmCounter ShmHeader::*which, uint32_t value) {
 Status ShmBackend::waitFor(int peer, ShmCounter ShmHeader::*which, uint32_t want, const char* phase,
                            const std::string& what) {
   std::atomic<uint32_t>& word = (segs_[peer]->header().*which).value;
-  for (int i = 0; i < kSpinIterations; ++i) {
+  for (int i = 0; i < spinIterations_; ++i) {
     if (shmReached(word.load(std::memory_order_acquire), want)) return Status::ok();
     cpuRelax();
   }

@@ -111,6 +111,7 @@ class ShmBackend : public Backend {
   const ShmBackendOptions opts_;
   uint64_t chunks_ = 0;           // chunks run so far; executor thread only
   std::vector<uint8_t> scratch_;  // small-chunk reduction target; executor thread only
+  int spinIterations_ = 0;        // before sleeping; 0 when ranks outnumber cores
 
   std::atomic<bool> aborted_{false};
   mutable std::mutex brokenMu_;
