@@ -67,6 +67,13 @@ ShmBackend::ShmBackend(std::vector<std::unique_ptr<ShmSegment>> segments, int ra
   // Touched now, not on the first small allreduce.
   scratch_.assign(std::min(kSmallChunkBytes, segs_[rank_]->slotBytes()), 0);
   spinIterations_ = size_ <= usableCpus() ? kSpinIterations : 0;
+  // A peer in another pid namespace (containers sharing /dev/shm) has a pid
+  // that means nothing here: only watch pids that exist now.
+  watchPid_.resize(segs_.size(), false);
+  for (int j = 0; j < size_; ++j) {
+    const pid_t pid = segs_[j]->header().pid;
+    watchPid_[j] = pid != ::getpid() && (::kill(pid, 0) == 0 || errno == EPERM);
+  }
 }
 
 ShmBackend::~ShmBackend() = default;
@@ -143,7 +150,7 @@ Status ShmBackend::waitFor(int peer, ShmCounter ShmHeader::*which, uint32_t want
     if (aborted_.load(std::memory_order_acquire))
       return Status(Code::kRemoteError, what + ": aborted while waiting for " + who + " to " +
                                             phase + " (a peer rank was lost)");
-    if (peerPid != ::getpid() && ::kill(peerPid, 0) != 0 && errno == ESRCH)
+    if (watchPid_[peer] && ::kill(peerPid, 0) != 0 && errno == ESRCH)
       return Status(Code::kRemoteError,
                     what + ": " + who + " exited while this rank waited for it to " + phase);
     if (Clock::now() >= deadline)

@@ -112,6 +112,7 @@ class ShmBackend : public Backend {
   uint64_t chunks_ = 0;           // chunks run so far; executor thread only
   std::vector<uint8_t> scratch_;  // small-chunk reduction target; executor thread only
   int spinIterations_ = 0;        // before sleeping; 0 when ranks outnumber cores
+  std::vector<bool> watchPid_;    // whether a peer's death shows as its pid vanishing
 
   std::atomic<bool> aborted_{false};
   mutable std::mutex brokenMu_;

@@ -11,6 +11,7 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -21,7 +22,9 @@
 #include <vector>
 
 #include "backend_check.h"
+#include "core/logging.h"
 #include "core/memory_store.h"
+#include "core/tcp_store.h"
 #include "ops/gloo/gloo_backend.h"
 
 namespace hora {
@@ -259,6 +262,54 @@ TEST(ShmBackendTest, AbortFromAnotherThreadUnblocksACall) {
   EXPECT_EQ(w.world[0]->allreduce(v.data(), 1, DataType::kFloat32, ReduceOp::kSum).code(),
             Code::kRemoteError);
   EXPECT_FALSE(w.world[0]->barrier().isOk());
+}
+
+// Ranks as processes: rank 1 sets up, then exits without ever joining the
+// allreduce. Rank 0 (the test process, which reaps it so no zombie keeps the
+// pid alive) must see the process vanish and fail naming it, long before its
+// 20 s timeout. The control plane, not present here, would notice too; this
+// is the data plane's own guard.
+TEST(ShmBackendTest, PeerProcessThatExitsIsNamedWithoutWaitingForTheTimeout) {
+  Logger quiet(LogLevel::kOff, "");
+  auto server = TcpStoreServer::start("127.0.0.1", 0, "s3cret", quiet);
+  ASSERT_TRUE(server.isOk()) << server.status().toString();
+  const int port = server.value()->port();
+  auto build = [&](int rank) -> Result<std::unique_ptr<Backend>> {
+    auto store = TcpStoreClient::connect("127.0.0.1", port, "s3cret", milliseconds(5000), quiet);
+    if (!store.isOk()) return store.status();
+    GlooBackendOptions go;
+    go.timeout = milliseconds(20000);
+    auto gloo = createGlooBackend(store.value(), "gloo", rank, 2, go);
+    if (!gloo.isOk()) return gloo.status();
+    ShmBackendOptions so;
+    so.timeout = milliseconds(20000);
+    std::string why;
+    auto shm = createShmBackend(std::make_shared<PrefixStore>(store.value(), "shm"), rank, 2, so,
+                                gloo.take(), &why);
+    if (shm.isOk() && shm.value()->name() != "shm+gloo") return internalError("no shm: " + why);
+    return shm;
+  };
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto b = build(1);
+    std::this_thread::sleep_for(milliseconds(500));  // rank 0 is set up by now
+    ::_exit(b.isOk() ? 0 : 3);
+  }
+  int childStatus = -1;
+  std::thread reaper([&] { ::waitpid(child, &childStatus, 0); });
+  auto b = build(0);
+  ASSERT_TRUE(b.isOk()) << b.status().toString();
+  std::vector<float> v(1 << 20, 1.0f);
+  const auto start = Clock::now();
+  Status s = b.value()->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+  reaper.join();
+  EXPECT_EQ(s.code(), Code::kRemoteError) << s.toString();
+  EXPECT_NE(s.message().find("rank 1 (pid " + std::to_string(child) + ") exited"),
+            std::string::npos)
+      << s.toString();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+  EXPECT_TRUE(WIFEXITED(childStatus) && WEXITSTATUS(childStatus) == 0) << childStatus;
 }
 
 TEST(ShmBackendTest, InvalidArgumentsLeaveTheBackendUsable) {
