@@ -64,6 +64,13 @@ const std::vector<ParamSpec>& paramRegistry() {
        "of 64)."},
       {"HORA_SHM_MIN_BYTES", ParamType::kInt, "0",
        "Allreduce payloads smaller than this go through Gloo even when shared memory is on."},
+      {"HORA_GPU_PLUGIN", ParamType::kString, "",
+       "Path of the GPU plugin (libhora_cuda.so); empty: next to libhora, then the build tree, "
+       "then the loader's search path. Loaded only when a GPU tensor appears."},
+      {"HORA_GPU_BACKEND", ParamType::kString, "auto",
+       "GPU tensors: auto (NCCL communicator where NCCL has the dtype, else staging through host "
+       "memory and the CPU data plane), nccl, or gloo (always staging; for ranks sharing a GPU). "
+       "Must be the same on every rank."},
       {"HORA_LOG_LEVEL", ParamType::kString, "warning",
        "trace, debug, info, warning, error or off."},
   };

@@ -423,12 +423,14 @@ TEST_P(Collectives, ProcessSetsConcurrentWithGlobal) {
       if (r >= 1) tail.push_back(r);
     }
     hora_process_set_t a = nullptr, b = nullptr;
-    if (rank % 2 == 0)
+    if (rank % 2 == 0) {
       ASSERT_EQ(hora_process_set_create(rt, even.data(), even.size(), &a), HORA_SUCCESS)
           << hora_last_error_message();
-    if (rank >= 1)
+    }
+    if (rank >= 1) {
       ASSERT_EQ(hora_process_set_create(rt, tail.data(), tail.size(), &b), HORA_SUCCESS)
           << hora_last_error_message();
+    }
     for (int it = 0; it < 10; ++it) {
       std::vector<int64_t> shape = {3};
       std::vector<int32_t> g(3, rank), va(3, rank), vb(3, rank);
@@ -469,7 +471,9 @@ TEST_P(Collectives, ProcessSetsConcurrentWithGlobal) {
       EXPECT_EQ(ss, static_cast<int32_t>(even.size()));
       EXPECT_EQ(hora_process_set_destroy(a), HORA_SUCCESS);
     }
-    if (b) EXPECT_EQ(hora_process_set_destroy(b), HORA_SUCCESS);
+    if (b) {
+      EXPECT_EQ(hora_process_set_destroy(b), HORA_SUCCESS);
+    }
   });
 }
 

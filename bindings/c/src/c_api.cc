@@ -170,20 +170,45 @@ struct TensorInfo {
   std::vector<int64_t> shape;
   char* data;
   int64_t count;
+  hora::Device device;
 };
+
+// GPU tensors: the collectives that serve them, a loadable plugin, a device
+// that exists, and input and output on the same device.
+Status checkDevice(hora::ProcessSetImpl& set, hora::CollectiveKind kind, const TensorInfo& in,
+                   const TensorInfo* out, const std::string& where) {
+  if (out && out->device != in.device)
+    return hora::invalidArgument(where + ": input is on " + hora::deviceName(in.device) +
+                                 " but output on " + hora::deviceName(out->device));
+  if (in.device.kind != hora::DeviceKind::kCuda) return Status::ok();
+  if (kind != hora::CollectiveKind::kAllreduce && kind != hora::CollectiveKind::kBroadcast)
+    return Status(Code::kNotSupported,
+                  where +
+                      ": GPU tensors are served for allreduce and broadcast in this version; "
+                      "copy the tensor to the CPU for " +
+                      hora::collectiveName(kind));
+  auto api = set.gpuPlugin()->get();
+  if (!api.isOk()) return api.status().withContext(where);
+  int devices = 0;
+  Status s = set.gpuPlugin()->check(api.value()->device_count(&devices), "device_count", where);
+  if (!s.isOk()) return Status(Code::kNotSupported, s.message());
+  if (in.device.index < 0 || in.device.index >= devices)
+    return hora::invalidArgument(where + " is on " + hora::deviceName(in.device) + " but " +
+                                 std::to_string(devices) + " GPU(s) are visible");
+  return Status::ok();
+}
 
 // `where` = "allreduce "name" on rank 3, argument in"
 Status checkTensor(const DLTensor* t, const std::string& where, TensorInfo* out) {
   if (!t) return hora::invalidArgument(where + " is NULL");
-  if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost) {
-    bool gpu = t->device.device_type == kDLCUDA || t->device.device_type == kDLCUDAManaged ||
-               t->device.device_type == kDLROCM;
-    return Status(
-        Code::kNotSupported,
-        where + " is in " + (gpu ? "GPU" : "non-CPU") + " memory (DLPack device type " +
-            std::to_string(t->device.device_type) +
-            "); this libhora serves CPU memory only (the NCCL GPU backend is not loaded): "
-            "copy the tensor to the CPU first");
+  out->device = hora::Device{};
+  if (t->device.device_type == kDLCUDA) {
+    out->device = hora::Device{hora::DeviceKind::kCuda, t->device.device_id};
+  } else if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost) {
+    return Status(Code::kNotSupported,
+                  where + " is in memory hora cannot serve (DLPack device type " +
+                      std::to_string(t->device.device_type) +
+                      "); supported: CPU, CUDA host (pinned) and CUDA device memory");
   }
   if (!mapDType(t->dtype, &out->dtype))
     return hora::invalidArgument(
@@ -230,8 +255,10 @@ std::shared_ptr<hora::TensorEntry> makeEntry(hora::CollectiveKind kind, const st
   e->request.postscale = o.postscale;
   e->request.name = name;
   e->request.shape = info.shape;
+  e->request.device = info.device;
   e->in = info.data;
   e->count = info.count;
+  e->readyEvent = o.ready_event;
   e->dlType = t ? t->dtype : DLDataType{kDLUInt, 8, 1};
   return e;
 }
@@ -474,6 +501,7 @@ HORA_API hora_status_t hora_allreduce_async(hora_runtime_t h, const DLTensor* in
                                 " does not match input " +
                                 hora::describeTensor(ti.dtype, ti.shape));
     if (s.isOk()) s = checkOp(o, ti.dtype, where, false);
+    if (s.isOk()) s = checkDevice(*set, hora::CollectiveKind::kAllreduce, ti, &to, where);
     if (!s.isOk()) return setError(s);
     auto e = makeEntry(hora::CollectiveKind::kAllreduce, name, ti, in, o);
     e->out = to.data;
@@ -507,6 +535,7 @@ HORA_API hora_status_t hora_grouped_allreduce_async(hora_runtime_t h, int32_t n,
       if (s.isOk() && (ti.dtype != to.dtype || ti.count != to.count))
         s = hora::invalidArgument(where + ": output does not match input");
       if (s.isOk()) s = checkOp(o, ti.dtype, where, false);
+      if (s.isOk()) s = checkDevice(*set, hora::CollectiveKind::kAllreduce, ti, &to, where);
       if (!s.isOk()) return setError(s);
       auto e = makeEntry(hora::CollectiveKind::kAllreduce, name, ti, in[i], o);
       e->out = to.data;
@@ -534,6 +563,7 @@ HORA_API hora_status_t hora_allgather_async(hora_runtime_t h, const DLTensor* in
     if (s.isOk() && ti.shape.empty())
       s = hora::invalidArgument(where +
                                 ": input is a scalar; allgather needs at least one dimension");
+    if (s.isOk()) s = checkDevice(*set, hora::CollectiveKind::kAllgather, ti, nullptr, where);
     if (!s.isOk()) return setError(s);
     o.op = HORA_OP_SUM;
     o.prescale = o.postscale = 1.0;
@@ -561,6 +591,7 @@ HORA_API hora_status_t hora_broadcast_async(hora_runtime_t h, DLTensor* tensor,
       s = hora::invalidArgument(where + ": root " + std::to_string(o.root) +
                                 " is outside the process set (size " + std::to_string(set->size()) +
                                 ")");
+    if (s.isOk()) s = checkDevice(*set, hora::CollectiveKind::kBroadcast, ti, nullptr, where);
     if (!s.isOk()) return setError(s);
     o.op = HORA_OP_SUM;
     o.prescale = o.postscale = 1.0;
@@ -587,6 +618,7 @@ HORA_API hora_status_t hora_alltoall_async(hora_runtime_t h, const DLTensor* in,
     Status s = checkTensor(in, where + ", input", &ti);
     if (s.isOk() && ti.shape.empty())
       s = hora::invalidArgument(where + ": input needs at least one dimension");
+    if (s.isOk()) s = checkDevice(*set, hora::CollectiveKind::kAlltoall, ti, nullptr, where);
     if (!s.isOk()) return setError(s);
     std::vector<int64_t> sp;
     int n = set->size();
@@ -639,6 +671,7 @@ HORA_API hora_status_t hora_reducescatter_async(hora_runtime_t h, const DLTensor
     if (s.isOk() && ti.shape.empty())
       s = hora::invalidArgument(where + ": input needs at least one dimension");
     if (s.isOk()) s = checkOp(o, ti.dtype, where, true);
+    if (s.isOk()) s = checkDevice(*set, hora::CollectiveKind::kReducescatter, ti, nullptr, where);
     if (!s.isOk()) return setError(s);
     return submit(*set, {makeEntry(hora::CollectiveKind::kReducescatter, name, ti, in, o)},
                   makeState(o, 1), request);
@@ -656,7 +689,7 @@ HORA_API hora_status_t hora_barrier_async(hora_runtime_t h, const hora_options_t
     hora_options_t& o = c.o;
     std::shared_ptr<hora::ProcessSetImpl>& set = c.set;
     const std::string& name = c.name;
-    TensorInfo ti{hora::DataType::kUint8, {}, nullptr, 0};
+    TensorInfo ti{hora::DataType::kUint8, {}, nullptr, 0, {}};
     o.op = HORA_OP_SUM;
     o.prescale = o.postscale = 1.0;
     return submit(*set, {makeEntry(hora::CollectiveKind::kBarrier, name, ti, nullptr, o)},
@@ -675,7 +708,7 @@ HORA_API hora_status_t hora_join_async(hora_runtime_t h, const hora_options_t* o
       return fail(Code::kNotSupported,
                   "hora_join_async: join is supported on the global process set only");
     auto set = h->rt->globalSet();
-    TensorInfo ti{hora::DataType::kUint8, {}, nullptr, 0};
+    TensorInfo ti{hora::DataType::kUint8, {}, nullptr, 0, {}};
     o.op = HORA_OP_SUM;
     o.prescale = o.postscale = 1.0;
     return submit(*set, {makeEntry(hora::CollectiveKind::kJoin, kJoinName, ti, nullptr, o)},

@@ -71,7 +71,8 @@ void ProcessSetImpl::execute(ExecGroup& g) {
       }
       return;
     case ResponseKind::kAllreduce: {
-      Status s = runAllreduce(g.responses, es);
+      Status s = first.device.kind == DeviceKind::kCuda ? runGpuAllreduce(g.responses, es)
+                                                        : runAllreduce(g.responses, es);
       for (auto& e : es)
         if (e) e->complete(s.isOk() ? s : entryStatus(*e, s));
       return;
@@ -86,7 +87,8 @@ void ProcessSetImpl::execute(ExecGroup& g) {
       s = runAllgather(first, e);
       break;
     case ResponseKind::kBroadcast:
-      s = runBroadcast(first, e);
+      s = first.device.kind == DeviceKind::kCuda ? runGpuBroadcast(first, e)
+                                                 : runBroadcast(first, e);
       break;
     case ResponseKind::kAlltoall:
       s = runAlltoall(first, e);

@@ -117,6 +117,7 @@ Result<std::unique_ptr<ProcessSetImpl>> ProcessSetImpl::create(std::string name,
   if (!sb.isOk())
     return sb.status().withContext("process set " + name + ": setting up shared memory");
   ps->backend_ = sb.take();
+  ps->store_ = store;
   if (ps->size() > 1)
     HORA_LOG(ps->logger_, kInfo) << "process set " << name << ": data plane "
                                  << ps->backend_->name()
@@ -648,6 +649,7 @@ void ProcessSetImpl::shutdown(const std::string& reason) {
   }
   execCv_.notify_all();
   if (executorThread_.joinable()) executorThread_.join();
+  gpuRelease();
   std::deque<ExecGroup> left;
   {
     std::lock_guard<std::mutex> lk(execMu_);

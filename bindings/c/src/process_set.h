@@ -38,6 +38,7 @@
 #include "core/logging.h"
 #include "core/response_cache.h"
 #include "core/store.h"
+#include "gpu_plugin.h"
 #include "request_state.h"
 
 namespace hora {
@@ -48,6 +49,21 @@ namespace hora {
 struct ExecGroup {
   std::vector<Response> responses;
   std::vector<std::shared_ptr<TensorEntry>> entries;  // null where this rank has none (joined)
+};
+
+// The set's GPU resources (gpu_executor.cc); executor thread only, released
+// after it stopped.
+struct GpuState {
+  const hora_gpu_plugin_v1_t* api = nullptr;
+  int device = -1;
+  hora_gpu_stream_t stream = nullptr;
+  hora_gpu_event_t done = nullptr;
+  hora_gpu_comm_t comm = nullptr;
+  int commsCreated = 0;
+  char* fusion = nullptr;  // device fusion buffer
+  size_t fusionBytes = 0;
+  char* pinned = nullptr;  // pinned host staging
+  size_t pinnedBytes = 0;
 };
 
 struct SetOptions {
@@ -65,6 +81,10 @@ struct SetOptions {
   bool shm = true;
   int64_t shmChunkBytes = 4 << 20;
   int64_t shmMinBytes = 0;
+  // The runtime's GPU plugin (loaded on first use; shared by its sets) and
+  // HORA_GPU_BACKEND: auto (communicator where the dtype allows), nccl, gloo.
+  std::shared_ptr<GpuPlugin> gpu;
+  std::string gpuBackend = "auto";
   Logger logger;
 };
 
@@ -80,6 +100,7 @@ class ProcessSetImpl {
                                                         SetOptions options);
   ~ProcessSetImpl();
 
+  const std::shared_ptr<GpuPlugin>& gpuPlugin() const { return opts_.gpu; }
   // Framework threads. On failure nothing was enqueued.
   Status enqueue(std::vector<std::shared_ptr<TensorEntry>> entries);
   std::string autoName(CollectiveKind kind);
@@ -125,6 +146,16 @@ class ProcessSetImpl {
   Status runAlltoall(const Response& r, TensorEntry* e);
   Status runReducescatter(const Response& r, TensorEntry* e);
   Result<void*> allocateOutput(TensorEntry& e, const std::vector<int64_t>& shape);
+  // GPU tensors (gpu_executor.cc).
+  Status runGpuAllreduce(std::vector<Response>& group,
+                         std::vector<std::shared_ptr<TensorEntry>>& es);
+  Status runGpuBroadcast(const Response& r, TensorEntry* e);
+  Status gpuPrepare(const Device& dev, const std::string& what);
+  bool gpuUsesComm(DataType dt) const;
+  Status gpuComm(const std::string& what);
+  Status gpuPinned(size_t bytes, const std::string& what);
+  Status gpuWait(const std::string& what);
+  void gpuRelease();
   Status backendFailure(const Status& s, const std::string& what);
 
   std::string name_;
@@ -157,7 +188,9 @@ class ProcessSetImpl {
   std::atomic<int> execInFlight_{0};
   std::condition_variable execIdleCv_;  // signalled (under execMu_) after each group
   std::atomic<bool> executorExit_{false};
-  HostBuffer fusion_;  // executor thread only
+  HostBuffer fusion_;             // executor thread only
+  GpuState gpu_;                  // executor thread only
+  std::shared_ptr<Store> store_;  // rendezvous (GPU communicator ids)
 
   std::atomic<uint64_t> autoNameCounters_[static_cast<int>(CollectiveKind::kCount)] = {};
 

@@ -55,9 +55,10 @@ struct RequestState {
 struct TensorEntry {
   Request request;  // what is negotiated (name, kind, dtype, shape, ...)
   const void* in = nullptr;
-  void* out = nullptr;  // allreduce/broadcast: result location
-  int64_t count = 0;    // elements of the input
-  DLDataType dlType{};  // echoed into allocated outputs
+  void* out = nullptr;         // allreduce/broadcast: result location
+  int64_t count = 0;           // elements of the input
+  DLDataType dlType{};         // echoed into allocated outputs
+  void* readyEvent = nullptr;  // GPU: the framework's event hora's stream waits for
   std::shared_ptr<RequestState> owner;
   std::atomic<bool> completed{false};
 

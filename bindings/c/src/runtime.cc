@@ -133,6 +133,10 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   so.shm = p.getBool("HORA_SHM");
   so.shmChunkBytes = p.getInt("HORA_SHM_CHUNK_BYTES");
   so.shmMinBytes = p.getInt("HORA_SHM_MIN_BYTES");
+  so.gpu = std::make_shared<GpuPlugin>(p.getString("HORA_GPU_PLUGIN"));
+  so.gpuBackend = p.getString("HORA_GPU_BACKEND");
+  if (so.gpuBackend != "auto" && so.gpuBackend != "nccl" && so.gpuBackend != "gloo")
+    return invalidArgument("HORA_GPU_BACKEND is '" + so.gpuBackend + "'; use auto, nccl or gloo");
   rt->startTimeoutS_ = so.startTimeoutS;
   if (so.cacheCapacity < 0 || so.fusionThresholdBytes < 0 || so.stallWarningS < 0 ||
       so.stallShutdownS < 0)

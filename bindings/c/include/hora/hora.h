@@ -163,6 +163,11 @@ typedef struct hora_options {
   void* callback_user;
   hora_alloc_t alloc; /* NULL: results go to a library-owned buffer (hora_request_output) */
   void* alloc_user;
+  /* GPU tensors: a cudaEvent_t (as void*) recorded after the kernels that
+   * produce the input; hora's stream waits for it before reading. NULL: the
+   * input must be ready when the collective runs (e.g. the producing stream
+   * was synchronized before the call). Ignored for CPU tensors. */
+  void* ready_event;
 } hora_options_t;
 
 HORA_API void hora_options_init(hora_options_t* options);
@@ -170,7 +175,9 @@ HORA_API void hora_options_init(hora_options_t* options);
 /* ---- collectives (asynchronous) ----
  * Inputs are read and outputs written on hora threads after the call
  * returns: keep them alive and unmodified until the request completes.
- * Tensors must be CPU memory, compact row-major (strides NULL or matching),
+ * Tensors must be CPU memory (or, for allreduce and broadcast, CUDA device
+ * memory, served through the GPU plugin libhora_cuda.so, loaded on first
+ * use), compact row-major (strides NULL or matching),
  * with a supported dtype: uint8, int8, int16, int32, int64, float16, bfloat16,
  * float32, float64, bool. On any non-success return no request was created. */
 

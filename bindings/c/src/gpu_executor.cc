@@ -1,0 +1,312 @@
+// The executor thread's GPU half: allreduce (single, fused, grouped) and
+// broadcast of tensors in GPU memory, through the GPU plugin
+// (ops/gpu/hora_gpu_plugin.h). See process_set.h for the threading model.
+//
+// Two paths, chosen per group from what every rank shares (the response and
+// HORA_GPU_BACKEND), so all ranks take the same one:
+//  - communicator (NCCL): the set's communicator, created at the first GPU
+//    group (every rank reaches that group at the same point of the agreed
+//    order; the unique id goes through the rendezvous store); data never
+//    leaves the device;
+//  - staging (Gloo or shm): device -> pinned host, the set's CPU backend,
+//    host -> device. For dtypes NCCL lacks (int16, bool), for
+//    HORA_GPU_BACKEND=gloo, and where ranks share one GPU.
+// Fused tensors are packed into one persistent device buffer per set and
+// unpacked from it by the plugin's batched copy (one launch for all tensors,
+// scale factors applied in the same pass). Everything runs on the set's own
+// stream; completion is an event this thread polls, together with the
+// communicator's asynchronous error and the set's broken flag (a lost peer
+// aborts the communicator instead of waiting on it).
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "core/reduce.h"
+#include "process_set.h"
+
+namespace hora {
+
+namespace {
+bool ncclHasType(DataType dt) { return dt != DataType::kInt16 && dt != DataType::kBool; }
+}  // namespace
+
+Status ProcessSetImpl::gpuPrepare(const Device& dev, const std::string& what) {
+  GpuState& g = gpu_;
+  if (!g.api) {
+    if (!opts_.gpu) return Status(Code::kNotSupported, what + ": no GPU plugin configured");
+    auto api = opts_.gpu->get();
+    if (!api.isOk()) return api.status().withContext(what);
+    g.api = api.value();
+  }
+  if (g.device >= 0 && g.device != dev.index)
+    return invalidArgument(what +
+                           ": this process set already runs on cuda:" + std::to_string(g.device) +
+                           "; all GPU tensors of one process set on a "
+                           "rank must be on one device (got " +
+                           deviceName(dev) + ")");
+  if (!g.stream) {
+    HORA_RETURN_IF_ERROR(
+        opts_.gpu->check(g.api->stream_create(dev.index, &g.stream), "stream_create", what));
+    HORA_RETURN_IF_ERROR(
+        opts_.gpu->check(g.api->event_create(dev.index, &g.done), "event_create", what));
+    g.device = dev.index;
+  }
+  return Status::ok();
+}
+
+bool ProcessSetImpl::gpuUsesComm(DataType dt) const {
+  return opts_.gpuBackend != "gloo" && ncclHasType(dt) && gpu_.api->comm_init != nullptr;
+}
+
+Status ProcessSetImpl::gpuComm(const std::string& what) {
+  GpuState& g = gpu_;
+  if (g.comm) return Status::ok();
+  std::string id(g.api->unique_id_bytes, '\0');
+  const std::string key = "gpu_comm_id/" + std::to_string(g.commsCreated);
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(opts_.peerTimeoutS * 1000));
+  if (rank_ == 0) {
+    HORA_RETURN_IF_ERROR(opts_.gpu->check(g.api->comm_unique_id(&id[0]), "comm_unique_id", what));
+    HORA_RETURN_IF_ERROR(store_->set(key, id));
+  } else {
+    auto v = store_->get(key, timeout);
+    if (!v.isOk()) return v.status().withContext(what + ": waiting for the communicator id");
+    if (v.value().size() != id.size())
+      return protocolError(what + ": communicator id of the wrong size from rank 0");
+    id = v.take();
+  }
+  hora_gpu_comm_t comm = nullptr;
+  HORA_RETURN_IF_ERROR(opts_.gpu->check(
+      g.api->comm_init(g.device, size(), rank_, id.data(), timeout.count(), &comm), "comm_init",
+      what + " (creating the set's GPU communicator, rank " + std::to_string(rank_) + " of " +
+          std::to_string(size()) + ")"));
+  g.comm = comm;
+  ++g.commsCreated;
+  return Status::ok();
+}
+
+template <typename T>
+static void growDevice(const hora_gpu_plugin_v1_t* api, int device, T** p, size_t* have,
+                       size_t want, Status* s, GpuPlugin* plugin, const std::string& what) {
+  if (want <= *have) return;
+  size_t cap = std::max<size_t>(*have ? *have : (size_t{1} << 20), 1);
+  while (cap < want) cap *= 2;
+  if (*p) api->device_free(device, *p);
+  *p = nullptr;
+  *have = 0;
+  void* np = nullptr;
+  *s = plugin->check(api->device_alloc(device, cap, &np), "device_alloc", what);
+  if (s->isOk()) *p = static_cast<T*>(np), *have = cap;
+}
+
+Status ProcessSetImpl::gpuPinned(size_t bytes, const std::string& what) {
+  GpuState& g = gpu_;
+  if (bytes <= g.pinnedBytes) return Status::ok();
+  size_t cap = g.pinnedBytes ? g.pinnedBytes : (size_t{1} << 20);
+  while (cap < bytes) cap *= 2;
+  if (g.pinned) g.api->host_free_pinned(g.pinned);
+  g.pinned = nullptr;
+  g.pinnedBytes = 0;
+  void* p = nullptr;
+  HORA_RETURN_IF_ERROR(opts_.gpu->check(g.api->host_alloc_pinned(cap, &p), "host_alloc_pinned",
+                                        what + " (" + std::to_string(cap >> 20) + " MiB)"));
+  std::memset(p, 0, cap);  // touch now, not on the hot path
+  g.pinned = static_cast<char*>(p);
+  g.pinnedBytes = cap;
+  return Status::ok();
+}
+
+Status ProcessSetImpl::gpuWait(const std::string& what) {
+  GpuState& g = gpu_;
+  HORA_RETURN_IF_ERROR(
+      opts_.gpu->check(g.api->event_record(g.done, g.stream), "event_record", what));
+  auto pause = std::chrono::microseconds(0);
+  for (;;) {
+    int done = 0;
+    HORA_RETURN_IF_ERROR(opts_.gpu->check(g.api->event_query(g.done, &done), "event_query", what));
+    if (done) return Status::ok();
+    if (g.comm) {
+      int failed = 0;
+      int rc = g.api->comm_async_error(g.comm, &failed);
+      if (rc != 0 || failed) {
+        Status s = opts_.gpu->check(rc ? rc : 1, "the GPU communicator", what);
+        g.api->comm_abort(g.comm);
+        return s;
+      }
+    }
+    if (isBroken_) {
+      // A peer is gone: its part of the collective will never come.
+      if (g.comm) g.api->comm_abort(g.comm);
+      return brokenStatus().withContext(what);
+    }
+    // Short operations finish within a few yields; long ones are polled
+    // every 200 us at most, off the framework thread.
+    if (pause.count() == 0) {
+      std::this_thread::yield();
+      pause = std::chrono::microseconds(1);
+    } else {
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(200));
+    }
+  }
+}
+
+void ProcessSetImpl::gpuRelease() {
+  GpuState& g = gpu_;
+  if (!g.api) return;
+  if (g.comm) g.api->comm_destroy(g.comm);
+  if (g.fusion) g.api->device_free(g.device, g.fusion);
+  if (g.pinned) g.api->host_free_pinned(g.pinned);
+  if (g.done) g.api->event_destroy(g.done);
+  if (g.stream) g.api->stream_destroy(g.stream);
+  g = GpuState();
+}
+
+Status ProcessSetImpl::runGpuAllreduce(std::vector<Response>& group,
+                                       std::vector<std::shared_ptr<TensorEntry>>& es) {
+  const Response& r0 = group.front();
+  const DataType dt = r0.dtype;
+  const size_t esz = dataTypeSize(dt);
+  const ReduceOp op = r0.op == ReduceOp::kAverage ? ReduceOp::kSum : r0.op;
+  const int contributors = size() - static_cast<int>(r0.joined.size());
+  const double post =
+      r0.postscale * (r0.op == ReduceOp::kAverage ? 1.0 / std::max(1, contributors) : 1.0);
+  const double pre = r0.prescale;
+  const std::string what =
+      "allreduce \"" + r0.name + "\" (" + deviceName(r0.device) + ")" +
+      (group.size() > 1 ? " (fused with " + std::to_string(group.size() - 1) + " more)" : "");
+  HORA_RETURN_IF_ERROR(gpuPrepare(r0.device, what));
+  GpuState& g = gpu_;
+  const auto* api = g.api;
+  const bool viaComm = gpuUsesComm(dt);
+  if (viaComm) HORA_RETURN_IF_ERROR(gpuComm(what));
+  for (auto& e : es)
+    if (e && e->readyEvent)
+      HORA_RETURN_IF_ERROR(
+          opts_.gpu->check(api->stream_wait_external_event(g.stream, e->readyEvent),
+                           "stream_wait_external_event", what));
+
+  std::vector<size_t> start(group.size() + 1, 0);
+  for (size_t i = 0; i < group.size(); ++i)
+    start[i + 1] = start[i] + static_cast<size_t>(group[i].numElements());
+  const size_t total = start.back();
+  const size_t bytes = total * esz;
+  if (total == 0) return Status::ok();
+  const auto dtc = static_cast<int32_t>(dt);
+
+  // Where the reduction happens: a single tensor in its own output, a fused
+  // group (or a joined rank's stand-in) in the set's device fusion buffer.
+  const bool inOutput = group.size() == 1 && es[0];
+  char* buf;
+  Status s;
+  if (inOutput) {
+    buf = static_cast<char*>(es[0]->out);
+    if (es[0]->in != es[0]->out || pre != 1.0) {
+      hora_gpu_copy_t c{buf, es[0]->in, total};
+      HORA_RETURN_IF_ERROR(opts_.gpu->check(api->batched_scale_copy(dtc, &c, 1, pre, g.stream),
+                                            "batched_scale_copy", what));
+    }
+  } else {
+    growDevice(api, g.device, &g.fusion, &g.fusionBytes, bytes, &s, opts_.gpu.get(), what);
+    HORA_RETURN_IF_ERROR(s);
+    buf = g.fusion;
+    std::vector<hora_gpu_copy_t> copies;
+    bool joinedHere = false;
+    for (size_t i = 0; i < group.size(); ++i) {
+      if (es[i]) {
+        copies.push_back({buf + start[i] * esz, es[i]->in, start[i + 1] - start[i]});
+      } else {
+        joinedHere = true;
+      }
+    }
+    if (joinedHere) {  // this rank joined: the op's identity, through pinned memory
+      HORA_RETURN_IF_ERROR(gpuPinned(bytes, what));
+      for (size_t i = 0; i < group.size(); ++i) {
+        if (es[i]) continue;
+        const size_t off = start[i] * esz, n = start[i + 1] - start[i];
+        fillIdentity(dt, op, g.pinned + off, n);
+        HORA_RETURN_IF_ERROR(opts_.gpu->check(
+            api->memcpy_async(buf + off, g.pinned + off, n * esz, g.stream), "memcpy_async", what));
+      }
+    }
+    if (!copies.empty())
+      HORA_RETURN_IF_ERROR(opts_.gpu->check(
+          api->batched_scale_copy(dtc, copies.data(), copies.size(), pre, g.stream),
+          "batched_scale_copy (pack)", what));
+  }
+
+  if (viaComm) {
+    HORA_RETURN_IF_ERROR(opts_.gpu->check(
+        api->allreduce(buf, buf, total, dtc, static_cast<int32_t>(op), g.comm, g.stream),
+        "allreduce", what));
+  } else {
+    HORA_RETURN_IF_ERROR(gpuPinned(bytes, what));
+    HORA_RETURN_IF_ERROR(
+        opts_.gpu->check(api->memcpy_async(g.pinned, buf, bytes, g.stream), "memcpy_async", what));
+    HORA_RETURN_IF_ERROR(gpuWait(what));
+    s = backend_->allreduce(g.pinned, total, dt, op);
+    if (!s.isOk()) return backendFailure(s, what);
+    HORA_RETURN_IF_ERROR(
+        opts_.gpu->check(api->memcpy_async(buf, g.pinned, bytes, g.stream), "memcpy_async", what));
+  }
+
+  if (inOutput) {
+    if (post != 1.0) {
+      hora_gpu_copy_t c{buf, buf, total};
+      HORA_RETURN_IF_ERROR(opts_.gpu->check(api->batched_scale_copy(dtc, &c, 1, post, g.stream),
+                                            "batched_scale_copy", what));
+    }
+  } else {
+    std::vector<hora_gpu_copy_t> copies;
+    for (size_t i = 0; i < group.size(); ++i)
+      if (es[i]) copies.push_back({es[i]->out, buf + start[i] * esz, start[i + 1] - start[i]});
+    if (!copies.empty())
+      HORA_RETURN_IF_ERROR(opts_.gpu->check(
+          api->batched_scale_copy(dtc, copies.data(), copies.size(), post, g.stream),
+          "batched_scale_copy (unpack)", what));
+  }
+  return gpuWait(what);
+}
+
+Status ProcessSetImpl::runGpuBroadcast(const Response& r, TensorEntry* e) {
+  const std::string what = "broadcast \"" + r.name + "\" (" + deviceName(r.device) + ")";
+  HORA_RETURN_IF_ERROR(gpuPrepare(r.device, what));
+  GpuState& g = gpu_;
+  const auto* api = g.api;
+  const size_t n = static_cast<size_t>(r.numElements());
+  const size_t bytes = n * dataTypeSize(r.dtype);
+  if (n == 0) return Status::ok();
+  if (e && e->readyEvent)
+    HORA_RETURN_IF_ERROR(opts_.gpu->check(api->stream_wait_external_event(g.stream, e->readyEvent),
+                                          "stream_wait_external_event", what));
+  Status s;
+  char* data = e ? static_cast<char*>(e->out) : nullptr;
+  if (!data) {  // joined: a stand-in buffer
+    growDevice(api, g.device, &g.fusion, &g.fusionBytes, bytes, &s, opts_.gpu.get(), what);
+    HORA_RETURN_IF_ERROR(s);
+    data = g.fusion;
+  }
+  if (e && e->in != e->out)
+    HORA_RETURN_IF_ERROR(
+        opts_.gpu->check(api->memcpy_async(data, e->in, bytes, g.stream), "memcpy_async", what));
+  // Broadcast moves bytes: NCCL's uint8 serves every dtype.
+  if (opts_.gpuBackend != "gloo" && api->comm_init) {
+    HORA_RETURN_IF_ERROR(gpuComm(what));
+    HORA_RETURN_IF_ERROR(
+        opts_.gpu->check(api->broadcast(data, bytes, static_cast<int32_t>(DataType::kUint8), r.root,
+                                        g.comm, g.stream),
+                         "broadcast", what));
+  } else {
+    HORA_RETURN_IF_ERROR(gpuPinned(bytes, what));
+    HORA_RETURN_IF_ERROR(
+        opts_.gpu->check(api->memcpy_async(g.pinned, data, bytes, g.stream), "memcpy_async", what));
+    HORA_RETURN_IF_ERROR(gpuWait(what));
+    s = backend_->broadcast(g.pinned, n, r.dtype, r.root);
+    if (!s.isOk()) return backendFailure(s, what);
+    HORA_RETURN_IF_ERROR(
+        opts_.gpu->check(api->memcpy_async(data, g.pinned, bytes, g.stream), "memcpy_async", what));
+  }
+  return gpuWait(what);
+}
+
+}  // namespace hora

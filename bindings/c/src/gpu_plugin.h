@@ -1,0 +1,41 @@
+// GpuPlugin: the GPU runtime (CUDA + NCCL), loaded with dlopen on first use so
+// libhora links neither; see ops/gpu/hora_gpu_plugin.h for the table's
+// contract and ops/cuda for the real plugin.
+//
+// One per Runtime, shared by its process sets. get() may be called from any
+// thread (framework threads validating a GPU tensor, executor threads); the
+// first call loads, later calls return the same table or the same error.
+// Search order: HORA_GPU_PLUGIN (a path), then libhora_cuda.so next to
+// libhora, then in the build tree's ops/cuda/, then the dynamic loader's
+// search path. The library is never unloaded: CUDA and NCCL do not survive
+// being unloaded while their threads or handles may still exist.
+#pragma once
+
+#include <mutex>
+#include <string>
+
+#include "core/status.h"
+#include "ops/gpu/hora_gpu_plugin.h"
+
+namespace hora {
+
+class GpuPlugin {
+ public:
+  explicit GpuPlugin(std::string explicitPath) : explicitPath_(std::move(explicitPath)) {}
+  // The table, or kNotSupported saying what was tried and what to do.
+  Result<const hora_gpu_plugin_v1_t*> get();
+  // rc == 0: OK; otherwise kBackendError "<what>: <fn> failed: <plugin's last_error>".
+  Status check(int rc, const char* fn, const std::string& what) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  Status load();
+
+  const std::string explicitPath_;
+  std::once_flag once_;
+  Status loadError_;  // written once under once_
+  const hora_gpu_plugin_v1_t* api_ = nullptr;
+  std::string path_;
+};
+
+}  // namespace hora

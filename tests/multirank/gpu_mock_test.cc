@@ -1,0 +1,307 @@
+// libhora's GPU paths on machines without a GPU: tensors described as CUDA
+// memory (DLPack kDLCUDA) whose bytes are host memory, served by the mock
+// GPU plugin (tests/gpu_mock; "device" memory is host memory, streams are
+// synchronous). Covers plugin loading and its errors, device checks, the
+// communicator path at world size 1 with the device fusion buffer packed and
+// unpacked by one batched copy per group, the staging path (device ->
+// pinned host -> the CPU data plane -> device) at world sizes 1-4 over every
+// dtype and op, broadcast, ready events, mixed CPU/GPU steps, and plugin
+// failures surfacing as errors that name the tensor. The real plugin's
+// kernels and NCCL are tested on a GPU machine (tests/gpu).
+#include <dlfcn.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "rank_harness.h"
+#include "tensor_util.h"
+
+using namespace htest;
+using hora::DataType;
+using hora::ReduceOp;
+
+namespace {
+
+// The mock's counters. dlopen of the same path yields the instance libhora
+// loads (or will load), so both see one set of counters.
+long mockCalls(const char* fn) {
+  void* h = ::dlopen(HORA_GPU_MOCK_PATH, RTLD_NOW | RTLD_LOCAL);
+  if (!h) return -1;
+  auto f = reinterpret_cast<long (*)(const char*)>(::dlsym(h, "hora_gpu_mock_calls"));
+  return f ? f(fn) : -1;  // stays loaded, like libhora's handle
+}
+
+class GpuMock : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ::setenv("HORA_GPU_PLUGIN", HORA_GPU_MOCK_PATH, 1);
+    ::unsetenv("HORA_GPU_BACKEND");
+    ::unsetenv("HORA_GPU_MOCK_FAIL");
+  }
+  void TearDown() override {
+    ::unsetenv("HORA_GPU_PLUGIN");
+    ::unsetenv("HORA_GPU_BACKEND");
+    ::unsetenv("HORA_GPU_MOCK_FAIL");
+  }
+};
+
+DLTensor cudaTensor(void* data, DLDataType dt, std::vector<int64_t>* shape, int device = 0) {
+  DLTensor t = makeTensor(data, dt, shape);
+  t.device.device_type = kDLCUDA;
+  t.device.device_id = device;
+  return t;
+}
+
+// Allreduces every dtype/op/count of kCounts as GPU tensors, all submitted
+// before any is waited for (so they fuse), and checks them exactly.
+void allreduceSweep(int rank, int size, hora_runtime_t rt) {
+  const int64_t kCounts[] = {0, 1, 7, 1001};
+  struct P {
+    hora_request_t req;
+    std::vector<char> buf;
+    std::vector<int64_t> shape;
+    DT dt;
+    ReduceOp op;
+    std::string name;
+  };
+  for (const DT& dt : allDtypes()) {
+    std::vector<P> ps;
+    ps.reserve(32);
+    for (int o = 0; o < 5; ++o) {
+      auto op = static_cast<ReduceOp>(o);
+      if (!hora::reduceOpSupported(op, dt.dt)) continue;
+      for (int64_t n : kCounts) {
+        P p{nullptr,
+            std::vector<char>(std::max<int64_t>(n, 1) * hora::dataTypeSize(dt.dt)),
+            {n},
+            dt,
+            op,
+            std::string("gpu.") + dt.name + "." + hora::reduceOpName(op) + "." + std::to_string(n)};
+        for (int64_t i = 0; i < n; ++i)
+          writeVal(dt.dt, p.buf.data(), i, inputValue(rank, i, op, dt.dt));
+        ps.push_back(std::move(p));
+      }
+    }
+    for (auto& p : ps) {
+      DLTensor t = cudaTensor(p.buf.data(), dt.dl, &p.shape);
+      hora_options_t o;
+      hora_options_init(&o);
+      o.name = p.name.c_str();
+      o.op = static_cast<hora_reduce_op_t>(p.op);
+      ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &p.req), HORA_SUCCESS)
+          << hora_last_error_message();
+    }
+    for (auto& p : ps) {
+      std::string msg;
+      ASSERT_EQ(waitAndFree(p.req, 60, &msg), HORA_SUCCESS) << p.name << ": " << msg;
+      for (int64_t i = 0; i < p.shape[0]; ++i) {
+        double got = readVal(dt.dt, p.buf.data(), i), want = reference(size, i, p.op, dt.dt);
+        ASSERT_LE(std::fabs(got - want), tolerance(dt.dt, p.op) * std::max(1.0, std::fabs(want)))
+            << p.name << " rank " << rank << " [" << i << "]";
+      }
+    }
+  }
+}
+
+TEST_F(GpuMock, MissingPluginIsAClearErrorAndCpuWorkContinues) {
+  ::setenv("HORA_GPU_PLUGIN", "/nonexistent/libhora_cuda.so", 1);
+  runThreads(1, [](int, hora_runtime_t rt) {
+    std::vector<float> v(4, 1.0f);
+    std::vector<int64_t> shape = {4};
+    DLTensor t = cudaTensor(v.data(), dlType(kDLFloat, 32), &shape);
+    hora_request_t req = nullptr;
+    EXPECT_EQ(hora_allreduce_async(rt, &t, &t, nullptr, &req), HORA_ERR_NOT_SUPPORTED);
+    std::string msg = hora_last_error_message();
+    EXPECT_NE(msg.find("allreduce"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("/nonexistent/libhora_cuda.so"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("HORA_WITH_CUDA"), std::string::npos) << msg;
+    EXPECT_EQ(req, nullptr);
+    DLTensor c = makeTensor(v.data(), dlType(kDLFloat, 32), &shape);
+    ASSERT_EQ(hora_allreduce_async(rt, &c, &c, nullptr, &req), HORA_SUCCESS);
+    EXPECT_EQ(waitAndFree(req), HORA_SUCCESS);
+  });
+}
+
+TEST_F(GpuMock, CommunicatorPathAtWorldSizeOne) {
+  runThreads(1, [](int rank, hora_runtime_t rt) { allreduceSweep(rank, 1, rt); });
+  EXPECT_GE(mockCalls("comm_init"), 1);
+  EXPECT_GE(mockCalls("allreduce"), 1);
+}
+
+TEST_F(GpuMock, FusedGroupIsPackedAndUnpackedByOneBatchedCopyEach) {
+  runThreads(1, [](int, hora_runtime_t rt) {
+    const int kTensors = 50;
+    std::vector<std::vector<float>> in(kTensors), out(kTensors);
+    std::vector<std::vector<int64_t>> shapes(kTensors);
+    std::vector<DLTensor> ti(kTensors), to(kTensors);
+    std::vector<const DLTensor*> pin(kTensors);
+    std::vector<DLTensor*> pout(kTensors);
+    for (int k = 0; k < kTensors; ++k) {
+      shapes[k] = {1 + k * 13};
+      in[k].assign(shapes[k][0], static_cast<float>(k));
+      out[k].assign(shapes[k][0], -1.0f);
+      ti[k] = cudaTensor(in[k].data(), dlType(kDLFloat, 32), &shapes[k]);
+      to[k] = cudaTensor(out[k].data(), dlType(kDLFloat, 32), &shapes[k]);
+      pin[k] = &ti[k];
+      pout[k] = &to[k];
+    }
+    hora_options_t o;
+    hora_options_init(&o);
+    o.name = "fused";
+    o.prescale = 3.0;
+    o.postscale = 0.5;
+    const long before = mockCalls("batched_scale_copy");
+    hora_request_t req;
+    ASSERT_EQ(hora_grouped_allreduce_async(rt, kTensors, pin.data(), pout.data(), &o, &req),
+              HORA_SUCCESS)
+        << hora_last_error_message();
+    ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+    EXPECT_EQ(mockCalls("batched_scale_copy") - before, 2) << "one pack and one unpack";
+    for (int k = 0; k < kTensors; ++k)
+      for (float x : out[k]) ASSERT_FLOAT_EQ(x, k * 1.5f) << "tensor " << k;
+  });
+}
+
+TEST_F(GpuMock, StagingPathEveryWorldSize) {
+  ::setenv("HORA_GPU_BACKEND", "gloo", 1);
+  for (int size = 1; size <= 4; ++size) {
+    runThreads(size, [size](int rank, hora_runtime_t rt) { allreduceSweep(rank, size, rt); });
+  }
+}
+
+TEST_F(GpuMock, BroadcastFromEveryRootBothPaths) {
+  for (const char* backend : {"auto", "gloo"}) {
+    ::setenv("HORA_GPU_BACKEND", backend, 1);
+    const int size = std::string(backend) == "auto" ? 1 : 3;
+    runThreads(size, [size](int rank, hora_runtime_t rt) {
+      for (int root = 0; root < size; ++root) {
+        std::vector<int64_t> shape = {1001};
+        std::vector<int32_t> v(1001);
+        for (int i = 0; i < 1001; ++i) v[i] = rank * 10000 + i;
+        DLTensor t = cudaTensor(v.data(), dlType(kDLInt, 32), &shape);
+        hora_options_t o;
+        hora_options_init(&o);
+        std::string name = "bcast." + std::to_string(root);
+        o.name = name.c_str();
+        o.root = root;
+        hora_request_t req;
+        ASSERT_EQ(hora_broadcast_async(rt, &t, &o, &req), HORA_SUCCESS)
+            << hora_last_error_message();
+        ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+        for (int i = 0; i < 1001; ++i) ASSERT_EQ(v[i], root * 10000 + i);
+      }
+    });
+  }
+}
+
+TEST_F(GpuMock, ReadyEventIsWaitedForAndCpuAndGpuTensorsMix) {
+  runThreads(1, [](int, hora_runtime_t rt) {
+    std::vector<int64_t> shape = {8};
+    std::vector<float> g(8, 2.0f), c(8, 3.0f);
+    DLTensor tg = cudaTensor(g.data(), dlType(kDLFloat, 32), &shape);
+    DLTensor tc = makeTensor(c.data(), dlType(kDLFloat, 32), &shape);
+    int fakeEvent = 0;
+    hora_options_t og, oc;
+    hora_options_init(&og);
+    hora_options_init(&oc);
+    og.name = "gpu.one";
+    og.ready_event = &fakeEvent;
+    oc.name = "cpu.one";
+    const long before = mockCalls("stream_wait_external_event");
+    hora_request_t rg, rc;
+    ASSERT_EQ(hora_allreduce_async(rt, &tg, &tg, &og, &rg), HORA_SUCCESS);
+    ASSERT_EQ(hora_allreduce_async(rt, &tc, &tc, &oc, &rc), HORA_SUCCESS);
+    ASSERT_EQ(waitAndFree(rg), HORA_SUCCESS) << lastMessage();
+    ASSERT_EQ(waitAndFree(rc), HORA_SUCCESS) << lastMessage();
+    EXPECT_EQ(mockCalls("stream_wait_external_event") - before, 1);
+    EXPECT_EQ(g[0], 2.0f);
+    EXPECT_EQ(c[0], 3.0f);
+  });
+}
+
+TEST_F(GpuMock, DeviceChecksAtSubmission) {
+  runThreads(1, [](int, hora_runtime_t rt) {
+    std::vector<int64_t> shape = {4};
+    std::vector<float> a(4), b(4);
+    DLTensor g = cudaTensor(a.data(), dlType(kDLFloat, 32), &shape);
+    DLTensor g7 = cudaTensor(b.data(), dlType(kDLFloat, 32), &shape, 7);
+    DLTensor c = makeTensor(b.data(), dlType(kDLFloat, 32), &shape);
+    hora_request_t req = nullptr;
+    EXPECT_EQ(hora_allreduce_async(rt, &g, &c, nullptr, &req), HORA_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(hora_last_error_message()).find("input is on cuda:0 but output on cpu"),
+              std::string::npos)
+        << hora_last_error_message();
+    EXPECT_EQ(hora_allreduce_async(rt, &g7, &g7, nullptr, &req), HORA_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(hora_last_error_message()).find("cuda:7 but 1 GPU(s) are visible"),
+              std::string::npos)
+        << hora_last_error_message();
+    EXPECT_EQ(hora_allgather_async(rt, &g, nullptr, &req), HORA_ERR_NOT_SUPPORTED);
+    EXPECT_NE(
+        std::string(hora_last_error_message()).find("copy the tensor to the CPU for allgather"),
+        std::string::npos)
+        << hora_last_error_message();
+    EXPECT_EQ(req, nullptr);
+  });
+}
+
+TEST_F(GpuMock, CpuOnOneRankGpuOnAnotherIsAMismatch) {
+  ::setenv("HORA_GPU_BACKEND", "gloo", 1);
+  runThreads(2, [](int rank, hora_runtime_t rt) {
+    std::vector<int64_t> shape = {4};
+    std::vector<float> v(4, 1.0f);
+    DLTensor t = rank == 0 ? cudaTensor(v.data(), dlType(kDLFloat, 32), &shape)
+                           : makeTensor(v.data(), dlType(kDLFloat, 32), &shape);
+    hora_options_t o;
+    hora_options_init(&o);
+    o.name = "where.am.i";
+    hora_request_t req;
+    ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_SUCCESS);
+    std::string msg;
+    EXPECT_EQ(waitAndFree(req, 30, &msg), HORA_ERR_MISMATCH) << msg;
+    EXPECT_NE(msg.find("\"where.am.i\""), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cuda:0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cpu"), std::string::npos) << msg;
+  });
+}
+
+TEST_F(GpuMock, PluginFailureNamesTheTensorAndTheCall) {
+  ::setenv("HORA_GPU_MOCK_FAIL", "allreduce", 1);
+  runThreads(1, [](int, hora_runtime_t rt) {
+    std::vector<int64_t> shape = {16};
+    std::vector<float> v(16, 1.0f);
+    DLTensor t = cudaTensor(v.data(), dlType(kDLFloat, 32), &shape);
+    hora_options_t o;
+    hora_options_init(&o);
+    o.name = "layer1.grad";
+    hora_request_t req;
+    ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_SUCCESS);
+    std::string msg;
+    EXPECT_EQ(waitAndFree(req, 30, &msg), HORA_ERR_BACKEND) << msg;
+    EXPECT_NE(msg.find("allreduce \"layer1.grad\" (cuda:0)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("mock: injected failure in allreduce"), std::string::npos) << msg;
+  });
+}
+
+TEST_F(GpuMock, CommunicatorThatCannotFormFailsEveryRankWithAHint) {
+  // auto at 2 ranks asks the mock for a 2-rank communicator, which it refuses
+  // (as NCCL refuses two ranks on one GPU): every rank fails, naming itself.
+  runThreads(2, [](int rank, hora_runtime_t rt) {
+    std::vector<int64_t> shape = {4};
+    std::vector<float> v(4, 1.0f);
+    DLTensor t = cudaTensor(v.data(), dlType(kDLFloat, 32), &shape);
+    hora_options_t o;
+    hora_options_init(&o);
+    o.name = "needs.comm";
+    hora_request_t req;
+    ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_SUCCESS);
+    std::string msg;
+    EXPECT_EQ(waitAndFree(req, 30, &msg), HORA_ERR_BACKEND) << msg;
+    EXPECT_NE(msg.find("rank " + std::to_string(rank) + " of 2"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("HORA_GPU_BACKEND=gloo"), std::string::npos) << msg;
+  });
+}
+
+}  // namespace
