@@ -58,11 +58,14 @@ _is_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 class TensorRef:
     """A DLTensor we own plus the objects that keep its memory alive."""
-    __slots__ = ("dl", "keep")
+    __slots__ = ("dl", "keep", "ready_event")
 
-    def __init__(self, dl, keep):
+    def __init__(self, dl, keep, ready_event=None):
         self.dl = dl
         self.keep = keep
+        # GPU tensors: an object with a ``cuda_event`` handle (torch.cuda.Event)
+        # recorded after the kernels producing the tensor; hora waits for it.
+        self.ready_event = ready_event
 
     @property
     def pointer(self):

@@ -64,6 +64,7 @@ class Options(ctypes.Structure):
         ("callback_user", _c_p),
         ("alloc", ALLOC),
         ("alloc_user", _c_p),
+        ("ready_event", _c_p),  # GPU tensors: cudaEvent_t the collective waits for
     ]
 
 

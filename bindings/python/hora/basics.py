@@ -384,7 +384,7 @@ def _submit(fn, *args, keep=(), finish=None, what=""):
     return Pending(req, keep, finish)
 
 
-def _options(process_set, name_bytes, op=Sum, prescale=1.0, postscale=1.0, root=0):
+def _options(process_set, name_bytes, op=Sum, prescale=1.0, postscale=1.0, root=0, ready=None):
     o = _lib.new_options()
     _set_options(o, process_set)
     o.name = name_bytes
@@ -392,6 +392,8 @@ def _options(process_set, name_bytes, op=Sum, prescale=1.0, postscale=1.0, root=
     o.prescale = float(prescale)
     o.postscale = float(postscale)
     o.root = int(root)
+    # GPU tensors: the event recorded on the producing stream (CPU: None)
+    o.ready_event = ready.cuda_event if ready is not None else None
     return o
 
 
@@ -399,7 +401,7 @@ def submit_allreduce(inp, out, name=None, op=Average, prescale=1.0, postscale=1.
                      finish=None, keep=()):
     rt = _require_runtime()
     nb = _op_name("allreduce", name)
-    o = _options(process_set, nb, check_op(op), prescale, postscale)
+    o = _options(process_set, nb, check_op(op), prescale, postscale, ready=inp.ready_event)
     return _submit(_lib.library().hora_allreduce_async, rt, inp.pointer, out.pointer, ctypes.byref(o),
                    keep=(inp, out, nb, keep), finish=finish, what="hora_allreduce_async")
 
@@ -411,7 +413,8 @@ def submit_grouped_allreduce(inps, outs, name=None, op=Average, prescale=1.0, po
     if n == 0:
         raise HoraInvalidArgumentError("hora: grouped_allreduce needs at least one tensor", 1)
     nb = _op_name("grouped_allreduce", name)
-    o = _options(process_set, nb, check_op(op), prescale, postscale)
+    # The inputs were recorded in order on their stream: the last event covers all.
+    o = _options(process_set, nb, check_op(op), prescale, postscale, ready=inps[-1].ready_event)
     PT = ctypes.POINTER(_dlpack.DLTensor)
     in_arr = (PT * n)(*[r.pointer for r in inps])
     out_arr = (PT * n)(*[r.pointer for r in outs])
@@ -430,7 +433,7 @@ def submit_allgather(inp, name=None, process_set=None, finish=None, keep=()):
 def submit_broadcast(tensor, root_rank, name=None, process_set=None, finish=None, keep=()):
     rt = _require_runtime()
     nb = _op_name("broadcast", name)
-    o = _options(process_set, nb, root=root_rank)
+    o = _options(process_set, nb, root=root_rank, ready=tensor.ready_event)
     return _submit(_lib.library().hora_broadcast_async, rt, tensor.pointer, ctypes.byref(o),
                    keep=(tensor, nb, keep), finish=finish, what="hora_broadcast_async")
 

@@ -6,8 +6,12 @@ the operation completed. Trailing-underscore variants work in place.
 ``allreduce``, ``grouped_allreduce``, ``allgather``, ``broadcast``,
 ``alltoall`` and ``reducescatter`` are differentiable (torch.autograd).
 
-Tensors must be CPU, contiguous and of a dtype hora supports (uint8, int8,
-int16, int32, int64, float16, bfloat16, float32, float64, bool). torch 1.13's
+Tensors must be contiguous and of a dtype hora supports (uint8, int8,
+int16, int32, int64, float16, bfloat16, float32, float64, bool). CPU tensors
+work with every function; CUDA tensors with allreduce and broadcast (and so
+DistributedOptimizer and broadcast_parameters), through libhora's GPU plugin:
+hora's stream waits for an event recorded on the tensor's current stream at
+submission, so no synchronization is needed before the call. torch 1.13's
 DLPack export refuses bool, so bool tensors are exported as uint8 and marked
 bool for hora.
 """
@@ -45,6 +49,10 @@ def _ref(tensor):
     # torch checked the layout; its strides for empty tensors need not be the
     # compact ones hora's check expects, so describe the tensor as compact.
     ref.dl.strides = None
+    if t.is_cuda:
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(t.device))
+        ref.ready_event = ev  # kept alive by the handle with the ref
     return ref
 
 
