@@ -62,6 +62,16 @@ bool ProcessSetImpl::gpuUsesComm(DataType dt) const {
 Status ProcessSetImpl::gpuComm(const std::string& what) {
   GpuState& g = gpu_;
   if (g.comm) return Status::ok();
+  // A failed creation is final: the ranks may disagree on how far they got,
+  // so trying again could pair one rank's second attempt with another's first.
+  if (!g.commError.isOk()) return g.commError.withContext(what);
+  Status s = createComm(what);
+  if (!s.isOk()) g.commError = s;
+  return s;
+}
+
+Status ProcessSetImpl::createComm(const std::string& what) {
+  GpuState& g = gpu_;
   std::string id(g.api->unique_id_bytes, '\0');
   const std::string key = "gpu_comm_id/" + std::to_string(g.commsCreated);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(opts_.peerTimeoutS * 1000));

@@ -60,6 +60,7 @@ struct GpuState {
   hora_gpu_event_t done = nullptr;
   hora_gpu_comm_t comm = nullptr;
   int commsCreated = 0;
+  Status commError;  // a failed creation, reported by every later GPU group
   char* fusion = nullptr;  // device fusion buffer
   size_t fusionBytes = 0;
   char* pinned = nullptr;  // pinned host staging
@@ -153,6 +154,7 @@ class ProcessSetImpl {
   Status gpuPrepare(const Device& dev, const std::string& what);
   bool gpuUsesComm(DataType dt) const;
   Status gpuComm(const std::string& what);
+  Status createComm(const std::string& what);
   Status gpuPinned(size_t bytes, const std::string& what);
   Status gpuWait(const std::string& what);
   void gpuRelease();
