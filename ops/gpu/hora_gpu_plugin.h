@@ -57,7 +57,8 @@ typedef struct hora_gpu_event_s* hora_gpu_event_t;   /* a device event */
 typedef struct hora_gpu_comm_s* hora_gpu_comm_t;     /* a communicator (NCCL) */
 
 /* One tensor piece of a batched copy: dst[i] = src[i] * scale for
- * i < count elements of `dtype`. dst and src must not overlap. */
+ * i < count elements of `dtype`. dst and src are equal (scaling in place)
+ * or do not overlap. Arithmetic as hora's CPU scaleCopy (core/reduce.h). */
 typedef struct hora_gpu_copy_s {
   void* dst;
   const void* src;

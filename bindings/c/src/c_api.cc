@@ -190,8 +190,11 @@ Status checkDevice(hora::ProcessSetImpl& set, hora::CollectiveKind kind, const T
   auto api = set.gpuPlugin()->get();
   if (!api.isOk()) return api.status().withContext(where);
   int devices = 0;
-  Status s = set.gpuPlugin()->check(api.value()->device_count(&devices), "device_count", where);
-  if (!s.isOk()) return Status(Code::kNotSupported, s.message());
+  Status s = set.gpuPlugin()->check(api.value()->device_count(&devices), "device_count", "");
+  if (!s.isOk())
+    return Status(Code::kNotSupported, where + ": no usable GPU (the GPU plugin " +
+                                           set.gpuPlugin()->path() + " loaded, but " +
+                                           s.message().substr(2) + "); copy the tensor to the CPU");
   if (in.device.index < 0 || in.device.index >= devices)
     return hora::invalidArgument(where + " is on " + hora::deviceName(in.device) + " but " +
                                  std::to_string(devices) + " GPU(s) are visible");
