@@ -70,6 +70,15 @@ class Backend {
     if (s.isOk()) unpack(0, count, staging);
     return s;
   }
+  // Whether allreduceGather of `count` elements of `dtype` uses its staging
+  // argument. The runtime skips allocating (and first touching) a staging
+  // buffer when it does not: with ShmBackend the fusion buffer is the
+  // shared segment itself.
+  virtual bool needsStaging(size_t count, DataType dtype) const {
+    (void)count;
+    (void)dtype;
+    return true;
+  }
   // Rank r contributes counts[r] elements; `out` receives all of them in
   // rank order (sum(counts) elements). `in` may be null when counts[rank]==0.
   virtual Status allgatherv(const void* in, void* out, const std::vector<size_t>& counts,

@@ -240,6 +240,10 @@ Status ShmBackend::allreduceGather(void* staging, size_t count, DataType dtype, 
   return s.isOk() ? s : fail(s);
 }
 
+bool ShmBackend::needsStaging(size_t count, DataType dtype) const {
+  return size_ == 1 || count * dataTypeSize(dtype) < opts_.minBytes;
+}
+
 Status ShmBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
   const std::string what = describe(count, dtype, op);
   HORA_RETURN_IF_ERROR(checkUsable(what));

@@ -80,6 +80,8 @@ class ShmBackend : public Backend {
   Status allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
   Status allreduceGather(void* staging, size_t count, DataType dtype, ReduceOp op,
                          const PackFn& pack, const UnpackFn& unpack) override;
+  // Only where allreduceGather delegates (one rank, or below minBytes).
+  bool needsStaging(size_t count, DataType dtype) const override;
   Status allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
                     DataType dtype) override;
   Status broadcast(void* data, size_t count, DataType dtype, int root) override;

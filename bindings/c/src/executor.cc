@@ -131,9 +131,11 @@ Status ProcessSetImpl::runAllreduce(std::vector<Response>& group,
     char* data;
     if (e) {
       data = static_cast<char*>(e->out);
-    } else {  // this rank joined: contribute the identity
+    } else if (backend_->needsStaging(n, dt)) {  // this rank joined: the identity goes here
       HORA_RETURN_IF_ERROR(fusion_.reserve(n * esz));
       data = fusion_.data();
+    } else {  // joined, and the backend packs into its own memory
+      data = nullptr;
     }
     auto pack = [&](size_t lo, size_t hi, void* dst) {
       char* d = static_cast<char*>(dst);
@@ -167,8 +169,13 @@ Status ProcessSetImpl::runAllreduce(std::vector<Response>& group,
   for (size_t i = 0; i < group.size(); ++i)
     start[i + 1] = start[i] + static_cast<size_t>(group[i].numElements());
   size_t total = start.back();
-  HORA_RETURN_IF_ERROR(fusion_.reserve(total * esz));
-  char* buf = fusion_.data();
+  // The persistent fusion buffer, unless the backend packs into memory of its
+  // own (shm): then it is never allocated, let alone first-touched.
+  char* buf = nullptr;
+  if (backend_->needsStaging(total, dt)) {
+    HORA_RETURN_IF_ERROR(fusion_.reserve(total * esz));
+    buf = fusion_.data();
+  }
   // Applies fn(tensor index, first element within the tensor, element count,
   // first element within the buffer) to every tensor piece overlapping
   // buffer elements [lo, hi).
