@@ -76,7 +76,7 @@ void encodeRequest(ByteWriter& w, const Request& r) {
 }
 
 Status decodeRequest(ByteReader& rd, Request* r) {
-  uint8_t kind, dtype, op, dev;
+  uint8_t kind = 0, dtype = 0, op = 0, dev = 0;  // set by the reads below (GCC cannot tell)
   HORA_RETURN_IF_ERROR(rd.i32(&r->rank, "request rank"));
   HORA_RETURN_IF_ERROR(rd.u8(&kind, "request kind"));
   HORA_RETURN_IF_ERROR(enumCheck(kind, static_cast<uint8_t>(CollectiveKind::kCount), "collective"));
@@ -122,7 +122,7 @@ void encodeResponse(ByteWriter& w, const Response& r) {
 }
 
 Status decodeResponse(ByteReader& rd, Response* r) {
-  uint8_t kind, dtype, op, dev;
+  uint8_t kind = 0, dtype = 0, op = 0, dev = 0;  // set by the reads below (GCC cannot tell)
   HORA_RETURN_IF_ERROR(rd.u8(&kind, "response kind"));
   HORA_RETURN_IF_ERROR(
       enumCheck(kind, static_cast<uint8_t>(ResponseKind::kError) + 1, "response kind"));
