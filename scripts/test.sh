@@ -31,7 +31,11 @@ case "$SAN" in
     "$ROOT/scripts/build.sh" "$BUILD" -DHORA_SANITIZE=address -DHORA_BUILD_BENCH=OFF
     cd "$BUILD"
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-      ctest --output-on-failure -j "$(nproc)" --timeout 600
+      ctest --output-on-failure -j "$(nproc)" --timeout 600 -LE launcher
+    # The launcher tests' probe ranks exit on purpose mid-job (killed peers,
+    # failing ranks) without hora_shutdown: leaks at exit are expected there.
+    ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+      ctest --output-on-failure -j "$(nproc)" --timeout 600 -L launcher
     ;;
   thread)
     BUILD="$ROOT/build-tsan"

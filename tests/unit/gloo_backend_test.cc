@@ -185,7 +185,7 @@ void checkReducescatter(World& world, const std::vector<size_t>& counts, DataTyp
     for (size_t i = 0; i < counts[r]; ++i) {
       storeInt(dt, want.data(), i, expectedValue(dt, op, size, offset + i));
     }
-    EXPECT_EQ(0, std::memcmp(buf.data() + offset * es, want.data(), want.size()))
+    EXPECT_TRUE(sameBytes(buf.data() + offset * es, want.data(), want.size()))
         << "rank " << r << " " << dataTypeName(dt) << " " << reduceOpName(op);
   });
 }
