@@ -69,7 +69,8 @@ struct FusionKey {
 };
 
 FusionKey keyOf(const Response& r) {
-  return FusionKey{r.dtype, r.op, r.prescale, r.postscale, r.device, r.joined};
+  // Device kind only, as validation compares it: indexes differ between ranks.
+  return FusionKey{r.dtype, r.op, r.prescale, r.postscale, Device{r.device.kind, 0}, r.joined};
 }
 
 }  // namespace
@@ -208,7 +209,11 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
   };
   std::string err;
   err = compare("operation", [](const Request& q) { return std::string(collectiveName(q.kind)); });
-  if (err.empty()) err = compare("device", [](const Request& q) { return deviceName(q.device); });
+  // The kind only: the index is each rank's own business (rank i on cuda:i).
+  if (err.empty())
+    err = compare("device", [](const Request& q) {
+      return std::string(q.device.kind == DeviceKind::kCuda ? "cuda" : "cpu");
+    });
   if (err.empty()) {
     switch (first->kind) {
       case CollectiveKind::kAllreduce:

@@ -38,8 +38,8 @@ uint64_t Request::signature() const {
   h = fnvv(h, static_cast<uint8_t>(kind));
   h = fnvv(h, static_cast<uint8_t>(dtype));
   h = fnvv(h, static_cast<uint8_t>(op));
+  // The device kind, not its index: rank i may hold its tensor on cuda:i.
   h = fnvv(h, static_cast<uint8_t>(device.kind));
-  h = fnvv(h, device.index);
   h = fnvv(h, root);
   h = fnvv(h, prescale);
   h = fnvv(h, postscale);

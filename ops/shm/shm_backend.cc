@@ -195,6 +195,9 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
       std::memcpy(acc, segs_[0]->slot(c), len * es);
       for (int j = 1; j < size_; ++j) reduce(acc, acc, segs_[j]->slot(c), len);
       unpack(base, base + len, acc);
+      // Unused by the small path, but kept current so that it never lags
+      // 2^31 chunks behind and compares as "reached" after wrapping.
+      publish(&ShmHeader::reduced, next);
     } else {
       // 2. This rank's part, reduced in place in its own slot: peers read
       // only their own parts of it until this rank publishes `reduced`.
@@ -336,19 +339,33 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
     *whyNot = "a single rank needs no shared memory";
     return fallback;
   }
-  if (opts.chunkBytes < 64 || opts.chunkBytes % 64 != 0) {
-    *whyNot = "HORA_SHM_CHUNK_BYTES must be a positive multiple of 64";
-    return fallback;
+  // Round 1: enabled everywhere, valid and equal settings, one host? Every
+  // rank publishes its answer before deciding and sees the same answers, so
+  // all decide alike (a rank that refuses cannot leave the others waiting
+  // for its segment, and unequal settings would route one allreduce through
+  // shm on some ranks and Gloo on others).
+  std::string self;
+  if (!opts.enabled) {
+    self = "no HORA_SHM=0 on this rank";
+  } else if (opts.chunkBytes < 64 || opts.chunkBytes % 64 != 0) {
+    self = "no HORA_SHM_CHUNK_BYTES=" + std::to_string(opts.chunkBytes) +
+           " on this rank is not a positive multiple of 64";
+  } else {
+    self = "ok " + std::to_string(opts.chunkBytes) + " " + std::to_string(opts.minBytes) + " " +
+           shmHostIdentity();
   }
-  // Round 1: enabled everywhere, one host? Every rank sees the same answers,
-  // so all decide alike (and a rank with shm off cannot leave the others
-  // waiting for its segment).
-  const std::string self = opts.enabled ? "ok " + shmHostIdentity() : "no HORA_SHM=0 on this rank";
   auto hosts = exchange(*store, "host", rank, size, self, opts.startTimeout);
   if (!hosts.isOk()) return hosts.status();
   *whyNot = firstRefusal(hosts.value());
   if (!whyNot->empty()) return fallback;
+  auto settings = [](const std::string& v) { return v.substr(0, v.find(' ', v.find(' ', 3) + 1)); };
   for (int r = 1; r < size; ++r) {
+    if (settings(hosts.value()[r]) != settings(hosts.value()[0])) {
+      *whyNot = "HORA_SHM_CHUNK_BYTES / HORA_SHM_MIN_BYTES differ between ranks 0 and " +
+                std::to_string(r) + " (\"" + settings(hosts.value()[0]).substr(3) + "\" vs \"" +
+                settings(hosts.value()[r]).substr(3) + "\"); every rank must use the same values";
+      return fallback;
+    }
     if (hosts.value()[r] != hosts.value()[0]) {
       *whyNot = "ranks 0 and " + std::to_string(r) + " run on different hosts";
       return fallback;

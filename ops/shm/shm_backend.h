@@ -17,10 +17,12 @@
 //   1. wait until every peer has consumed chunk c-2 (the slot is free again),
 //      pack, publish packed = c+1;
 //   2. wait until every rank has packed c, reduce this rank's part of the
-//      chunk from all slots into its own slot (always in rank order, so the
-//      bits do not depend on timing), publish reduced = c+1 (small chunks
-//      skip this: every rank reduces the whole chunk itself, in rank order,
-//      into private scratch, saving one round of waiting);
+//      chunk from all slots into its own slot (own value first, then the
+//      others in rank order: the bits do not depend on timing, and each part
+//      is computed once, so every rank gets the same bits), publish
+//      reduced = c+1 (small chunks skip the split: every rank reduces the
+//      whole chunk itself, in rank order, into private scratch, saving one
+//      round of waiting);
 //   3. wait until each part is reduced, unpack it from the slot that holds
 //      it, publish consumed = c+1.
 //

@@ -206,16 +206,40 @@ TEST(ShmBackendTest, NoSegmentFileOutlivesSetUp) {
   ::rmdir(d.c_str());
 }
 
-TEST(ShmBackendTest, BadChunkSizeFallsBackWithAReason) {
-  ShmWorld w = makeShmWorld(2, [](int) {
+TEST(ShmBackendTest, BadChunkSizeOnOneRankKeepsEveryRankOnGloo) {
+  // The refusing rank still takes part in the exchange: nobody waits for it.
+  const auto start = Clock::now();
+  ShmWorld w = makeShmWorld(3, [](int r) {
     ShmBackendOptions so;
-    so.chunkBytes = 100;  // not a multiple of 64
+    so.chunkBytes = r == 2 ? 100 : 4096;  // 100: not a multiple of 64
+    so.startTimeout = milliseconds(10000);
+    return so;
+  });
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(w.world[r]);
+    EXPECT_EQ(w.world[r]->name(), "gloo");
+    EXPECT_NE(w.whyNot[r].find("rank 2: HORA_SHM_CHUNK_BYTES=100"), std::string::npos)
+        << w.whyNot[r];
+  }
+  checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 1001);
+}
+
+TEST(ShmBackendTest, UnequalSettingsKeepEveryRankOnGloo) {
+  // Different HORA_SHM_MIN_BYTES would send one allreduce through shm on one
+  // rank and through Gloo on the other.
+  ShmWorld w = makeShmWorld(2, [](int r) {
+    ShmBackendOptions so;
+    so.chunkBytes = 4096;
+    so.minBytes = r == 0 ? 0 : 1024;
     return so;
   });
   for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(w.world[r]);
     EXPECT_EQ(w.world[r]->name(), "gloo");
-    EXPECT_NE(w.whyNot[r].find("HORA_SHM_CHUNK_BYTES"), std::string::npos) << w.whyNot[r];
+    EXPECT_NE(w.whyNot[r].find("differ between ranks 0 and 1"), std::string::npos) << w.whyNot[r];
   }
+  checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 300);
 }
 
 // ------------------------------------------------------------ failure paths

@@ -50,6 +50,14 @@ Status ProcessSetImpl::backendFailure(const Status& s, const std::string& what) 
   return named;
 }
 
+void ProcessSetImpl::failedAfterAgreement(const Status& s) {
+  // Every rank agreed to run this collective; a failure here that only this
+  // rank saw (out of memory, a plugin call) leaves the others inside it, and
+  // letting this rank go on would pair its next collective with their
+  // current one. The set is done: tell the peers (markBroken sends the abort).
+  if (!isBroken_) markBroken(s);
+}
+
 void ProcessSetImpl::execute(ExecGroup& g) {
   const Response& first = g.responses.front();
   auto& es = g.entries;
@@ -73,6 +81,7 @@ void ProcessSetImpl::execute(ExecGroup& g) {
     case ResponseKind::kAllreduce: {
       Status s = first.device.kind == DeviceKind::kCuda ? runGpuAllreduce(g.responses, es)
                                                         : runAllreduce(g.responses, es);
+      if (!s.isOk()) failedAfterAgreement(s);
       for (auto& e : es)
         if (e) e->complete(s.isOk() ? s : entryStatus(*e, s));
       return;
@@ -89,6 +98,7 @@ void ProcessSetImpl::execute(ExecGroup& g) {
     case ResponseKind::kBroadcast:
       s = first.device.kind == DeviceKind::kCuda ? runGpuBroadcast(first, e)
                                                  : runBroadcast(first, e);
+      if (!s.isOk()) failedAfterAgreement(s);
       break;
     case ResponseKind::kAlltoall:
       s = runAlltoall(first, e);

@@ -48,11 +48,23 @@ Status ProcessSetImpl::gpuPrepare(const Device& dev, const std::string& what) {
   if (!g.stream) {
     HORA_RETURN_IF_ERROR(
         opts_.gpu->check(g.api->stream_create(dev.index, &g.stream), "stream_create", what));
-    HORA_RETURN_IF_ERROR(
-        opts_.gpu->check(g.api->event_create(dev.index, &g.done), "event_create", what));
     g.device = dev.index;
   }
+  if (!g.done)
+    HORA_RETURN_IF_ERROR(
+        opts_.gpu->check(g.api->event_create(g.device, &g.done), "event_create", what));
   return Status::ok();
+}
+
+Device ProcessSetImpl::localDevice(const Response& r,
+                                   const std::vector<std::shared_ptr<TensorEntry>>& es) const {
+  // The response carries rank 0's device; this rank's tensors may sit on
+  // another index (rank i on cuda:i). A rank with no entry (joined) stays on
+  // the device it used before, else takes rank 0's index.
+  for (const auto& e : es)
+    if (e) return e->request.device;
+  if (gpu_.device >= 0) return Device{DeviceKind::kCuda, gpu_.device};
+  return r.device;
 }
 
 bool ProcessSetImpl::gpuUsesComm(DataType dt) const {
@@ -145,9 +157,14 @@ Status ProcessSetImpl::gpuWait(const std::string& what) {
       }
     }
     if (isBroken_) {
-      // A peer is gone: its part of the collective will never come.
-      if (g.comm) g.api->comm_abort(g.comm);
-      return brokenStatus().withContext(what);
+      // A peer is gone: its part of the collective will never come. A
+      // goodbye is different: that peer finished everything agreed before
+      // it, so this work completes.
+      Status why = brokenStatus();
+      if (why.code() != Code::kShutDown) {
+        if (g.comm) g.api->comm_abort(g.comm);
+        return why.withContext(what);
+      }
     }
     // Short operations finish within a few yields; long ones are polled
     // every 200 us at most, off the framework thread.
@@ -183,9 +200,9 @@ Status ProcessSetImpl::runGpuAllreduce(std::vector<Response>& group,
       r0.postscale * (r0.op == ReduceOp::kAverage ? 1.0 / std::max(1, contributors) : 1.0);
   const double pre = r0.prescale;
   const std::string what =
-      "allreduce \"" + r0.name + "\" (" + deviceName(r0.device) + ")" +
+      "allreduce \"" + r0.name + "\" (" + deviceName(localDevice(r0, es)) + ")" +
       (group.size() > 1 ? " (fused with " + std::to_string(group.size() - 1) + " more)" : "");
-  HORA_RETURN_IF_ERROR(gpuPrepare(r0.device, what));
+  HORA_RETURN_IF_ERROR(gpuPrepare(localDevice(r0, es), what));
   GpuState& g = gpu_;
   const auto* api = g.api;
   const bool viaComm = gpuUsesComm(dt);
@@ -279,8 +296,9 @@ Status ProcessSetImpl::runGpuAllreduce(std::vector<Response>& group,
 }
 
 Status ProcessSetImpl::runGpuBroadcast(const Response& r, TensorEntry* e) {
-  const std::string what = "broadcast \"" + r.name + "\" (" + deviceName(r.device) + ")";
-  HORA_RETURN_IF_ERROR(gpuPrepare(r.device, what));
+  const Device dev = e ? e->request.device : localDevice(r, {});
+  const std::string what = "broadcast \"" + r.name + "\" (" + deviceName(dev) + ")";
+  HORA_RETURN_IF_ERROR(gpuPrepare(dev, what));
   GpuState& g = gpu_;
   const auto* api = g.api;
   const size_t n = static_cast<size_t>(r.numElements());

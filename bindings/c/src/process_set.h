@@ -60,7 +60,7 @@ struct GpuState {
   hora_gpu_event_t done = nullptr;
   hora_gpu_comm_t comm = nullptr;
   int commsCreated = 0;
-  Status commError;  // a failed creation, reported by every later GPU group
+  Status commError;        // a failed creation, reported by every later GPU group
   char* fusion = nullptr;  // device fusion buffer
   size_t fusionBytes = 0;
   char* pinned = nullptr;  // pinned host staging
@@ -152,6 +152,7 @@ class ProcessSetImpl {
                          std::vector<std::shared_ptr<TensorEntry>>& es);
   Status runGpuBroadcast(const Response& r, TensorEntry* e);
   Status gpuPrepare(const Device& dev, const std::string& what);
+  Device localDevice(const Response& r, const std::vector<std::shared_ptr<TensorEntry>>& es) const;
   bool gpuUsesComm(DataType dt) const;
   Status gpuComm(const std::string& what);
   Status createComm(const std::string& what);
@@ -159,6 +160,7 @@ class ProcessSetImpl {
   Status gpuWait(const std::string& what);
   void gpuRelease();
   Status backendFailure(const Status& s, const std::string& what);
+  void failedAfterAgreement(const Status& s);
 
   std::string name_;
   std::vector<int> globalRanks_;
