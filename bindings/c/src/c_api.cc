@@ -13,16 +13,19 @@
 
 using hora::Code;
 using hora::Status;
+using hora::capi::checkDevice;
+using hora::capi::checkOp;
+using hora::capi::checkTensor;
 using hora::capi::clearError;
 using hora::capi::fail;
 using hora::capi::guarded;
 using hora::capi::setError;
+using hora::capi::TensorInfo;
 
 namespace {
 constexpr uint32_t kRuntimeMagic = 0x68727430;  // "hrt0"
 constexpr uint32_t kSetMagic = 0x68707330;      // "hps0"
 constexpr uint32_t kDeadMagic = 0xdeadbeef;
-constexpr uint8_t kDLPackBoolCode = 6;
 // Names starting with this prefix are hora's own (join); user names may not use it.
 constexpr char kReservedPrefix[] = "__hora";
 const std::string kJoinName = std::string(kReservedPrefix) + ".join";
@@ -137,115 +140,6 @@ hora_status_t beginCall(const char* fn, hora_runtime_t h, const hora_options_t* 
   return HORA_SUCCESS;
 }
 
-bool mapDType(DLDataType t, hora::DataType* out) {
-  if (t.lanes != 1) return false;
-  using hora::DataType;
-  switch (t.code) {
-    case kDLUInt:
-      if (t.bits == 8) return *out = DataType::kUint8, true;
-      return false;
-    case kDLInt:
-      if (t.bits == 8) return *out = DataType::kInt8, true;
-      if (t.bits == 16) return *out = DataType::kInt16, true;
-      if (t.bits == 32) return *out = DataType::kInt32, true;
-      if (t.bits == 64) return *out = DataType::kInt64, true;
-      return false;
-    case kDLFloat:
-      if (t.bits == 16) return *out = DataType::kFloat16, true;
-      if (t.bits == 32) return *out = DataType::kFloat32, true;
-      if (t.bits == 64) return *out = DataType::kFloat64, true;
-      return false;
-    case kDLBfloat:
-      if (t.bits == 16) return *out = DataType::kBfloat16, true;
-      return false;
-    default:
-      // kDLBool (6) exists from DLPack 0.8 on; Debian ships 0.6, so compare the value.
-      if (t.code == kDLPackBoolCode && t.bits == 8) return *out = DataType::kBool, true;
-      return false;
-  }
-}
-
-struct TensorInfo {
-  hora::DataType dtype;
-  std::vector<int64_t> shape;
-  char* data;
-  int64_t count;
-  hora::Device device;
-};
-
-// GPU tensors: the collectives that serve them, a loadable plugin, a device
-// that exists, and input and output on the same device.
-Status checkDevice(hora::ProcessSetImpl& set, hora::CollectiveKind kind, const TensorInfo& in,
-                   const TensorInfo* out, const std::string& where) {
-  if (out && out->device != in.device)
-    return hora::invalidArgument(where + ": input is on " + hora::deviceName(in.device) +
-                                 " but output on " + hora::deviceName(out->device));
-  if (in.device.kind != hora::DeviceKind::kCuda) return Status::ok();
-  if (kind != hora::CollectiveKind::kAllreduce && kind != hora::CollectiveKind::kBroadcast)
-    return Status(Code::kNotSupported,
-                  where +
-                      ": GPU tensors are served for allreduce and broadcast in this version; "
-                      "copy the tensor to the CPU for " +
-                      hora::collectiveName(kind));
-  auto api = set.gpuPlugin()->get();
-  if (!api.isOk()) return api.status().withContext(where);
-  int devices = 0;
-  Status s = set.gpuPlugin()->check(api.value()->device_count(&devices), "device_count", "");
-  if (!s.isOk())
-    return Status(Code::kNotSupported, where + ": no usable GPU (the GPU plugin " +
-                                           set.gpuPlugin()->path() + " loaded, but " +
-                                           s.message().substr(2) + "); copy the tensor to the CPU");
-  if (in.device.index < 0 || in.device.index >= devices)
-    return hora::invalidArgument(where + " is on " + hora::deviceName(in.device) + " but " +
-                                 std::to_string(devices) + " GPU(s) are visible");
-  return Status::ok();
-}
-
-// `where` = "allreduce "name" on rank 3, argument in"
-Status checkTensor(const DLTensor* t, const std::string& where, TensorInfo* out) {
-  if (!t) return hora::invalidArgument(where + " is NULL");
-  out->device = hora::Device{};
-  if (t->device.device_type == kDLCUDA) {
-    out->device = hora::Device{hora::DeviceKind::kCuda, t->device.device_id};
-  } else if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost) {
-    return Status(Code::kNotSupported,
-                  where + " is in memory hora cannot serve (DLPack device type " +
-                      std::to_string(t->device.device_type) +
-                      "); supported: CPU, CUDA host (pinned) and CUDA device memory");
-  }
-  if (!mapDType(t->dtype, &out->dtype))
-    return hora::invalidArgument(
-        where + " has unsupported DLPack dtype (code " + std::to_string(t->dtype.code) + ", bits " +
-        std::to_string(t->dtype.bits) + ", lanes " + std::to_string(t->dtype.lanes) +
-        "); supported: uint8, int8/16/32/64, float16/32/64, bfloat16, bool");
-  if (t->ndim < 0 || t->ndim > 32)
-    return hora::invalidArgument(where + " has invalid ndim " + std::to_string(t->ndim));
-  if (t->ndim > 0 && !t->shape)
-    return hora::invalidArgument(where + " has ndim > 0 but a NULL shape");
-  out->shape.assign(t->shape, t->shape + t->ndim);
-  int64_t n = 1;
-  for (int64_t d : out->shape) {
-    if (d < 0) return hora::invalidArgument(where + " has a negative dimension");
-    n *= d;
-  }
-  out->count = n;
-  if (t->strides &&
-      n > 0) {  // empty tensors have no layout to check (torch exports odd strides for them)
-    int64_t expect = 1;
-    for (int i = t->ndim - 1; i >= 0; --i) {
-      if (t->shape[i] != 1 && t->strides[i] != expect)
-        return hora::invalidArgument(
-            where +
-            " is not contiguous (strides do not describe a compact row-major "
-            "layout); make it contiguous first (e.g. tensor.contiguous())");
-      expect *= t->shape[i];
-    }
-  }
-  if (!t->data && n > 0) return hora::invalidArgument(where + " has a NULL data pointer");
-  out->data = static_cast<char*>(t->data) + t->byte_offset;
-  return Status::ok();
-}
-
 std::shared_ptr<hora::TensorEntry> makeEntry(hora::CollectiveKind kind, const std::string& name,
                                              const TensorInfo& info, const DLTensor* t,
                                              const hora_options_t& o) {
@@ -296,22 +190,6 @@ hora_status_t submit(hora::ProcessSetImpl& set,
 std::string opWhere(const char* kind, const std::string& name, hora::ProcessSetImpl& set) {
   return std::string(kind) + " \"" + name + "\" on rank " +
          std::to_string(set.globalRank(set.rank()));
-}
-
-Status checkOp(const hora_options_t& o, hora::DataType dt, const std::string& where, bool scatter) {
-  if (o.op < 0 || o.op >= static_cast<int32_t>(hora::ReduceOp::kCount))
-    return hora::invalidArgument(where + ": unknown reduce op " + std::to_string(o.op));
-  auto op = static_cast<hora::ReduceOp>(o.op);
-  if (scatter && op != hora::ReduceOp::kSum && op != hora::ReduceOp::kAverage)
-    return hora::invalidArgument(where + ": reducescatter supports sum and average only");
-  if (!hora::reduceOpSupported(op, dt))
-    return hora::invalidArgument(where + ": op " + hora::reduceOpName(op) + " is not defined for " +
-                                 hora::dataTypeName(dt));
-  if (!(o.prescale == o.prescale) || !(o.postscale == o.postscale))
-    return hora::invalidArgument(where + ": prescale/postscale is NaN");
-  if ((o.prescale != 1.0 || o.postscale != 1.0) && dt == hora::DataType::kBool)
-    return hora::invalidArgument(where + ": scale factors are not defined for bool tensors");
-  return Status::ok();
 }
 
 #define HORA_CHECK_REQ_OUT(fn)                                                              \

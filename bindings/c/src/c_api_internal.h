@@ -1,13 +1,20 @@
 // Helpers shared by the C ABI's translation units: the thread-local
-// last-error slot. Used only inside libhora, on the calling (framework) thread.
+// last-error slot and the checks of tensor arguments (c_api_tensor.cc). Used
+// only inside libhora, on the calling (framework) thread.
 #pragma once
 
 #include <exception>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
+#include "core/types.h"
 #include "hora/hora.h"
+
+namespace hora {
+class ProcessSetImpl;
+}
 
 namespace hora::capi {
 hora_status_t setError(hora_status_t status, const std::string& message);
@@ -33,4 +40,27 @@ hora_status_t guarded(const char* fn, F&& body) {
 inline hora_status_t fail(Code code, const std::string& msg) {
   return setError(static_cast<hora_status_t>(code), msg);
 }
+
+// A DLTensor after checkTensor: its hora dtype, shape, first byte, element
+// count and device.
+struct TensorInfo {
+  hora::DataType dtype;
+  std::vector<int64_t> shape;
+  char* data;
+  int64_t count;
+  hora::Device device;
+};
+
+// DLPack dtype -> hora dtype; false when hora has no such type.
+bool mapDType(DLDataType t, hora::DataType* out);
+// Layout, dtype, device kind and data pointer of one tensor argument.
+// `where` = "allreduce "name" on rank 3, argument in".
+Status checkTensor(const DLTensor* t, const std::string& where, TensorInfo* out);
+// GPU tensors: the collectives that serve them, a loadable plugin, a device
+// that exists, and input and output on the same device.
+Status checkDevice(ProcessSetImpl& set, CollectiveKind kind, const TensorInfo& in,
+                   const TensorInfo* out, const std::string& where);
+// Reduce op, scale factors and their validity for the dtype.
+Status checkOp(const hora_options_t& o, DataType dt, const std::string& where, bool scatter);
+
 }  // namespace hora::capi
