@@ -270,8 +270,50 @@ Status ShmBackend::allgatherv(const void* in, void* out, const std::vector<size_
 }
 
 Status ShmBackend::broadcast(void* data, size_t count, DataType dtype, int root) {
-  return delegate("shm+gloo broadcast",
-                  [&] { return fallback_->broadcast(data, count, dtype, root); });
+  const std::string what = std::string("shm broadcast(count=") + std::to_string(count) +
+                           ", dtype=" + dataTypeName(dtype) + ", root=" + std::to_string(root) +
+                           ")";
+  HORA_RETURN_IF_ERROR(checkUsable(what));
+  if (root < 0 || root >= size_) return invalidArgument(what + ": root outside the communicator");
+  const size_t bytes = count * dataTypeSize(dtype);
+  if (bytes == 0) return Status::ok();
+  if (data == nullptr) return invalidArgument(what + ": null buffer");
+  if (size_ == 1 || bytes < opts_.minBytes)
+    return delegate(what, [&] { return fallback_->broadcast(data, count, dtype, root); });
+  Status s = shmBroadcast(static_cast<uint8_t*>(data), bytes, root, what);
+  return s.isOk() ? s : fail(s);
+}
+
+Status ShmBackend::shmBroadcast(uint8_t* data, size_t bytes, int root, const std::string& what) {
+  ShmSegment& own = *segs_[rank_];
+  for (size_t base = 0; base < bytes; base += own.slotBytes()) {
+    const size_t len = std::min(own.slotBytes(), bytes - base);
+    const uint32_t c = static_cast<uint32_t>(chunks_);
+    const uint32_t next = c + 1;
+    if (rank_ == root) {
+      // Same slot discipline as allreduce: slot c%2 last held chunk c-2.
+      if (chunks_ >= 2) {
+        for (int j = 0; j < size_; ++j) {
+          if (j == rank_) continue;
+          HORA_RETURN_IF_ERROR(waitFor(j, &ShmHeader::consumed, c - 1,
+                                       "finish reading the chunk before last", what));
+        }
+      }
+      std::memcpy(own.slot(c), data + base, len);
+    }
+    // Every rank publishes every counter each chunk, data or not, so none
+    // lags behind the chunk numbering that allreduce waits on.
+    publish(&ShmHeader::packed, next);
+    if (rank_ != root) {
+      HORA_RETURN_IF_ERROR(
+          waitFor(root, &ShmHeader::packed, next, "publish its broadcast data", what));
+      std::memcpy(data + base, segs_[root]->slot(c), len);
+    }
+    publish(&ShmHeader::reduced, next);
+    publish(&ShmHeader::consumed, next);
+    ++chunks_;
+  }
+  return Status::ok();
 }
 
 Status ShmBackend::alltoallv(const void* in, const std::vector<int64_t>& send, void* out,

@@ -1,6 +1,6 @@
-// ShmBackend: allreduce through shared memory for a communicator whose ranks
-// all run on one host; every other collective is delegated to a fallback
-// backend (Gloo).
+// ShmBackend: allreduce and broadcast through shared memory for a
+// communicator whose ranks all run on one host; every other collective is
+// delegated to a fallback backend (Gloo).
 //
 // Why: on one host Gloo moves every byte through loopback TCP (user -> kernel
 // -> user copies plus the reduction), and that path is slower than the memory
@@ -25,6 +25,9 @@
 //      round of waiting);
 //   3. wait until each part is reduced, unpack it from the slot that holds
 //      it, publish consumed = c+1.
+// Broadcast uses the same slots and counters: the root copies chunk c into
+// its slot (after the same slot-free wait) and publishes packed; the others
+// wait for it and copy out; everyone publishes consumed.
 //
 // Threads: created on the process set's init thread; every collective is
 // called from its executor thread as the Backend contract requires; abort()
@@ -98,6 +101,8 @@ class ShmBackend : public Backend {
   // The shared-memory allreduce; size_ > 1, count > 0, op supported.
   Status shmAllreduce(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
                       const UnpackFn& unpack, const std::string& what);
+  // Root copies each chunk into its slot, the others out of it; size_ > 1.
+  Status shmBroadcast(uint8_t* data, size_t bytes, int root, const std::string& what);
   // Waits until rank `peer`'s counter `which` reaches `want`.
   Status waitFor(int peer, ShmCounter ShmHeader::*which, uint32_t want, const char* phase,
                  const std::string& what);

@@ -133,6 +133,28 @@ TEST_P(ShmWorldTest, AllreduceGatherPacksAndUnpacksEveryElementOnce) {
   }
 }
 
+TEST_P(ShmWorldTest, BroadcastFromEveryRootInterleavedWithAllreduce) {
+  const int size = GetParam();
+  for (size_t chunk : {size_t{4096}, size_t{256} << 10}) {
+    ShmWorld w = makeShmWorld(size, chunk);
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}, size_t{100003}}) {
+      for (int root = 0; root < size; ++root) {
+        runRanks(w.world, [&](int r, Backend& b) {
+          std::vector<int32_t> v(count);
+          for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(r * 1000003 + i);
+          Status s = b.broadcast(v.data(), count, DataType::kInt32, root);
+          ASSERT_TRUE(s.isOk()) << s.toString();
+          for (size_t i = 0; i < count; ++i)
+            ASSERT_EQ(v[i], static_cast<int32_t>(root * 1000003 + i))
+                << "rank " << r << " root " << root << " count " << count << " [" << i << "]";
+        });
+        // Counters and slots stay in step for the next allreduce.
+        checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, count);
+      }
+    }
+  }
+}
+
 TEST_P(ShmWorldTest, PayloadsOnBothSidesOfMinBytesAreCorrect) {
   ShmWorld w = makeShmWorld(GetParam(), [](int) {
     ShmBackendOptions so;
@@ -260,6 +282,19 @@ TEST(ShmBackendTest, StalledPeerTimesOutNamingIt) {
   EXPECT_FALSE(w.world[0]->barrier().isOk());
 }
 
+TEST(ShmBackendTest, BroadcastWaitingForAStalledRootTimesOutNamingIt) {
+  ShmWorld w = makeShmWorld(2, 4096, milliseconds(800));
+  std::vector<int64_t> v(1000, 5);
+  const auto start = Clock::now();
+  // Rank 0, the root, never calls.
+  Status s = w.world[1]->broadcast(v.data(), v.size(), DataType::kInt64, 0);
+  EXPECT_EQ(s.code(), Code::kTimeout) << s.toString();
+  EXPECT_NE(s.message().find("rank 0"), std::string::npos) << s.toString();
+  EXPECT_NE(s.message().find("broadcast"), std::string::npos) << s.toString();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+  EXPECT_EQ(v[0], 5);  // nothing copied from a root that never published
+}
+
 TEST(ShmBackendTest, AbortFromAnotherThreadUnblocksACall) {
   ShmWorld w = makeShmWorld(3, 4096, milliseconds(20000));
   const auto start = Clock::now();
@@ -345,6 +380,9 @@ TEST(ShmBackendTest, PeerProcessThatExitsIsNamedWithoutWaitingForTheTimeout) {
 TEST(ShmBackendTest, InvalidArgumentsLeaveTheBackendUsable) {
   ShmWorld w = makeShmWorld(2, 4096);
   runRanks(w.world, [](int, Backend& b) {
+    int32_t x = 0;
+    EXPECT_EQ(b.broadcast(&x, 1, DataType::kInt32, 2).code(), Code::kInvalidArgument);
+    EXPECT_EQ(b.broadcast(nullptr, 1, DataType::kInt32, 0).code(), Code::kInvalidArgument);
     EXPECT_EQ(b.allreduce(nullptr, 5, DataType::kFloat32, ReduceOp::kSum).code(),
               Code::kInvalidArgument);
     EXPECT_EQ(b.allreduce(nullptr, 0, DataType::kFloat32, ReduceOp::kSum).code(), Code::kOk);
