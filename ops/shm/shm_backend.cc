@@ -265,8 +265,63 @@ Status ShmBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp 
 
 Status ShmBackend::allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
                               DataType dtype) {
-  return delegate("shm+gloo allgatherv",
-                  [&] { return fallback_->allgatherv(in, out, counts, dtype); });
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  const std::string what = std::string("shm allgatherv(total=") + std::to_string(total) +
+                           ", dtype=" + dataTypeName(dtype) + ")";
+  HORA_RETURN_IF_ERROR(checkUsable(what));
+  if (counts.size() != static_cast<size_t>(size_))
+    return invalidArgument(what + ": " + std::to_string(counts.size()) + " counts for " +
+                           std::to_string(size_) + " ranks");
+  const size_t es = dataTypeSize(dtype);
+  if (total == 0) return Status::ok();
+  if (out == nullptr || (counts[rank_] > 0 && in == nullptr))
+    return invalidArgument(what + ": null buffer");
+  if (size_ == 1 || total * es < opts_.minBytes)
+    return delegate(what, [&] { return fallback_->allgatherv(in, out, counts, dtype); });
+  std::vector<size_t> bytes(counts.size()), offset(counts.size() + 1, 0);
+  for (size_t q = 0; q < counts.size(); ++q) {
+    bytes[q] = counts[q] * es;
+    offset[q + 1] = offset[q] + bytes[q];
+  }
+  Status s = shmAllgatherv(static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), bytes,
+                           offset, what);
+  return s.isOk() ? s : fail(s);
+}
+
+Status ShmBackend::shmAllgatherv(const uint8_t* in, uint8_t* out, const std::vector<size_t>& bytes,
+                                 const std::vector<size_t>& offset, const std::string& what) {
+  ShmSegment& own = *segs_[rank_];
+  const size_t slot = own.slotBytes();
+  const size_t most = *std::max_element(bytes.begin(), bytes.end());
+  // Chunk k carries bytes [k*slot, (k+1)*slot) of every rank's part (empty
+  // for ranks whose part is shorter); the same count of chunks on every rank.
+  for (size_t lo = 0; lo < most; lo += slot) {
+    const uint32_t c = static_cast<uint32_t>(chunks_);
+    const uint32_t next = c + 1;
+    if (chunks_ >= 2) {
+      for (int j = 0; j < size_; ++j) {
+        if (j == rank_) continue;
+        HORA_RETURN_IF_ERROR(
+            waitFor(j, &ShmHeader::consumed, c - 1, "finish reading the chunk before last", what));
+      }
+    }
+    auto len = [&](int q) { return lo < bytes[q] ? std::min(slot, bytes[q] - lo) : size_t{0}; };
+    if (len(rank_) > 0) std::memcpy(own.slot(c), in + lo, len(rank_));
+    publish(&ShmHeader::packed, next);
+    for (int k = 0; k < size_; ++k) {
+      const int q = (rank_ + k) % size_;
+      if (len(q) == 0) continue;
+      if (q != rank_)
+        HORA_RETURN_IF_ERROR(waitFor(q, &ShmHeader::packed, next, "publish its part", what));
+      // In place (in == out + offset[rank]) the own copy rewrites equal bytes.
+      std::memcpy(out + offset[q] + lo, segs_[q]->slot(c), len(q));
+    }
+    publish(&ShmHeader::reduced, next);
+    publish(&ShmHeader::consumed, next);
+    ++chunks_;
+  }
+  return Status::ok();
 }
 
 Status ShmBackend::broadcast(void* data, size_t count, DataType dtype, int root) {

@@ -1,4 +1,4 @@
-// ShmBackend: allreduce and broadcast through shared memory for a
+// ShmBackend: allreduce, broadcast and allgather through shared memory for a
 // communicator whose ranks all run on one host; every other collective is
 // delegated to a fallback backend (Gloo).
 //
@@ -25,9 +25,10 @@
 //      round of waiting);
 //   3. wait until each part is reduced, unpack it from the slot that holds
 //      it, publish consumed = c+1.
-// Broadcast uses the same slots and counters: the root copies chunk c into
-// its slot (after the same slot-free wait) and publishes packed; the others
-// wait for it and copy out; everyone publishes consumed.
+// Broadcast and allgather use the same slots and counters: the root (every
+// rank, for its own part) copies chunk c into its slot after the same
+// slot-free wait and publishes packed; the others wait for it and copy out;
+// everyone publishes every counter every chunk.
 //
 // Threads: created on the process set's init thread; every collective is
 // called from its executor thread as the Backend contract requires; abort()
@@ -101,6 +102,10 @@ class ShmBackend : public Backend {
   // The shared-memory allreduce; size_ > 1, count > 0, op supported.
   Status shmAllreduce(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
                       const UnpackFn& unpack, const std::string& what);
+  // Each rank copies chunk k of its part into its slot, then every part's
+  // chunk k out of the slots; size_ > 1, byte sizes and offsets per rank.
+  Status shmAllgatherv(const uint8_t* in, uint8_t* out, const std::vector<size_t>& bytes,
+                       const std::vector<size_t>& offset, const std::string& what);
   // Root copies each chunk into its slot, the others out of it; size_ > 1.
   Status shmBroadcast(uint8_t* data, size_t bytes, int root, const std::string& what);
   // Waits until rank `peer`'s counter `which` reaches `want`.
