@@ -121,8 +121,8 @@ typedef struct hora_gpu_plugin_v1_s {
   int (*allgatherv)(const void* in, void* out, const size_t* counts, int32_t dtype,
                     hora_gpu_comm_t comm, hora_gpu_stream_t stream);
   /* send[r] / recv[r] elements to / from rank r, consecutive regions. */
-  int (*alltoallv)(const void* in, const size_t* send, void* out, const size_t* recv,
-                   int32_t dtype, hora_gpu_comm_t comm, hora_gpu_stream_t stream);
+  int (*alltoallv)(const void* in, const size_t* send, void* out, const size_t* recv, int32_t dtype,
+                   hora_gpu_comm_t comm, hora_gpu_stream_t stream);
   /* inout holds sum(counts) elements; this rank's region (offset
    * sum(counts[0..rank))) receives the reduction; other regions are clobbered. */
   int (*reducescatter)(void* inout, const size_t* counts, int32_t dtype, int32_t op,
