@@ -16,6 +16,15 @@
 
 namespace hora {
 
+// The capacity a persistent buffer grows to so that it holds `want` bytes:
+// doubling from `have` (or 1 MiB), so growth happens a few times, not per
+// call. Shared by HostBuffer and the GPU buffers of the runtime.
+inline size_t grownCapacity(size_t have, size_t want) {
+  size_t cap = have ? have : (size_t{1} << 20);
+  while (cap < want) cap *= 2;
+  return cap;
+}
+
 class HostBuffer {
  public:
   HostBuffer() = default;
@@ -26,8 +35,7 @@ class HostBuffer {
   // Ensures capacity for `bytes`; contents are not preserved on growth.
   Status reserve(size_t bytes) {
     if (bytes <= capacity_) return Status::ok();
-    size_t want = capacity_ ? capacity_ : (size_t{1} << 20);
-    while (want < bytes) want *= 2;
+    const size_t want = grownCapacity(capacity_, bytes);
     void* p = nullptr;
     if (posix_memalign(&p, 4096, want) != 0 || !p)
       return systemError("cannot allocate a " + std::to_string(want >> 20) +

@@ -128,6 +128,29 @@ void ShmBackend::publish(ShmCounter ShmHeader::*which, uint32_t value) {
   }
 }
 
+Status ShmBackend::waitSlotFree(const std::string& what) {
+  // The slot of chunk c last held chunk c-2: every peer must be done reading it.
+  if (chunks_ < 2) return Status::ok();
+  const uint32_t want = static_cast<uint32_t>(chunks_) - 1;
+  for (int j = 0; j < size_; ++j) {
+    if (j == rank_) continue;
+    HORA_RETURN_IF_ERROR(
+        waitFor(j, &ShmHeader::consumed, want, "finish reading the chunk before last", what));
+  }
+  return Status::ok();
+}
+
+void ShmBackend::finishChunk() {
+  const uint32_t next = static_cast<uint32_t>(chunks_) + 1;
+  // Every counter advances every chunk, whether or not this collective used
+  // it (small allreduce chunks, broadcast and allgather never reduce), so
+  // none lags 2^31 chunks behind and compares as "reached" after wrapping.
+  if ((segs_[rank_]->header().reduced.value.load(std::memory_order_relaxed)) != next)
+    publish(&ShmHeader::reduced, next);
+  publish(&ShmHeader::consumed, next);
+  ++chunks_;
+}
+
 Status ShmBackend::waitFor(int peer, ShmCounter ShmHeader::*which, uint32_t want, const char* phase,
                            const std::string& what) {
   std::atomic<uint32_t>& word = (segs_[peer]->header().*which).value;
@@ -173,14 +196,7 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
     const size_t len = std::min(chunkElems, count - base);
     const uint32_t c = static_cast<uint32_t>(chunks_);
     const uint32_t next = c + 1;
-    // 1. The slot of chunk c last held chunk c-2: wait until every peer is done with it.
-    if (chunks_ >= 2) {
-      for (int j = 0; j < size_; ++j) {
-        if (j == rank_) continue;
-        HORA_RETURN_IF_ERROR(
-            waitFor(j, &ShmHeader::consumed, c - 1, "finish reading the chunk before last", what));
-      }
-    }
+    HORA_RETURN_IF_ERROR(waitSlotFree(what));
     uint8_t* mine = own.slot(c);
     pack(base, base + len, mine);
     publish(&ShmHeader::packed, next);
@@ -195,9 +211,6 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
       std::memcpy(acc, segs_[0]->slot(c), len * es);
       for (int j = 1; j < size_; ++j) reduce(acc, acc, segs_[j]->slot(c), len);
       unpack(base, base + len, acc);
-      // Unused by the small path, but kept current so that it never lags
-      // 2^31 chunks behind and compares as "reached" after wrapping.
-      publish(&ShmHeader::reduced, next);
     } else {
       // 2. This rank's part, reduced in place in its own slot: peers read
       // only their own parts of it until this rank publishes `reduced`.
@@ -222,8 +235,7 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
         unpack(base + plo, base + phi, segs_[j]->slot(c) + plo * es);
       }
     }
-    publish(&ShmHeader::consumed, next);
-    ++chunks_;
+    finishChunk();
   }
   return Status::ok();
 }
@@ -235,7 +247,7 @@ Status ShmBackend::allreduceGather(void* staging, size_t count, DataType dtype, 
   if (reduceFunction(dtype, op) == nullptr || !reduceOpSupported(op, dtype))
     return invalidArgument(what + ": unsupported dtype/op");
   if (count == 0) return Status::ok();
-  if (size_ == 1 || count * dataTypeSize(dtype) < opts_.minBytes) {
+  if (delegates(count * dataTypeSize(dtype))) {
     return delegate(
         what, [&] { return fallback_->allreduceGather(staging, count, dtype, op, pack, unpack); });
   }
@@ -244,7 +256,7 @@ Status ShmBackend::allreduceGather(void* staging, size_t count, DataType dtype, 
 }
 
 bool ShmBackend::needsStaging(size_t count, DataType dtype) const {
-  return size_ == 1 || count * dataTypeSize(dtype) < opts_.minBytes;
+  return delegates(count * dataTypeSize(dtype));
 }
 
 Status ShmBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
@@ -277,7 +289,7 @@ Status ShmBackend::allgatherv(const void* in, void* out, const std::vector<size_
   if (total == 0) return Status::ok();
   if (out == nullptr || (counts[rank_] > 0 && in == nullptr))
     return invalidArgument(what + ": null buffer");
-  if (size_ == 1 || total * es < opts_.minBytes)
+  if (delegates(total * es))
     return delegate(what, [&] { return fallback_->allgatherv(in, out, counts, dtype); });
   std::vector<size_t> bytes(counts.size()), offset(counts.size() + 1, 0);
   for (size_t q = 0; q < counts.size(); ++q) {
@@ -299,13 +311,7 @@ Status ShmBackend::shmAllgatherv(const uint8_t* in, uint8_t* out, const std::vec
   for (size_t lo = 0; lo < most; lo += slot) {
     const uint32_t c = static_cast<uint32_t>(chunks_);
     const uint32_t next = c + 1;
-    if (chunks_ >= 2) {
-      for (int j = 0; j < size_; ++j) {
-        if (j == rank_) continue;
-        HORA_RETURN_IF_ERROR(
-            waitFor(j, &ShmHeader::consumed, c - 1, "finish reading the chunk before last", what));
-      }
-    }
+    HORA_RETURN_IF_ERROR(waitSlotFree(what));
     auto len = [&](int q) { return lo < bytes[q] ? std::min(slot, bytes[q] - lo) : size_t{0}; };
     if (len(rank_) > 0) std::memcpy(own.slot(c), in + lo, len(rank_));
     publish(&ShmHeader::packed, next);
@@ -317,9 +323,7 @@ Status ShmBackend::shmAllgatherv(const uint8_t* in, uint8_t* out, const std::vec
       // In place (in == out + offset[rank]) the own copy rewrites equal bytes.
       std::memcpy(out + offset[q] + lo, segs_[q]->slot(c), len(q));
     }
-    publish(&ShmHeader::reduced, next);
-    publish(&ShmHeader::consumed, next);
-    ++chunks_;
+    finishChunk();
   }
   return Status::ok();
 }
@@ -333,7 +337,7 @@ Status ShmBackend::broadcast(void* data, size_t count, DataType dtype, int root)
   const size_t bytes = count * dataTypeSize(dtype);
   if (bytes == 0) return Status::ok();
   if (data == nullptr) return invalidArgument(what + ": null buffer");
-  if (size_ == 1 || bytes < opts_.minBytes)
+  if (delegates(bytes))
     return delegate(what, [&] { return fallback_->broadcast(data, count, dtype, root); });
   Status s = shmBroadcast(static_cast<uint8_t*>(data), bytes, root, what);
   return s.isOk() ? s : fail(s);
@@ -346,27 +350,16 @@ Status ShmBackend::shmBroadcast(uint8_t* data, size_t bytes, int root, const std
     const uint32_t c = static_cast<uint32_t>(chunks_);
     const uint32_t next = c + 1;
     if (rank_ == root) {
-      // Same slot discipline as allreduce: slot c%2 last held chunk c-2.
-      if (chunks_ >= 2) {
-        for (int j = 0; j < size_; ++j) {
-          if (j == rank_) continue;
-          HORA_RETURN_IF_ERROR(waitFor(j, &ShmHeader::consumed, c - 1,
-                                       "finish reading the chunk before last", what));
-        }
-      }
+      HORA_RETURN_IF_ERROR(waitSlotFree(what));
       std::memcpy(own.slot(c), data + base, len);
     }
-    // Every rank publishes every counter each chunk, data or not, so none
-    // lags behind the chunk numbering that allreduce waits on.
-    publish(&ShmHeader::packed, next);
+    publish(&ShmHeader::packed, next);  // by every rank: see finishChunk
     if (rank_ != root) {
       HORA_RETURN_IF_ERROR(
           waitFor(root, &ShmHeader::packed, next, "publish its broadcast data", what));
       std::memcpy(data + base, segs_[root]->slot(c), len);
     }
-    publish(&ShmHeader::reduced, next);
-    publish(&ShmHeader::consumed, next);
-    ++chunks_;
+    finishChunk();
   }
   return Status::ok();
 }

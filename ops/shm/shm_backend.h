@@ -108,6 +108,12 @@ class ShmBackend : public Backend {
                        const std::vector<size_t>& offset, const std::string& what);
   // Root copies each chunk into its slot, the others out of it; size_ > 1.
   Status shmBroadcast(uint8_t* data, size_t bytes, int root, const std::string& what);
+  // One rank (no peers) or a payload below minBytes: the fallback runs it.
+  bool delegates(size_t bytes) const { return size_ == 1 || bytes < opts_.minBytes; }
+  // Before writing this rank's slot for the next chunk.
+  Status waitSlotFree(const std::string& what);
+  // Publishes the chunk consumed (and every counter current) and counts it.
+  void finishChunk();
   // Waits until rank `peer`'s counter `which` reaches `want`.
   Status waitFor(int peer, ShmCounter ShmHeader::*which, uint32_t want, const char* phase,
                  const std::string& what);

@@ -19,15 +19,6 @@ namespace {
 
 const int64_t kCounts[] = {0, 1, 7, 1001};
 
-struct Pending {
-  hora_request_t req;
-  std::vector<char> buf;
-  std::vector<int64_t> shape;
-  DT dt;
-  ReduceOp op;
-  std::string name;
-};
-
 // Every collective runs over both CPU data planes: allreduce through shared
 // memory (the default on one host) and everything through Gloo (HORA_SHM=0,
 // what a multi-host job uses). The variable is set before any runtime of
@@ -45,53 +36,7 @@ class Collectives : public ::testing::TestWithParam<Plane> {
 
 TEST_P(Collectives, AllreduceEveryDtypeOpCount) {
   int size = GetParam().size;
-  runThreads(size, [&](int rank, hora_runtime_t rt) {
-    for (const DT& dt : allDtypes()) {
-      // Submit everything of one dtype, then wait: exercises fusion too.
-      std::vector<Pending> pend;
-      pend.reserve(64);
-      for (int o = 0; o < 5; ++o) {
-        auto op = static_cast<ReduceOp>(o);
-        if (!hora::reduceOpSupported(op, dt.dt)) continue;
-        for (int64_t n : kCounts) {
-          Pending p{
-              nullptr,
-              std::vector<char>(std::max<int64_t>(n, 1) * hora::dataTypeSize(dt.dt)),
-              {n},
-              dt,
-              op,
-              std::string("ar.") + dt.name + "." + hora::reduceOpName(op) + "." + std::to_string(n)};
-          for (int64_t i = 0; i < n; ++i)
-            writeVal(dt.dt, p.buf.data(), i, inputValue(rank, i, op, dt.dt));
-          pend.push_back(std::move(p));
-        }
-      }
-      for (auto& p : pend) {
-        DLTensor t = makeTensor(p.buf.data(), dt.dl, &p.shape);
-        hora_options_t o;
-        hora_options_init(&o);
-        o.name = p.name.c_str();
-        o.op = static_cast<hora_reduce_op_t>(p.op);
-        ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &p.req), HORA_SUCCESS)
-            << hora_last_error_message();
-      }
-      for (auto& p : pend) {
-        std::string msg;
-        ASSERT_EQ(waitAndFree(p.req, 60, &msg), HORA_SUCCESS) << p.name << ": " << msg;
-        int64_t n = p.shape[0];
-        int wrong = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          double got = readVal(dt.dt, p.buf.data(), i), want = reference(size, i, p.op, dt.dt);
-          if (std::fabs(got - want) > tolerance(dt.dt, p.op) * std::max(1.0, std::fabs(want))) {
-            if (wrong++ < 3)
-              ADD_FAILURE() << p.name << " rank " << rank << " [" << i << "] got " << got
-                            << " want " << want;
-          }
-        }
-        EXPECT_EQ(wrong, 0) << p.name;
-      }
-    }
-  });
+  runThreads(size, [&](int rank, hora_runtime_t rt) { allreduceSweep(rank, size, rt, kDLCPU); });
 }
 
 TEST_P(Collectives, FusionScalesAndOutOfPlace) {

@@ -55,57 +55,6 @@ DLTensor cudaTensor(void* data, DLDataType dt, std::vector<int64_t>* shape, int 
   return t;
 }
 
-// Allreduces every dtype/op/count of kCounts as GPU tensors, all submitted
-// before any is waited for (so they fuse), and checks them exactly.
-void allreduceSweep(int rank, int size, hora_runtime_t rt) {
-  const int64_t kCounts[] = {0, 1, 7, 1001};
-  struct P {
-    hora_request_t req;
-    std::vector<char> buf;
-    std::vector<int64_t> shape;
-    DT dt;
-    ReduceOp op;
-    std::string name;
-  };
-  for (const DT& dt : allDtypes()) {
-    std::vector<P> ps;
-    ps.reserve(32);
-    for (int o = 0; o < 5; ++o) {
-      auto op = static_cast<ReduceOp>(o);
-      if (!hora::reduceOpSupported(op, dt.dt)) continue;
-      for (int64_t n : kCounts) {
-        P p{nullptr,
-            std::vector<char>(std::max<int64_t>(n, 1) * hora::dataTypeSize(dt.dt)),
-            {n},
-            dt,
-            op,
-            std::string("gpu.") + dt.name + "." + hora::reduceOpName(op) + "." + std::to_string(n)};
-        for (int64_t i = 0; i < n; ++i)
-          writeVal(dt.dt, p.buf.data(), i, inputValue(rank, i, op, dt.dt));
-        ps.push_back(std::move(p));
-      }
-    }
-    for (auto& p : ps) {
-      DLTensor t = cudaTensor(p.buf.data(), dt.dl, &p.shape);
-      hora_options_t o;
-      hora_options_init(&o);
-      o.name = p.name.c_str();
-      o.op = static_cast<hora_reduce_op_t>(p.op);
-      ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &p.req), HORA_SUCCESS)
-          << hora_last_error_message();
-    }
-    for (auto& p : ps) {
-      std::string msg;
-      ASSERT_EQ(waitAndFree(p.req, 60, &msg), HORA_SUCCESS) << p.name << ": " << msg;
-      for (int64_t i = 0; i < p.shape[0]; ++i) {
-        double got = readVal(dt.dt, p.buf.data(), i), want = reference(size, i, p.op, dt.dt);
-        ASSERT_LE(std::fabs(got - want), tolerance(dt.dt, p.op) * std::max(1.0, std::fabs(want)))
-            << p.name << " rank " << rank << " [" << i << "]";
-      }
-    }
-  }
-}
-
 TEST_F(GpuMock, MissingPluginIsAClearErrorAndCpuWorkContinues) {
   ::setenv("HORA_GPU_PLUGIN", "/nonexistent/libhora_cuda.so", 1);
   runThreads(1, [](int, hora_runtime_t rt) {
@@ -126,7 +75,7 @@ TEST_F(GpuMock, MissingPluginIsAClearErrorAndCpuWorkContinues) {
 }
 
 TEST_F(GpuMock, CommunicatorPathAtWorldSizeOne) {
-  runThreads(1, [](int rank, hora_runtime_t rt) { allreduceSweep(rank, 1, rt); });
+  runThreads(1, [](int rank, hora_runtime_t rt) { allreduceSweep(rank, 1, rt, kDLCUDA); });
   EXPECT_GE(mockCalls("comm_init"), 1);
   EXPECT_GE(mockCalls("allreduce"), 1);
 }
@@ -168,7 +117,8 @@ TEST_F(GpuMock, FusedGroupIsPackedAndUnpackedByOneBatchedCopyEach) {
 TEST_F(GpuMock, StagingPathEveryWorldSize) {
   ::setenv("HORA_GPU_BACKEND", "gloo", 1);
   for (int size = 1; size <= 4; ++size) {
-    runThreads(size, [size](int rank, hora_runtime_t rt) { allreduceSweep(rank, size, rt); });
+    runThreads(size,
+               [size](int rank, hora_runtime_t rt) { allreduceSweep(rank, size, rt, kDLCUDA); });
   }
 }
 

@@ -48,6 +48,10 @@ std::vector<ProcessResult> runProcesses(
 
 // Small DLTensor helpers.
 DLTensor makeTensor(void* data, DLDataType dt, std::vector<int64_t>* shape);
+// Allreduce of every dtype, op and count (0, 1, 7, 1001) as tensors of
+// `device` (their bytes always host memory: kDLCUDA for the mock GPU plugin),
+// all submitted before any is waited for, checked exactly (sweep_support.cc).
+void allreduceSweep(int rank, int size, hora_runtime_t rt, DLDeviceType device);
 DLDataType dlType(uint8_t code, uint8_t bits);
 
 // Waits for a request, frees it and returns its status; the last error

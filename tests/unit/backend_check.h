@@ -189,5 +189,32 @@ void checkAllreduceGather(World& world, DataType dt, ReduceOp op, size_t count) 
   });
 }
 
+// allgatherv with rank r contributing counts[r] int32 values r*1000000+i,
+// out of place and in place (the input already at its place in the output).
+inline void checkAllgatherv(World& world, const std::vector<size_t>& counts) {
+  const int size = static_cast<int>(world.size());
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  for (bool inPlace : {false, true}) {
+    runRanks(world, [&](int r, Backend& b) {
+      std::vector<int32_t> out(total, -1);
+      size_t offset = 0;
+      for (int q = 0; q < r; ++q) offset += counts[q];
+      std::vector<int32_t> in(counts[r]);
+      for (size_t i = 0; i < counts[r]; ++i) in[i] = r * 1000000 + static_cast<int32_t>(i);
+      if (inPlace) std::copy(in.begin(), in.end(), out.begin() + offset);
+      const void* src = inPlace ? static_cast<const void*>(out.data() + offset)
+                                : (in.empty() ? nullptr : in.data());
+      Status s = b.allgatherv(src, out.data(), counts, DataType::kInt32);
+      ASSERT_TRUE(s.isOk()) << s.toString();
+      size_t k = 0;
+      for (int q = 0; q < size; ++q)
+        for (size_t i = 0; i < counts[q]; ++i, ++k)
+          ASSERT_EQ(out[k], q * 1000000 + static_cast<int32_t>(i))
+              << "rank " << r << (inPlace ? " in place" : "") << " [" << k << "]";
+    });
+  }
+}
+
 }  // namespace
 }  // namespace hora

@@ -13,6 +13,7 @@
 
 using hora::Code;
 using hora::Status;
+using hora::capi::checkAllreduceArgs;
 using hora::capi::checkDevice;
 using hora::capi::checkOp;
 using hora::capi::checkTensor;
@@ -375,15 +376,8 @@ HORA_API hora_status_t hora_allreduce_async(hora_runtime_t h, const DLTensor* in
     if (name.empty()) return fail(Code::kInvalidArgument, "hora_allreduce_async: name is empty");
     std::string where = opWhere("allreduce", name, *set);
     TensorInfo ti, to;
-    Status s = checkTensor(in, where + ", input", &ti);
-    if (s.isOk()) s = checkTensor(out, where + ", output", &to);
-    if (s.isOk() && (ti.dtype != to.dtype || ti.count != to.count))
-      s = hora::invalidArgument(where + ": output " + hora::describeTensor(to.dtype, to.shape) +
-                                " does not match input " +
-                                hora::describeTensor(ti.dtype, ti.shape));
-    if (s.isOk()) s = checkOp(o, ti.dtype, where, false);
-    if (s.isOk()) s = checkDevice(*set, hora::CollectiveKind::kAllreduce, ti, &to, where);
-    if (!s.isOk()) return setError(s);
+    if (Status s = checkAllreduceArgs(*set, in, out, o, where, &ti, &to); !s.isOk())
+      return setError(s);
     auto e = makeEntry(hora::CollectiveKind::kAllreduce, name, ti, in, o);
     e->out = to.data;
     return submit(*set, {e}, makeState(o, 1), request);
@@ -411,13 +405,8 @@ HORA_API hora_status_t hora_grouped_allreduce_async(hora_runtime_t h, int32_t n,
       std::string name = base + "." + std::to_string(i);
       std::string where = opWhere("grouped allreduce", name, *set);
       TensorInfo ti, to;
-      Status s = checkTensor(in[i], where + ", input", &ti);
-      if (s.isOk()) s = checkTensor(out[i], where + ", output", &to);
-      if (s.isOk() && (ti.dtype != to.dtype || ti.count != to.count))
-        s = hora::invalidArgument(where + ": output does not match input");
-      if (s.isOk()) s = checkOp(o, ti.dtype, where, false);
-      if (s.isOk()) s = checkDevice(*set, hora::CollectiveKind::kAllreduce, ti, &to, where);
-      if (!s.isOk()) return setError(s);
+      if (Status s = checkAllreduceArgs(*set, in[i], out[i], o, where, &ti, &to); !s.isOk())
+        return setError(s);
       auto e = makeEntry(hora::CollectiveKind::kAllreduce, name, ti, in[i], o);
       e->out = to.data;
       entries.push_back(e);

@@ -62,5 +62,10 @@ Status checkDevice(ProcessSetImpl& set, CollectiveKind kind, const TensorInfo& i
                    const TensorInfo* out, const std::string& where);
 // Reduce op, scale factors and their validity for the dtype.
 Status checkOp(const hora_options_t& o, DataType dt, const std::string& where, bool scatter);
+// Everything about one allreduce input/output pair: both tensors, equal
+// dtype and size, the op and scales, the device.
+Status checkAllreduceArgs(ProcessSetImpl& set, const DLTensor* in, const DLTensor* out,
+                          const hora_options_t& o, const std::string& where, TensorInfo* ti,
+                          TensorInfo* to);
 
 }  // namespace hora::capi

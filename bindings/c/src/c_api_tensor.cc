@@ -55,17 +55,11 @@ Status checkDevice(hora::ProcessSetImpl& set, hora::CollectiveKind kind, const T
                       ": GPU tensors are served for allreduce and broadcast in this version; "
                       "copy the tensor to the CPU for " +
                       hora::collectiveName(kind));
-  auto api = set.gpuPlugin()->get();
-  if (!api.isOk()) return api.status().withContext(where);
-  int devices = 0;
-  Status s = set.gpuPlugin()->check(api.value()->device_count(&devices), "device_count", "");
-  if (!s.isOk())
-    return Status(Code::kNotSupported, where + ": no usable GPU (the GPU plugin " +
-                                           set.gpuPlugin()->path() + " loaded, but " +
-                                           s.message().substr(2) + "); copy the tensor to the CPU");
-  if (in.device.index < 0 || in.device.index >= devices)
+  auto devices = set.gpuPlugin()->deviceCount();
+  if (!devices.isOk()) return devices.status().withContext(where);
+  if (in.device.index < 0 || in.device.index >= devices.value())
     return hora::invalidArgument(where + " is on " + hora::deviceName(in.device) + " but " +
-                                 std::to_string(devices) + " GPU(s) are visible");
+                                 std::to_string(devices.value()) + " GPU(s) are visible");
   return Status::ok();
 }
 
@@ -128,6 +122,18 @@ Status checkOp(const hora_options_t& o, hora::DataType dt, const std::string& wh
   if ((o.prescale != 1.0 || o.postscale != 1.0) && dt == hora::DataType::kBool)
     return hora::invalidArgument(where + ": scale factors are not defined for bool tensors");
   return Status::ok();
+}
+
+Status checkAllreduceArgs(ProcessSetImpl& set, const DLTensor* in, const DLTensor* out,
+                          const hora_options_t& o, const std::string& where, TensorInfo* ti,
+                          TensorInfo* to) {
+  HORA_RETURN_IF_ERROR(checkTensor(in, where + ", input", ti));
+  HORA_RETURN_IF_ERROR(checkTensor(out, where + ", output", to));
+  if (ti->dtype != to->dtype || ti->count != to->count)
+    return invalidArgument(where + ": output " + describeTensor(to->dtype, to->shape) +
+                           " does not match input " + describeTensor(ti->dtype, ti->shape));
+  HORA_RETURN_IF_ERROR(checkOp(o, ti->dtype, where, false));
+  return checkDevice(set, CollectiveKind::kAllreduce, *ti, to, where);
 }
 
 }  // namespace hora::capi

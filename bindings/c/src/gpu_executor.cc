@@ -22,6 +22,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/host_buffer.h"
 #include "core/reduce.h"
 #include "process_set.h"
 
@@ -107,25 +108,25 @@ Status ProcessSetImpl::createComm(const std::string& what) {
   return Status::ok();
 }
 
-template <typename T>
-static void growDevice(const hora_gpu_plugin_v1_t* api, int device, T** p, size_t* have,
-                       size_t want, Status* s, GpuPlugin* plugin, const std::string& what) {
-  if (want <= *have) return;
-  size_t cap = std::max<size_t>(*have ? *have : (size_t{1} << 20), 1);
-  while (cap < want) cap *= 2;
-  if (*p) api->device_free(device, *p);
-  *p = nullptr;
-  *have = 0;
-  void* np = nullptr;
-  *s = plugin->check(api->device_alloc(device, cap, &np), "device_alloc", what);
-  if (s->isOk()) *p = static_cast<T*>(np), *have = cap;
+Status ProcessSetImpl::gpuFusion(size_t bytes, const std::string& what) {
+  GpuState& g = gpu_;
+  if (bytes <= g.fusionBytes) return Status::ok();
+  const size_t cap = grownCapacity(g.fusionBytes, bytes);
+  if (g.fusion) g.api->device_free(g.device, g.fusion);
+  g.fusion = nullptr;
+  g.fusionBytes = 0;
+  void* p = nullptr;
+  HORA_RETURN_IF_ERROR(opts_.gpu->check(g.api->device_alloc(g.device, cap, &p), "device_alloc",
+                                        what + " (" + std::to_string(cap >> 20) + " MiB)"));
+  g.fusion = static_cast<char*>(p);
+  g.fusionBytes = cap;
+  return Status::ok();
 }
 
 Status ProcessSetImpl::gpuPinned(size_t bytes, const std::string& what) {
   GpuState& g = gpu_;
   if (bytes <= g.pinnedBytes) return Status::ok();
-  size_t cap = g.pinnedBytes ? g.pinnedBytes : (size_t{1} << 20);
-  while (cap < bytes) cap *= 2;
+  const size_t cap = grownCapacity(g.pinnedBytes, bytes);
   if (g.pinned) g.api->host_free_pinned(g.pinned);
   g.pinned = nullptr;
   g.pinnedBytes = 0;
@@ -225,7 +226,6 @@ Status ProcessSetImpl::runGpuAllreduce(std::vector<Response>& group,
   // group (or a joined rank's stand-in) in the set's device fusion buffer.
   const bool inOutput = group.size() == 1 && es[0];
   char* buf;
-  Status s;
   if (inOutput) {
     buf = static_cast<char*>(es[0]->out);
     if (es[0]->in != es[0]->out || pre != 1.0) {
@@ -234,8 +234,7 @@ Status ProcessSetImpl::runGpuAllreduce(std::vector<Response>& group,
                                             "batched_scale_copy", what));
     }
   } else {
-    growDevice(api, g.device, &g.fusion, &g.fusionBytes, bytes, &s, opts_.gpu.get(), what);
-    HORA_RETURN_IF_ERROR(s);
+    HORA_RETURN_IF_ERROR(gpuFusion(bytes, what));
     buf = g.fusion;
     std::vector<hora_gpu_copy_t> copies;
     bool joinedHere = false;
@@ -271,7 +270,7 @@ Status ProcessSetImpl::runGpuAllreduce(std::vector<Response>& group,
     HORA_RETURN_IF_ERROR(
         opts_.gpu->check(api->memcpy_async(g.pinned, buf, bytes, g.stream), "memcpy_async", what));
     HORA_RETURN_IF_ERROR(gpuWait(what));
-    s = backend_->allreduce(g.pinned, total, dt, op);
+    Status s = backend_->allreduce(g.pinned, total, dt, op);
     if (!s.isOk()) return backendFailure(s, what);
     HORA_RETURN_IF_ERROR(
         opts_.gpu->check(api->memcpy_async(buf, g.pinned, bytes, g.stream), "memcpy_async", what));
@@ -307,11 +306,9 @@ Status ProcessSetImpl::runGpuBroadcast(const Response& r, TensorEntry* e) {
   if (e && e->readyEvent)
     HORA_RETURN_IF_ERROR(opts_.gpu->check(api->stream_wait_external_event(g.stream, e->readyEvent),
                                           "stream_wait_external_event", what));
-  Status s;
   char* data = e ? static_cast<char*>(e->out) : nullptr;
   if (!data) {  // joined: a stand-in buffer
-    growDevice(api, g.device, &g.fusion, &g.fusionBytes, bytes, &s, opts_.gpu.get(), what);
-    HORA_RETURN_IF_ERROR(s);
+    HORA_RETURN_IF_ERROR(gpuFusion(bytes, what));
     data = g.fusion;
   }
   if (e && e->in != e->out)
@@ -329,7 +326,7 @@ Status ProcessSetImpl::runGpuBroadcast(const Response& r, TensorEntry* e) {
     HORA_RETURN_IF_ERROR(
         opts_.gpu->check(api->memcpy_async(g.pinned, data, bytes, g.stream), "memcpy_async", what));
     HORA_RETURN_IF_ERROR(gpuWait(what));
-    s = backend_->broadcast(g.pinned, n, r.dtype, r.root);
+    Status s = backend_->broadcast(g.pinned, n, r.dtype, r.root);
     if (!s.isOk()) return backendFailure(s, what);
     HORA_RETURN_IF_ERROR(
         opts_.gpu->check(api->memcpy_async(data, g.pinned, bytes, g.stream), "memcpy_async", what));

@@ -69,6 +69,20 @@ Status GpuPlugin::load() {
                     "HORA_GPU_PLUGIN=/path/to/libhora_cuda.so, or copy the tensor to the CPU");
 }
 
+Result<int> GpuPlugin::deviceCount() {
+  auto api = get();
+  if (!api.isOk()) return api.status();
+  std::call_once(countOnce_, [this] {
+    Status s = check(api_->device_count(&devices_), "device_count", "");
+    if (!s.isOk())
+      countError_ =
+          Status(Code::kNotSupported, "no usable GPU (the GPU plugin " + path_ + " loaded, but " +
+                                          s.message().substr(2) + "); copy the tensor to the CPU");
+  });
+  if (!countError_.isOk()) return countError_;
+  return devices_;
+}
+
 Status GpuPlugin::check(int rc, const char* fn, const std::string& what) const {
   if (rc == 0) return Status::ok();
   const char* err = api_ && api_->last_error ? api_->last_error() : nullptr;

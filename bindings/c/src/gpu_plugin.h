@@ -24,6 +24,10 @@ class GpuPlugin {
   explicit GpuPlugin(std::string explicitPath) : explicitPath_(std::move(explicitPath)) {}
   // The table, or kNotSupported saying what was tried and what to do.
   Result<const hora_gpu_plugin_v1_t*> get();
+  // The number of GPUs the plugin sees, asked once (the enqueue path checks
+  // every GPU tensor against it), or kNotSupported when the plugin is
+  // missing or no GPU is usable.
+  Result<int> deviceCount();
   // rc == 0: OK; otherwise kBackendError "<what>: <fn> failed: <plugin's last_error>".
   Status check(int rc, const char* fn, const std::string& what) const;
   const std::string& path() const { return path_; }
@@ -35,6 +39,9 @@ class GpuPlugin {
   std::once_flag once_;
   Status loadError_;  // written once under once_
   const hora_gpu_plugin_v1_t* api_ = nullptr;
+  std::once_flag countOnce_;
+  Status countError_;  // written once under countOnce_
+  int devices_ = 0;
   std::string path_;
 };
 

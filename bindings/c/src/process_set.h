@@ -156,7 +156,8 @@ class ProcessSetImpl {
   bool gpuUsesComm(DataType dt) const;
   Status gpuComm(const std::string& what);
   Status createComm(const std::string& what);
-  Status gpuPinned(size_t bytes, const std::string& what);
+  Status gpuFusion(size_t bytes, const std::string& what);  // device fusion buffer
+  Status gpuPinned(size_t bytes, const std::string& what);  // pinned host staging
   Status gpuWait(const std::string& what);
   void gpuRelease();
   Status backendFailure(const Status& s, const std::string& what);
