@@ -308,8 +308,13 @@ int deviceAlloc(int device, size_t bytes, void** out) {
 
 int deviceFree(int device, void* ptr) {
   if (ptr == nullptr) return 0;
+  // Any thread may free a request's output, a framework thread included:
+  // leave its current device as it was.
+  int previous = -1;
+  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
   if (useDevice(device, "device_free") != 0) return 1;
   const cudaError_t e = cudaFree(ptr);
+  if (previous >= 0 && previous != device) cudaSetDevice(previous);
   if (e != cudaSuccess) return failCuda(e, "cudaFree(%p) on device %d", ptr, device);
   return 0;
 }

@@ -11,8 +11,11 @@
  * Who calls what, on which thread:
  *  - hora_gpu_plugin_get: libhora's loader, once per runtime, any thread.
  *  - everything else: a process set's executor thread (one per set), except
- *    comm_abort and last_error, which may come from any thread. Functions
- *    taking a device make it current on the calling thread first.
+ *    comm_abort and last_error, which may come from any thread, and
+ *    device_free, which may come from any thread that frees a request owning
+ *    a library-allocated output. Functions taking a device make it current
+ *    on the calling thread first; device_free restores the caller's current
+ *    device (that thread may be a framework's).
  *
  * Conventions: every function returns 0 on success and nonzero on failure;
  * after a failure last_error() describes it on the calling thread (library

@@ -1,7 +1,7 @@
 // A GPU plugin (ops/gpu/hora_gpu_plugin.h) whose "device memory" is host
 // memory, so that libhora's GPU paths (plugin loading, device checks, the
-// device fusion buffer with batched pack/unpack, the communicator path at
-// world size 1, staging through the CPU data plane at any world size, error
+// device fusion buffer with batched pack/unpack, the communicator path with
+// ranks as threads of one process, staging through the CPU data plane, error
 // mapping) are tested on machines without a GPU. Streams run synchronously;
 // events are always complete.
 //
@@ -9,16 +9,22 @@
 //   hora_gpu_mock_calls(name)  how often the named table function was called
 //   hora_gpu_mock_reset()      zeroes the counters
 // HORA_GPU_MOCK_FAIL=<name> makes that function fail with an "injected"
-// error; HORA_GPU_MOCK_DEVICES=<n> sets the device count (default 1).
+// error; HORA_GPU_MOCK_DEVICES=<n> sets the device count (default 1);
+// HORA_GPU_MOCK_REFUSE_ABI=1 makes the entry point refuse every ABI version
+// (as a plugin of another hora version would).
 //
 // Process-wide counters are fine here: this is a test double, not hora.
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "core/reduce.h"
 #include "core/types.h"
@@ -31,11 +37,6 @@ namespace {
 thread_local std::string tlsError;
 std::mutex countMu;
 std::map<std::string, long> counts;
-
-struct Comm {
-  int nranks;
-  std::atomic<bool> aborted{false};
-};
 
 int fail(const std::string& msg) {
   tlsError = msg;
@@ -150,13 +151,119 @@ int commUniqueId(void* id) {
   for (int i = 0; i < 16; ++i) static_cast<uint8_t*>(id)[i] = static_cast<uint8_t>(rd());
   return 0;
 }
-int commInit(int, int nranks, int rank, const void*, int64_t, hora_gpu_comm_t* out) {
+
+// Communicators across ranks that are threads of this process: the callers
+// that pass one id share a Group. Like NCCL, one communicator may not have
+// two ranks on one device (tests give rank i device i with
+// HORA_GPU_MOCK_DEVICES). Streams are synchronous, so a collective blocks its
+// caller until every rank arrived; an abort on any rank fails them all, and a
+// wait gives up after kWait (NCCL would hang; hora aborts before that).
+constexpr auto kWait = std::chrono::seconds(120);
+
+// What one rank brings to a collective.
+struct Slot {
+  const void* in = nullptr;
+  void* out = nullptr;
+  const size_t* counts = nullptr;  // allgatherv/reducescatter counts, alltoallv send
+};
+
+struct Group {
+  std::mutex mu;
+  std::condition_variable cv;
+  int nranks = 0;
+  int joined = 0;
+  std::vector<int> devices;  // per rank
+  int arrived = 0;
+  uint64_t generation = 0;
+  bool aborted = false;
+  std::vector<Slot> slots;
+};
+
+std::mutex groupsMu;
+std::map<std::string, std::shared_ptr<Group>> pendingGroups;  // by id, until every rank joined
+
+struct Comm {
+  std::shared_ptr<Group> group;
+  int rank = 0;
+};
+
+// Every rank arrives before any leaves; false (with tlsError set) on abort or
+// when a peer never arrives.
+bool barrier(Group& g) {
+  std::unique_lock<std::mutex> lk(g.mu);
+  if (g.aborted) return fail("mock: communicator aborted") == 0;
+  const uint64_t gen = g.generation;
+  if (++g.arrived == g.nranks) {
+    g.arrived = 0;
+    ++g.generation;
+    g.cv.notify_all();
+    return true;
+  }
+  if (!g.cv.wait_for(lk, kWait, [&] { return g.generation != gen || g.aborted; }))
+    return fail("mock: a peer never reached the collective") == 0;
+  if (g.aborted) return fail("mock: communicator aborted") == 0;
+  return true;
+}
+
+// Publishes this rank's slot, lets `compute` read every rank's inputs into
+// private memory once all have published, and `write` store the result once
+// all have read (so in-place collectives never read a peer's result).
+template <typename Compute, typename Write>
+int collective(hora_gpu_comm_t c, const Slot& mine, Compute compute, Write write) {
+  auto* comm = reinterpret_cast<Comm*>(c);
+  Group& g = *comm->group;
+  {
+    std::lock_guard<std::mutex> lk(g.mu);
+    g.slots[comm->rank] = mine;
+  }
+  if (!barrier(g)) return 1;
+  std::vector<Slot> all;
+  {
+    std::lock_guard<std::mutex> lk(g.mu);
+    all = g.slots;
+  }
+  std::vector<char> result = compute(all, comm->rank);
+  if (!barrier(g)) return 1;
+  write(result);
+  return 0;
+}
+
+int commInit(int device, int nranks, int rank, const void* id, int64_t timeout_ms,
+             hora_gpu_comm_t* out) {
   ENTER("comm_init");
-  if (nranks != 1)
-    return fail("mock: communicators of " + std::to_string(nranks) + " ranks (this is rank " +
-                std::to_string(rank) +
-                ") need a real GPU plugin; use HORA_GPU_BACKEND=gloo with the mock");
-  *out = reinterpret_cast<hora_gpu_comm_t>(new Comm{nranks});
+  if (nranks < 1 || rank < 0 || rank >= nranks)
+    return fail("mock: rank " + std::to_string(rank) + " of " + std::to_string(nranks));
+  std::shared_ptr<Group> g;
+  {
+    std::lock_guard<std::mutex> lk(groupsMu);
+    auto& slot = pendingGroups[std::string(static_cast<const char*>(id), 16)];
+    if (!slot) {
+      slot = std::make_shared<Group>();
+      slot->nranks = nranks;
+      slot->devices.assign(nranks, -1);
+      slot->slots.resize(nranks);
+    }
+    g = slot;
+  }
+  std::unique_lock<std::mutex> lk(g->mu);
+  g->devices[rank] = device;
+  if (++g->joined == g->nranks) {
+    std::lock_guard<std::mutex> glk(groupsMu);
+    pendingGroups.erase(std::string(static_cast<const char*>(id), 16));
+    g->cv.notify_all();
+  } else if (!g->cv.wait_for(lk, std::chrono::milliseconds(timeout_ms),
+                             [&] { return g->joined == g->nranks; })) {
+    return fail("mock: communicator init timed out after " + std::to_string(timeout_ms) +
+                " ms (rank " + std::to_string(rank) + " of " + std::to_string(nranks) + ")");
+  }
+  for (int r = 0; r < nranks; ++r)
+    if (r != rank && g->devices[r] == device)
+      return fail("mock: ranks " + std::to_string(std::min(r, rank)) + " and " +
+                  std::to_string(std::max(r, rank)) + " are both on device " +
+                  std::to_string(device) +
+                  " (as NCCL, one communicator cannot have two ranks on one GPU); "
+                  "share a GPU through HORA_GPU_BACKEND=gloo");
+  *out = reinterpret_cast<hora_gpu_comm_t>(new Comm{g, rank});
   return 0;
 }
 int commDestroy(hora_gpu_comm_t c) {
@@ -166,50 +273,119 @@ int commDestroy(hora_gpu_comm_t c) {
 }
 int commAbort(hora_gpu_comm_t c) {
   ENTER("comm_abort");
-  reinterpret_cast<Comm*>(c)->aborted = true;
+  Group& g = *reinterpret_cast<Comm*>(c)->group;
+  std::lock_guard<std::mutex> lk(g.mu);
+  g.aborted = true;
+  g.cv.notify_all();
   return 0;
 }
 int commAsyncError(hora_gpu_comm_t c, int* failed) {
   ENTER("comm_async_error");
-  *failed = reinterpret_cast<Comm*>(c)->aborted ? 1 : 0;
+  Group& g = *reinterpret_cast<Comm*>(c)->group;
+  std::lock_guard<std::mutex> lk(g.mu);
+  *failed = g.aborted ? 1 : 0;
   if (*failed) tlsError = "mock: communicator aborted";
   return 0;
 }
-bool usable(hora_gpu_comm_t c) {
-  if (!reinterpret_cast<Comm*>(c)->aborted) return true;
-  tlsError = "mock: communicator aborted";
-  return false;
+
+size_t esize(int32_t dtype) { return hora::dataTypeSize(static_cast<hora::DataType>(dtype)); }
+
+// Element-wise reduction over every rank's `in + offset` (count elements).
+std::vector<char> reduceAll(const std::vector<Slot>& all, size_t offset, size_t count,
+                            int32_t dtype, int32_t op) {
+  const size_t es = esize(dtype);
+  std::vector<char> acc(count * es);
+  if (count == 0) return acc;
+  std::memcpy(acc.data(), static_cast<const char*>(all[0].in) + offset * es, count * es);
+  for (size_t r = 1; r < all.size(); ++r)
+    hora::reduceInto(static_cast<hora::DataType>(dtype), static_cast<hora::ReduceOp>(op),
+                     acc.data(), static_cast<const char*>(all[r].in) + offset * es, count);
+  return acc;
 }
-int allreduce(const void* in, void* out, size_t count, int32_t dtype, int32_t, hora_gpu_comm_t c,
+
+void store(void* dst, const std::vector<char>& v) {
+  if (!v.empty()) std::memcpy(dst, v.data(), v.size());
+}
+
+int allreduce(const void* in, void* out, size_t count, int32_t dtype, int32_t op, hora_gpu_comm_t c,
               hora_gpu_stream_t) {
   ENTER("allreduce");
-  if (!usable(c)) return 1;
-  if (in != out)
-    std::memmove(out, in, count * hora::dataTypeSize(static_cast<hora::DataType>(dtype)));
-  return 0;
+  return collective(
+      c, Slot{in, out, nullptr},
+      [&](const std::vector<Slot>& all, int) { return reduceAll(all, 0, count, dtype, op); },
+      [&](const std::vector<char>& v) { store(out, v); });
 }
-int broadcast(void*, size_t, int32_t, int root, hora_gpu_comm_t c, hora_gpu_stream_t) {
+int broadcast(void* data, size_t count, int32_t dtype, int root, hora_gpu_comm_t c,
+              hora_gpu_stream_t) {
   ENTER("broadcast");
-  if (!usable(c)) return 1;
-  return root == 0 ? 0 : fail("mock: root " + std::to_string(root) + " outside a 1-rank comm");
+  const int n = reinterpret_cast<Comm*>(c)->group->nranks;
+  if (root < 0 || root >= n)
+    return fail("mock: root " + std::to_string(root) + " outside a " + std::to_string(n) +
+                "-rank communicator");
+  return collective(
+      c, Slot{data, data, nullptr},
+      [&](const std::vector<Slot>& all, int) {
+        const char* p = static_cast<const char*>(all[root].in);
+        return std::vector<char>(p, p + count * esize(dtype));
+      },
+      [&](const std::vector<char>& v) { store(data, v); });
 }
 int allgatherv(const void* in, void* out, const size_t* counts, int32_t dtype, hora_gpu_comm_t c,
                hora_gpu_stream_t) {
   ENTER("allgatherv");
-  if (!usable(c)) return 1;
-  std::memmove(out, in, counts[0] * hora::dataTypeSize(static_cast<hora::DataType>(dtype)));
-  return 0;
+  return collective(
+      c, Slot{in, out, counts},
+      [&](const std::vector<Slot>& all, int) {
+        std::vector<char> v;
+        for (size_t r = 0; r < all.size(); ++r) {
+          const char* p = static_cast<const char*>(all[r].in);
+          v.insert(v.end(), p, p + counts[r] * esize(dtype));
+        }
+        return v;
+      },
+      [&](const std::vector<char>& v) { store(out, v); });
 }
-int alltoallv(const void* in, const size_t* send, void* out, const size_t*, int32_t dtype,
+int alltoallv(const void* in, const size_t* send, void* out, const size_t* recv, int32_t dtype,
               hora_gpu_comm_t c, hora_gpu_stream_t) {
   ENTER("alltoallv");
-  if (!usable(c)) return 1;
-  std::memmove(out, in, send[0] * hora::dataTypeSize(static_cast<hora::DataType>(dtype)));
-  return 0;
+  bool disagree = false;
+  int rc = collective(
+      c, Slot{in, out, send},
+      [&](const std::vector<Slot>& all, int me) {
+        const size_t es = esize(dtype);
+        std::vector<char> v;
+        for (size_t r = 0; r < all.size(); ++r) {
+          size_t off = 0;
+          for (int d = 0; d < me; ++d) off += all[r].counts[d];
+          if (all[r].counts[me] != recv[r]) {
+            disagree = true;
+            continue;
+          }
+          const char* p = static_cast<const char*>(all[r].in) + off * es;
+          v.insert(v.end(), p, p + recv[r] * es);
+        }
+        return v;
+      },
+      [&](const std::vector<char>& v) {
+        if (!disagree) store(out, v);
+      });
+  if (rc == 0 && disagree) return fail("mock: alltoallv send and receive counts disagree");
+  return rc;
 }
-int reducescatter(void*, const size_t*, int32_t, int32_t, hora_gpu_comm_t c, hora_gpu_stream_t) {
+int reducescatter(void* inout, const size_t* counts, int32_t dtype, int32_t op, hora_gpu_comm_t c,
+                  hora_gpu_stream_t) {
   ENTER("reducescatter");
-  return usable(c) ? 0 : 1;
+  size_t offset = 0;
+  const int me = reinterpret_cast<Comm*>(c)->rank;
+  for (int r = 0; r < me; ++r) offset += counts[r];
+  return collective(
+      c, Slot{inout, inout, counts},
+      [&](const std::vector<Slot>& all, int) {
+        return reduceAll(all, offset, counts[me], dtype, op);
+      },
+      [&](const std::vector<char>& v) {
+        store(static_cast<char*>(inout) + offset * esize(dtype), v);
+      });
 }
 
 const hora_gpu_plugin_v1_t kTable = {
@@ -248,6 +424,8 @@ const hora_gpu_plugin_v1_t kTable = {
 }  // namespace
 
 MOCK_EXPORT const hora_gpu_plugin_v1_t* hora_gpu_plugin_get(uint32_t abi_version) {
+  const char* refuse = std::getenv("HORA_GPU_MOCK_REFUSE_ABI");
+  if (refuse && std::strcmp(refuse, "1") == 0) return nullptr;
   return abi_version == HORA_GPU_PLUGIN_ABI_VERSION ? &kTable : nullptr;
 }
 

@@ -158,38 +158,7 @@ TEST_P(Collectives, GroupedAllreduce) {
 
 TEST_P(Collectives, AllgatherUnevenFirstDim) {
   int size = GetParam().size;
-  runThreads(size, [&](int rank, hora_runtime_t rt) {
-    for (const DT& dt : allDtypes()) {
-      int64_t rows = rank == 0 ? 0 : rank + 1;  // rank 0 contributes nothing
-      std::vector<int64_t> shape = {rows, 3};
-      std::vector<char> buf(std::max<int64_t>(rows * 3, 1) * hora::dataTypeSize(dt.dt));
-      for (int64_t i = 0; i < rows * 3; ++i)
-        writeVal(dt.dt, buf.data(), i, (rank * 10 + i) % 7 + (dt.dt == DataType::kBool ? 0 : 1));
-      DLTensor t = makeTensor(buf.data(), dt.dl, &shape);
-      hora_options_t o;
-      hora_options_init(&o);
-      std::string name = std::string("ag.") + dt.name;
-      o.name = name.c_str();
-      hora_request_t req;
-      ASSERT_EQ(hora_allgather_async(rt, &t, &o, &req), HORA_SUCCESS) << hora_last_error_message();
-      ASSERT_EQ(hora_wait(req, 60), HORA_SUCCESS) << hora_last_error_message();
-      const DLTensor* out = nullptr;
-      ASSERT_EQ(hora_request_output(req, &out), HORA_SUCCESS);
-      int64_t total = 0;
-      for (int r = 1; r < size; ++r) total += r + 1;
-      ASSERT_EQ(out->ndim, 2);
-      ASSERT_EQ(out->shape[0], total);
-      ASSERT_EQ(out->shape[1], 3);
-      int64_t off = 0;
-      for (int r = 1; r < size; ++r)
-        for (int64_t i = 0; i < (r + 1) * 3; ++i, ++off) {
-          double want = (r * 10 + i) % 7 + (dt.dt == DataType::kBool ? 0 : 1);
-          if (dt.dt == DataType::kBool) want = want != 0;
-          ASSERT_EQ(readVal(dt.dt, out->data, off), want) << dt.name << " from rank " << r;
-        }
-      hora_request_free(req);
-    }
-  });
+  runThreads(size, [&](int rank, hora_runtime_t rt) { allgatherSweep(rank, size, rt, kDLCPU, 0); });
 }
 
 TEST_P(Collectives, BroadcastFromEveryRoot) {
@@ -218,78 +187,13 @@ TEST_P(Collectives, BroadcastFromEveryRoot) {
 
 TEST_P(Collectives, AlltoallUnevenSplits) {
   int size = GetParam().size;
-  runThreads(size, [&](int rank, hora_runtime_t rt) {
-    // rank r sends (r + d) % 3 rows to rank d; a row is 2 int64 values [r, d].
-    std::vector<int64_t> splits(size);
-    int64_t rows = 0;
-    for (int d = 0; d < size; ++d) rows += splits[d] = (rank + d) % 3;
-    std::vector<int64_t> data;
-    for (int d = 0; d < size; ++d)
-      for (int64_t k = 0; k < splits[d]; ++k) data.insert(data.end(), {rank, d * 100 + k});
-    if (data.empty()) data.push_back(0);
-    std::vector<int64_t> shape = {rows, 2};
-    DLTensor t = makeTensor(data.data(), dlType(kDLInt, 64), &shape);
-    hora_options_t o;
-    hora_options_init(&o);
-    o.name = "a2a";
-    hora_request_t req;
-    ASSERT_EQ(hora_alltoall_async(rt, &t, splits.data(), size, &o, &req), HORA_SUCCESS)
-        << hora_last_error_message();
-    ASSERT_EQ(hora_wait(req, 60), HORA_SUCCESS) << hora_last_error_message();
-    const int64_t* recv = nullptr;
-    int32_t nrecv = 0;
-    ASSERT_EQ(hora_request_received_splits(req, &recv, &nrecv), HORA_SUCCESS);
-    ASSERT_EQ(nrecv, size);
-    const DLTensor* out = nullptr;
-    ASSERT_EQ(hora_request_output(req, &out), HORA_SUCCESS);
-    const int64_t* v = static_cast<const int64_t*>(out->data);
-    int64_t off = 0;
-    for (int s = 0; s < size; ++s) {
-      ASSERT_EQ(recv[s], (s + rank) % 3);
-      for (int64_t k = 0; k < recv[s]; ++k, off += 2) {
-        ASSERT_EQ(v[off], s);
-        ASSERT_EQ(v[off + 1], rank * 100 + k);
-      }
-    }
-    ASSERT_EQ(out->shape[0], off / 2);
-    hora_request_free(req);
-  });
+  runThreads(size, [&](int rank, hora_runtime_t rt) { alltoallCheck(rank, size, rt, kDLCPU, 0); });
 }
 
 TEST_P(Collectives, ReducescatterUneven) {
   int size = GetParam().size;
-  runThreads(size, [&](int rank, hora_runtime_t rt) {
-    for (int64_t dim0 : {int64_t{1}, int64_t{7}, int64_t{10}, int64_t{1001}}) {
-      for (hora_reduce_op_t op : {HORA_OP_SUM, HORA_OP_AVERAGE}) {
-        std::vector<int64_t> shape = {dim0, 2};
-        std::vector<float> in(dim0 * 2);
-        for (int64_t i = 0; i < dim0 * 2; ++i) in[i] = static_cast<float>((i + rank) % 5);
-        DLTensor t = makeTensor(in.data(), dlType(kDLFloat, 32), &shape);
-        hora_options_t o;
-        hora_options_init(&o);
-        std::string name = "rs." + std::to_string(dim0) + "." + std::to_string(op);
-        o.name = name.c_str();
-        o.op = op;
-        hora_request_t req;
-        ASSERT_EQ(hora_reducescatter_async(rt, &t, &o, &req), HORA_SUCCESS)
-            << hora_last_error_message();
-        ASSERT_EQ(hora_wait(req, 60), HORA_SUCCESS) << hora_last_error_message();
-        const DLTensor* out = nullptr;
-        ASSERT_EQ(hora_request_output(req, &out), HORA_SUCCESS);
-        int64_t myRows = dim0 / size + (rank < dim0 % size ? 1 : 0);
-        int64_t start = 0;
-        for (int r = 0; r < rank; ++r) start += dim0 / size + (r < dim0 % size ? 1 : 0);
-        ASSERT_EQ(out->shape[0], myRows);
-        const float* v = static_cast<const float*>(out->data);
-        for (int64_t i = 0; i < myRows * 2; ++i) {
-          double sum = 0;
-          for (int r = 0; r < size; ++r) sum += (start * 2 + i + r) % 5;
-          ASSERT_NEAR(v[i], op == HORA_OP_SUM ? sum : sum / size, 1e-5);
-        }
-        hora_request_free(req);
-      }
-    }
-  });
+  runThreads(size,
+             [&](int rank, hora_runtime_t rt) { reducescatterSweep(rank, size, rt, kDLCPU, 0); });
 }
 
 TEST_P(Collectives, BarrierAndResponseCacheSteadyState) {

@@ -51,7 +51,16 @@ DLTensor makeTensor(void* data, DLDataType dt, std::vector<int64_t>* shape);
 // Allreduce of every dtype, op and count (0, 1, 7, 1001) as tensors of
 // `device` (their bytes always host memory: kDLCUDA for the mock GPU plugin),
 // all submitted before any is waited for, checked exactly (sweep_support.cc).
-void allreduceSweep(int rank, int size, hora_runtime_t rt, DLDeviceType device);
+void allreduceSweep(int rank, int size, hora_runtime_t rt, DLDeviceType device, int deviceId = 0);
+// The collectives with negotiated output sizes, inputs described as memory of
+// `device`:`deviceId`, results checked exactly, library-owned outputs checked
+// to be reported on that device (sweep_support.cc): allgather of every dtype
+// with uneven first dimensions (rank 0 contributes none), alltoall with
+// uneven splits, reducescatter of several dtypes, ops, scale factors and
+// first dimensions (1, 7, 10, 1001).
+void allgatherSweep(int rank, int size, hora_runtime_t rt, DLDeviceType device, int deviceId);
+void alltoallCheck(int rank, int size, hora_runtime_t rt, DLDeviceType device, int deviceId);
+void reducescatterSweep(int rank, int size, hora_runtime_t rt, DLDeviceType device, int deviceId);
 DLDataType dlType(uint8_t code, uint8_t bits);
 
 // Waits for a request, frees it and returns its status; the last error

@@ -41,20 +41,14 @@ bool mapDType(DLDataType t, hora::DataType* out) {
   }
 }
 
-// GPU tensors: the collectives that serve them, a loadable plugin, a device
-// that exists, and input and output on the same device.
+// GPU tensors: a loadable plugin, a device that exists, and input and output
+// on the same device.
 Status checkDevice(hora::ProcessSetImpl& set, hora::CollectiveKind kind, const TensorInfo& in,
                    const TensorInfo* out, const std::string& where) {
   if (out && out->device != in.device)
     return hora::invalidArgument(where + ": input is on " + hora::deviceName(in.device) +
                                  " but output on " + hora::deviceName(out->device));
   if (in.device.kind != hora::DeviceKind::kCuda) return Status::ok();
-  if (kind != hora::CollectiveKind::kAllreduce && kind != hora::CollectiveKind::kBroadcast)
-    return Status(Code::kNotSupported,
-                  where +
-                      ": GPU tensors are served for allreduce and broadcast in this version; "
-                      "copy the tensor to the CPU for " +
-                      hora::collectiveName(kind));
   auto devices = set.gpuPlugin()->deviceCount();
   if (!devices.isOk()) return devices.status().withContext(where);
   if (in.device.index < 0 || in.device.index >= devices.value())

@@ -8,13 +8,11 @@
 
 namespace hora {
 
-namespace {
 int64_t rowElements(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
   return n;
 }
-}  // namespace
 
 void ProcessSetImpl::executorLoop() {
   for (;;) {
@@ -91,25 +89,31 @@ void ProcessSetImpl::execute(ExecGroup& g) {
   }
   TensorEntry* e = es[0].get();
   Status s;
+  const bool gpu = first.device.kind == DeviceKind::kCuda;
+  // GPU only: the output allocator failed, yet this rank took part in the
+  // collective with a stand-in buffer, so the set stays usable.
+  Status outputLost;
   switch (first.kind) {
     case ResponseKind::kAllgather:
-      s = runAllgather(first, e);
+      s = gpu ? runGpuAllgather(first, e, &outputLost) : runAllgather(first, e);
       break;
     case ResponseKind::kBroadcast:
-      s = first.device.kind == DeviceKind::kCuda ? runGpuBroadcast(first, e)
-                                                 : runBroadcast(first, e);
-      if (!s.isOk()) failedAfterAgreement(s);
+      s = gpu ? runGpuBroadcast(first, e) : runBroadcast(first, e);
       break;
     case ResponseKind::kAlltoall:
-      s = runAlltoall(first, e);
+      s = gpu ? runGpuAlltoall(first, e, &outputLost) : runAlltoall(first, e);
       break;
     case ResponseKind::kReducescatter:
-      s = runReducescatter(first, e);
+      s = gpu ? runGpuReducescatter(first, e, &outputLost) : runReducescatter(first, e);
       break;
     default:
       s = internalError("unexpected response kind");
       break;
   }
+  // A GPU failure may be this rank's alone (a plugin call, device memory)
+  // while the peers are inside the collective.
+  if (gpu && !s.isOk()) failedAfterAgreement(s);
+  if (s.isOk()) s = outputLost;
   if (e) e->complete(s.isOk() ? s : entryStatus(*e, s));
 }
 
@@ -224,22 +228,35 @@ Status ProcessSetImpl::runAllreduce(std::vector<Response>& group,
 Result<void*> ProcessSetImpl::allocateOutput(TensorEntry& e, const std::vector<int64_t>& shape) {
   RequestState& st = *e.owner;
   size_t bytes = static_cast<size_t>(numElements(shape)) * dataTypeSize(e.request.dtype);
+  const Device dev = e.request.device;
+  const bool onGpu = dev.kind == DeviceKind::kCuda;
   st.outShape = shape;
   void* data = nullptr;
   if (st.alloc) {
+    // For a GPU input the callback returns memory on the input's device.
     int rc = st.alloc(st.allocUser, static_cast<int32_t>(shape.size()), shape.data(), e.dlType,
                       bytes, &data);
     if (rc != 0 || (!data && bytes > 0))
       return Status(Code::kSystemError, "the output allocator callback failed (returned " +
                                             std::to_string(rc) + ") for " + std::to_string(bytes) +
-                                            " bytes");
+                                            " bytes on " + deviceName(dev));
+  } else if (onGpu) {
+    // gpuPrepare ran for this group: the plugin is loaded, the device known.
+    const hora_gpu_plugin_v1_t* api = gpu_.api;
+    const int index = gpu_.device;
+    HORA_RETURN_IF_ERROR(opts_.gpu->check(
+        api->device_alloc(index, std::max<size_t>(bytes, 1), &data), "device_alloc",
+        "the library-owned output (" + std::to_string(bytes) + " bytes on " + deviceName(dev) +
+            "; pass options.alloc to allocate it yourself)"));
+    st.ownedDeviceOutput =
+        std::shared_ptr<void>(data, [api, index](void* p) { api->device_free(index, p); });
   } else {
     st.ownedOutput.resize(std::max<size_t>(bytes, 1));
     data = st.ownedOutput.data();
   }
   st.outTensor = DLTensor{};
   st.outTensor.data = data;
-  st.outTensor.device = DLDevice{kDLCPU, 0};
+  st.outTensor.device = onGpu ? DLDevice{kDLCUDA, dev.index} : DLDevice{kDLCPU, 0};
   st.outTensor.ndim = static_cast<int32_t>(st.outShape.size());
   st.outTensor.dtype = e.dlType;
   st.outTensor.shape = st.outShape.data();

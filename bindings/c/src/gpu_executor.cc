@@ -1,6 +1,8 @@
-// The executor thread's GPU half: allreduce (single, fused, grouped) and
-// broadcast of tensors in GPU memory, through the GPU plugin
-// (ops/gpu/hora_gpu_plugin.h). See process_set.h for the threading model.
+// The executor thread's GPU half: the set's GPU resources (stream, event,
+// communicator, device fusion buffer, pinned staging), allreduce (single,
+// fused, grouped) and broadcast of tensors in GPU memory, through the GPU
+// plugin (ops/gpu/hora_gpu_plugin.h); allgather, alltoall and reducescatter
+// are in gpu_collectives.cc. See process_set.h for the threading model.
 //
 // Two paths, chosen per group from what every rank shares (the response and
 // HORA_GPU_BACKEND), so all ranks take the same one:
@@ -68,8 +70,18 @@ Device ProcessSetImpl::localDevice(const Response& r,
   return r.device;
 }
 
+bool ProcessSetImpl::gpuCommMovesBytes() const {
+  return opts_.gpuBackend != "gloo" && gpu_.api->comm_init != nullptr;
+}
+
 bool ProcessSetImpl::gpuUsesComm(DataType dt) const {
-  return opts_.gpuBackend != "gloo" && ncclHasType(dt) && gpu_.api->comm_init != nullptr;
+  return gpuCommMovesBytes() && ncclHasType(dt);
+}
+
+Status ProcessSetImpl::gpuAfterReady(TensorEntry* e, const std::string& what) {
+  if (!e || !e->readyEvent) return Status::ok();
+  return opts_.gpu->check(gpu_.api->stream_wait_external_event(gpu_.stream, e->readyEvent),
+                          "stream_wait_external_event", what);
 }
 
 Status ProcessSetImpl::gpuComm(const std::string& what) {
@@ -208,11 +220,7 @@ Status ProcessSetImpl::runGpuAllreduce(std::vector<Response>& group,
   const auto* api = g.api;
   const bool viaComm = gpuUsesComm(dt);
   if (viaComm) HORA_RETURN_IF_ERROR(gpuComm(what));
-  for (auto& e : es)
-    if (e && e->readyEvent)
-      HORA_RETURN_IF_ERROR(
-          opts_.gpu->check(api->stream_wait_external_event(g.stream, e->readyEvent),
-                           "stream_wait_external_event", what));
+  for (auto& e : es) HORA_RETURN_IF_ERROR(gpuAfterReady(e.get(), what));
 
   std::vector<size_t> start(group.size() + 1, 0);
   for (size_t i = 0; i < group.size(); ++i)
@@ -303,9 +311,7 @@ Status ProcessSetImpl::runGpuBroadcast(const Response& r, TensorEntry* e) {
   const size_t n = static_cast<size_t>(r.numElements());
   const size_t bytes = n * dataTypeSize(r.dtype);
   if (n == 0) return Status::ok();
-  if (e && e->readyEvent)
-    HORA_RETURN_IF_ERROR(opts_.gpu->check(api->stream_wait_external_event(g.stream, e->readyEvent),
-                                          "stream_wait_external_event", what));
+  HORA_RETURN_IF_ERROR(gpuAfterReady(e, what));
   char* data = e ? static_cast<char*>(e->out) : nullptr;
   if (!data) {  // joined: a stand-in buffer
     HORA_RETURN_IF_ERROR(gpuFusion(bytes, what));
@@ -315,7 +321,7 @@ Status ProcessSetImpl::runGpuBroadcast(const Response& r, TensorEntry* e) {
     HORA_RETURN_IF_ERROR(
         opts_.gpu->check(api->memcpy_async(data, e->in, bytes, g.stream), "memcpy_async", what));
   // Broadcast moves bytes: NCCL's uint8 serves every dtype.
-  if (opts_.gpuBackend != "gloo" && api->comm_init) {
+  if (gpuCommMovesBytes()) {
     HORA_RETURN_IF_ERROR(gpuComm(what));
     HORA_RETURN_IF_ERROR(
         opts_.gpu->check(api->broadcast(data, bytes, static_cast<int32_t>(DataType::kUint8), r.root,

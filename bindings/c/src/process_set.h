@@ -46,6 +46,9 @@ namespace hora {
 // A negotiated group with the local entries it refers to, claimed from the
 // tensor table when the group is queued so that a later failure of the set
 // cannot fail work every rank has already agreed to run.
+// Elements per row (dimension 0) of a tensor of this shape.
+int64_t rowElements(const std::vector<int64_t>& shape);
+
 struct ExecGroup {
   std::vector<Response> responses;
   std::vector<std::shared_ptr<TensorEntry>> entries;  // null where this rank has none (joined)
@@ -151,6 +154,12 @@ class ProcessSetImpl {
   Status runGpuAllreduce(std::vector<Response>& group,
                          std::vector<std::shared_ptr<TensorEntry>>& es);
   Status runGpuBroadcast(const Response& r, TensorEntry* e);
+  // *outputLost: the output allocator failed but this rank took part.
+  Status runGpuAllgather(const Response& r, TensorEntry* e, Status* outputLost);
+  Status runGpuAlltoall(const Response& r, TensorEntry* e, Status* outputLost);
+  Status runGpuReducescatter(const Response& r, TensorEntry* e, Status* outputLost);
+  Status gpuAfterReady(TensorEntry* e, const std::string& what);  // orders after ready_event
+  bool gpuCommMovesBytes() const;  // the communicator serves byte-moving collectives
   Status gpuPrepare(const Device& dev, const std::string& what);
   Device localDevice(const Response& r, const std::vector<std::shared_ptr<TensorEntry>>& es) const;
   bool gpuUsesComm(DataType dt) const;

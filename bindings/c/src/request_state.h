@@ -41,6 +41,9 @@ struct RequestState {
   // Results written by the executor before completion, read after.
   std::vector<int64_t> outShape;
   std::vector<char> ownedOutput;  // library-owned output when no allocator
+  // Library-owned output in GPU memory (GPU inputs, no allocator); freed with
+  // the request through the GPU plugin, on whichever thread frees it.
+  std::shared_ptr<void> ownedDeviceOutput;
   DLTensor outTensor{};
   bool hasOutput = false;
   std::vector<int64_t> receivedSplits;

@@ -146,8 +146,10 @@ HORA_API hora_status_t hora_process_set_size(hora_process_set_t set, int32_t* ou
 typedef void (*hora_callback_t)(void* user, hora_request_t request, hora_status_t status);
 /* Allocates output memory for results whose size is known only after
  * negotiation (allgather, alltoall, reducescatter). Fill *data with a
- * CPU pointer to nbytes bytes owned by the caller, return 0; non-zero fails
- * the request. Called on a hora thread. */
+ * pointer to nbytes bytes owned by the caller, in the input's memory (CPU
+ * memory for a CPU input, device memory on the input's GPU for a GPU input),
+ * return 0; non-zero fails the request (this rank still takes part, so its
+ * peers are not disturbed). Called on a hora thread. */
 typedef int (*hora_alloc_t)(void* user, int32_t ndim, const int64_t* shape, DLDataType dtype,
                             size_t nbytes, void** data);
 
@@ -175,9 +177,9 @@ HORA_API void hora_options_init(hora_options_t* options);
 /* ---- collectives (asynchronous) ----
  * Inputs are read and outputs written on hora threads after the call
  * returns: keep them alive and unmodified until the request completes.
- * Tensors must be CPU memory (or, for allreduce and broadcast, CUDA device
- * memory, served through the GPU plugin libhora_cuda.so, loaded on first
- * use), compact row-major (strides NULL or matching),
+ * Tensors must be CPU memory or CUDA device memory (served through the GPU
+ * plugin libhora_cuda.so, loaded on first use; outputs are allocated on the
+ * input's device), compact row-major (strides NULL or matching),
  * with a supported dtype: uint8, int8, int16, int32, int64, float16, bfloat16,
  * float32, float64, bool. On any non-success return no request was created. */
 
@@ -228,7 +230,8 @@ HORA_API hora_status_t hora_test(hora_request_t request, int32_t* done);
  * still running (the request is unaffected), else the request's status. */
 HORA_API hora_status_t hora_wait(hora_request_t request, double timeout_s);
 /* For allgather/alltoall/reducescatter without options->alloc: the result,
- * owned by the request (valid until hora_request_free). */
+ * owned by the request (valid until hora_request_free), in the input's
+ * memory (out->device says where: a GPU input gives device memory). */
 HORA_API hora_status_t hora_request_output(hora_request_t request, const DLTensor** out);
 /* For alltoall: rows received from each rank (nsplits = set size). */
 HORA_API hora_status_t hora_request_received_splits(hora_request_t request, const int64_t** splits,
