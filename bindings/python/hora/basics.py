@@ -422,12 +422,20 @@ def submit_grouped_allreduce(inps, outs, name=None, op=Average, prescale=1.0, po
                    keep=(inps, outs, in_arr, out_arr, nb, keep), finish=finish, what="hora_grouped_allreduce_async")
 
 
-def submit_allgather(inp, name=None, process_set=None, finish=None, keep=()):
+def _set_alloc(o, alloc):
+    # alloc: an _lib.ALLOC callback placing the result (kept alive by the
+    # caller's keep); None: a library-owned result, read in finish().
+    if alloc is not None:
+        o.alloc = alloc
+
+
+def submit_allgather(inp, name=None, process_set=None, finish=None, keep=(), alloc=None):
     rt = _require_runtime()
     nb = _op_name("allgather", name)
-    o = _options(process_set, nb)
+    o = _options(process_set, nb, ready=inp.ready_event)
+    _set_alloc(o, alloc)
     return _submit(_lib.library().hora_allgather_async, rt, inp.pointer, ctypes.byref(o),
-                   keep=(inp, nb, keep), finish=finish, what="hora_allgather_async")
+                   keep=(inp, nb, keep, alloc), finish=finish, what="hora_allgather_async")
 
 
 def submit_broadcast(tensor, root_rank, name=None, process_set=None, finish=None, keep=()):
@@ -438,10 +446,11 @@ def submit_broadcast(tensor, root_rank, name=None, process_set=None, finish=None
                    keep=(tensor, nb, keep), finish=finish, what="hora_broadcast_async")
 
 
-def submit_alltoall(inp, splits=None, name=None, process_set=None, finish=None, keep=()):
+def submit_alltoall(inp, splits=None, name=None, process_set=None, finish=None, keep=(), alloc=None):
     rt = _require_runtime()
     nb = _op_name("alltoall", name)
-    o = _options(process_set, nb)
+    o = _options(process_set, nb, ready=inp.ready_event)
+    _set_alloc(o, alloc)
     if splits is None:
         sp, n = None, 0
     else:
@@ -449,16 +458,17 @@ def submit_alltoall(inp, splits=None, name=None, process_set=None, finish=None, 
         n = len(splits)
         sp = (ctypes.c_int64 * max(n, 1))(*splits)
     return _submit(_lib.library().hora_alltoall_async, rt, inp.pointer, sp, n, ctypes.byref(o),
-                   keep=(inp, sp, nb, keep), finish=finish, what="hora_alltoall_async")
+                   keep=(inp, sp, nb, keep, alloc), finish=finish, what="hora_alltoall_async")
 
 
 def submit_reducescatter(inp, name=None, op=Average, prescale=1.0, postscale=1.0, process_set=None,
-                         finish=None, keep=()):
+                         finish=None, keep=(), alloc=None):
     rt = _require_runtime()
     nb = _op_name("reducescatter", name)
-    o = _options(process_set, nb, check_op(op), prescale, postscale)
+    o = _options(process_set, nb, check_op(op), prescale, postscale, ready=inp.ready_event)
+    _set_alloc(o, alloc)
     return _submit(_lib.library().hora_reducescatter_async, rt, inp.pointer, ctypes.byref(o),
-                   keep=(inp, nb, keep), finish=finish, what="hora_reducescatter_async")
+                   keep=(inp, nb, keep, alloc), finish=finish, what="hora_reducescatter_async")
 
 
 def submit_barrier(process_set=None, name=None):

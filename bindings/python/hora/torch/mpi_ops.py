@@ -15,12 +15,12 @@ submission, so no synchronization is needed before the call. torch 1.13's
 DLPack export refuses bool, so bool tensors are exported as uint8 and marked
 bool for hora.
 """
-import ctypes
 
 import torch
 from torch.utils.dlpack import to_dlpack
 
 from .. import _dlpack
+from .. import _lib
 from .. import basics
 from ..basics import (Adasum, Average, Max, Min, Product, Sum, global_process_set, poll,  # noqa: F401
                       synchronize)
@@ -56,14 +56,31 @@ def _ref(tensor):
     return ref
 
 
-def _copy_out(dl):
-    """A new torch tensor holding a library-owned result."""
-    key = (dl.dtype.code, dl.dtype.bits)
-    out = torch.empty(_dlpack.shape_of(dl), dtype=_TORCH_FROM_DL[key])
-    n = _dlpack.nbytes(dl)
-    if n:
-        ctypes.memmove(out.data_ptr(), _dlpack.data_address(dl), n)
-    return out
+class _Output:
+    """The result tensor of a collective whose output shape is known only after
+    negotiation (allgather, alltoall, reducescatter): allocated by torch on the
+    input's device when hora asks (options.alloc, called on a hora thread), so
+    the result is written once, in place, on CPU and GPU alike."""
+    __slots__ = ("like", "tensor", "error", "cfunc")
+
+    def __init__(self, like):
+        self.like = like
+        self.tensor = None
+        self.error = None
+        self.cfunc = _lib.ALLOC(self._alloc)
+
+    def _alloc(self, _user, ndim, shape, _dtype, _nbytes, data):
+        try:
+            self.tensor = torch.empty([shape[i] for i in range(ndim)], dtype=self.like.dtype,
+                                      device=self.like.device)
+            data[0] = self.tensor.data_ptr() or None
+            return 0
+        except BaseException as e:  # nothing may propagate into the hora thread
+            self.error = e
+            return 1
+
+    def result(self, _pending=None):
+        return self.tensor
 
 
 def handle_average_backwards_compatibility(op, average):
@@ -205,11 +222,15 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 
 
 # ---------------------------------------------------------------- allgather
+def _submit_allgather(tensor, name, process_set):
+    out = _Output(tensor)
+    return basics.submit_allgather(_ref(tensor), name, _check_set(process_set), finish=out.result,
+                                   keep=out, alloc=out.cfunc)
+
+
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts concatenating every rank's tensor along dim 0 (first dims may differ)."""
-    p = basics.submit_allgather(_ref(tensor), name, _check_set(process_set),
-                                finish=lambda p: _copy_out(p.output_dl()))
-    return basics.register(p)
+    return basics.register(_submit_allgather(tensor, name, process_set))
 
 
 class HoraAllgather(torch.autograd.Function):
@@ -239,8 +260,7 @@ def allgather(tensor, name=None, process_set=global_process_set):
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     children = []
     for i, t in enumerate(tensors):
-        children.append(basics.submit_allgather(_ref(t), None if name is None else "%s.%d" % (name, i),
-                                                _check_set(process_set), finish=lambda p: _copy_out(p.output_dl())))
+        children.append(_submit_allgather(t, None if name is None else "%s.%d" % (name, i), process_set))
     return basics.register(basics.group(children))
 
 
@@ -298,9 +318,12 @@ def _splits_list(splits):
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts an alltoall: ``splits[r]`` rows of dim 0 go to rank r (equal split if None).
     synchronize(handle) returns (output, received_splits)."""
+    out = _Output(tensor)
+
     def finish(p):
-        return _copy_out(p.output_dl()), torch.tensor(p.received_splits(), dtype=torch.int32)
-    p = basics.submit_alltoall(_ref(tensor), _splits_list(splits), name, _check_set(process_set), finish=finish)
+        return out.tensor, torch.tensor(p.received_splits(), dtype=torch.int32)
+    p = basics.submit_alltoall(_ref(tensor), _splits_list(splits), name, _check_set(process_set), finish=finish,
+                               keep=out, alloc=out.cfunc)
     return basics.register(p)
 
 
@@ -331,9 +354,14 @@ def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0, post
                         process_set=global_process_set):
     """Starts a reduce-scatter: reduce over ranks, rank r keeps its block of dim 0
     (ranks below dim0 % size get one extra row)."""
-    p = basics.submit_reducescatter(_ref(tensor), name, op, prescale_factor, postscale_factor,
-                                    _check_set(process_set), finish=lambda p: _copy_out(p.output_dl()))
-    return basics.register(p)
+    return basics.register(_submit_reducescatter(tensor, name, op, prescale_factor, postscale_factor,
+                                                 process_set))
+
+
+def _submit_reducescatter(tensor, name, op, prescale_factor, postscale_factor, process_set):
+    out = _Output(tensor)
+    return basics.submit_reducescatter(_ref(tensor), name, op, prescale_factor, postscale_factor,
+                                       _check_set(process_set), finish=out.result, keep=out, alloc=out.cfunc)
 
 
 class HoraReducescatter(torch.autograd.Function):
@@ -364,9 +392,8 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, prescale_factor=
                                 process_set=global_process_set):
     children = []
     for i, t in enumerate(tensors):
-        children.append(basics.submit_reducescatter(_ref(t), None if name is None else "%s.%d" % (name, i), op,
-                                                    prescale_factor, postscale_factor, _check_set(process_set),
-                                                    finish=lambda p: _copy_out(p.output_dl())))
+        children.append(_submit_reducescatter(t, None if name is None else "%s.%d" % (name, i), op,
+                                              prescale_factor, postscale_factor, process_set))
     return basics.register(basics.group(children))
 
 
