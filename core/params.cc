@@ -40,7 +40,8 @@ const std::vector<ParamSpec>& paramRegistry() {
       {"HORA_FUSION_THRESHOLD_BYTES", ParamType::kInt, "134217728",
        "Largest fused batch in bytes (0 disables fusion)."},
       {"HORA_CACHE_CAPACITY", ParamType::kInt, "1024",
-       "Response-cache entries (0 disables the cache)."},
+       "Response-cache entries (0 disables the cache). Must be the same on every rank (checked "
+       "at start)."},
       {"HORA_STALL_WARNING_TIME_S", ParamType::kFloat, "60",
        "Seconds a tensor may wait for missing ranks before a warning names it and them."},
       {"HORA_STALL_SHUTDOWN_TIME_S", ParamType::kFloat, "300",
@@ -53,12 +54,15 @@ const std::vector<ParamSpec>& paramRegistry() {
       {"HORA_START_TIMEOUT_S", ParamType::kFloat, "120",
        "Longest wait for all ranks to reach the store and connect at start-up."},
       {"HORA_GLOO_ALGORITHM", ParamType::kString, "auto",
-       "Gloo allreduce algorithm: auto (by size), ring or bcube."},
+       "Gloo allreduce algorithm: auto (by size), ring or bcube. Must be the same on every rank "
+       "(checked at start)."},
       {"HORA_GLOO_IFACE", ParamType::kString, "",
        "Network interface for Gloo's data plane (default: by HORA_HOSTNAME)."},
       {"HORA_SHM", ParamType::kBool, "1",
        "Allreduce through shared memory (/dev/shm) when every rank of a process set runs on one "
-       "host; 0 keeps everything on Gloo. Must be the same on every rank."},
+       "host; 0 keeps everything on Gloo. Compared at set-up: if the ranks differ, the set stays "
+       "on "
+       "Gloo and the reason is logged."},
       {"HORA_SHM_CHUNK_BYTES", ParamType::kInt, "4194304",
        "Pipeline chunk of the shared-memory allreduce; each rank's segment holds two (a multiple "
        "of 64)."},
@@ -70,7 +74,7 @@ const std::vector<ParamSpec>& paramRegistry() {
       {"HORA_GPU_BACKEND", ParamType::kString, "auto",
        "GPU tensors: auto (NCCL communicator where NCCL has the dtype, else staging through host "
        "memory and the CPU data plane), nccl, or gloo (always staging; for ranks sharing a GPU). "
-       "Must be the same on every rank."},
+       "Must be the same on every rank (checked at start)."},
       {"HORA_LOG_LEVEL", ParamType::kString, "warning",
        "trace, debug, info, warning, error or off."},
   };

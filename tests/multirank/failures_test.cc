@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -369,6 +370,32 @@ TEST(Failures, MissingRankAtStartTimesOutNamingIt) {
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10);
   std::string m = hora_last_error_message();
   EXPECT_NE(m.find("rank 1"), std::string::npos) << m;
+}
+
+TEST(Failures, GpuBackendDifferingAcrossRanksFailsEveryRankAtStart) {
+  // HORA_GPU_BACKEND decides whether GPU tensors go through NCCL or through
+  // the CPU data plane: ranks that differ would pair different collectives.
+  auto results =
+      runProcesses(3,
+                   [](int rank) -> int {
+                     ::setenv("HORA_GPU_BACKEND", rank == 1 ? "gloo" : "auto", 1);
+                     hora_runtime_t rt;
+                     hora_status_t s = hora_init(nullptr, &rt);
+                     if (s == HORA_SUCCESS) {
+                       hora_shutdown(rt);
+                       return 10;
+                     }
+                     std::string m = hora_last_error_message();
+                     std::printf("%s\n", m.c_str());
+                     if (s != HORA_ERR_INVALID_ARGUMENT) return 11;
+                     return m.find("HORA_GPU_BACKEND is 'gloo' on rank 1 but 'auto' on rank 0") ==
+                                    std::string::npos
+                                ? 12
+                                : 0;
+                   },
+                   60, nullptr, {{"HORA_START_TIMEOUT_S", "60"}});
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ": " << results[r].output;
 }
 
 }  // namespace

@@ -163,28 +163,33 @@ TEST(Regression, TensorNamedJoinWhileAnotherRankJoins) {
   });
 }
 
-TEST(Regression, CacheCapacityMismatchIsRefusedAtStart) {
-  int port = freePort();
-  std::string workerMsg;
-  hora_status_t workerStatus = HORA_SUCCESS;
-  std::thread worker([&] {
-    hora_config_t c = testConfig(1, 2, port);
-    c.cache_capacity = 1;
-    hora_runtime_t rt;
-    workerStatus = hora_init(&c, &rt);
-    workerMsg = hora_last_error_message();
-    if (workerStatus == HORA_SUCCESS) hora_shutdown(rt);
-  });
-  hora_config_t c = testConfig(0, 2, port);
-  c.cache_capacity = 4;
-  c.start_timeout_s = 3;
-  hora_runtime_t rt;
-  hora_status_t s = hora_init(&c, &rt);
-  if (s == HORA_SUCCESS) hora_shutdown(rt);
-  worker.join();
-  EXPECT_NE(s, HORA_SUCCESS);
-  EXPECT_EQ(workerStatus, HORA_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(workerMsg.find("HORA_CACHE_CAPACITY"), std::string::npos) << workerMsg;
+TEST(Regression, CacheCapacityMismatchFailsEveryRankAtStartNamingBothValues) {
+  // Before the settings agreement only the differing rank failed; the others
+  // waited for it until their start timeout.
+  const int port = freePort();
+  std::vector<hora_status_t> status(3, HORA_SUCCESS);
+  std::vector<std::string> msg(3);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 3; ++r)
+    ranks.emplace_back([&, r] {
+      hora_config_t c = testConfig(r, 3, port);
+      c.cache_capacity = r == 2 ? 1 : 4;
+      c.start_timeout_s = 60;
+      hora_runtime_t rt;
+      status[r] = hora_init(&c, &rt);
+      msg[r] = hora_last_error_message();
+      if (status[r] == HORA_SUCCESS) hora_shutdown(rt);
+    });
+  for (auto& t : ranks) t.join();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 20) << "every rank should learn of the difference at once, not at its start timeout";
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(status[r], HORA_ERR_INVALID_ARGUMENT) << "rank " << r << ": " << msg[r];
+    EXPECT_NE(msg[r].find("HORA_CACHE_CAPACITY is '1' on rank 2 but '4' on rank 0"),
+              std::string::npos)
+        << "rank " << r << ": " << msg[r];
+  }
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 #include <future>
 #include <unordered_set>
 
+#include "controllers/settings_agreement.h"
 #include "core/wire.h"
+#include "hora/version.h"
 #include "ops/gloo/gloo_backend.h"
 #include "ops/shm/shm_backend.h"
 
@@ -59,25 +61,23 @@ Result<std::unique_ptr<ProcessSetImpl>> ProcessSetImpl::create(std::string name,
       new ProcessSetImpl(name, globalRanks, rank, std::move(options)));
   const SetOptions& o = ps->opts_;
 
-  // The response cache only works if every rank applies the same operations
-  // to a cache of the same capacity: check it before anything connects.
-  if (ps->size() > 1) {
-    std::string mine = std::to_string(ps->opts_.cacheCapacity);
-    if (rank == 0) {
-      HORA_RETURN_IF_ERROR(store->set("cache_capacity", mine));
-    } else {
-      auto theirs = store->get(
-          "cache_capacity",
-          std::chrono::milliseconds(static_cast<int64_t>(ps->opts_.startTimeoutS * 1000)));
-      if (!theirs.isOk())
-        return theirs.status().withContext("process set " + name + ": waiting for the coordinator");
-      if (theirs.value() != mine)
-        return invalidArgument("process set " + name + ": HORA_CACHE_CAPACITY is " + mine +
-                               " on rank " + std::to_string(myGlobalRank) + " but " +
-                               theirs.value() + " on rank " + std::to_string(globalRanks[0]) +
-                               "; every rank must use the same value");
-    }
-  }
+  // Settings that change how a rank pairs its collectives with the others'
+  // must be equal on every member: compared before anything connects, so a
+  // difference fails every member at once with both values named. (The shm
+  // settings are agreed by the shm set-up itself, which falls back to Gloo.)
+  const SharedSettings shared = {
+      {"hora version", std::to_string(HORA_VERSION_MAJOR) + "." +
+                           std::to_string(HORA_VERSION_MINOR) + "." +
+                           std::to_string(HORA_VERSION_PATCH)},
+      // The response cache only works if every rank applies the same
+      // operations to a cache of the same capacity.
+      {"HORA_CACHE_CAPACITY", std::to_string(o.cacheCapacity)},
+      {"HORA_GLOO_ALGORITHM", o.glooAlgorithm},
+      {"HORA_GPU_BACKEND", o.gpuBackend},
+  };
+  HORA_RETURN_IF_ERROR(agreeOnSettings(
+      *store, rank, globalRanks, shared,
+      std::chrono::milliseconds(static_cast<int64_t>(o.startTimeoutS * 1000)), name));
 
   ControlPlaneOptions cpo;
   cpo.rank = rank;

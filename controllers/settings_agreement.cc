@@ -1,0 +1,91 @@
+#include "controllers/settings_agreement.h"
+
+#include <map>
+#include <sstream>
+
+namespace hora {
+
+std::string encodeSettings(const SharedSettings& s) {
+  std::string out;
+  for (const auto& kv : s) out += kv.first + "=" + kv.second + "\n";
+  return out;
+}
+
+namespace {
+
+std::map<std::string, std::string> decode(const std::string& text) {
+  std::map<std::string, std::string> m;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto eq = line.find('=');
+    if (eq != std::string::npos) m[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return m;
+}
+
+std::string quoted(const std::map<std::string, std::string>& m, const std::string& key) {
+  auto it = m.find(key);
+  return it == m.end() ? "(unset)" : "'" + it->second + "'";
+}
+
+}  // namespace
+
+std::string diffSettings(const SharedSettings& mine, int myRank, const std::string& coordinator,
+                         int coordinatorRank) {
+  const auto a = decode(encodeSettings(mine));
+  const auto b = decode(coordinator);
+  std::map<std::string, bool> keys;
+  for (const auto& kv : a) keys[kv.first] = true;
+  for (const auto& kv : b) keys[kv.first] = true;
+  std::string diff;
+  for (const auto& k : keys) {
+    const std::string va = quoted(a, k.first), vb = quoted(b, k.first);
+    if (va == vb) continue;
+    if (!diff.empty()) diff += "; ";
+    diff += k.first + " is " + va + " on rank " + std::to_string(myRank) + " but " + vb +
+            " on rank " + std::to_string(coordinatorRank);
+  }
+  return diff;
+}
+
+Status agreeOnSettings(Store& store, int rank, const std::vector<int>& globalRanks,
+                       const SharedSettings& mine, std::chrono::milliseconds timeout,
+                       const std::string& setName) {
+  const int size = static_cast<int>(globalRanks.size());
+  if (size <= 1) return Status::ok();
+  const std::string where = "process set " + setName + " on rank " +
+                            std::to_string(globalRanks[rank]) + ": comparing settings";
+  std::string summary;
+  if (rank == 0) {
+    HORA_RETURN_IF_ERROR(store.set("settings/0", encodeSettings(mine)));
+    for (int r = 1; r < size; ++r) {
+      auto v = store.get("settings/verdict/" + std::to_string(r), timeout);
+      if (!v.isOk())
+        return v.status().withContext(where + " (rank " + std::to_string(globalRanks[r]) +
+                                      " did not arrive)");
+      if (!v.value().empty()) summary += (summary.empty() ? "" : "; ") + v.value();
+    }
+    HORA_RETURN_IF_ERROR(store.set("settings/summary", summary));
+  } else {
+    auto theirs = store.get("settings/0", timeout);
+    if (!theirs.isOk())
+      return theirs.status().withContext(where + " (waiting for rank " +
+                                         std::to_string(globalRanks[0]) + ")");
+    HORA_RETURN_IF_ERROR(
+        store.set("settings/verdict/" + std::to_string(rank),
+                  diffSettings(mine, globalRanks[rank], theirs.value(), globalRanks[0])));
+    auto s = store.get("settings/summary", timeout);
+    if (!s.isOk())
+      return s.status().withContext(where + " (waiting for rank " + std::to_string(globalRanks[0]) +
+                                    "'s summary)");
+    summary = s.take();
+  }
+  if (summary.empty()) return Status::ok();
+  return invalidArgument("process set " + setName + ": ranks disagree on settings that must be " +
+                         "equal on every rank: " + summary +
+                         "; set the same values everywhere (e.g. export them before horarun, "
+                         "which passes the environment to every rank)");
+}
+
+}  // namespace hora
