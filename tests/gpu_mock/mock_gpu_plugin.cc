@@ -11,7 +11,8 @@
 // HORA_GPU_MOCK_FAIL=<name> makes that function fail with an "injected"
 // error; HORA_GPU_MOCK_DEVICES=<n> sets the device count (default 1);
 // HORA_GPU_MOCK_REFUSE_ABI=1 makes the entry point refuse every ABI version
-// (as a plugin of another hora version would).
+// (as a plugin of another hora version would); HORA_GPU_MOCK_STUCK=1 makes
+// events never complete (GPU work that never ends).
 //
 // Process-wide counters are fine here: this is a test double, not hora.
 #include <atomic>
@@ -103,7 +104,8 @@ int eventRecord(hora_gpu_event_t, hora_gpu_stream_t) {
 }
 int eventQuery(hora_gpu_event_t, int* done) {
   ENTER("event_query");
-  *done = 1;
+  const char* stuck = std::getenv("HORA_GPU_MOCK_STUCK");
+  *done = stuck && std::strcmp(stuck, "1") == 0 ? 0 : 1;
   return 0;
 }
 

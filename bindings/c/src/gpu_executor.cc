@@ -21,6 +21,7 @@
 // aborts the communicator instead of waiting on it).
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -155,6 +156,12 @@ Status ProcessSetImpl::gpuWait(const std::string& what) {
   GpuState& g = gpu_;
   HORA_RETURN_IF_ERROR(
       opts_.gpu->check(g.api->event_record(g.done, g.stream), "event_record", what));
+  // Like every data-plane wait, bounded by HORA_PEER_TIMEOUT_S: a peer whose
+  // hora threads are alive but whose GPU work never arrives (its stream stuck
+  // behind a kernel that does not end, a hung driver) would otherwise hold
+  // this rank forever without any heartbeat going missing.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(opts_.peerTimeoutS * 1000));
   auto pause = std::chrono::microseconds(0);
   for (;;) {
     int done = 0;
@@ -178,6 +185,20 @@ Status ProcessSetImpl::gpuWait(const std::string& what) {
         if (g.comm) g.api->comm_abort(g.comm);
         return why.withContext(what);
       }
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      if (g.comm) g.api->comm_abort(g.comm);
+      char secs[32];
+      std::snprintf(secs, sizeof(secs), "%g", opts_.peerTimeoutS);
+      return Status(Code::kTimeout,
+                    what + ": the GPU work did not complete within HORA_PEER_TIMEOUT_S=" + secs +
+                        " s on rank " + std::to_string(globalRank(rank_)) +
+                        " (cuda:" + std::to_string(g.device) +
+                        "); a peer's GPU work may be stalled (its stream stuck behind a kernel "
+                        "that does not end) or this GPU hung" +
+                        (g.comm ? "; the set's GPU communicator was aborted" : "") +
+                        ". Raise HORA_PEER_TIMEOUT_S if one collective legitimately takes "
+                        "this long");
     }
     // Short operations finish within a few yields; long ones are polled
     // every 200 us at most, off the framework thread.
