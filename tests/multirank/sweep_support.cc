@@ -5,21 +5,52 @@
 // the local reference), allgatherSweep, alltoallCheck, reducescatterSweep.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "rank_harness.h"
 #include "tensor_util.h"
+#include "test_memory.h"
 
 namespace htest {
+
+namespace {
+DeviceMemory deviceMemory;
+}  // namespace
+
+void setDeviceMemory(const DeviceMemory& m) { deviceMemory = m; }
+
+TestBuffer::TestBuffer(size_t bytes, DLDeviceType device) {
+  bytes = std::max<size_t>(bytes, 1);
+  if (device == kDLCUDA && deviceMemory.alloc) {
+    p_ = std::shared_ptr<char>(static_cast<char*>(deviceMemory.alloc(bytes)),
+                               [](char* q) { deviceMemory.release(q); });
+  } else {
+    p_ = std::shared_ptr<char>(new char[bytes](), std::default_delete<char[]>());
+  }
+}
+
+std::vector<char> outputBytes(const DLTensor* out) {
+  size_t n = (out->dtype.bits * out->dtype.lanes + 7) / 8;
+  for (int i = 0; i < out->ndim; ++i) n *= static_cast<size_t>(out->shape[i]);
+  std::vector<char> host(std::max<size_t>(n, 1));
+  if (n == 0) return host;
+  const char* src = static_cast<const char*>(out->data) + out->byte_offset;
+  if (out->device.device_type == kDLCUDA && deviceMemory.toHost)
+    deviceMemory.toHost(host.data(), src, n);
+  else
+    std::memcpy(host.data(), src, n);
+  return host;
+}
 
 void allreduceSweep(int rank, int size, hora_runtime_t rt, DLDeviceType device, int deviceId) {
   using hora::ReduceOp;
   const int64_t kCounts[] = {0, 1, 7, 1001};
   struct Pending {
     hora_request_t req;
-    std::vector<char> buf;
+    TestBuffer buf;
     std::vector<int64_t> shape;
     ReduceOp op;
     std::string name;
@@ -33,7 +64,7 @@ void allreduceSweep(int rank, int size, hora_runtime_t rt, DLDeviceType device, 
       if (!hora::reduceOpSupported(op, dt.dt)) continue;
       for (int64_t n : kCounts) {
         Pending p{nullptr,
-                  std::vector<char>(std::max<int64_t>(n, 1) * hora::dataTypeSize(dt.dt)),
+                  TestBuffer(std::max<int64_t>(n, 1) * hora::dataTypeSize(dt.dt), device),
                   {n},
                   op,
                   prefix + dt.name + "." + hora::reduceOpName(op) + "." + std::to_string(n)};
@@ -94,7 +125,7 @@ void allgatherSweep(int rank, int size, hora_runtime_t rt, DLDeviceType device, 
   for (const DT& dt : allDtypes()) {
     int64_t rows = rank == 0 ? 0 : rank + 1;  // rank 0 contributes nothing
     std::vector<int64_t> shape = {rows, 3};
-    std::vector<char> buf(std::max<int64_t>(rows * 3, 1) * hora::dataTypeSize(dt.dt));
+    TestBuffer buf(std::max<int64_t>(rows * 3, 1) * hora::dataTypeSize(dt.dt), device);
     for (int64_t i = 0; i < rows * 3; ++i)
       writeVal(dt.dt, buf.data(), i, (rank * 10 + i) % 7 + (dt.dt == DataType::kBool ? 0 : 1));
     DLTensor t = deviceTensor(buf.data(), dt.dl, &shape, device, deviceId);
@@ -108,6 +139,7 @@ void allgatherSweep(int rank, int size, hora_runtime_t rt, DLDeviceType device, 
     const DLTensor* out = nullptr;
     ASSERT_EQ(hora_request_output(req, &out), HORA_SUCCESS);
     expectOutputDevice(out, device, deviceId, name);
+    const std::vector<char> result = outputBytes(out);
     int64_t total = 0;
     for (int r = 1; r < size; ++r) total += r + 1;
     ASSERT_EQ(out->ndim, 2);
@@ -118,7 +150,7 @@ void allgatherSweep(int rank, int size, hora_runtime_t rt, DLDeviceType device, 
       for (int64_t i = 0; i < (r + 1) * 3; ++i, ++off) {
         double want = (r * 10 + i) % 7 + (dt.dt == DataType::kBool ? 0 : 1);
         if (dt.dt == DataType::kBool) want = want != 0;
-        ASSERT_EQ(readVal(dt.dt, out->data, off), want) << dt.name << " from rank " << r;
+        ASSERT_EQ(readVal(dt.dt, result.data(), off), want) << dt.name << " from rank " << r;
       }
     hora_request_free(req);
   }
@@ -129,10 +161,11 @@ void alltoallCheck(int rank, int size, hora_runtime_t rt, DLDeviceType device, i
   std::vector<int64_t> splits(size);
   int64_t rows = 0;
   for (int d = 0; d < size; ++d) rows += splits[d] = (rank + d) % 3;
-  std::vector<int64_t> data;
+  std::vector<int64_t> values;
   for (int d = 0; d < size; ++d)
-    for (int64_t k = 0; k < splits[d]; ++k) data.insert(data.end(), {rank, d * 100 + k});
-  if (data.empty()) data.push_back(0);
+    for (int64_t k = 0; k < splits[d]; ++k) values.insert(values.end(), {rank, d * 100 + k});
+  TestBuffer data(values.size() * sizeof(int64_t), device);
+  if (!values.empty()) std::memcpy(data.data(), values.data(), values.size() * sizeof(int64_t));
   std::vector<int64_t> shape = {rows, 2};
   DLTensor t = deviceTensor(data.data(), dlType(kDLInt, 64), &shape, device, deviceId);
   hora_options_t o;
@@ -149,7 +182,8 @@ void alltoallCheck(int rank, int size, hora_runtime_t rt, DLDeviceType device, i
   const DLTensor* out = nullptr;
   ASSERT_EQ(hora_request_output(req, &out), HORA_SUCCESS);
   expectOutputDevice(out, device, deviceId, "a2a");
-  const int64_t* v = static_cast<const int64_t*>(out->data);
+  const std::vector<char> result = outputBytes(out);
+  const int64_t* v = reinterpret_cast<const int64_t*>(result.data());
   int64_t off = 0;
   for (int s = 0; s < size; ++s) {
     ASSERT_EQ(recv[s], (s + rank) % 3);
@@ -177,7 +211,7 @@ void reducescatterSweep(int rank, int size, hora_runtime_t rt, DLDeviceType devi
         const bool scaled = dim0 == 10 && op == HORA_OP_SUM;
         const double pre = scaled ? 2.0 : 1.0, post = scaled ? 0.5 : 1.0;
         std::vector<int64_t> shape = {dim0, 2};
-        std::vector<char> in(dim0 * 2 * hora::dataTypeSize(dt.dt));
+        TestBuffer in(dim0 * 2 * hora::dataTypeSize(dt.dt), device);
         for (int64_t i = 0; i < dim0 * 2; ++i) writeVal(dt.dt, in.data(), i, (i + rank) % 5);
         DLTensor t = deviceTensor(in.data(), dt.dl, &shape, device, deviceId);
         hora_options_t o;
@@ -195,6 +229,7 @@ void reducescatterSweep(int rank, int size, hora_runtime_t rt, DLDeviceType devi
         const DLTensor* out = nullptr;
         ASSERT_EQ(hora_request_output(req, &out), HORA_SUCCESS);
         expectOutputDevice(out, device, deviceId, name);
+        const std::vector<char> result = outputBytes(out);
         int64_t myRows = dim0 / size + (rank < dim0 % size ? 1 : 0);
         int64_t start = 0;
         for (int r = 0; r < rank; ++r) start += dim0 / size + (r < dim0 % size ? 1 : 0);
@@ -203,7 +238,7 @@ void reducescatterSweep(int rank, int size, hora_runtime_t rt, DLDeviceType devi
           double sum = 0;
           for (int r = 0; r < size; ++r) sum += (start * 2 + i + r) % 5;
           const double want = op == HORA_OP_SUM ? sum * pre * post : sum / size;
-          ASSERT_NEAR(readVal(dt.dt, out->data, i), want, 2e-3 * std::max(1.0, std::fabs(want)))
+          ASSERT_NEAR(readVal(dt.dt, result.data(), i), want, 2e-3 * std::max(1.0, std::fabs(want)))
               << name << " rank " << rank << " [" << i << "]";
         }
         hora_request_free(req);
