@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The GPU checks of the GPU path (docs/gpu.md) in two steps, for the GPU machine
+# described in ../shared/device/README.md (it has CUDA, NCCL and GoogleTest but
+# not Gloo, so the build is made here and carried there):
+#
+#   scripts/gpu_check.sh build   here: Release build with the CUDA plugin in
+#                                build-gpu/ (only what the checks need) and the
+#                                libraries that machine lacks in .device-libs/
+#   scripts/gpu_check.sh run     there: every gpu test binary, compute-sanitizer
+#                                (memcheck, racecheck, synccheck, initcheck)
+#                                over the plugin's kernel tests, and the fusion
+#                                benchmark; logs in $OUT (or gpu-check-logs/)
+#
+# e.g. through the device tool: carry build-gpu and .device-libs, command
+# "bash scripts/gpu_check.sh run". Exit status: 0 when every step passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+step=${1:-}
+
+build() {
+  set -e
+  scripts/install_deps.sh >/dev/null
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DHORA_WITH_CUDA=ON \
+    -DHORA_BUILD_LAUNCHER=OFF -DHORA_BUILD_EXAMPLES=OFF >/dev/null
+  cmake --build build-gpu -j"$(nproc)" --target hora hora_cuda hora_gpu_cuda_plugin_test \
+    hora_gpu_fusion_emulation_test hora_gpu_runtime_test gpu-fusion-bench
+  rm -rf .device-libs
+  bash ../shared/device/pack-libs.sh build-gpu .device-libs >/dev/null
+  du -sh build-gpu .device-libs
+}
+
+run() {
+  local out=${OUT:-gpu-check-logs} failed=0
+  mkdir -p "$out"
+  export LD_LIBRARY_PATH="$PWD/.device-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
+  local t
+  for t in hora_gpu_fusion_emulation_test hora_gpu_cuda_plugin_test hora_gpu_runtime_test; do
+    if ! timeout 500 "build-gpu/tests/$t" >"$out/$t.log" 2>&1; then
+      echo "FAILED: $t (see $out/$t.log)"
+      failed=1
+    fi
+    grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$t.log" | sed "s/^/$t: /"
+  done
+  local cs
+  cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  if [[ -x "$cs" ]]; then
+    local tool
+    for tool in memcheck racecheck synccheck initcheck; do
+      if ! timeout 300 "$cs" --tool "$tool" --error-exitcode 99 \
+        build-gpu/tests/hora_gpu_cuda_plugin_test --gtest_filter='CudaPluginTest.*' \
+        >"$out/sanitizer-$tool.log" 2>&1; then
+        echo "FAILED: compute-sanitizer --tool $tool (see $out/sanitizer-$tool.log)"
+        failed=1
+      fi
+      tail -n 2 "$out/sanitizer-$tool.log" | sed "s/^/sanitizer $tool: /"
+    done
+  else
+    echo "FAILED: compute-sanitizer not found"
+    failed=1
+  fi
+  if ! build-gpu/bench/gpu-fusion-bench >"$out/gpu-fusion-bench.txt" 2>&1; then
+    echo "FAILED: gpu-fusion-bench (see $out/gpu-fusion-bench.txt)"
+    failed=1
+  fi
+  cat "$out/gpu-fusion-bench.txt"
+  return $failed
+}
+
+case "$step" in
+  build) build ;;
+  run) run ;;
+  *)
+    echo "usage: scripts/gpu_check.sh build|run" >&2
+    exit 2
+    ;;
+esac
