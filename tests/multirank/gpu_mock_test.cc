@@ -564,4 +564,31 @@ TEST_F(GpuMock, GpuWorkThatNeverCompletesFailsAfterThePeerTimeoutAndAbortsTheCom
   EXPECT_EQ(mockCalls("comm_abort") - aborts, 1);
 }
 
+TEST_F(GpuMock, CommunicatorAsyncErrorWhileWaitingFailsAtOnceNamingTheTensor) {
+  // The GPU work has not completed, and the communicator reports an
+  // asynchronous error (ncclCommGetAsyncError): the wait ends at once (not at
+  // the peer timeout), aborts the communicator and names the op and tensor.
+  ::setenv("HORA_GPU_MOCK_STUCK", "1", 1);
+  ::setenv("HORA_GPU_MOCK_FAIL", "comm_async_error", 1);
+  const long aborts = mockCalls("comm_abort");
+  runThreads(1, [](int, hora_runtime_t rt) {
+    std::vector<int64_t> shape = {8};
+    std::vector<float> v(8, 1.0f);
+    DLTensor t = cudaTensor(v.data(), dlType(kDLFloat, 32), &shape);
+    hora_options_t o;
+    hora_options_init(&o);
+    o.name = "async.error";
+    hora_request_t req;
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_SUCCESS);
+    std::string msg;
+    EXPECT_EQ(waitAndFree(req, 30, &msg), HORA_ERR_BACKEND) << msg;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5);
+    EXPECT_NE(msg.find("allreduce \"async.error\" (cuda:0)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("the GPU communicator"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("injected failure in comm_async_error"), std::string::npos) << msg;
+  });
+  EXPECT_EQ(mockCalls("comm_abort") - aborts, 1);
+}
+
 }  // namespace
