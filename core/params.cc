@@ -72,9 +72,10 @@ const std::vector<ParamSpec>& paramRegistry() {
        "Path of the GPU plugin (libhora_cuda.so); empty: next to libhora, then the build tree, "
        "then the loader's search path. Loaded only when a GPU tensor appears."},
       {"HORA_GPU_BACKEND", ParamType::kString, "auto",
-       "GPU tensors: auto (NCCL communicator where NCCL has the dtype, else staging through host "
-       "memory and the CPU data plane), nccl, or gloo (always staging; for ranks sharing a GPU). "
-       "Must be the same on every rank (checked at start)."},
+       "GPU tensors: auto (the NCCL communicator where NCCL has the dtype and every rank of the "
+       "process set has its own GPU, checked once per set; else staging through host memory and "
+       "the CPU data plane), nccl (the communicator without the sharing check), or gloo (always "
+       "staging). Must be the same on every rank (checked at start)."},
       {"HORA_LOG_LEVEL", ParamType::kString, "warning",
        "trace, debug, info, warning, error or off."},
   };

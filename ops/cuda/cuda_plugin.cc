@@ -166,6 +166,14 @@ int deviceCount(int* out) {
   return 0;
 }
 
+int devicePciBusId(int device, char* out, size_t capacity) {
+  if (out == nullptr || capacity < 2) return fail("device_pci_bus_id: out is NULL or too small");
+  out[0] = '\0';
+  const cudaError_t e = cudaDeviceGetPCIBusId(out, static_cast<int>(capacity), device);
+  if (e != cudaSuccess) return failCuda(e, "cudaDeviceGetPCIBusId(device %d)", device);
+  return 0;
+}
+
 int streamCreate(int device, hora_gpu_stream_t* out) {
   if (out == nullptr) return fail("stream_create: out is NULL");
   *out = nullptr;
@@ -428,6 +436,7 @@ hora_gpu_plugin_v1_t makeTable() {
   t.allgatherv = allgatherv;
   t.alltoallv = alltoallv;
   t.reducescatter = reducescatter;
+  t.device_pci_bus_id = devicePciBusId;
   return t;
 }
 

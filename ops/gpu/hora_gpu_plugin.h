@@ -130,6 +130,12 @@ typedef struct hora_gpu_plugin_v1_s {
    * sum(counts[0..rank))) receives the reduction; other regions are clobbered. */
   int (*reducescatter)(void* inout, const size_t* counts, int32_t dtype, int32_t op,
                        hora_gpu_comm_t comm, hora_gpu_stream_t stream);
+
+  /* ---- appended fields (check struct_size before use) */
+  /* A NUL-terminated name of the physical GPU behind `device`, unique on its
+   * host whatever CUDA_VISIBLE_DEVICES says (CUDA's PCI bus id), so ranks can
+   * tell that they share a GPU, which NCCL refuses. */
+  int (*device_pci_bus_id)(int device, char* out, size_t capacity);
 } hora_gpu_plugin_v1_t;
 
 /* Returns the plugin's table for `abi_version`, or NULL if it does not

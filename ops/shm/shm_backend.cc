@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 
+#include "core/host_identity.h"
 #include "core/reduce.h"
 
 namespace hora {
@@ -442,7 +443,7 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
            " on this rank is not a positive multiple of 64";
   } else {
     self = "ok " + std::to_string(opts.chunkBytes) + " " + std::to_string(opts.minBytes) + " " +
-           shmHostIdentity();
+           hostIdentity();
   }
   auto hosts = exchange(*store, "host", rank, size, self, opts.startTimeout);
   if (!hosts.isOk()) return hosts.status();

@@ -11,7 +11,6 @@
 #include <climits>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <new>
 
 namespace hora {
@@ -102,15 +101,6 @@ void shmFutexWakeAll(std::atomic<uint32_t>& word) noexcept {
   word.fetch_add(1, std::memory_order_seq_cst);
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
             0);
-}
-
-std::string shmHostIdentity() {
-  char host[256] = {0};
-  ::gethostname(host, sizeof(host) - 1);
-  std::string boot;
-  std::ifstream f("/proc/sys/kernel/random/boot_id");
-  std::getline(f, boot);
-  return std::string(host) + "/" + boot;
 }
 
 }  // namespace hora

@@ -101,8 +101,4 @@ inline bool shmReached(uint32_t have, uint32_t want) {
   return static_cast<int32_t>(have - want) >= 0;
 }
 
-// A string that differs between hosts (or kernels) and is equal for
-// processes that can share /dev/shm: hostname plus the kernel's boot id.
-std::string shmHostIdentity();
-
 }  // namespace hora

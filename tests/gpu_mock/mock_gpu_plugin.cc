@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -67,6 +68,12 @@ int deviceCount(int* out) {
   ENTER("device_count");
   const char* n = std::getenv("HORA_GPU_MOCK_DEVICES");
   *out = n ? std::atoi(n) : 1;
+  return 0;
+}
+
+int devicePciBusId(int device, char* out, size_t capacity) {
+  ENTER("device_pci_bus_id");
+  std::snprintf(out, capacity, "mock:%d", device);
   return 0;
 }
 
@@ -421,6 +428,7 @@ const hora_gpu_plugin_v1_t kTable = {
     allgatherv,
     alltoallv,
     reducescatter,
+    devicePciBusId,
 };
 
 }  // namespace

@@ -264,8 +264,9 @@ TEST_F(GpuMock, PluginFailureNamesTheTensorAndTheCall) {
 }
 
 TEST_F(GpuMock, CommunicatorThatCannotFormFailsEveryRankWithAHint) {
-  // auto at 2 ranks asks the mock for a 2-rank communicator, which it refuses
-  // (as NCCL refuses two ranks on one GPU): every rank fails, naming itself.
+  // nccl insists on the communicator: with both ranks on one GPU the mock
+  // refuses it (as NCCL does), and every rank fails, naming itself.
+  ::setenv("HORA_GPU_BACKEND", "nccl", 1);
   runThreads(2, [](int rank, hora_runtime_t rt) {
     std::vector<int64_t> shape = {4};
     std::vector<float> v(4, 1.0f);
@@ -278,7 +279,9 @@ TEST_F(GpuMock, CommunicatorThatCannotFormFailsEveryRankWithAHint) {
     std::string msg;
     EXPECT_EQ(waitAndFree(req, 30, &msg), HORA_ERR_BACKEND) << msg;
     EXPECT_NE(msg.find("rank " + std::to_string(rank) + " of 2"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("HORA_GPU_BACKEND=gloo"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("HORA_GPU_BACKEND=nccl: ranks that share a GPU need auto or gloo"),
+              std::string::npos)
+        << msg;
   });
 }
 
@@ -589,6 +592,20 @@ TEST_F(GpuMock, CommunicatorAsyncErrorWhileWaitingFailsAtOnceNamingTheTensor) {
     EXPECT_NE(msg.find("injected failure in comm_async_error"), std::string::npos) << msg;
   });
   EXPECT_EQ(mockCalls("comm_abort") - aborts, 1);
+}
+
+TEST_F(GpuMock, RanksSharingAGpuAreStagedInAutoMode) {
+  // auto: the ranks compare their physical GPUs first; sharing one, the set
+  // stages everything instead of failing in NCCL's init.
+  for (int size = 2; size <= 3; ++size) {
+    const long inits = mockCalls("comm_init"), ids = mockCalls("device_pci_bus_id");
+    runThreads(size, [size](int rank, hora_runtime_t rt) {
+      allreduceSweep(rank, size, rt, kDLCUDA, 0);
+      allgatherSweep(rank, size, rt, kDLCUDA, 0);
+    });
+    EXPECT_EQ(mockCalls("comm_init") - inits, 0) << "size " << size;
+    EXPECT_EQ(mockCalls("device_pci_bus_id") - ids, size) << "asked once per rank";
+  }
 }
 
 }  // namespace

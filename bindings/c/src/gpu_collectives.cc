@@ -63,8 +63,9 @@ Status ProcessSetImpl::runGpuAllgather(const Response& r, TensorEntry* e, Status
   if (total == 0) return Status::ok();
   const void* in = e ? e->in : nullptr;
 
-  if (gpuCommMovesBytes()) {
-    HORA_RETURN_IF_ERROR(gpuComm(what));
+  bool viaComm = false;  // these move bytes: the communicator serves every dtype
+  HORA_RETURN_IF_ERROR(gpuChoosePath(true, what, &viaComm));
+  if (viaComm) {
     const std::vector<size_t> bytes = toBytes(counts, esz);
     HORA_RETURN_IF_ERROR(
         opts_.gpu->check(api->allgatherv(in, out, bytes.data(),
@@ -125,8 +126,9 @@ Status ProcessSetImpl::runGpuAlltoall(const Response& r, TensorEntry* e, Status*
   if (inBytes == 0 && outBytes == 0) return Status::ok();
   const void* in = e ? e->in : nullptr;
 
-  if (gpuCommMovesBytes()) {
-    HORA_RETURN_IF_ERROR(gpuComm(what));
+  bool viaComm = false;  // these move bytes: the communicator serves every dtype
+  HORA_RETURN_IF_ERROR(gpuChoosePath(true, what, &viaComm));
+  if (viaComm) {
     std::vector<size_t> sendB(n), recvB(n);
     for (int d = 0; d < n; ++d) {
       sendB[d] = static_cast<size_t>(send[d]) * esz;
@@ -193,8 +195,9 @@ Status ProcessSetImpl::runGpuReducescatter(const Response& r, TensorEntry* e, St
       HORA_RETURN_IF_ERROR(opts_.gpu->check(api->memcpy_async(buf, g.pinned, bytes, g.stream),
                                             "memcpy_async", what));
     }
-    if (gpuUsesComm(dt)) {
-      HORA_RETURN_IF_ERROR(gpuComm(what));
+    bool viaComm = false;
+    HORA_RETURN_IF_ERROR(gpuChoosePath(ncclHasType(dt), what, &viaComm));
+    if (viaComm) {
       HORA_RETURN_IF_ERROR(opts_.gpu->check(
           api->reducescatter(buf, counts.data(), dtc, static_cast<int32_t>(op), g.comm, g.stream),
           "reducescatter", what));

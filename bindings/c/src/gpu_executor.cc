@@ -23,17 +23,17 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include "core/host_buffer.h"
+#include "core/host_identity.h"
 #include "core/reduce.h"
 #include "process_set.h"
 
 namespace hora {
 
-namespace {
 bool ncclHasType(DataType dt) { return dt != DataType::kInt16 && dt != DataType::kBool; }
-}  // namespace
 
 Status ProcessSetImpl::gpuPrepare(const Device& dev, const std::string& what) {
   GpuState& g = gpu_;
@@ -71,12 +71,15 @@ Device ProcessSetImpl::localDevice(const Response& r,
   return r.device;
 }
 
-bool ProcessSetImpl::gpuCommMovesBytes() const {
-  return opts_.gpuBackend != "gloo" && gpu_.api->comm_init != nullptr;
-}
-
-bool ProcessSetImpl::gpuUsesComm(DataType dt) const {
-  return gpuCommMovesBytes() && ncclHasType(dt);
+Status ProcessSetImpl::gpuChoosePath(bool dtypeOk, const std::string& what, bool* viaComm) {
+  // Every input here is shared by the ranks (HORA_GPU_BACKEND is checked at
+  // set-up, the dtype comes from the response, the sharing verdict is one
+  // answer for all), so every rank takes the same path for a group.
+  *viaComm = false;
+  if (opts_.gpuBackend == "gloo" || !gpu_.api->comm_init || !dtypeOk) return Status::ok();
+  HORA_RETURN_IF_ERROR(gpuComm(what));
+  *viaComm = gpu_.comm != nullptr;
+  return Status::ok();
 }
 
 Status ProcessSetImpl::gpuAfterReady(TensorEntry* e, const std::string& what) {
@@ -87,7 +90,7 @@ Status ProcessSetImpl::gpuAfterReady(TensorEntry* e, const std::string& what) {
 
 Status ProcessSetImpl::gpuComm(const std::string& what) {
   GpuState& g = gpu_;
-  if (g.comm) return Status::ok();
+  if (g.comm || g.sharedGpu) return Status::ok();
   // A failed creation is final: the ranks may disagree on how far they got,
   // so trying again could pair one rank's second attempt with another's first.
   if (!g.commError.isOk()) return g.commError.withContext(what);
@@ -96,8 +99,58 @@ Status ProcessSetImpl::gpuComm(const std::string& what) {
   return s;
 }
 
+Status ProcessSetImpl::gpuSharing(const std::string& what, std::string* verdict) {
+  // Set rank 0 gathers every rank's (host, physical GPU) and publishes which
+  // ranks share one; the others wait for that answer.
+  GpuState& g = gpu_;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(opts_.peerTimeoutS * 1000));
+  char bus[64] = {0};
+  HORA_RETURN_IF_ERROR(opts_.gpu->check(g.api->device_pci_bus_id(g.device, bus, sizeof(bus)),
+                                        "device_pci_bus_id", what));
+  const std::string mine = hostIdentity() + " " + bus;
+  const std::string prefix = "gpu_sharing/";
+  if (rank_ != 0) {
+    HORA_RETURN_IF_ERROR(store_->set(prefix + std::to_string(rank_), mine));
+    auto v = store_->get(prefix + "verdict", timeout);
+    if (!v.isOk()) return v.status().withContext(what + ": waiting for rank 0's GPU sharing check");
+    *verdict = v.take();
+    return Status::ok();
+  }
+  std::map<std::string, int> owner;
+  owner[mine] = 0;
+  for (int r = 1; r < size(); ++r) {
+    auto v = store_->get(prefix + std::to_string(r), timeout);
+    if (!v.isOk())
+      return v.status().withContext(what + ": waiting for rank " + std::to_string(globalRank(r)) +
+                                    "'s GPU identity");
+    auto it = owner.find(v.value());
+    if (it == owner.end()) {
+      owner[v.value()] = r;
+    } else if (verdict->empty()) {
+      *verdict = "ranks " + std::to_string(globalRank(it->second)) + " and " +
+                 std::to_string(globalRank(r)) + " share the GPU at PCI " +
+                 v.value().substr(v.value().rfind(' ') + 1);
+    }
+  }
+  return store_->set(prefix + "verdict", *verdict);
+}
+
 Status ProcessSetImpl::createComm(const std::string& what) {
   GpuState& g = gpu_;
+  if (opts_.gpuBackend == "auto" && size() > 1) {
+    // NCCL refuses two ranks on one GPU; in auto mode such a set stages
+    // instead of failing (HORA_GPU_BACKEND=nccl insists on NCCL).
+    std::string shared;
+    HORA_RETURN_IF_ERROR(gpuSharing(what, &shared));
+    if (!shared.empty()) {
+      g.sharedGpu = true;
+      HORA_LOG(logger_, kInfo) << "process set " << name_ << ": " << shared
+                               << ", which NCCL cannot serve; its GPU tensors are staged through "
+                                  "host memory and the CPU data plane (give each rank its own "
+                                  "GPU for NCCL, or set HORA_GPU_BACKEND=gloo to skip this check)";
+      return Status::ok();
+    }
+  }
   std::string id(g.api->unique_id_bytes, '\0');
   const std::string key = "gpu_comm_id/" + std::to_string(g.commsCreated);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(opts_.peerTimeoutS * 1000));
@@ -115,7 +168,10 @@ Status ProcessSetImpl::createComm(const std::string& what) {
   HORA_RETURN_IF_ERROR(opts_.gpu->check(
       g.api->comm_init(g.device, size(), rank_, id.data(), timeout.count(), &comm), "comm_init",
       what + " (creating the set's GPU communicator, rank " + std::to_string(rank_) + " of " +
-          std::to_string(size()) + ")"));
+          std::to_string(size()) +
+          (opts_.gpuBackend == "nccl"
+               ? "; HORA_GPU_BACKEND=nccl: ranks that share a GPU need auto or gloo)"
+               : ")")));
   g.comm = comm;
   ++g.commsCreated;
   return Status::ok();
@@ -239,8 +295,8 @@ Status ProcessSetImpl::runGpuAllreduce(std::vector<Response>& group,
   HORA_RETURN_IF_ERROR(gpuPrepare(localDevice(r0, es), what));
   GpuState& g = gpu_;
   const auto* api = g.api;
-  const bool viaComm = gpuUsesComm(dt);
-  if (viaComm) HORA_RETURN_IF_ERROR(gpuComm(what));
+  bool viaComm = false;
+  HORA_RETURN_IF_ERROR(gpuChoosePath(ncclHasType(dt), what, &viaComm));
   for (auto& e : es) HORA_RETURN_IF_ERROR(gpuAfterReady(e.get(), what));
 
   std::vector<size_t> start(group.size() + 1, 0);
@@ -342,8 +398,9 @@ Status ProcessSetImpl::runGpuBroadcast(const Response& r, TensorEntry* e) {
     HORA_RETURN_IF_ERROR(
         opts_.gpu->check(api->memcpy_async(data, e->in, bytes, g.stream), "memcpy_async", what));
   // Broadcast moves bytes: NCCL's uint8 serves every dtype.
-  if (gpuCommMovesBytes()) {
-    HORA_RETURN_IF_ERROR(gpuComm(what));
+  bool viaComm = false;
+  HORA_RETURN_IF_ERROR(gpuChoosePath(true, what, &viaComm));
+  if (viaComm) {
     HORA_RETURN_IF_ERROR(
         opts_.gpu->check(api->broadcast(data, bytes, static_cast<int32_t>(DataType::kUint8), r.root,
                                         g.comm, g.stream),

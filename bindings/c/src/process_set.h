@@ -48,6 +48,8 @@ namespace hora {
 // cannot fail work every rank has already agreed to run.
 // Elements per row (dimension 0) of a tensor of this shape.
 int64_t rowElements(const std::vector<int64_t>& shape);
+// Whether NCCL reduces this dtype (it lacks int16 and bool).
+bool ncclHasType(DataType dt);
 
 struct ExecGroup {
   std::vector<Response> responses;
@@ -64,6 +66,7 @@ struct GpuState {
   hora_gpu_comm_t comm = nullptr;
   int commsCreated = 0;
   Status commError;        // a failed creation, reported by every later GPU group
+  bool sharedGpu = false;  // ranks share a GPU (auto): no communicator, everything staged
   char* fusion = nullptr;  // device fusion buffer
   size_t fusionBytes = 0;
   char* pinned = nullptr;  // pinned host staging
@@ -159,12 +162,16 @@ class ProcessSetImpl {
   Status runGpuAlltoall(const Response& r, TensorEntry* e, Status* outputLost);
   Status runGpuReducescatter(const Response& r, TensorEntry* e, Status* outputLost);
   Status gpuAfterReady(TensorEntry* e, const std::string& what);  // orders after ready_event
-  bool gpuCommMovesBytes() const;  // the communicator serves byte-moving collectives
   Status gpuPrepare(const Device& dev, const std::string& what);
   Device localDevice(const Response& r, const std::vector<std::shared_ptr<TensorEntry>>& es) const;
-  bool gpuUsesComm(DataType dt) const;
+  // *viaComm: this group goes through the set's communicator (created at the
+  // first group that asks) rather than staging; dtypeOk: the communicator
+  // has the group's dtype (or the collective only moves bytes).
+  Status gpuChoosePath(bool dtypeOk, const std::string& what, bool* viaComm);
   Status gpuComm(const std::string& what);
   Status createComm(const std::string& what);
+  // "" when every rank has its own physical GPU, else which ranks share one.
+  Status gpuSharing(const std::string& what, std::string* verdict);
   Status gpuFusion(size_t bytes, const std::string& what);  // device fusion buffer
   Status gpuPinned(size_t bytes, const std::string& what);  // pinned host staging
   Status gpuWait(const std::string& what);
