@@ -4,7 +4,8 @@
 // managed memory (host-readable once hora completed a request).
 //  - NCCL at world size 1 (one H100 on the GPU machine; NCCL refuses two
 //    ranks on one GPU) and across devices when there are several;
-//  - the staging path (HORA_GPU_BACKEND=gloo) with 2-4 ranks sharing GPU 0;
+//  - the staging path (HORA_GPU_BACKEND=gloo) with 2-4 ranks sharing GPU 0,
+//    and auto mode choosing it by itself for ranks that share a GPU;
 //  - a ready event: hora's stream waits for the framework's producing work.
 // Skips (with the reason) where no CUDA device is visible.
 #include <cuda_runtime.h>
@@ -79,6 +80,12 @@ TEST_F(GpuRuntime, NcclAcrossDevices) {
   if (devices_ < 2) GTEST_SKIP() << "needs two CUDA devices, " << devices_ << " visible";
   ::setenv("HORA_GPU_BACKEND", "nccl", 1);
   everything(std::min(devices_, 4), true);
+}
+
+TEST_F(GpuRuntime, AutoModeStagesRanksSharingOneGpu) {
+  // auto notices that the ranks share GPU 0 (NCCL would refuse) and stages.
+  ::setenv("HORA_GPU_BACKEND", "auto", 1);
+  everything(2, false);
 }
 
 TEST_F(GpuRuntime, StagingWithRanksSharingOneGpu) {
