@@ -1,5 +1,6 @@
 #include "controllers/settings_agreement.h"
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 
@@ -56,30 +57,49 @@ Status agreeOnSettings(Store& store, int rank, const std::vector<int>& globalRan
   if (size <= 1) return Status::ok();
   const std::string where = "process set " + setName + " on rank " +
                             std::to_string(globalRanks[rank]) + ": comparing settings";
+  // One deadline for the whole exchange, so ranks arriving at different
+  // times cannot split into some that passed and some that timed out.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(
+                        deadline - std::chrono::steady_clock::now()));
+  };
+  // A summary starting with this marker carries rank 0's timeout, so every
+  // member fails with the name of the rank that never came.
+  const std::string kTimedOut = "!timeout ";
   std::string summary;
   if (rank == 0) {
     HORA_RETURN_IF_ERROR(store.set("settings/0", encodeSettings(mine)));
     for (int r = 1; r < size; ++r) {
-      auto v = store.get("settings/verdict/" + std::to_string(r), timeout);
-      if (!v.isOk())
-        return v.status().withContext(where + " (rank " + std::to_string(globalRanks[r]) +
-                                      " did not arrive)");
+      auto v = store.get("settings/verdict/" + std::to_string(r), left());
+      if (!v.isOk()) {
+        Status s = v.status().withContext("process set " + setName + ": comparing settings (rank " +
+                                          std::to_string(globalRanks[r]) + " did not arrive)");
+        store.set("settings/summary", kTimedOut + s.message());
+        return s;
+      }
       if (!v.value().empty()) summary += (summary.empty() ? "" : "; ") + v.value();
     }
     HORA_RETURN_IF_ERROR(store.set("settings/summary", summary));
   } else {
-    auto theirs = store.get("settings/0", timeout);
+    auto theirs = store.get("settings/0", left());
     if (!theirs.isOk())
       return theirs.status().withContext(where + " (waiting for rank " +
                                          std::to_string(globalRanks[0]) + ")");
     HORA_RETURN_IF_ERROR(
         store.set("settings/verdict/" + std::to_string(rank),
                   diffSettings(mine, globalRanks[rank], theirs.value(), globalRanks[0])));
-    auto s = store.get("settings/summary", timeout);
+    // Rank 0 publishes its summary at the deadline at the latest (naming a
+    // missing rank): wait a little longer than that for it.
+    const auto grace = std::min(timeout, std::chrono::milliseconds(2000));
+    auto s = store.get("settings/summary", left() + grace);
     if (!s.isOk())
       return s.status().withContext(where + " (waiting for rank " + std::to_string(globalRanks[0]) +
                                     "'s summary)");
     summary = s.take();
+    if (summary.compare(0, kTimedOut.size(), kTimedOut) == 0)
+      return Status(Code::kTimeout, summary.substr(kTimedOut.size()));
   }
   if (summary.empty()) return Status::ok();
   return invalidArgument("process set " + setName + ": ranks disagree on settings that must be " +

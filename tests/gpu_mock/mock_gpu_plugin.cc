@@ -171,6 +171,7 @@ constexpr auto kWait = std::chrono::seconds(120);
 
 // What one rank brings to a collective.
 struct Slot {
+  const char* op = nullptr;  // which collective: ranks that disagree fail cleanly
   const void* in = nullptr;
   void* out = nullptr;
   const size_t* counts = nullptr;  // allgatherv/reducescatter counts, alltoallv send
@@ -231,6 +232,13 @@ int collective(hora_gpu_comm_t c, const Slot& mine, Compute compute, Write write
     std::lock_guard<std::mutex> lk(g.mu);
     all = g.slots;
   }
+  for (size_t r = 0; r < all.size(); ++r)
+    if (std::strcmp(all[r].op, mine.op) != 0) {
+      // Every rank sees the disagreement; all fail after the second barrier.
+      barrier(g);
+      return fail(std::string("mock: rank ") + std::to_string(comm->rank) + " called " + mine.op +
+                  " while rank " + std::to_string(r) + " called " + all[r].op);
+    }
   std::vector<char> result = compute(all, comm->rank);
   if (!barrier(g)) return 1;
   write(result);
@@ -262,6 +270,12 @@ int commInit(int device, int nranks, int rank, const void* id, int64_t timeout_m
     g->cv.notify_all();
   } else if (!g->cv.wait_for(lk, std::chrono::milliseconds(timeout_ms),
                              [&] { return g->joined == g->nranks; })) {
+    lk.unlock();
+    {
+      std::lock_guard<std::mutex> glk(groupsMu);
+      auto it = pendingGroups.find(std::string(static_cast<const char*>(id), 16));
+      if (it != pendingGroups.end() && it->second == g) pendingGroups.erase(it);
+    }
     return fail("mock: communicator init timed out after " + std::to_string(timeout_ms) +
                 " ms (rank " + std::to_string(rank) + " of " + std::to_string(nranks) + ")");
   }
@@ -320,7 +334,7 @@ int allreduce(const void* in, void* out, size_t count, int32_t dtype, int32_t op
               hora_gpu_stream_t) {
   ENTER("allreduce");
   return collective(
-      c, Slot{in, out, nullptr},
+      c, Slot{"allreduce", in, out, nullptr},
       [&](const std::vector<Slot>& all, int) { return reduceAll(all, 0, count, dtype, op); },
       [&](const std::vector<char>& v) { store(out, v); });
 }
@@ -332,7 +346,7 @@ int broadcast(void* data, size_t count, int32_t dtype, int root, hora_gpu_comm_t
     return fail("mock: root " + std::to_string(root) + " outside a " + std::to_string(n) +
                 "-rank communicator");
   return collective(
-      c, Slot{data, data, nullptr},
+      c, Slot{"broadcast", data, data, nullptr},
       [&](const std::vector<Slot>& all, int) {
         const char* p = static_cast<const char*>(all[root].in);
         return std::vector<char>(p, p + count * esize(dtype));
@@ -343,7 +357,7 @@ int allgatherv(const void* in, void* out, const size_t* counts, int32_t dtype, h
                hora_gpu_stream_t) {
   ENTER("allgatherv");
   return collective(
-      c, Slot{in, out, counts},
+      c, Slot{"allgatherv", in, out, counts},
       [&](const std::vector<Slot>& all, int) {
         std::vector<char> v;
         for (size_t r = 0; r < all.size(); ++r) {
@@ -359,7 +373,7 @@ int alltoallv(const void* in, const size_t* send, void* out, const size_t* recv,
   ENTER("alltoallv");
   bool disagree = false;
   int rc = collective(
-      c, Slot{in, out, send},
+      c, Slot{"alltoallv", in, out, send},
       [&](const std::vector<Slot>& all, int me) {
         const size_t es = esize(dtype);
         std::vector<char> v;
@@ -388,7 +402,7 @@ int reducescatter(void* inout, const size_t* counts, int32_t dtype, int32_t op, 
   const int me = reinterpret_cast<Comm*>(c)->rank;
   for (int r = 0; r < me; ++r) offset += counts[r];
   return collective(
-      c, Slot{inout, inout, counts},
+      c, Slot{"reducescatter", inout, inout, counts},
       [&](const std::vector<Slot>& all, int) {
         return reduceAll(all, offset, counts[me], dtype, op);
       },

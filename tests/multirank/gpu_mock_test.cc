@@ -314,10 +314,10 @@ TEST_F(GpuMock, AllgatherAlltoallReducescatterBothPathsEveryWorldSize) {
       });
       SCOPED_TRACE(std::string(backend) + " size " + std::to_string(size));
       // Through the communicator only on the communicator path (int16
-      // reducescatter is staged even there; at one rank the allgather and
-      // alltoall move nothing, so nothing is called).
+      // reducescatter is staged even there; at one rank the allgather moves
+      // nothing, the same on every rank, so nothing is called).
       EXPECT_EQ(mockCalls("allgatherv") > ag, comm && size > 1);
-      EXPECT_EQ(mockCalls("alltoallv") > a2a, comm && size > 1);
+      EXPECT_EQ(mockCalls("alltoallv") > a2a, comm);
       EXPECT_EQ(mockCalls("reducescatter") > rs, comm);
     }
   }
@@ -606,6 +606,36 @@ TEST_F(GpuMock, RanksSharingAGpuAreStagedInAutoMode) {
     EXPECT_EQ(mockCalls("comm_init") - inits, 0) << "size " << size;
     EXPECT_EQ(mockCalls("device_pci_bus_id") - ids, size) << "asked once per rank";
   }
+}
+
+TEST_F(GpuMock, OutOfDeviceMemoryForALibraryOwnedOutputFailsOnlyThatRequest) {
+  // Staging needs no device memory to take part: the request without an
+  // output fails, the set goes on (the next allgather brings its own memory).
+  ::setenv("HORA_GPU_BACKEND", "gloo", 1);
+  ::setenv("HORA_GPU_MOCK_FAIL", "device_alloc", 1);  // staging allocates nothing else
+  runThreads(2, [](int rank, hora_runtime_t rt) {
+    std::vector<int64_t> shape = {2};
+    std::vector<float> v(2, static_cast<float>(rank));
+    DLTensor t = cudaTensor(v.data(), dlType(kDLFloat, 32), &shape);
+    hora_options_t o;
+    hora_options_init(&o);
+    o.name = "no.device.memory";
+    hora_request_t req;
+    ASSERT_EQ(hora_allgather_async(rt, &t, &o, &req), HORA_SUCCESS);
+    std::string msg;
+    EXPECT_EQ(waitAndFree(req, 30, &msg), HORA_ERR_BACKEND) << msg;
+    EXPECT_NE(msg.find("allgather \"no.device.memory\" (cuda:0)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("pass options.alloc"), std::string::npos) << msg;
+    Allocs a;
+    o.name = "with.own.memory";
+    o.alloc = testAlloc;
+    o.alloc_user = &a;
+    ASSERT_EQ(hora_allgather_async(rt, &t, &o, &req), HORA_SUCCESS);
+    ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+    const float* r = reinterpret_cast<const float*>(a.blocks.back().data());
+    EXPECT_EQ(r[0], 0.0f);
+    EXPECT_EQ(r[3], 1.0f);
+  });
 }
 
 }  // namespace

@@ -142,6 +142,34 @@ def test_allgather(pool2):
     pool2.run(_b_allgather)
 
 
+def _b_output_allocation_failure(rank, size):
+    # The result is allocated by torch when hora knows its shape; if that
+    # fails on one rank, only that rank's request fails, with torch's error
+    # chained on, and the job goes on.
+    import hora.torch.mpi_ops as ops
+    real_empty = ops.torch.empty
+
+    def failing_empty(*args, **kwargs):
+        raise RuntimeError("simulated allocation failure")
+    if rank == 1:
+        ops.torch.empty = failing_empty
+    try:
+        out = hvd.allgather(torch.tensor([rank]), name="ag.alloc.fail")
+        assert rank != 1, "the failing rank must raise"
+        assert out.tolist() == list(range(size))
+    except hvd.HoraError as e:
+        assert rank == 1, e
+        assert "allocator callback failed" in str(e), e
+        assert isinstance(e.__cause__, RuntimeError) and "simulated" in str(e.__cause__), e.__cause__
+    finally:
+        ops.torch.empty = real_empty
+    assert hvd.allgather(torch.tensor([rank]), name="ag.after").tolist() == list(range(size))
+
+
+def test_output_allocation_failure(pool2):
+    pool2.run(_b_output_allocation_failure)
+
+
 def _b_broadcast(rank, size):
     for root in range(size):
         for dt in FLOAT_DTYPES + INT_DTYPES + ["bool"]:

@@ -72,6 +72,8 @@ TEST(SettingsAgreement, AMissingMemberIsATimeoutNamingIt) {
   EXPECT_EQ(out[0].code(), Code::kTimeout);
   EXPECT_NE(out[0].message().find("rank 12 did not arrive"), std::string::npos) << out[0].message();
   EXPECT_EQ(out[1].code(), Code::kTimeout) << out[1].message();
+  EXPECT_NE(out[1].message().find("rank 12 did not arrive"), std::string::npos)
+      << "every member names the missing rank: " << out[1].message();
 }
 
 }  // namespace

@@ -110,9 +110,12 @@ void ProcessSetImpl::execute(ExecGroup& g) {
       s = internalError("unexpected response kind");
       break;
   }
-  // A GPU failure may be this rank's alone (a plugin call, device memory)
-  // while the peers are inside the collective.
-  if (gpu && !s.isOk()) failedAfterAgreement(s);
+  // A failure may be this rank's alone (a plugin call, device memory, the
+  // stand-in buffer of a joined rank) while the peers are inside the
+  // collective. The CPU allgather/alltoall/reducescatter absorb an allocator
+  // failure by taking part anyway; other failures there come from the backend,
+  // which breaks the set itself.
+  if ((gpu || first.kind == ResponseKind::kBroadcast) && !s.isOk()) failedAfterAgreement(s);
   if (s.isOk()) s = outputLost;
   if (e) e->complete(s.isOk() ? s : entryStatus(*e, s));
 }

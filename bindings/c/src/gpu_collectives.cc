@@ -32,6 +32,34 @@ std::string describe(const char* op, const Response& r, const Device& dev) {
 
 }  // namespace
 
+Status ProcessSetImpl::outputOrLost(TensorEntry& e, const std::vector<int64_t>& shape,
+                                    const std::string& what, Status* outputLost) {
+  auto o = allocateOutput(e, shape);
+  if (!o.isOk()) *outputLost = o.status().withContext(what);
+  return Status::ok();
+}
+
+Status ProcessSetImpl::gpuOutput(TensorEntry* e, const std::vector<int64_t>& shape, size_t bytes,
+                                 bool viaComm, const std::string& what, char** out,
+                                 Status* outputLost) {
+  *out = nullptr;
+  if (e) {
+    auto o = allocateOutput(*e, shape);
+    if (o.isOk()) {
+      *out = static_cast<char*>(o.value());
+      return Status::ok();
+    }
+    *outputLost = o.status().withContext(what);
+  }
+  // Joined, or the output could not be allocated. Staging needs no device
+  // buffer to take part; the communicator writes somewhere on the device:
+  // the fusion buffer (if that allocation fails too, the set breaks).
+  if (!viaComm || bytes == 0) return Status::ok();
+  HORA_RETURN_IF_ERROR(gpuFusion(bytes, what));
+  *out = gpu_.fusion;
+  return Status::ok();
+}
+
 Status ProcessSetImpl::runGpuAllgather(const Response& r, TensorEntry* e, Status* outputLost) {
   const Device dev = e ? e->request.device : localDevice(r, {});
   const std::string what = describe("allgather", r, dev);
@@ -47,24 +75,15 @@ Status ProcessSetImpl::runGpuAllgather(const Response& r, TensorEntry* e, Status
   const size_t inBytes = counts[rank_] * esz, outBytes = total * esz;
   HORA_RETURN_IF_ERROR(gpuAfterReady(e, what));
 
+  // total is the same on every rank: all skip an empty gather together.
   std::vector<int64_t> outShape = r.shape;  // the response carries the gathered shape
-  char* out = nullptr;
-  if (e) {
-    auto o = allocateOutput(*e, outShape);
-    if (o.isOk())
-      out = static_cast<char*>(o.value());
-    else
-      *outputLost = o.status().withContext(what);
-  }
-  if (!out) {  // joined, or the allocator failed: gather into the stand-in
-    HORA_RETURN_IF_ERROR(gpuFusion(outBytes, what));
-    out = g.fusion;
-  }
-  if (total == 0) return Status::ok();
-  const void* in = e ? e->in : nullptr;
-
+  if (total == 0) return e ? outputOrLost(*e, outShape, what, outputLost) : Status::ok();
   bool viaComm = false;  // these move bytes: the communicator serves every dtype
   HORA_RETURN_IF_ERROR(gpuChoosePath(true, what, &viaComm));
+  char* out = nullptr;
+  HORA_RETURN_IF_ERROR(gpuOutput(e, outShape, outBytes, viaComm, what, &out, outputLost));
+  const void* in = e ? e->in : nullptr;
+
   if (viaComm) {
     const std::vector<size_t> bytes = toBytes(counts, esz);
     HORA_RETURN_IF_ERROR(
@@ -81,6 +100,7 @@ Status ProcessSetImpl::runGpuAllgather(const Response& r, TensorEntry* e, Status
   HORA_RETURN_IF_ERROR(gpuWait(what));
   Status s = backend_->allgatherv(g.pinned, g.pinned + inBytes, counts, dt);
   if (!s.isOk()) return backendFailure(s, what);
+  if (!out) return Status::ok();  // joined, or no output: taking part was all
   HORA_RETURN_IF_ERROR(opts_.gpu->check(
       api->memcpy_async(out, g.pinned + inBytes, outBytes, g.stream), "memcpy_async", what));
   return gpuWait(what);
@@ -110,24 +130,16 @@ Status ProcessSetImpl::runGpuAlltoall(const Response& r, TensorEntry* e, Status*
 
   std::vector<int64_t> outShape = r.shape;
   outShape[0] = outRows;
-  char* out = nullptr;
-  if (e) {
-    e->owner->receivedSplits = recvRows;
-    auto o = allocateOutput(*e, outShape);
-    if (o.isOk())
-      out = static_cast<char*>(o.value());
-    else
-      *outputLost = o.status().withContext(what);
-  }
-  if (!out) {
-    HORA_RETURN_IF_ERROR(gpuFusion(outBytes, what));
-    out = g.fusion;
-  }
-  if (inBytes == 0 && outBytes == 0) return Status::ok();
-  const void* in = e ? e->in : nullptr;
-
+  if (e) e->owner->receivedSplits = recvRows;
+  // No early return when this rank sends and receives nothing: its peers are
+  // in the collective (Gloo needs every rank; the first GPU group also
+  // creates the communicator on every rank).
   bool viaComm = false;  // these move bytes: the communicator serves every dtype
   HORA_RETURN_IF_ERROR(gpuChoosePath(true, what, &viaComm));
+  char* out = nullptr;
+  HORA_RETURN_IF_ERROR(gpuOutput(e, outShape, outBytes, viaComm, what, &out, outputLost));
+  const void* in = e ? e->in : nullptr;
+
   if (viaComm) {
     std::vector<size_t> sendB(n), recvB(n);
     for (int d = 0; d < n; ++d) {
@@ -147,7 +159,7 @@ Status ProcessSetImpl::runGpuAlltoall(const Response& r, TensorEntry* e, Status*
   HORA_RETURN_IF_ERROR(gpuWait(what));
   Status s = backend_->alltoallv(g.pinned, send, g.pinned + inBytes, recv, dt);
   if (!s.isOk()) return backendFailure(s, what);
-  if (outBytes)
+  if (out && outBytes)
     HORA_RETURN_IF_ERROR(opts_.gpu->check(
         api->memcpy_async(out, g.pinned + inBytes, outBytes, g.stream), "memcpy_async", what));
   return gpuWait(what);

@@ -162,6 +162,13 @@ class ProcessSetImpl {
   Status runGpuAlltoall(const Response& r, TensorEntry* e, Status* outputLost);
   Status runGpuReducescatter(const Response& r, TensorEntry* e, Status* outputLost);
   Status gpuAfterReady(TensorEntry* e, const std::string& what);  // orders after ready_event
+  // The output of a GPU allgather/alltoall on the input's device (*out null
+  // when this rank has none and staging needs none); allocation failures go
+  // to *outputLost, as this rank still takes part.
+  Status gpuOutput(TensorEntry* e, const std::vector<int64_t>& shape, size_t bytes, bool viaComm,
+                   const std::string& what, char** out, Status* outputLost);
+  Status outputOrLost(TensorEntry& e, const std::vector<int64_t>& shape, const std::string& what,
+                      Status* outputLost);
   Status gpuPrepare(const Device& dev, const std::string& what);
   Device localDevice(const Response& r, const std::vector<std::shared_ptr<TensorEntry>>& es) const;
   // *viaComm: this group goes through the set's communicator (created at the

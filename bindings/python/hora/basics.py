@@ -284,7 +284,7 @@ class Pending:
     ``finish(pending)`` runs on the waiting thread after success, while the
     request (and its library-owned output) still exists.
     """
-    __slots__ = ("request", "keep", "finish", "result", "done", "error", "children")
+    __slots__ = ("request", "keep", "finish", "result", "done", "error", "children", "cause")
 
     def __init__(self, request, keep, finish=None):
         self.request = request
@@ -294,6 +294,9 @@ class Pending:
         self.done = False
         self.error = None
         self.children = None
+        # Optional: returns the Python exception behind a failure (e.g. the
+        # output allocator's), chained onto the request's error.
+        self.cause = None
 
     # -- results available inside finish() --
     def output_dl(self):
@@ -365,6 +368,9 @@ class Pending:
         except BaseException as e:
             if not isinstance(e, Exception):
                 raise  # KeyboardInterrupt: leave the request pending
+            cause = self.cause() if self.cause is not None else None
+            if cause is not None and e.__cause__ is None:
+                e.__cause__ = cause
             self.error = e
         self.done = True
         lib.hora_request_free(req)

@@ -61,23 +61,35 @@ class _Output:
     negotiation (allgather, alltoall, reducescatter): allocated by torch on the
     input's device when hora asks (options.alloc, called on a hora thread), so
     the result is written once, in place, on CPU and GPU alike."""
-    __slots__ = ("like", "tensor", "error", "cfunc")
+    __slots__ = ("like", "stream", "tensor", "error", "cfunc")
 
     def __init__(self, like):
         self.like = like
+        # CUDA: allocate on the caller's current stream (captured here, on the
+        # framework thread), as a tensor created by the caller would be; the
+        # caching allocator then reuses the block only after that stream's work.
+        self.stream = torch.cuda.current_stream(like.device) if like.is_cuda else None
         self.tensor = None
         self.error = None
         self.cfunc = _lib.ALLOC(self._alloc)
 
     def _alloc(self, _user, ndim, shape, _dtype, _nbytes, data):
         try:
-            self.tensor = torch.empty([shape[i] for i in range(ndim)], dtype=self.like.dtype,
-                                      device=self.like.device)
+            dims = [shape[i] for i in range(ndim)]
+            if self.stream is not None:
+                with torch.cuda.stream(self.stream):
+                    self.tensor = torch.empty(dims, dtype=self.like.dtype, device=self.like.device)
+            else:
+                self.tensor = torch.empty(dims, dtype=self.like.dtype, device=self.like.device)
             data[0] = self.tensor.data_ptr() or None
             return 0
         except BaseException as e:  # nothing may propagate into the hora thread
             self.error = e
             return 1
+
+    def cause(self):
+        """Why the allocation failed (chained onto the request's error), or None."""
+        return self.error
 
     def result(self, _pending=None):
         return self.tensor
@@ -224,8 +236,10 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 # ---------------------------------------------------------------- allgather
 def _submit_allgather(tensor, name, process_set):
     out = _Output(tensor)
-    return basics.submit_allgather(_ref(tensor), name, _check_set(process_set), finish=out.result,
-                                   keep=out, alloc=out.cfunc)
+    p = basics.submit_allgather(_ref(tensor), name, _check_set(process_set), finish=out.result,
+                                keep=out, alloc=out.cfunc)
+    p.cause = out.cause
+    return p
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
@@ -324,6 +338,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         return out.tensor, torch.tensor(p.received_splits(), dtype=torch.int32)
     p = basics.submit_alltoall(_ref(tensor), _splits_list(splits), name, _check_set(process_set), finish=finish,
                                keep=out, alloc=out.cfunc)
+    p.cause = out.cause
     return basics.register(p)
 
 
@@ -360,8 +375,10 @@ def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0, post
 
 def _submit_reducescatter(tensor, name, op, prescale_factor, postscale_factor, process_set):
     out = _Output(tensor)
-    return basics.submit_reducescatter(_ref(tensor), name, op, prescale_factor, postscale_factor,
-                                       _check_set(process_set), finish=out.result, keep=out, alloc=out.cfunc)
+    p = basics.submit_reducescatter(_ref(tensor), name, op, prescale_factor, postscale_factor,
+                                    _check_set(process_set), finish=out.result, keep=out, alloc=out.cfunc)
+    p.cause = out.cause
+    return p
 
 
 class HoraReducescatter(torch.autograd.Function):
