@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <sstream>
+#include <thread>
 
 namespace hora {
 
@@ -28,6 +29,15 @@ std::map<std::string, std::string> decode(const std::string& text) {
 std::string quoted(const std::map<std::string, std::string>& m, const std::string& key) {
   auto it = m.find(key);
   return it == m.end() ? "(unset)" : "'" + it->second + "'";
+}
+
+// Until `n` members have counted themselves in "settings/read", or `until`.
+void waitForReaders(Store& store, int n, std::chrono::steady_clock::time_point until) {
+  while (std::chrono::steady_clock::now() < until) {
+    auto read = store.add("settings/read", 0);
+    if (!read.isOk() || read.value() >= n) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
 }
 
 }  // namespace
@@ -77,11 +87,17 @@ Status agreeOnSettings(Store& store, int rank, const std::vector<int>& globalRan
         Status s = v.status().withContext("process set " + setName + ": comparing settings (rank " +
                                           std::to_string(globalRanks[r]) + " did not arrive)");
         store.set("settings/summary", kTimedOut + s.message());
+        // Ranks 1..r-1 are known to be there: let them read it (briefly).
+        waitForReaders(store, r - 1,
+                       std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
         return s;
       }
       if (!v.value().empty()) summary += (summary.empty() ? "" : "; ") + v.value();
     }
     HORA_RETURN_IF_ERROR(store.set("settings/summary", summary));
+    // This rank may host the store and is about to fail: let every member
+    // read the summary first, or they would see only a lost store.
+    if (!summary.empty()) waitForReaders(store, size - 1, deadline);
   } else {
     auto theirs = store.get("settings/0", left());
     if (!theirs.isOk())
@@ -98,6 +114,7 @@ Status agreeOnSettings(Store& store, int rank, const std::vector<int>& globalRan
       return s.status().withContext(where + " (waiting for rank " + std::to_string(globalRanks[0]) +
                                     "'s summary)");
     summary = s.take();
+    store.add("settings/read", 1);
     if (summary.compare(0, kTimedOut.size(), kTimedOut) == 0)
       return Status(Code::kTimeout, summary.substr(kTimedOut.size()));
   }

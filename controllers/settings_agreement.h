@@ -13,7 +13,9 @@
 // settings; every other member compares its own with them and publishes its
 // verdict; the coordinator gathers the verdicts and publishes the summary,
 // which every member waits for. One failing member therefore fails all of
-// them with the same message, within one round trip per member.
+// them with the same message, within one round trip per member (a failing
+// coordinator waits until every member has read the summary: it may host the
+// store).
 #pragma once
 
 #include <chrono>
