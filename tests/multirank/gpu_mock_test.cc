@@ -638,4 +638,30 @@ TEST_F(GpuMock, OutOfDeviceMemoryForALibraryOwnedOutputFailsOnlyThatRequest) {
   });
 }
 
+TEST_F(GpuMock, RankJoinedBeforeAnyGpuWorkTakesPartOnItsLocalRanksGpu) {
+  // Rank 1 joins at once; rank 0's first GPU allreduce makes the
+  // communicator. Rank 1 has no GPU of its own yet: it takes cuda:<local
+  // rank> (not rank 0's cuda:0, which NCCL would refuse to share).
+  ::setenv("HORA_GPU_MOCK_DEVICES", "2", 1);
+  const long inits = mockCalls("comm_init");
+  runThreads(2, [](int rank, hora_runtime_t rt) {
+    if (rank == 0) {
+      std::vector<int64_t> shape = {4};
+      std::vector<float> v(4, 5.0f);
+      DLTensor t = cudaTensor(v.data(), dlType(kDLFloat, 32), &shape, 0);
+      hora_options_t o;
+      hora_options_init(&o);
+      o.name = "alone";
+      hora_request_t req;
+      ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_SUCCESS);
+      ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+      EXPECT_EQ(v[0], 5.0f) << "average over the one contributor";
+    }
+    hora_request_t j;
+    ASSERT_EQ(hora_join_async(rt, nullptr, &j), HORA_SUCCESS);
+    ASSERT_EQ(waitAndFree(j), HORA_SUCCESS) << lastMessage();
+  });
+  EXPECT_EQ(mockCalls("comm_init") - inits, 2) << "a communicator over two GPUs, not staging";
+}
+
 }  // namespace

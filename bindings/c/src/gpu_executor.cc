@@ -64,10 +64,14 @@ Device ProcessSetImpl::localDevice(const Response& r,
                                    const std::vector<std::shared_ptr<TensorEntry>>& es) const {
   // The response carries rank 0's device; this rank's tensors may sit on
   // another index (rank i on cuda:i). A rank with no entry (joined) stays on
-  // the device it used before, else takes rank 0's index.
+  // the device it used before, else takes the usual one for its local rank
+  // (rank 0's index could be another rank's GPU, which NCCL refuses).
   for (const auto& e : es)
     if (e) return e->request.device;
   if (gpu_.device >= 0) return Device{DeviceKind::kCuda, gpu_.device};
+  auto count = opts_.gpu ? opts_.gpu->deviceCount() : Result<int>(0);
+  if (count.isOk() && count.value() > 0)
+    return Device{DeviceKind::kCuda, opts_.localRank % count.value()};
   return r.device;
 }
 

@@ -92,6 +92,10 @@ struct SetOptions {
   // HORA_GPU_BACKEND: auto (communicator where the dtype allows), nccl, gloo.
   std::shared_ptr<GpuPlugin> gpu;
   std::string gpuBackend = "auto";
+  // This process's rank on its host: the GPU a joined rank without GPU
+  // history takes part on (local rank modulo the visible GPUs, the usual
+  // one-GPU-per-local-rank layout).
+  int localRank = 0;
   Logger logger;
 };
 

@@ -206,6 +206,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
     if (needCross) rt->id_.crossRank = 0, rt->id_.crossSize = 1;
   }
 
+  so.localRank = rt->id_.localRank;
   std::vector<int> all(id.size);
   for (int r = 0; r < id.size; ++r) all[r] = r;
   auto g = ProcessSetImpl::create("global", all, id.rank,
