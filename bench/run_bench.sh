@@ -11,7 +11,7 @@
 #
 # Environment:
 #   BUILD_DIR      build directory (default: <repo>/build-bench); configured and
-#                  built with Ninja when hora-bench is missing or REBUILD=1
+#                  configured when missing; hora-bench is brought up to date on every run
 #   HORA_BENCH     path to an already built hora-bench (skips the build)
 #   BENCH_TIMEOUT  seconds before the whole run is stopped (default 1800)
 #   BENCH_LOG_DIR  where per-rank logs go (default: a fresh mktemp directory)
@@ -42,11 +42,13 @@ if [ -n "${HORA_BENCH:-}" ]; then
   BIN="$HORA_BENCH"
 else
   BIN="$BUILD_DIR/bench/hora-bench"
-  if [ ! -x "$BIN" ] || [ "${REBUILD:-0}" = 1 ]; then
-    echo "# building hora-bench in $BUILD_DIR" >&2
-    cmake -S "$REPO" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null &&
-      ninja -C "$BUILD_DIR" hora-bench >&2 || { echo "run_bench.sh: build failed" >&2; exit 2; }
+  # Always brought up to date (a no-op when it is): a stale binary would
+  # report another version's numbers as this one's.
+  if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+    cmake -S "$REPO" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null ||
+      { echo "run_bench.sh: configure failed" >&2; exit 2; }
   fi
+  ninja -C "$BUILD_DIR" hora-bench >&2 || { echo "run_bench.sh: build failed" >&2; exit 2; }
 fi
 [ -x "$BIN" ] || { echo "run_bench.sh: $BIN is not executable" >&2; exit 2; }
 
