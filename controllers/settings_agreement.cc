@@ -100,16 +100,22 @@ Status agreeOnSettings(Store& store, int rank, const std::vector<int>& globalRan
     if (!summary.empty()) waitForReaders(store, size - 1, deadline);
   } else {
     auto theirs = store.get("settings/0", left());
+    // Rank 0 had published its settings by now, so its own deadline ends
+    // within `timeout` from here: the summary is waited for until then (plus
+    // a grace), whatever this rank's own deadline says.
+    const auto summaryDeadline = std::chrono::steady_clock::now() + timeout;
     if (!theirs.isOk())
       return theirs.status().withContext(where + " (waiting for rank " +
                                          std::to_string(globalRanks[0]) + ")");
     HORA_RETURN_IF_ERROR(
         store.set("settings/verdict/" + std::to_string(rank),
                   diffSettings(mine, globalRanks[rank], theirs.value(), globalRanks[0])));
-    // Rank 0 publishes its summary at the deadline at the latest (naming a
-    // missing rank): wait a little longer than that for it.
     const auto grace = std::min(timeout, std::chrono::milliseconds(2000));
-    auto s = store.get("settings/summary", left() + grace);
+    auto s = store.get("settings/summary",
+                       std::max(std::chrono::milliseconds(1),
+                                std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    summaryDeadline - std::chrono::steady_clock::now())) +
+                           grace);
     if (!s.isOk())
       return s.status().withContext(where + " (waiting for rank " + std::to_string(globalRanks[0]) +
                                     "'s summary)");

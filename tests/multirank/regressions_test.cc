@@ -3,11 +3,14 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "rank_harness.h"
@@ -190,6 +193,57 @@ TEST(Regression, CacheCapacityMismatchFailsEveryRankAtStartNamingBothValues) {
               std::string::npos)
         << "rank " << r << ": " << msg[r];
   }
+}
+
+int failOnRankOne(void* user, int32_t, const int64_t*, DLDataType, size_t nbytes, void** data) {
+  auto* mine = static_cast<std::pair<int, std::vector<char>>*>(user);
+  if (mine->first == 1) return 7;
+  mine->second.assign(std::max<size_t>(nbytes, 1), 0);
+  *data = mine->second.data();
+  return 0;
+}
+
+TEST(Regression, CpuOutputAllocatorFailingOnOneRankFailsOnlyThatRequest) {
+  // The rank whose allocator fails still takes part (its peers get their
+  // results) and the set goes on; only its own request fails.
+  runThreads(3, [](int rank, hora_runtime_t rt) {
+    std::pair<int, std::vector<char>> mine{rank, {}};
+    std::vector<int64_t> shape = {3, 2};
+    std::vector<float> v(6, static_cast<float>(rank + 1));
+    DLTensor t = makeTensor(v.data(), dlType(kDLFloat, 32), &shape);
+    for (int kind = 0; kind < 3; ++kind) {
+      hora_options_t o;
+      hora_options_init(&o);
+      const std::string name = "cpu.alloc." + std::to_string(kind);
+      o.name = name.c_str();
+      o.op = HORA_OP_SUM;
+      o.alloc = failOnRankOne;
+      o.alloc_user = &mine;
+      hora_request_t req;
+      hora_status_t rc = kind == 0   ? hora_allgather_async(rt, &t, &o, &req)
+                         : kind == 1 ? hora_alltoall_async(rt, &t, nullptr, 3, &o, &req)
+                                     : hora_reducescatter_async(rt, &t, &o, &req);
+      ASSERT_EQ(rc, HORA_SUCCESS) << hora_last_error_message();
+      std::string msg;
+      EXPECT_EQ(waitAndFree(req, 30, &msg), rank == 1 ? HORA_ERR_SYSTEM : HORA_SUCCESS)
+          << name << " rank " << rank << ": " << msg;
+      if (rank == 1)
+        EXPECT_NE(msg.find("allocator callback failed (returned 7)"), std::string::npos) << msg;
+      else if (kind == 2)  // reducescatter: one row each, the sum 1 + 2 + 3
+        EXPECT_EQ(reinterpret_cast<const float*>(mine.second.data())[0], 6.0f);
+    }
+    std::vector<int64_t> s1 = {1};
+    std::vector<float> one(1, 1.0f);
+    DLTensor t1 = makeTensor(one.data(), dlType(kDLFloat, 32), &s1);
+    hora_options_t o;
+    hora_options_init(&o);
+    o.name = "after";
+    o.op = HORA_OP_SUM;
+    hora_request_t req;
+    ASSERT_EQ(hora_allreduce_async(rt, &t1, &t1, &o, &req), HORA_SUCCESS);
+    ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+    EXPECT_EQ(one[0], 3.0f);
+  });
 }
 
 }  // namespace

@@ -90,32 +90,31 @@ void ProcessSetImpl::execute(ExecGroup& g) {
   TensorEntry* e = es[0].get();
   Status s;
   const bool gpu = first.device.kind == DeviceKind::kCuda;
-  // GPU only: the output allocator failed, yet this rank took part in the
-  // collective with a stand-in buffer, so the set stays usable.
+  // The output could not be allocated, yet this rank took part in the
+  // collective (with a stand-in), so the set stays usable.
   Status outputLost;
   switch (first.kind) {
     case ResponseKind::kAllgather:
-      s = gpu ? runGpuAllgather(first, e, &outputLost) : runAllgather(first, e);
+      s = gpu ? runGpuAllgather(first, e, &outputLost) : runAllgather(first, e, &outputLost);
       break;
     case ResponseKind::kBroadcast:
       s = gpu ? runGpuBroadcast(first, e) : runBroadcast(first, e);
       break;
     case ResponseKind::kAlltoall:
-      s = gpu ? runGpuAlltoall(first, e, &outputLost) : runAlltoall(first, e);
+      s = gpu ? runGpuAlltoall(first, e, &outputLost) : runAlltoall(first, e, &outputLost);
       break;
     case ResponseKind::kReducescatter:
-      s = gpu ? runGpuReducescatter(first, e, &outputLost) : runReducescatter(first, e);
+      s = gpu ? runGpuReducescatter(first, e, &outputLost)
+              : runReducescatter(first, e, &outputLost);
       break;
     default:
       s = internalError("unexpected response kind");
       break;
   }
-  // A failure may be this rank's alone (a plugin call, device memory, the
-  // stand-in buffer of a joined rank) while the peers are inside the
-  // collective. The CPU allgather/alltoall/reducescatter absorb an allocator
-  // failure by taking part anyway; other failures there come from the backend,
-  // which breaks the set itself.
-  if ((gpu || first.kind == ResponseKind::kBroadcast) && !s.isOk()) failedAfterAgreement(s);
+  // Any other failure may be this rank's alone (a plugin call, memory for a
+  // stand-in buffer) while the peers are inside the collective: the set is
+  // done (a backend failure has broken it already).
+  if (!s.isOk()) failedAfterAgreement(s);
   if (s.isOk()) s = outputLost;
   if (e) e->complete(s.isOk() ? s : entryStatus(*e, s));
 }
@@ -269,7 +268,7 @@ Result<void*> ProcessSetImpl::allocateOutput(TensorEntry& e, const std::vector<i
   return data;
 }
 
-Status ProcessSetImpl::runAllgather(const Response& r, TensorEntry* e) {
+Status ProcessSetImpl::runAllgather(const Response& r, TensorEntry* e, Status* outputLost) {
   DataType dt = r.dtype;
   int64_t row = rowElements(r.shape);
   std::vector<size_t> counts(size());
@@ -286,7 +285,8 @@ Status ProcessSetImpl::runAllgather(const Response& r, TensorEntry* e) {
       HORA_RETURN_IF_ERROR(fusion_.reserve(total * dataTypeSize(dt)));
       Status s = backend_->allgatherv(e->in, fusion_.data(), counts, dt);
       if (!s.isOk()) return backendFailure(s, "allgather \"" + r.name + "\"");
-      return o.status();
+      *outputLost = o.status();
+      return Status::ok();
     }
     out = o.value();
   } else {
@@ -310,7 +310,7 @@ Status ProcessSetImpl::runBroadcast(const Response& r, TensorEntry* e) {
   return Status::ok();
 }
 
-Status ProcessSetImpl::runAlltoall(const Response& r, TensorEntry* e) {
+Status ProcessSetImpl::runAlltoall(const Response& r, TensorEntry* e, Status* outputLost) {
   int n = size();
   int64_t row = rowElements(r.shape);
   std::vector<int64_t> send(n), recv(n), recvRows(n);
@@ -340,10 +340,11 @@ Status ProcessSetImpl::runAlltoall(const Response& r, TensorEntry* e) {
   }
   Status s = backend_->alltoallv(e ? e->in : nullptr, send, out, recv, r.dtype);
   if (!s.isOk()) return backendFailure(s, "alltoall \"" + r.name + "\"");
-  return allocFailure;
+  *outputLost = allocFailure;
+  return Status::ok();
 }
 
-Status ProcessSetImpl::runReducescatter(const Response& r, TensorEntry* e) {
+Status ProcessSetImpl::runReducescatter(const Response& r, TensorEntry* e, Status* outputLost) {
   DataType dt = r.dtype;
   size_t esz = dataTypeSize(dt);
   int n = size();
@@ -374,7 +375,10 @@ Status ProcessSetImpl::runReducescatter(const Response& r, TensorEntry* e) {
     outShape[0] = static_cast<int64_t>(counts[rank_] / std::max<int64_t>(row, 1));
   if (row == 0 && !outShape.empty()) outShape[0] = dim0 / n + (rank_ < dim0 % n ? 1 : 0);
   auto o = allocateOutput(*e, outShape);
-  if (!o.isOk()) return o.status();
+  if (!o.isOk()) {
+    *outputLost = o.status();
+    return Status::ok();
+  }
   scaleCopy(dt, o.value(), buf + before * esz, counts[rank_], post);
   return Status::ok();
 }

@@ -152,10 +152,11 @@ class ProcessSetImpl {
   Status validateResponse(const Response& r) const;
   void sendAbort(int peer, const Status& why);  // control thread; peer -1 = every worker
   Status runAllreduce(std::vector<Response>& group, std::vector<std::shared_ptr<TensorEntry>>& es);
-  Status runAllgather(const Response& r, TensorEntry* e);
+  // *outputLost: the output could not be allocated but this rank took part.
+  Status runAllgather(const Response& r, TensorEntry* e, Status* outputLost);
   Status runBroadcast(const Response& r, TensorEntry* e);
-  Status runAlltoall(const Response& r, TensorEntry* e);
-  Status runReducescatter(const Response& r, TensorEntry* e);
+  Status runAlltoall(const Response& r, TensorEntry* e, Status* outputLost);
+  Status runReducescatter(const Response& r, TensorEntry* e, Status* outputLost);
   Result<void*> allocateOutput(TensorEntry& e, const std::vector<int64_t>& shape);
   // GPU tensors (gpu_executor.cc).
   Status runGpuAllreduce(std::vector<Response>& group,
