@@ -2,6 +2,7 @@
 // through the backend. See process_set.h for the threading model.
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "core/reduce.h"
 #include "process_set.h"
@@ -12,6 +13,51 @@ int64_t rowElements(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
   return n;
+}
+
+std::vector<size_t> allgatherCounts(const Response& r, int size) {
+  const int64_t row = rowElements(r.shape);
+  std::vector<size_t> counts(size);
+  for (int i = 0; i < size; ++i) counts[i] = static_cast<size_t>(r.sizes[i] * row);
+  return counts;
+}
+
+AlltoallCounts alltoallCounts(const Response& r, int rank, int size) {
+  const int64_t row = rowElements(r.shape);
+  AlltoallCounts c;
+  c.send.resize(size);
+  c.recv.resize(size);
+  c.recvRows.resize(size);
+  for (int d = 0; d < size; ++d) {
+    c.send[d] = r.sizes[rank * size + d] * row;
+    c.recvRows[d] = r.sizes[d * size + rank];
+    c.recv[d] = c.recvRows[d] * row;
+    c.outRows += c.recvRows[d];
+  }
+  return c;
+}
+
+ScatterCounts reducescatterCounts(const Response& r, int rank, int size) {
+  const int64_t dim0 = r.shape.empty() ? 0 : r.shape[0];
+  const int64_t row = rowElements(r.shape);
+  ScatterCounts c;
+  c.counts.resize(size);
+  for (int i = 0; i < size; ++i) {
+    const int64_t rows = dim0 / size + (i < dim0 % size ? 1 : 0);
+    c.counts[i] = static_cast<size_t>(rows * row);
+    if (i < rank) c.before += c.counts[i];
+    if (i == rank) c.rows = rows;
+  }
+  return c;
+}
+
+ReduceOp reducingOp(const Response& r) {
+  return r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
+}
+
+double postFactor(const Response& r, int size) {
+  const int contributors = size - static_cast<int>(r.joined.size());
+  return r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / std::max(1, contributors) : 1.0);
 }
 
 void ProcessSetImpl::executorLoop() {
@@ -124,10 +170,8 @@ Status ProcessSetImpl::runAllreduce(std::vector<Response>& group,
   const Response& r0 = group.front();
   DataType dt = r0.dtype;
   size_t esz = dataTypeSize(dt);
-  ReduceOp op = r0.op == ReduceOp::kAverage ? ReduceOp::kSum : r0.op;
-  int contributors = size() - static_cast<int>(r0.joined.size());
-  double post =
-      r0.postscale * (r0.op == ReduceOp::kAverage ? 1.0 / std::max(1, contributors) : 1.0);
+  ReduceOp op = reducingOp(r0);
+  double post = postFactor(r0, size());
   double pre = r0.prescale;
   std::string what =
       "allreduce \"" + r0.name + "\"" +
@@ -270,13 +314,8 @@ Result<void*> ProcessSetImpl::allocateOutput(TensorEntry& e, const std::vector<i
 
 Status ProcessSetImpl::runAllgather(const Response& r, TensorEntry* e, Status* outputLost) {
   DataType dt = r.dtype;
-  int64_t row = rowElements(r.shape);
-  std::vector<size_t> counts(size());
-  size_t total = 0;
-  for (int i = 0; i < size(); ++i) {
-    counts[i] = static_cast<size_t>(r.sizes[i] * row);
-    total += counts[i];
-  }
+  const std::vector<size_t> counts = allgatherCounts(r, size());
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
   void* out = nullptr;
   if (e) {
     auto o = allocateOutput(*e, r.shape);
@@ -311,22 +350,14 @@ Status ProcessSetImpl::runBroadcast(const Response& r, TensorEntry* e) {
 }
 
 Status ProcessSetImpl::runAlltoall(const Response& r, TensorEntry* e, Status* outputLost) {
-  int n = size();
-  int64_t row = rowElements(r.shape);
-  std::vector<int64_t> send(n), recv(n), recvRows(n);
-  int64_t outRows = 0;
-  for (int d = 0; d < n; ++d) {
-    send[d] = r.sizes[rank_ * n + d] * row;
-    recvRows[d] = r.sizes[d * n + rank_];
-    recv[d] = recvRows[d] * row;
-    outRows += recvRows[d];
-  }
+  const int64_t row = rowElements(r.shape);
+  const AlltoallCounts c = alltoallCounts(r, rank_, size());
   std::vector<int64_t> outShape = r.shape;
-  outShape[0] = outRows;
+  outShape[0] = c.outRows;
   void* out = nullptr;
   Status allocFailure;
   if (e) {
-    e->owner->receivedSplits = recvRows;
+    e->owner->receivedSplits = c.recvRows;
     auto o = allocateOutput(*e, outShape);
     if (o.isOk())
       out = o.value();
@@ -335,10 +366,10 @@ Status ProcessSetImpl::runAlltoall(const Response& r, TensorEntry* e, Status* ou
   }
   if (!out) {
     HORA_RETURN_IF_ERROR(
-        fusion_.reserve(static_cast<size_t>(outRows * row) * dataTypeSize(r.dtype)));
+        fusion_.reserve(static_cast<size_t>(c.outRows * row) * dataTypeSize(r.dtype)));
     out = fusion_.data();
   }
-  Status s = backend_->alltoallv(e ? e->in : nullptr, send, out, recv, r.dtype);
+  Status s = backend_->alltoallv(e ? e->in : nullptr, c.send, out, c.recv, r.dtype);
   if (!s.isOk()) return backendFailure(s, "alltoall \"" + r.name + "\"");
   *outputLost = allocFailure;
   return Status::ok();
@@ -347,39 +378,27 @@ Status ProcessSetImpl::runAlltoall(const Response& r, TensorEntry* e, Status* ou
 Status ProcessSetImpl::runReducescatter(const Response& r, TensorEntry* e, Status* outputLost) {
   DataType dt = r.dtype;
   size_t esz = dataTypeSize(dt);
-  int n = size();
-  int64_t dim0 = r.shape.empty() ? 0 : r.shape[0];
-  int64_t row = rowElements(r.shape);
-  std::vector<size_t> counts(n);
-  size_t before = 0;
-  for (int i = 0; i < n; ++i) {
-    int64_t rows = dim0 / n + (i < dim0 % n ? 1 : 0);
-    counts[i] = static_cast<size_t>(rows * row);
-    if (i < rank_) before += counts[i];
-  }
+  const ScatterCounts c = reducescatterCounts(r, rank_, size());
   size_t total = static_cast<size_t>(r.numElements());
-  ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
-  int contributors = n - static_cast<int>(r.joined.size());
-  double post = r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / std::max(1, contributors) : 1.0);
+  ReduceOp op = reducingOp(r);
+  double post = postFactor(r, size());
   HORA_RETURN_IF_ERROR(fusion_.reserve(std::max<size_t>(total, 1) * esz));
   char* buf = fusion_.data();
   if (e)
     scaleCopy(dt, buf, e->in, total, r.prescale);
   else
     fillIdentity(dt, op, buf, total);
-  Status s = backend_->reducescatter(buf, counts, dt, op);
+  Status s = backend_->reducescatter(buf, c.counts, dt, op);
   if (!s.isOk()) return backendFailure(s, "reducescatter \"" + r.name + "\"");
   if (!e) return Status::ok();
   std::vector<int64_t> outShape = r.shape;
-  if (!outShape.empty())
-    outShape[0] = static_cast<int64_t>(counts[rank_] / std::max<int64_t>(row, 1));
-  if (row == 0 && !outShape.empty()) outShape[0] = dim0 / n + (rank_ < dim0 % n ? 1 : 0);
+  if (!outShape.empty()) outShape[0] = c.rows;
   auto o = allocateOutput(*e, outShape);
   if (!o.isOk()) {
     *outputLost = o.status();
     return Status::ok();
   }
-  scaleCopy(dt, o.value(), buf + before * esz, counts[rank_], post);
+  scaleCopy(dt, o.value(), buf + c.before * esz, c.counts[rank_], post);
   return Status::ok();
 }
 

@@ -288,10 +288,8 @@ Status ProcessSetImpl::runGpuAllreduce(std::vector<Response>& group,
   const Response& r0 = group.front();
   const DataType dt = r0.dtype;
   const size_t esz = dataTypeSize(dt);
-  const ReduceOp op = r0.op == ReduceOp::kAverage ? ReduceOp::kSum : r0.op;
-  const int contributors = size() - static_cast<int>(r0.joined.size());
-  const double post =
-      r0.postscale * (r0.op == ReduceOp::kAverage ? 1.0 / std::max(1, contributors) : 1.0);
+  const ReduceOp op = reducingOp(r0);
+  const double post = postFactor(r0, size());
   const double pre = r0.prescale;
   const std::string what =
       "allreduce \"" + r0.name + "\" (" + deviceName(localDevice(r0, es)) + ")" +

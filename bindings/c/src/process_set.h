@@ -24,6 +24,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -46,8 +47,30 @@ namespace hora {
 // A negotiated group with the local entries it refers to, claimed from the
 // tensor table when the group is queued so that a later failure of the set
 // cannot fail work every rank has already agreed to run.
+// What a response says each rank moves, derived once for the CPU and GPU
+// executors (executor.cc).
 // Elements per row (dimension 0) of a tensor of this shape.
 int64_t rowElements(const std::vector<int64_t>& shape);
+// Allgather: elements contributed by each rank.
+std::vector<size_t> allgatherCounts(const Response& r, int size);
+// Alltoall as seen by `rank`: elements sent to / received from each rank.
+struct AlltoallCounts {
+  std::vector<int64_t> send, recv, recvRows;
+  int64_t outRows = 0;
+};
+AlltoallCounts alltoallCounts(const Response& r, int rank, int size);
+// Reducescatter: elements of each rank's block of dimension 0 (ranks below
+// dim0 % size get one more row) and the first element of `rank`'s block.
+struct ScatterCounts {
+  std::vector<size_t> counts;
+  size_t before = 0;
+  int64_t rows = 0;  // rows of `rank`'s block
+};
+ScatterCounts reducescatterCounts(const Response& r, int rank, int size);
+// The op the data plane runs (average is a sum) and the factor applied after
+// it: postscale, divided by the ranks that contributed for average.
+ReduceOp reducingOp(const Response& r);
+double postFactor(const Response& r, int size);
 // Whether NCCL reduces this dtype (it lacks int16 and bool).
 bool ncclHasType(DataType dt);
 
@@ -172,8 +195,11 @@ class ProcessSetImpl {
   // to *outputLost, as this rank still takes part.
   Status gpuOutput(TensorEntry* e, const std::vector<int64_t>& shape, size_t bytes, bool viaComm,
                    const std::string& what, char** out, Status* outputLost);
-  Status outputOrLost(TensorEntry& e, const std::vector<int64_t>& shape, const std::string& what,
-                      Status* outputLost);
+  // Staging of a collective with separate input and output: input (device)
+  // -> pinned host, run(pinned input, pinned output) on the CPU data plane,
+  // pinned output -> out (device; null: nothing to copy back).
+  Status gpuStaged(const void* in, size_t inBytes, char* out, size_t outBytes,
+                   const std::function<Status(char* in, char* out)>& run, const std::string& what);
   Status gpuPrepare(const Device& dev, const std::string& what);
   Device localDevice(const Response& r, const std::vector<std::shared_ptr<TensorEntry>>& es) const;
   // *viaComm: this group goes through the set's communicator (created at the
