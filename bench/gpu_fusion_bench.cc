@@ -27,11 +27,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "bench/shapes_file.h"
 #include "ops/gpu/hora_gpu_plugin.h"
 
 #ifndef HORA_CUDA_PLUGIN_PATH
@@ -105,19 +104,11 @@ Options parse(int argc, char** argv) {
 }
 
 std::vector<size_t> readShapes(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) die("cannot read the shapes file '" + path + "' (use --shapes FILE)");
+  std::vector<hora_bench::TensorShape> shapes;
+  std::string error;
+  if (!hora_bench::readShapeFile(path, &shapes, &error)) die(error + " (use --shapes FILE)");
   std::vector<size_t> counts;
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    size_t n = 1;
-    std::stringstream ss(line);
-    std::string dim;
-    while (std::getline(ss, dim, 'x')) n *= std::stoul(dim);
-    counts.push_back(n);
-  }
-  if (counts.empty()) die(path + ": no shapes");
+  for (const auto& t : shapes) counts.push_back(t.count);
   return counts;
 }
 

@@ -56,6 +56,7 @@
 #include "core/store.h"
 #include "core/tcp_store.h"
 #include "ops/gloo/gloo_backend.h"
+#include "shapes_file.h"
 
 namespace {
 
@@ -360,45 +361,11 @@ void Bench::runSweep() {
   targetLines.push_back(line);
 }
 
-struct Shape {
-  std::vector<int64_t> dims;
-  size_t count = 1;
-  std::string text;
-};
-
-std::vector<Shape> readShapes(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) fatal("cannot read the gradient shapes file '" + path + "' (use --shapes FILE)");
-  std::vector<Shape> shapes;
-  std::string line;
-  int lineNo = 0;
-  while (std::getline(f, line)) {
-    ++lineNo;
-    auto b = line.find_first_not_of(" \t\r");
-    if (b == std::string::npos || line[b] == '#') continue;
-    auto e = line.find_last_not_of(" \t\r");
-    std::string t = line.substr(b, e - b + 1);
-    Shape s;
-    s.text = t;
-    std::stringstream ss(t);
-    std::string d;
-    while (std::getline(ss, d, 'x')) {
-      char* end = nullptr;
-      long long v = std::strtoll(d.c_str(), &end, 10);
-      if (d.empty() || *end != '\0' || v <= 0)
-        fatal(path + ":" + std::to_string(lineNo) + ": bad shape '" + t +
-              "' (expected e.g. 64x3x7x7)");
-      s.dims.push_back(v);
-      s.count *= static_cast<size_t>(v);
-    }
-    shapes.push_back(s);
-  }
-  if (shapes.empty()) fatal(path + ": no shapes");
-  return shapes;
-}
-
 void Bench::runFused() {
-  std::vector<Shape> shapes = readShapes(opt.shapes);
+  std::vector<hora_bench::TensorShape> shapes;
+  std::string shapesError;
+  if (!hora_bench::readShapeFile(opt.shapes, &shapes, &shapesError))
+    fatal(shapesError + " (use --shapes FILE)");
   const int nt = static_cast<int>(shapes.size());
   std::vector<uint64_t> base(nt);
   uint64_t total = 0;

@@ -11,12 +11,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "bench/shapes_file.h"
 #include "core/reduce.h"
 #include "core/types.h"
 #include "ops/gpu/hora_gpu_plugin.h"
@@ -180,17 +180,11 @@ inline std::string firstDifference(const CopyCase& c, const std::vector<uint8_t>
 // Element counts of the tensors in bench/resnet50_grad_shapes.txt ("64x3x7x7"
 // per line, '#' comments).
 inline std::vector<size_t> readShapeCounts(const std::string& path) {
+  std::vector<hora_bench::TensorShape> shapes;
+  std::string error;
   std::vector<size_t> counts;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    size_t n = 1;
-    std::stringstream ss(line);
-    std::string dim;
-    while (std::getline(ss, dim, 'x')) n *= std::stoul(dim);
-    counts.push_back(n);
-  }
+  if (!hora_bench::readShapeFile(path, &shapes, &error)) return counts;  // empty: caller fails
+  for (const auto& t : shapes) counts.push_back(t.count);
   return counts;
 }
 
