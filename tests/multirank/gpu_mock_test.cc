@@ -63,6 +63,19 @@ DLTensor cudaTensor(void* data, DLDataType dt, std::vector<int64_t>* shape, int 
   return t;
 }
 
+// Submits an in-place allreduce of `v`, described as CUDA memory on `device`
+// (v must outlive the request; the shape is copied at submission).
+hora_status_t gpuAllreduce(hora_runtime_t rt, std::vector<float>& v, const char* name,
+                           hora_request_t* req, int device = 0, hora_reduce_op_t op = HORA_OP_SUM) {
+  std::vector<int64_t> shape = {static_cast<int64_t>(v.size())};
+  DLTensor t = cudaTensor(v.data(), dlType(kDLFloat, 32), &shape, device);
+  hora_options_t o;
+  hora_options_init(&o);
+  o.name = name;
+  o.op = op;
+  return hora_allreduce_async(rt, &t, &t, &o, req);
+}
+
 TEST_F(GpuMock, MissingPluginIsAClearErrorAndCpuWorkContinues) {
   ::setenv("HORA_GPU_PLUGIN", "/nonexistent/libhora_cuda.so", 1);
   runThreads(1, [](int, hora_runtime_t rt) {
@@ -229,15 +242,9 @@ TEST_F(GpuMock, RankIOnDeviceIIsNotAMismatch) {
   ::setenv("HORA_GPU_BACKEND", "gloo", 1);
   ::setenv("HORA_GPU_MOCK_DEVICES", "2", 1);
   runThreads(2, [](int rank, hora_runtime_t rt) {
-    std::vector<int64_t> shape = {5};
     std::vector<float> v(5, static_cast<float>(rank + 1));
-    DLTensor t = cudaTensor(v.data(), dlType(kDLFloat, 32), &shape, rank);
-    hora_options_t o;
-    hora_options_init(&o);
-    o.name = "per.rank.device";
-    o.op = HORA_OP_SUM;
     hora_request_t req;
-    ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_SUCCESS)
+    ASSERT_EQ(gpuAllreduce(rt, v, "per.rank.device", &req, rank, HORA_OP_SUM), HORA_SUCCESS)
         << hora_last_error_message();
     ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
     for (float x : v) EXPECT_EQ(x, 3.0f);
@@ -248,14 +255,9 @@ TEST_F(GpuMock, RankIOnDeviceIIsNotAMismatch) {
 TEST_F(GpuMock, PluginFailureNamesTheTensorAndTheCall) {
   ::setenv("HORA_GPU_MOCK_FAIL", "allreduce", 1);
   runThreads(1, [](int, hora_runtime_t rt) {
-    std::vector<int64_t> shape = {16};
     std::vector<float> v(16, 1.0f);
-    DLTensor t = cudaTensor(v.data(), dlType(kDLFloat, 32), &shape);
-    hora_options_t o;
-    hora_options_init(&o);
-    o.name = "layer1.grad";
     hora_request_t req;
-    ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_SUCCESS);
+    ASSERT_EQ(gpuAllreduce(rt, v, "layer1.grad", &req), HORA_SUCCESS);
     std::string msg;
     EXPECT_EQ(waitAndFree(req, 30, &msg), HORA_ERR_BACKEND) << msg;
     EXPECT_NE(msg.find("allreduce \"layer1.grad\" (cuda:0)"), std::string::npos) << msg;
@@ -268,14 +270,9 @@ TEST_F(GpuMock, CommunicatorThatCannotFormFailsEveryRankWithAHint) {
   // refuses it (as NCCL does), and every rank fails, naming itself.
   ::setenv("HORA_GPU_BACKEND", "nccl", 1);
   runThreads(2, [](int rank, hora_runtime_t rt) {
-    std::vector<int64_t> shape = {4};
     std::vector<float> v(4, 1.0f);
-    DLTensor t = cudaTensor(v.data(), dlType(kDLFloat, 32), &shape);
-    hora_options_t o;
-    hora_options_init(&o);
-    o.name = "needs.comm";
     hora_request_t req;
-    ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_SUCCESS);
+    ASSERT_EQ(gpuAllreduce(rt, v, "needs.comm", &req), HORA_SUCCESS);
     std::string msg;
     EXPECT_EQ(waitAndFree(req, 30, &msg), HORA_ERR_BACKEND) << msg;
     EXPECT_NE(msg.find("rank " + std::to_string(rank) + " of 2"), std::string::npos) << msg;
@@ -538,15 +535,10 @@ TEST_F(GpuMock, GpuWorkThatNeverCompletesFailsAfterThePeerTimeoutAndAbortsTheCom
   runThreads(
       1,
       [](int, hora_runtime_t rt) {
-        std::vector<int64_t> shape = {8};
         std::vector<float> v(8, 1.0f);
-        DLTensor t = cudaTensor(v.data(), dlType(kDLFloat, 32), &shape);
-        hora_options_t o;
-        hora_options_init(&o);
-        o.name = "never.ends";
         hora_request_t req;
         const auto t0 = std::chrono::steady_clock::now();
-        ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_SUCCESS);
+        ASSERT_EQ(gpuAllreduce(rt, v, "never.ends", &req), HORA_SUCCESS);
         std::string msg;
         EXPECT_EQ(waitAndFree(req, 30, &msg), HORA_ERR_TIMEOUT) << msg;
         const double s =
@@ -558,8 +550,7 @@ TEST_F(GpuMock, GpuWorkThatNeverCompletesFailsAfterThePeerTimeoutAndAbortsTheCom
         EXPECT_NE(msg.find("communicator was aborted"), std::string::npos) << msg;
         // The set is broken: later work fails at once with the same cause.
         ::unsetenv("HORA_GPU_MOCK_STUCK");
-        o.name = "after";
-        hora_status_t rc = hora_allreduce_async(rt, &t, &t, &o, &req);
+        hora_status_t rc = gpuAllreduce(rt, v, "after", &req);
         if (rc == HORA_SUCCESS) rc = waitAndFree(req, 30, &msg);
         EXPECT_EQ(rc, HORA_ERR_TIMEOUT);
       },
@@ -575,15 +566,10 @@ TEST_F(GpuMock, CommunicatorAsyncErrorWhileWaitingFailsAtOnceNamingTheTensor) {
   ::setenv("HORA_GPU_MOCK_FAIL", "comm_async_error", 1);
   const long aborts = mockCalls("comm_abort");
   runThreads(1, [](int, hora_runtime_t rt) {
-    std::vector<int64_t> shape = {8};
     std::vector<float> v(8, 1.0f);
-    DLTensor t = cudaTensor(v.data(), dlType(kDLFloat, 32), &shape);
-    hora_options_t o;
-    hora_options_init(&o);
-    o.name = "async.error";
     hora_request_t req;
     const auto t0 = std::chrono::steady_clock::now();
-    ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_SUCCESS);
+    ASSERT_EQ(gpuAllreduce(rt, v, "async.error", &req), HORA_SUCCESS);
     std::string msg;
     EXPECT_EQ(waitAndFree(req, 30, &msg), HORA_ERR_BACKEND) << msg;
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5);
@@ -646,16 +632,11 @@ TEST_F(GpuMock, RankJoinedBeforeAnyGpuWorkTakesPartOnItsLocalRanksGpu) {
   const long inits = mockCalls("comm_init");
   runThreads(2, [](int rank, hora_runtime_t rt) {
     if (rank == 0) {
-      std::vector<int64_t> shape = {4};
       std::vector<float> v(4, 5.0f);
-      DLTensor t = cudaTensor(v.data(), dlType(kDLFloat, 32), &shape, 0);
-      hora_options_t o;
-      hora_options_init(&o);
-      o.name = "alone";
       hora_request_t req;
-      ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_SUCCESS);
+      ASSERT_EQ(gpuAllreduce(rt, v, "alone", &req, 0), HORA_SUCCESS);
       ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
-      EXPECT_EQ(v[0], 5.0f) << "average over the one contributor";
+      EXPECT_EQ(v[0], 5.0f) << "the joined rank contributes nothing";
     }
     hora_request_t j;
     ASSERT_EQ(hora_join_async(rt, nullptr, &j), HORA_SUCCESS);
