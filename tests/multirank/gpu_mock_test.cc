@@ -645,4 +645,18 @@ TEST_F(GpuMock, RankJoinedBeforeAnyGpuWorkTakesPartOnItsLocalRanksGpu) {
   EXPECT_EQ(mockCalls("comm_init") - inits, 2) << "a communicator over two GPUs, not staging";
 }
 
+TEST_F(GpuMock, GpuIdentityThatCannotBeReadFailsTheSharingCheckNamingTheCall) {
+  ::setenv("HORA_GPU_MOCK_DEVICES", "2", 1);
+  ::setenv("HORA_GPU_MOCK_FAIL", "device_pci_bus_id", 1);
+  runThreads(2, [](int rank, hora_runtime_t rt) {
+    std::vector<float> v(4, 1.0f);
+    hora_request_t req;
+    ASSERT_EQ(gpuAllreduce(rt, v, "who.am.i", &req, rank), HORA_SUCCESS);
+    std::string msg;
+    EXPECT_EQ(waitAndFree(req, 30, &msg), HORA_ERR_BACKEND) << msg;
+    EXPECT_NE(msg.find("allreduce \"who.am.i\""), std::string::npos) << msg;
+    EXPECT_NE(msg.find("device_pci_bus_id failed"), std::string::npos) << msg;
+  });
+}
+
 }  // namespace
