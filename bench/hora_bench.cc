@@ -667,11 +667,11 @@ int main(int argc, char** argv) {
   hora::GlooBackendOptions go;
   go.hostname = envOr("HORA_HOSTNAME", "127.0.0.1");
   go.timeout = timeout;
-  go.algorithm = "ring";
+  go.algorithm = hora::GlooAlgorithm::kRing;
   auto ring = hora::createGlooBackend(b.store, "ring", gRank, gSize, go);
   if (!ring.isOk()) fatal("raw gloo ring backend: " + ring.status().toString());
   b.ring = ring.take();
-  go.algorithm = "bcube";
+  go.algorithm = hora::GlooAlgorithm::kBcube;
   auto bcube = hora::createGlooBackend(b.store, "bcube", gRank, gSize, go);
   if (!bcube.isOk()) fatal("raw gloo bcube backend: " + bcube.status().toString());
   b.bcube = bcube.take();

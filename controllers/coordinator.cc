@@ -328,7 +328,7 @@ std::vector<std::string> Coordinator::inspectStalls(Clock::time_point now) {
   std::vector<std::string> warnings;
   std::vector<std::string> expired;
   for (auto& [name, p] : table_) {
-    double waited = std::chrono::duration<double>(now - p.first).count();
+    const Seconds waited = now - p.first;
     const Request& any =
         *std::find_if(p.byRank.begin(), p.byRank.end(), [](const auto& o) { return o.has_value(); })
              ->
@@ -338,29 +338,30 @@ std::vector<std::string> Coordinator::inspectStalls(Clock::time_point now) {
       if (p.byRank[r]) have.push_back(global(r));
     std::string report = std::string(collectiveName(any.kind)) + " \"" + name +
                          "\" in process set " + opts_.setName + " has waited " +
-                         std::to_string(static_cast<int>(waited)) + " s: submitted by ranks " +
-                         rankList(have) + ", missing on ranks " + rankList(missingRanks(p));
+                         std::to_string(static_cast<int>(waited.count())) +
+                         " s: submitted by ranks " + rankList(have) + ", missing on ranks " +
+                         rankList(missingRanks(p));
     if (joinedCount_ > 0) {
       std::vector<int> j;
       for (int r = 0; r < opts_.size; ++r)
         if (joined_[r]) j.push_back(global(r));
       report += " (joined: " + rankList(j) + ")";
     }
-    if (opts_.stallShutdownS > 0 && waited >= opts_.stallShutdownS) {
+    if (opts_.stallShutdown.count() > 0 && waited >= opts_.stallShutdown) {
       Response e;
       e.kind = ResponseKind::kError;
       e.name = name;
       e.errorCode = static_cast<int32_t>(Code::kTimeout);
       e.error = report + ". Failing it after HORA_STALL_SHUTDOWN_TIME_S=" +
-                std::to_string(static_cast<int>(opts_.stallShutdownS)) +
+                std::to_string(static_cast<int>(opts_.stallShutdown.count())) +
                 ". The missing ranks never submitted it: look for rank-dependent control flow, "
                 "uneven data (use join), or a rank that is stuck or slow.";
       ready_.push_back(e);
       expired.push_back(name);
-    } else if (!p.warned && waited >= opts_.stallWarningS) {
+    } else if (!p.warned && waited >= opts_.stallWarning) {
       p.warned = true;
       warnings.push_back(report + " (stall warning; fails after HORA_STALL_SHUTDOWN_TIME_S=" +
-                         std::to_string(static_cast<int>(opts_.stallShutdownS)) + ")");
+                         std::to_string(static_cast<int>(opts_.stallShutdown.count())) + ")");
     }
   }
   for (const auto& n : expired) table_.erase(n);

@@ -32,6 +32,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/logging.h"
 #include "core/message.h"
 #include "core/response_cache.h"
@@ -39,13 +40,11 @@
 
 namespace hora {
 
-using Clock = std::chrono::steady_clock;
-
 struct CoordinatorOptions {
   int size = 1;
   int64_t fusionThresholdBytes = 128 << 20;
-  double stallWarningS = 60;
-  double stallShutdownS = 300;  // 0 = never
+  Seconds stallWarning{60};
+  Seconds stallShutdown{300};  // 0 = never
   std::string setName = "global";
   // Set rank -> global rank, for messages (empty: identity).
   std::vector<int> globalRanks;

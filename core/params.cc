@@ -1,5 +1,6 @@
 #include "core/params.h"
 
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -55,7 +56,8 @@ const std::vector<ParamSpec>& paramRegistry() {
        "Longest wait for all ranks to reach the store and connect at start-up."},
       {"HORA_GLOO_ALGORITHM", ParamType::kString, "auto",
        "Gloo allreduce algorithm: auto (by size), ring or bcube. Must be the same on every rank "
-       "(checked at start)."},
+       "(checked at start).",
+       "auto|ring|bcube"},
       {"HORA_GLOO_IFACE", ParamType::kString, "",
        "Network interface for Gloo's data plane (default: by HORA_HOSTNAME)."},
       {"HORA_SHM", ParamType::kBool, "1",
@@ -75,9 +77,10 @@ const std::vector<ParamSpec>& paramRegistry() {
        "GPU tensors: auto (the NCCL communicator where NCCL has the dtype and every rank of the "
        "process set has its own GPU, checked once per set; else staging through host memory and "
        "the CPU data plane), nccl (the communicator without the sharing check), or gloo (always "
-       "staging). Must be the same on every rank (checked at start)."},
+       "staging). Must be the same on every rank (checked at start).",
+       "auto|nccl|gloo"},
       {"HORA_LOG_LEVEL", ParamType::kString, "warning",
-       "trace, debug, info, warning, error or off."},
+       "trace, debug, info, warning, error or off.", "trace|debug|info|warning|error|off"},
   };
   return kRegistry;
 }
@@ -88,6 +91,25 @@ const ParamSpec* findSpec(const char* name) {
   for (const auto& s : paramRegistry())
     if (std::strcmp(s.name, name) == 0) return &s;
   return nullptr;
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// The value among spec.choices (lower-case), or "" when it is none of them.
+std::string choice(const ParamSpec& spec, const std::string& value) {
+  const std::string v = lower(value);
+  std::string all = spec.choices;
+  size_t at = 0;
+  while (at <= all.size()) {
+    size_t bar = all.find('|', at);
+    if (bar == std::string::npos) bar = all.size();
+    if (all.compare(at, bar - at, v) == 0 && !v.empty()) return v;
+    at = bar + 1;
+  }
+  return "";
 }
 
 Status validate(const ParamSpec& spec, const std::string& value) {
@@ -115,6 +137,12 @@ Status validate(const ParamSpec& spec, const std::string& value) {
         return bad("a boolean (0/1/true/false)");
       break;
     case ParamType::kString:
+      if (spec.choices && choice(spec, value).empty()) {
+        std::string list = spec.choices;
+        for (char& c : list)
+          if (c == '|') c = ',';
+        return bad(("one of " + list).c_str());
+      }
       break;
   }
   return Status::ok();
@@ -131,7 +159,7 @@ Result<Params> Params::parse(const std::function<const char*(const char*)>& look
       Status s = validate(spec, value);
       if (!s.isOk()) return s;
     }
-    p.values_[spec.name] = value;
+    p.values_[spec.name] = spec.choices ? choice(spec, value) : value;
     p.set_[spec.name] = v != nullptr;
   }
   return p;

@@ -26,6 +26,10 @@ struct ParamSpec {
   ParamType type;
   const char* defaultValue;  // as text; "" for unset strings
   const char* doc;
+  // Strings with a fixed set of values: "a|b|c". Checked (case-insensitive)
+  // when the parameters are read, and stored lower-case, so a bad value fails
+  // hora_init naming the choices and the code using it parses it once.
+  const char* choices = nullptr;
 };
 
 // Every parameter hora reads. Units are in the names.

@@ -161,16 +161,31 @@ void ignoreDefaultSigpipe() {
   });
 }
 
-GlooBackend::Algorithm parseAlgorithm(const std::string& s, bool* ok) {
-  *ok = true;
-  if (s == "auto" || s.empty()) return GlooBackend::Algorithm::kAuto;
-  if (s == "ring") return GlooBackend::Algorithm::kRing;
-  if (s == "bcube") return GlooBackend::Algorithm::kBcube;
-  *ok = false;
-  return GlooBackend::Algorithm::kAuto;
+}  // namespace
+
+bool parseGlooAlgorithm(const std::string& text, GlooAlgorithm* out) {
+  if (text == "auto" || text.empty()) {
+    *out = GlooAlgorithm::kAuto;
+  } else if (text == "ring") {
+    *out = GlooAlgorithm::kRing;
+  } else if (text == "bcube") {
+    *out = GlooAlgorithm::kBcube;
+  } else {
+    return false;
+  }
+  return true;
 }
 
-}  // namespace
+const char* glooAlgorithmName(GlooAlgorithm algorithm) {
+  switch (algorithm) {
+    case GlooAlgorithm::kRing:
+      return "ring";
+    case GlooAlgorithm::kBcube:
+      return "bcube";
+    default:
+      return "auto";
+  }
+}
 
 GlooBackend::GlooBackend(std::shared_ptr<gloo::Context> context, int rank, int size,
                          std::chrono::milliseconds timeout, Algorithm algorithm)
@@ -522,12 +537,7 @@ Result<std::unique_ptr<Backend>> createGlooBackend(std::shared_ptr<Store> store,
     return invalidArgument(what + ": bad rank or size");
   }
   if (opts.timeout.count() <= 0) return invalidArgument(what + ": timeout must be positive");
-  bool algOk = false;
-  const GlooBackend::Algorithm alg = parseAlgorithm(opts.algorithm, &algOk);
-  if (!algOk) {
-    return invalidArgument(what + ": unknown algorithm '" + opts.algorithm +
-                           "' (expected auto, ring or bcube)");
-  }
+  const GlooAlgorithm alg = opts.algorithm;
   if (size == 1) {
     // No peers: every collective is local, no device or sockets needed.
     return std::unique_ptr<Backend>(new GlooBackend(nullptr, rank, size, opts.timeout, alg));

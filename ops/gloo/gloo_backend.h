@@ -41,6 +41,11 @@ class Context;
 
 namespace hora {
 
+// HORA_GLOO_ALGORITHM: allreduce by size (auto), always ring, always bcube.
+enum class GlooAlgorithm { kAuto, kRing, kBcube };
+bool parseGlooAlgorithm(const std::string& text, GlooAlgorithm* out);
+const char* glooAlgorithmName(GlooAlgorithm algorithm);
+
 struct GlooBackendOptions {
   // Address the TCP device binds to and advertises; ignored when `iface` is set.
   std::string hostname = "127.0.0.1";
@@ -48,8 +53,7 @@ struct GlooBackendOptions {
   std::string iface;
   // Bounds rendezvous and every wait inside a collective.
   std::chrono::milliseconds timeout{30000};
-  // Allreduce algorithm: "auto" (by message size), "ring" or "bcube".
-  std::string algorithm = "auto";
+  GlooAlgorithm algorithm = GlooAlgorithm::kAuto;
 };
 
 // Allreduce payloads below this many bytes use bcube under "auto"; larger ones
@@ -60,7 +64,7 @@ constexpr size_t kGlooBcubeMinBytes = 1024;
 
 class GlooBackend : public Backend {
  public:
-  enum class Algorithm { kAuto, kRing, kBcube };
+  using Algorithm = GlooAlgorithm;
 
   // Use createGlooBackend. `context` is null for size 1 (no peers, no sockets).
   GlooBackend(std::shared_ptr<gloo::Context> context, int rank, int size,

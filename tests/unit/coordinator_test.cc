@@ -55,8 +55,8 @@ class CoordinatorTest : public ::testing::Test {
     CoordinatorOptions o;
     o.size = size;
     o.fusionThresholdBytes = threshold;
-    o.stallWarningS = warnS;
-    o.stallShutdownS = shutdownS;
+    o.stallWarning = Seconds(warnS);
+    o.stallShutdown = Seconds(shutdownS);
     o.setName = "global";
     cache_ = std::make_unique<ResponseCache>(cacheCapacity);
     coord_ = std::make_unique<Coordinator>(o, cache_.get(), Logger(LogLevel::kOff, "[test]"));

@@ -9,6 +9,7 @@
 
 #include "c_api_internal.h"
 #include "hora/hora.h"
+#include "request_state.h"
 #include "runtime.h"
 
 using hora::Code;
@@ -30,6 +31,8 @@ constexpr uint32_t kDeadMagic = 0xdeadbeef;
 // Names starting with this prefix are hora's own (join); user names may not use it.
 constexpr char kReservedPrefix[] = "__hora";
 const std::string kJoinName = std::string(kReservedPrefix) + ".join";
+// Barrier and join carry no tensor.
+const hora::capi::TensorInfo kNoTensor{hora::DataType::kUint8, {}, nullptr, 0, {}};
 }  // namespace
 
 // Handles stay allocated after shutdown/destroy (marked dead), so a late call
@@ -45,7 +48,7 @@ struct hora_runtime_s {
 struct hora_process_set_s {
   std::atomic<uint32_t> magic{kSetMagic};
   hora_runtime_s* owner = nullptr;
-  std::weak_ptr<hora::ProcessSetImpl> set;
+  std::weak_ptr<hora::ProcessSet> set;
 };
 
 namespace {
@@ -93,7 +96,7 @@ hora_status_t acquire(hora_runtime_t h, const char* fn, RuntimeRef* out) {
 }
 
 hora_status_t resolveSet(hora_runtime_t h, hora_process_set_t ps, const char* fn,
-                         std::shared_ptr<hora::ProcessSetImpl>* out) {
+                         std::shared_ptr<hora::ProcessSet>* out) {
   if (!ps) {
     *out = h->rt->globalSet();
     return HORA_SUCCESS;
@@ -124,14 +127,27 @@ hora_options_t readOptions(const hora_options_t* o) {
 struct CallContext {
   RuntimeRef ref;
   hora_options_t o;
-  std::shared_ptr<hora::ProcessSetImpl> set;
+  std::shared_ptr<hora::ProcessSet> set;
   std::string name;
+  // "<kind> "<name>" on rank <r>", the start of every message about the call.
+  std::string where(const char* kind) const {
+    return std::string(kind) + " \"" + name + "\" on rank " +
+           std::to_string(set->globalRank(set->rank()));
+  }
 };
 
 hora_status_t beginCall(const char* fn, hora_runtime_t h, const hora_options_t* options,
                         hora::CollectiveKind kind, CallContext* c) {
   if (hora_status_t s = acquire(h, fn, &c->ref)) return s;
   c->o = readOptions(options);
+  if (kind == hora::CollectiveKind::kJoin) {
+    if (c->o.process_set && c->o.process_set != h->global)
+      return fail(Code::kNotSupported,
+                  std::string(fn) + ": join is supported on the global process set only");
+    c->set = h->rt->globalSet();
+    c->name = kJoinName;
+    return HORA_SUCCESS;
+  }
   if (hora_status_t s = resolveSet(h, c->o.process_set, fn, &c->set)) return s;
   if (c->o.name && std::strncmp(c->o.name, kReservedPrefix, sizeof(kReservedPrefix) - 1) == 0)
     return fail(
@@ -141,9 +157,23 @@ hora_status_t beginCall(const char* fn, hora_runtime_t h, const hora_options_t* 
   return HORA_SUCCESS;
 }
 
+// The prologue the eight collective entry points share: the catch-all that
+// keeps exceptions from crossing the ABI, the request out-parameter, and the
+// call context; `body(context)` checks the tensors and submits.
+template <typename Body>
+hora_status_t collectiveCall(const char* fn, hora_runtime_t h, const hora_options_t* options,
+                             hora::CollectiveKind kind, hora_request_t* request, Body&& body) {
+  return guarded(fn, [&]() -> hora_status_t {
+    if (!request) return fail(Code::kInvalidArgument, std::string(fn) + ": request is NULL");
+    *request = nullptr;
+    CallContext c;
+    if (hora_status_t s = beginCall(fn, h, options, kind, &c)) return s;
+    return body(c);
+  });
+}
+
 std::shared_ptr<hora::TensorEntry> makeEntry(hora::CollectiveKind kind, const std::string& name,
-                                             const TensorInfo& info, const DLTensor* t,
-                                             const hora_options_t& o) {
+                                             const TensorInfo& info, const hora_options_t& o) {
   auto e = std::make_shared<hora::TensorEntry>();
   e->request.kind = kind;
   e->request.dtype = info.dtype;
@@ -155,31 +185,27 @@ std::shared_ptr<hora::TensorEntry> makeEntry(hora::CollectiveKind kind, const st
   e->request.shape = info.shape;
   e->request.device = info.device;
   e->in = info.data;
-  e->count = info.count;
   e->readyEvent = o.ready_event;
-  e->dlType = t ? t->dtype : DLDataType{kDLUInt, 8, 1};
   return e;
 }
 
-std::shared_ptr<hora::RequestState> makeState(const hora_options_t& o, int entries) {
+// The request of `entries.size()` tensors; `input` (if any) gives the dtype
+// echoed into an output allocated after negotiation. Enqueues the entries and
+// hands out the request handle.
+hora_status_t submit(const CallContext& c, std::vector<std::shared_ptr<hora::TensorEntry>> entries,
+                     const DLTensor* input, hora_request_t* request) {
   auto st = std::make_shared<hora::RequestState>();
-  st->remaining = entries;
-  st->callback = o.callback;
-  st->callbackUser = o.callback_user;
-  st->alloc = o.alloc;
-  st->allocUser = o.alloc_user;
-  return st;
-}
-
-// Enqueues and hands out the request handle.
-hora_status_t submit(hora::ProcessSetImpl& set,
-                     std::vector<std::shared_ptr<hora::TensorEntry>> entries,
-                     std::shared_ptr<hora::RequestState> st, hora_request_t* request) {
+  st->remaining = static_cast<int>(entries.size());
+  st->callback = c.o.callback;
+  st->callbackUser = c.o.callback_user;
+  st->alloc = c.o.alloc;
+  st->allocUser = c.o.alloc_user;
+  if (input) st->dlType = input->dtype;
   auto* h = new hora_request_s();
   h->state = st;
   st->handle = h;
-  for (auto& e : entries) e->owner = st;
-  Status s = set.enqueue(std::move(entries));
+  for (auto& e : entries) e->sink = st;
+  Status s = c.set->enqueue(std::move(entries));
   if (!s.isOk()) {
     delete h;
     return setError(s);
@@ -188,14 +214,11 @@ hora_status_t submit(hora::ProcessSetImpl& set,
   return HORA_SUCCESS;
 }
 
-std::string opWhere(const char* kind, const std::string& name, hora::ProcessSetImpl& set) {
-  return std::string(kind) + " \"" + name + "\" on rank " +
-         std::to_string(set.globalRank(set.rank()));
+// The options of a collective that neither reduces nor scales.
+void plainOptions(hora_options_t* o) {
+  o->op = HORA_OP_SUM;
+  o->prescale = o->postscale = 1.0;
 }
-
-#define HORA_CHECK_REQ_OUT(fn)                                                              \
-  if (!request) return fail(Code::kInvalidArgument, std::string(fn) + ": request is NULL"); \
-  *request = nullptr;
 
 }  // namespace
 
@@ -364,226 +387,176 @@ HORA_API hora_status_t hora_process_set_size(hora_process_set_t ps, int32_t* out
 HORA_API hora_status_t hora_allreduce_async(hora_runtime_t h, const DLTensor* in, DLTensor* out,
                                             const hora_options_t* options,
                                             hora_request_t* request) {
-  return guarded("hora_allreduce_async", [&]() -> hora_status_t {
-    HORA_CHECK_REQ_OUT("hora_allreduce_async");
-    CallContext c;
-    if (hora_status_t s =
-            beginCall("hora_allreduce_async", h, options, hora::CollectiveKind::kAllreduce, &c))
-      return s;
-    hora_options_t& o = c.o;
-    std::shared_ptr<hora::ProcessSetImpl>& set = c.set;
-    const std::string& name = c.name;
-    if (name.empty()) return fail(Code::kInvalidArgument, "hora_allreduce_async: name is empty");
-    std::string where = opWhere("allreduce", name, *set);
-    TensorInfo ti, to;
-    if (Status s = checkAllreduceArgs(*set, in, out, o, where, &ti, &to); !s.isOk())
-      return setError(s);
-    auto e = makeEntry(hora::CollectiveKind::kAllreduce, name, ti, in, o);
-    e->out = to.data;
-    return submit(*set, {e}, makeState(o, 1), request);
-  });
+  return collectiveCall(
+      "hora_allreduce_async", h, options, hora::CollectiveKind::kAllreduce, request,
+      [&](CallContext& c) -> hora_status_t {
+        if (c.name.empty())
+          return fail(Code::kInvalidArgument, "hora_allreduce_async: name is empty");
+        TensorInfo ti, to;
+        if (Status s = checkAllreduceArgs(*c.set, in, out, c.o, c.where("allreduce"), &ti, &to);
+            !s.isOk())
+          return setError(s);
+        auto e = makeEntry(hora::CollectiveKind::kAllreduce, c.name, ti, c.o);
+        e->out = to.data;
+        return submit(c, {e}, nullptr, request);
+      });
 }
 
 HORA_API hora_status_t hora_grouped_allreduce_async(hora_runtime_t h, int32_t n,
                                                     const DLTensor* const* in, DLTensor* const* out,
                                                     const hora_options_t* options,
                                                     hora_request_t* request) {
-  return guarded("hora_grouped_allreduce_async", [&]() -> hora_status_t {
-    HORA_CHECK_REQ_OUT("hora_grouped_allreduce_async");
-    CallContext c;
-    if (hora_status_t s = beginCall("hora_grouped_allreduce_async", h, options,
-                                    hora::CollectiveKind::kAllreduce, &c))
-      return s;
-    if (n <= 0 || !in || !out)
-      return fail(Code::kInvalidArgument,
-                  "hora_grouped_allreduce_async: n must be positive and in/out non-NULL");
-    hora_options_t& o = c.o;
-    std::shared_ptr<hora::ProcessSetImpl>& set = c.set;
-    const std::string& base = c.name;
-    std::vector<std::shared_ptr<hora::TensorEntry>> entries;
-    for (int32_t i = 0; i < n; ++i) {
-      std::string name = base + "." + std::to_string(i);
-      std::string where = opWhere("grouped allreduce", name, *set);
-      TensorInfo ti, to;
-      if (Status s = checkAllreduceArgs(*set, in[i], out[i], o, where, &ti, &to); !s.isOk())
-        return setError(s);
-      auto e = makeEntry(hora::CollectiveKind::kAllreduce, name, ti, in[i], o);
-      e->out = to.data;
-      entries.push_back(e);
-    }
-    return submit(*set, entries, makeState(o, n), request);
-  });
+  return collectiveCall(
+      "hora_grouped_allreduce_async", h, options, hora::CollectiveKind::kAllreduce, request,
+      [&](CallContext& c) -> hora_status_t {
+        if (n <= 0 || !in || !out)
+          return fail(Code::kInvalidArgument,
+                      "hora_grouped_allreduce_async: n must be positive and in/out non-NULL");
+        const std::string base = c.name;
+        std::vector<std::shared_ptr<hora::TensorEntry>> entries;
+        for (int32_t i = 0; i < n; ++i) {
+          const std::string name = base + "." + std::to_string(i);
+          const std::string where = "grouped allreduce \"" + name + "\" on rank " +
+                                    std::to_string(c.set->globalRank(c.set->rank()));
+          TensorInfo ti, to;
+          if (Status s = checkAllreduceArgs(*c.set, in[i], out[i], c.o, where, &ti, &to); !s.isOk())
+            return setError(s);
+          auto e = makeEntry(hora::CollectiveKind::kAllreduce, name, ti, c.o);
+          e->out = to.data;
+          entries.push_back(e);
+        }
+        return submit(c, entries, nullptr, request);
+      });
 }
 
 HORA_API hora_status_t hora_allgather_async(hora_runtime_t h, const DLTensor* in,
                                             const hora_options_t* options,
                                             hora_request_t* request) {
-  return guarded("hora_allgather_async", [&]() -> hora_status_t {
-    HORA_CHECK_REQ_OUT("hora_allgather_async");
-    CallContext c;
-    if (hora_status_t s =
-            beginCall("hora_allgather_async", h, options, hora::CollectiveKind::kAllgather, &c))
-      return s;
-    hora_options_t& o = c.o;
-    std::shared_ptr<hora::ProcessSetImpl>& set = c.set;
-    const std::string& name = c.name;
-    std::string where = opWhere("allgather", name, *set);
-    TensorInfo ti;
-    Status s = checkTensor(in, where + ", input", &ti);
-    if (s.isOk() && ti.shape.empty())
-      s = hora::invalidArgument(where +
-                                ": input is a scalar; allgather needs at least one dimension");
-    if (s.isOk()) s = checkDevice(*set, hora::CollectiveKind::kAllgather, ti, nullptr, where);
-    if (!s.isOk()) return setError(s);
-    o.op = HORA_OP_SUM;
-    o.prescale = o.postscale = 1.0;
-    return submit(*set, {makeEntry(hora::CollectiveKind::kAllgather, name, ti, in, o)},
-                  makeState(o, 1), request);
-  });
+  return collectiveCall(
+      "hora_allgather_async", h, options, hora::CollectiveKind::kAllgather, request,
+      [&](CallContext& c) -> hora_status_t {
+        const std::string where = c.where("allgather");
+        TensorInfo ti;
+        Status s = checkTensor(in, where + ", input", &ti);
+        if (s.isOk() && ti.shape.empty())
+          s = hora::invalidArgument(where +
+                                    ": input is a scalar; allgather needs at least one dimension");
+        if (s.isOk()) s = checkDevice(*c.set, hora::CollectiveKind::kAllgather, ti, nullptr, where);
+        if (!s.isOk()) return setError(s);
+        plainOptions(&c.o);
+        return submit(c, {makeEntry(hora::CollectiveKind::kAllgather, c.name, ti, c.o)}, in,
+                      request);
+      });
 }
 
 HORA_API hora_status_t hora_broadcast_async(hora_runtime_t h, DLTensor* tensor,
                                             const hora_options_t* options,
                                             hora_request_t* request) {
-  return guarded("hora_broadcast_async", [&]() -> hora_status_t {
-    HORA_CHECK_REQ_OUT("hora_broadcast_async");
-    CallContext c;
-    if (hora_status_t s =
-            beginCall("hora_broadcast_async", h, options, hora::CollectiveKind::kBroadcast, &c))
-      return s;
-    hora_options_t& o = c.o;
-    std::shared_ptr<hora::ProcessSetImpl>& set = c.set;
-    const std::string& name = c.name;
-    std::string where = opWhere("broadcast", name, *set);
-    TensorInfo ti;
-    Status s = checkTensor(tensor, where + ", tensor", &ti);
-    if (s.isOk() && (o.root < 0 || o.root >= set->size()))
-      s = hora::invalidArgument(where + ": root " + std::to_string(o.root) +
-                                " is outside the process set (size " + std::to_string(set->size()) +
-                                ")");
-    if (s.isOk()) s = checkDevice(*set, hora::CollectiveKind::kBroadcast, ti, nullptr, where);
-    if (!s.isOk()) return setError(s);
-    o.op = HORA_OP_SUM;
-    o.prescale = o.postscale = 1.0;
-    auto e = makeEntry(hora::CollectiveKind::kBroadcast, name, ti, tensor, o);
-    e->out = ti.data;
-    return submit(*set, {e}, makeState(o, 1), request);
-  });
+  return collectiveCall("hora_broadcast_async", h, options, hora::CollectiveKind::kBroadcast,
+                        request, [&](CallContext& c) -> hora_status_t {
+                          const std::string where = c.where("broadcast");
+                          TensorInfo ti;
+                          Status s = checkTensor(tensor, where + ", tensor", &ti);
+                          if (s.isOk() && (c.o.root < 0 || c.o.root >= c.set->size()))
+                            s = hora::invalidArgument(where + ": root " + std::to_string(c.o.root) +
+                                                      " is outside the process set (size " +
+                                                      std::to_string(c.set->size()) + ")");
+                          if (s.isOk())
+                            s = checkDevice(*c.set, hora::CollectiveKind::kBroadcast, ti, nullptr,
+                                            where);
+                          if (!s.isOk()) return setError(s);
+                          plainOptions(&c.o);
+                          auto e = makeEntry(hora::CollectiveKind::kBroadcast, c.name, ti, c.o);
+                          e->out = ti.data;
+                          return submit(c, {e}, nullptr, request);
+                        });
 }
 
 HORA_API hora_status_t hora_alltoall_async(hora_runtime_t h, const DLTensor* in,
                                            const int64_t* splits, int32_t nsplits,
                                            const hora_options_t* options, hora_request_t* request) {
-  return guarded("hora_alltoall_async", [&]() -> hora_status_t {
-    HORA_CHECK_REQ_OUT("hora_alltoall_async");
-    CallContext c;
-    if (hora_status_t s =
-            beginCall("hora_alltoall_async", h, options, hora::CollectiveKind::kAlltoall, &c))
-      return s;
-    hora_options_t& o = c.o;
-    std::shared_ptr<hora::ProcessSetImpl>& set = c.set;
-    const std::string& name = c.name;
-    std::string where = opWhere("alltoall", name, *set);
-    TensorInfo ti;
-    Status s = checkTensor(in, where + ", input", &ti);
-    if (s.isOk() && ti.shape.empty())
-      s = hora::invalidArgument(where + ": input needs at least one dimension");
-    if (s.isOk()) s = checkDevice(*set, hora::CollectiveKind::kAlltoall, ti, nullptr, where);
-    if (!s.isOk()) return setError(s);
-    std::vector<int64_t> sp;
-    int n = set->size();
-    if (splits) {
-      if (nsplits != n)
-        return fail(Code::kInvalidArgument, where + ": nsplits is " + std::to_string(nsplits) +
-                                                " but the process set has " + std::to_string(n) +
-                                                " ranks");
-      sp.assign(splits, splits + n);
-      int64_t sum = 0;
-      for (int64_t v : sp) {
-        if (v < 0) return fail(Code::kInvalidArgument, where + ": negative split");
-        sum += v;
-      }
-      if (sum != ti.shape[0])
-        return fail(Code::kInvalidArgument, where + ": splits sum to " + std::to_string(sum) +
-                                                " but dimension 0 is " +
-                                                std::to_string(ti.shape[0]));
-    } else {
-      if (ti.shape[0] % n != 0)
-        return fail(Code::kInvalidArgument, where + ": dimension 0 (" +
-                                                std::to_string(ti.shape[0]) +
-                                                ") does not divide by the set size " +
-                                                std::to_string(n) + "; pass explicit splits");
-      sp.assign(n, ti.shape[0] / n);
-    }
-    o.op = HORA_OP_SUM;
-    o.prescale = o.postscale = 1.0;
-    auto e = makeEntry(hora::CollectiveKind::kAlltoall, name, ti, in, o);
-    e->request.splits = sp;
-    return submit(*set, {e}, makeState(o, 1), request);
-  });
+  return collectiveCall(
+      "hora_alltoall_async", h, options, hora::CollectiveKind::kAlltoall, request,
+      [&](CallContext& c) -> hora_status_t {
+        const std::string where = c.where("alltoall");
+        TensorInfo ti;
+        Status s = checkTensor(in, where + ", input", &ti);
+        if (s.isOk() && ti.shape.empty())
+          s = hora::invalidArgument(where + ": input needs at least one dimension");
+        if (s.isOk()) s = checkDevice(*c.set, hora::CollectiveKind::kAlltoall, ti, nullptr, where);
+        if (!s.isOk()) return setError(s);
+        std::vector<int64_t> sp;
+        const int n = c.set->size();
+        if (splits) {
+          if (nsplits != n)
+            return fail(Code::kInvalidArgument, where + ": nsplits is " + std::to_string(nsplits) +
+                                                    " but the process set has " +
+                                                    std::to_string(n) + " ranks");
+          sp.assign(splits, splits + n);
+          int64_t sum = 0;
+          for (int64_t v : sp) {
+            if (v < 0) return fail(Code::kInvalidArgument, where + ": negative split");
+            sum += v;
+          }
+          if (sum != ti.shape[0])
+            return fail(Code::kInvalidArgument, where + ": splits sum to " + std::to_string(sum) +
+                                                    " but dimension 0 is " +
+                                                    std::to_string(ti.shape[0]));
+        } else {
+          if (ti.shape[0] % n != 0)
+            return fail(Code::kInvalidArgument, where + ": dimension 0 (" +
+                                                    std::to_string(ti.shape[0]) +
+                                                    ") does not divide by the set size " +
+                                                    std::to_string(n) + "; pass explicit splits");
+          sp.assign(n, ti.shape[0] / n);
+        }
+        plainOptions(&c.o);
+        auto e = makeEntry(hora::CollectiveKind::kAlltoall, c.name, ti, c.o);
+        e->request.splits = sp;
+        return submit(c, {e}, in, request);
+      });
 }
 
 HORA_API hora_status_t hora_reducescatter_async(hora_runtime_t h, const DLTensor* in,
                                                 const hora_options_t* options,
                                                 hora_request_t* request) {
-  return guarded("hora_reducescatter_async", [&]() -> hora_status_t {
-    HORA_CHECK_REQ_OUT("hora_reducescatter_async");
-    CallContext c;
-    if (hora_status_t s = beginCall("hora_reducescatter_async", h, options,
-                                    hora::CollectiveKind::kReducescatter, &c))
-      return s;
-    hora_options_t& o = c.o;
-    std::shared_ptr<hora::ProcessSetImpl>& set = c.set;
-    const std::string& name = c.name;
-    std::string where = opWhere("reducescatter", name, *set);
-    TensorInfo ti;
-    Status s = checkTensor(in, where + ", input", &ti);
-    if (s.isOk() && ti.shape.empty())
-      s = hora::invalidArgument(where + ": input needs at least one dimension");
-    if (s.isOk()) s = checkOp(o, ti.dtype, where, true);
-    if (s.isOk()) s = checkDevice(*set, hora::CollectiveKind::kReducescatter, ti, nullptr, where);
-    if (!s.isOk()) return setError(s);
-    return submit(*set, {makeEntry(hora::CollectiveKind::kReducescatter, name, ti, in, o)},
-                  makeState(o, 1), request);
-  });
+  return collectiveCall(
+      "hora_reducescatter_async", h, options, hora::CollectiveKind::kReducescatter, request,
+      [&](CallContext& c) -> hora_status_t {
+        const std::string where = c.where("reducescatter");
+        TensorInfo ti;
+        Status s = checkTensor(in, where + ", input", &ti);
+        if (s.isOk() && ti.shape.empty())
+          s = hora::invalidArgument(where + ": input needs at least one dimension");
+        if (s.isOk()) s = checkOp(c.o, ti.dtype, where, true);
+        if (s.isOk())
+          s = checkDevice(*c.set, hora::CollectiveKind::kReducescatter, ti, nullptr, where);
+        if (!s.isOk()) return setError(s);
+        return submit(c, {makeEntry(hora::CollectiveKind::kReducescatter, c.name, ti, c.o)}, in,
+                      request);
+      });
 }
 
 HORA_API hora_status_t hora_barrier_async(hora_runtime_t h, const hora_options_t* options,
                                           hora_request_t* request) {
-  return guarded("hora_barrier_async", [&]() -> hora_status_t {
-    HORA_CHECK_REQ_OUT("hora_barrier_async");
-    CallContext c;
-    if (hora_status_t s =
-            beginCall("hora_barrier_async", h, options, hora::CollectiveKind::kBarrier, &c))
-      return s;
-    hora_options_t& o = c.o;
-    std::shared_ptr<hora::ProcessSetImpl>& set = c.set;
-    const std::string& name = c.name;
-    TensorInfo ti{hora::DataType::kUint8, {}, nullptr, 0, {}};
-    o.op = HORA_OP_SUM;
-    o.prescale = o.postscale = 1.0;
-    return submit(*set, {makeEntry(hora::CollectiveKind::kBarrier, name, ti, nullptr, o)},
-                  makeState(o, 1), request);
-  });
+  return collectiveCall(
+      "hora_barrier_async", h, options, hora::CollectiveKind::kBarrier, request,
+      [&](CallContext& c) -> hora_status_t {
+        plainOptions(&c.o);
+        return submit(c, {makeEntry(hora::CollectiveKind::kBarrier, c.name, kNoTensor, c.o)},
+                      nullptr, request);
+      });
 }
 
 HORA_API hora_status_t hora_join_async(hora_runtime_t h, const hora_options_t* options,
                                        hora_request_t* request) {
-  return guarded("hora_join_async", [&]() -> hora_status_t {
-    HORA_CHECK_REQ_OUT("hora_join_async");
-    RuntimeRef ref;
-    if (hora_status_t s = acquire(h, "hora_join_async", &ref)) return s;
-    hora_options_t o = readOptions(options);
-    if (o.process_set && o.process_set != h->global)
-      return fail(Code::kNotSupported,
-                  "hora_join_async: join is supported on the global process set only");
-    auto set = h->rt->globalSet();
-    TensorInfo ti{hora::DataType::kUint8, {}, nullptr, 0, {}};
-    o.op = HORA_OP_SUM;
-    o.prescale = o.postscale = 1.0;
-    return submit(*set, {makeEntry(hora::CollectiveKind::kJoin, kJoinName, ti, nullptr, o)},
-                  makeState(o, 1), request);
-  });
+  return collectiveCall("hora_join_async", h, options, hora::CollectiveKind::kJoin, request,
+                        [&](CallContext& c) -> hora_status_t {
+                          plainOptions(&c.o);
+                          return submit(
+                              c, {makeEntry(hora::CollectiveKind::kJoin, c.name, kNoTensor, c.o)},
+                              nullptr, request);
+                        });
 }
 
 HORA_API hora_status_t hora_test(hora_request_t r, int32_t* done) {
@@ -674,6 +647,9 @@ HORA_API hora_status_t hora_request_free(hora_request_t r) {
       std::lock_guard<std::recursive_mutex> lk(r->state->cbMu);
       r->state->handle = nullptr;
     }
+    // The library-owned output is freed with the request, here, even if a
+    // hora thread still holds the state for a moment.
+    r->state->releaseOutputsIfDone();
     r->magic = kDeadMagic;
     r->state.reset();
     delete r;

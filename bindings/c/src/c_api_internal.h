@@ -13,7 +13,7 @@
 #include "hora/hora.h"
 
 namespace hora {
-class ProcessSetImpl;
+class ProcessSet;
 }
 
 namespace hora::capi {
@@ -58,13 +58,13 @@ bool mapDType(DLDataType t, hora::DataType* out);
 Status checkTensor(const DLTensor* t, const std::string& where, TensorInfo* out);
 // GPU tensors: the collectives that serve them, a loadable plugin, a device
 // that exists, and input and output on the same device.
-Status checkDevice(ProcessSetImpl& set, CollectiveKind kind, const TensorInfo& in,
+Status checkDevice(ProcessSet& set, CollectiveKind kind, const TensorInfo& in,
                    const TensorInfo* out, const std::string& where);
 // Reduce op, scale factors and their validity for the dtype.
 Status checkOp(const hora_options_t& o, DataType dt, const std::string& where, bool scatter);
 // Everything about one allreduce input/output pair: both tensors, equal
 // dtype and size, the op and scales, the device.
-Status checkAllreduceArgs(ProcessSetImpl& set, const DLTensor* in, const DLTensor* out,
+Status checkAllreduceArgs(ProcessSet& set, const DLTensor* in, const DLTensor* out,
                           const hora_options_t& o, const std::string& where, TensorInfo* ti,
                           TensorInfo* to);
 

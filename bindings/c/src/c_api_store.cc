@@ -4,12 +4,12 @@
 // own internal thread. Same conventions as c_api.cc: argument checks, status +
 // thread-local last error, no exception crosses the ABI.
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <string>
 
 #include "c_api_internal.h"
 #include "core/logging.h"
+#include "core/params.h"
 #include "core/tcp_store.h"
 #include "hora/hora.h"
 
@@ -31,11 +31,14 @@ struct hora_store_server_s {
 namespace {
 
 // The store has no runtime to take a logger from: the level comes from
-// HORA_LOG_LEVEL (default warning, which shows refused clients).
+// HORA_LOG_LEVEL through the parameter registry (default warning, which
+// shows refused clients; also when some HORA_* variable is malformed, which
+// the ranks themselves report).
 hora::Logger storeLogger() {
   hora::LogLevel level = hora::LogLevel::kWarning;
-  const char* text = std::getenv("HORA_LOG_LEVEL");
-  if (text && *text && !hora::parseLogLevel(text, &level)) level = hora::LogLevel::kWarning;
+  auto params = hora::Params::fromEnvironment();
+  if (params.isOk() && !hora::parseLogLevel(params.value().getString("HORA_LOG_LEVEL"), &level))
+    level = hora::LogLevel::kWarning;
   return hora::Logger(level, "[hora store]");
 }
 

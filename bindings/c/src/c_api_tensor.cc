@@ -43,7 +43,7 @@ bool mapDType(DLDataType t, hora::DataType* out) {
 
 // GPU tensors: a loadable plugin, a device that exists, and input and output
 // on the same device.
-Status checkDevice(hora::ProcessSetImpl& set, hora::CollectiveKind kind, const TensorInfo& in,
+Status checkDevice(hora::ProcessSet& set, hora::CollectiveKind kind, const TensorInfo& in,
                    const TensorInfo* out, const std::string& where) {
   if (out && out->device != in.device)
     return hora::invalidArgument(where + ": input is on " + hora::deviceName(in.device) +
@@ -118,7 +118,7 @@ Status checkOp(const hora_options_t& o, hora::DataType dt, const std::string& wh
   return Status::ok();
 }
 
-Status checkAllreduceArgs(ProcessSetImpl& set, const DLTensor* in, const DLTensor* out,
+Status checkAllreduceArgs(ProcessSet& set, const DLTensor* in, const DLTensor* out,
                           const hora_options_t& o, const std::string& where, TensorInfo* ti,
                           TensorInfo* to) {
   HORA_RETURN_IF_ERROR(checkTensor(in, where + ", input", ti));

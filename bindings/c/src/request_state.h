@@ -1,12 +1,19 @@
-// RequestState and TensorEntry: what a caller's request becomes inside
-// libhora, shared by three threads:
-//  - the framework thread creates them (c_api.cc) and waits on RequestState;
-//  - the control thread reads TensorEntry::request to negotiate;
-//  - the executor thread reads/writes the tensor memory and completes them.
+// RequestState: what a caller's request (hora_request_t) is inside libhora.
+// It implements the runtime's RequestSink (core/tensor_entry.h), so the
+// threads below the ABI hand results back without knowing about hora_alloc_t,
+// callbacks or library-owned memory:
+//  - the framework thread creates it (c_api.cc) and waits on it;
+//  - the executor thread allocates outputs through it and completes entries;
+//  - the control thread completes entries that fail before they run.
 //
-// A RequestState completes exactly once, when its last TensorEntry completes
-// (grouped allreduce has several). Its mutex guards the completion fields; the
-// callback mutex serializes a running callback against hora_request_free.
+// It completes once, when its last entry completes (a grouped allreduce has
+// several). `mu` guards the completion fields; `cbMu` serializes a running
+// callback against hora_request_free.
+//
+// Lifetime of a library-owned output: it lives as long as the request. When
+// the caller frees a completed request, the output is released right there,
+// on the caller's thread, whoever else still holds a reference to the state
+// (the executor drops its entries a moment after completing them).
 #pragma once
 
 #include <atomic>
@@ -16,15 +23,15 @@
 #include <string>
 #include <vector>
 
-#include "core/message.h"
 #include "core/status.h"
+#include "core/tensor_entry.h"
 #include "hora/hora.h"
 
 namespace hora {
 
 constexpr uint32_t kRequestMagic = 0x68726571;  // "hreq"
 
-struct RequestState {
+struct RequestState : RequestSink {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;                // guarded by mu; waiters wake on it
@@ -37,38 +44,30 @@ struct RequestState {
   void* callbackUser = nullptr;
   hora_alloc_t alloc = nullptr;
   void* allocUser = nullptr;
+  DLDataType dlType{kDLUInt, 8, 1};  // the input's, echoed into allocated outputs
 
   // Results written by the executor before completion, read after.
   std::vector<int64_t> outShape;
-  std::vector<char> ownedOutput;  // library-owned output when no allocator
-  // Library-owned output in GPU memory (GPU inputs, no allocator); freed with
-  // the request through the GPU plugin, on whichever thread frees it.
+  std::vector<char> ownedOutput;  // library-owned output in host memory
+  // Library-owned output in GPU memory (GPU inputs, no allocator); freed
+  // through the GPU plugin, on whichever thread releases it.
   std::shared_ptr<void> ownedDeviceOutput;
   DLTensor outTensor{};
   bool hasOutput = false;
   std::vector<int64_t> receivedSplits;
   int32_t lastJoinedRank = -1;
 
-  // Completes one entry; the last one (or the first failure's bookkeeping)
-  // finishes the request, wakes waiters and runs the callback.
-  void completeEntry(const Status& s);
-};
+  // RequestSink.
+  Result<void*> allocateOutput(const std::vector<int64_t>& shape, DataType dtype,
+                               const Device& device, DeviceMemory* deviceMemory) override;
+  void setReceivedSplits(std::vector<int64_t> rows) override { receivedSplits = std::move(rows); }
+  void setLastJoinedRank(int32_t globalRank) override { lastJoinedRank = globalRank; }
+  // The last entry (or the first failure's bookkeeping) finishes the
+  // request: results become readable, the callback runs, waiters wake.
+  void completeEntry(const Status& s) override;
 
-// One tensor of a request.
-struct TensorEntry {
-  Request request;  // what is negotiated (name, kind, dtype, shape, ...)
-  const void* in = nullptr;
-  void* out = nullptr;         // allreduce/broadcast: result location
-  int64_t count = 0;           // elements of the input
-  DLDataType dlType{};         // echoed into allocated outputs
-  void* readyEvent = nullptr;  // GPU: the framework's event hora's stream waits for
-  std::shared_ptr<RequestState> owner;
-  std::atomic<bool> completed{false};
-
-  void complete(const Status& s) {
-    if (completed.exchange(true)) return;
-    owner->completeEntry(s);
-  }
+  // hora_request_free: a completed request's library-owned output goes now.
+  void releaseOutputsIfDone();
 };
 
 }  // namespace hora

@@ -70,7 +70,7 @@ Status Runtime::deriveTopology(bool needLocal, bool needCross, const std::string
   // the sorted list, the same on every rank.
   HORA_RETURN_IF_ERROR(store_->set("host/" + std::to_string(id_.rank), host));
   std::vector<std::string> hosts(id_.size);
-  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(startTimeoutS_ * 1000));
+  const auto timeout = setOpts_.startTimeout;
   for (int r = 0; r < id_.size; ++r) {
     auto v = store_->get("host/" + std::to_string(r), timeout);
     if (!v.isOk())
@@ -113,45 +113,50 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
                            "' is not one of trace, debug, info, warning, error, off");
   rt->logger_ = Logger(level, "[hora rank " + std::to_string(id.rank) + "]");
 
+  // hora_config_t's numbers (negative: unset) win over the HORA_* parameters.
   auto num = [](double configured, double fallback) {
     return configured >= 0 ? configured : fallback;
   };
+  const double cycleTimeMs = num(c.cycle_time_ms, p.getFloat("HORA_CYCLE_TIME_MS"));
+  const double stallWarningS = num(c.stall_warning_time_s, p.getFloat("HORA_STALL_WARNING_TIME_S"));
+  const double stallShutdownS =
+      num(c.stall_shutdown_time_s, p.getFloat("HORA_STALL_SHUTDOWN_TIME_S"));
+  const double peerTimeoutS = num(c.peer_timeout_s, p.getFloat("HORA_PEER_TIMEOUT_S"));
+  const double startTimeoutS = num(c.start_timeout_s, p.getFloat("HORA_START_TIMEOUT_S"));
+  int64_t heartbeatMs = p.getInt("HORA_HEARTBEAT_INTERVAL_MS");
   SetOptions& so = rt->setOpts_;
   so.logger = rt->logger_;
-  so.cycleTimeMs = num(c.cycle_time_ms, p.getFloat("HORA_CYCLE_TIME_MS"));
   so.fusionThresholdBytes = c.fusion_threshold_bytes >= 0 ? c.fusion_threshold_bytes
                                                           : p.getInt("HORA_FUSION_THRESHOLD_BYTES");
   so.cacheCapacity =
       c.cache_capacity >= 0 ? c.cache_capacity : static_cast<int>(p.getInt("HORA_CACHE_CAPACITY"));
-  so.stallWarningS = num(c.stall_warning_time_s, p.getFloat("HORA_STALL_WARNING_TIME_S"));
-  so.stallShutdownS = num(c.stall_shutdown_time_s, p.getFloat("HORA_STALL_SHUTDOWN_TIME_S"));
-  so.peerTimeoutS = num(c.peer_timeout_s, p.getFloat("HORA_PEER_TIMEOUT_S"));
-  so.startTimeoutS = num(c.start_timeout_s, p.getFloat("HORA_START_TIMEOUT_S"));
-  so.heartbeatIntervalMs = static_cast<int>(p.getInt("HORA_HEARTBEAT_INTERVAL_MS"));
-  so.glooIface = p.getString("HORA_GLOO_IFACE");
-  so.glooAlgorithm = p.getString("HORA_GLOO_ALGORITHM");
-  so.shm = p.getBool("HORA_SHM");
-  so.shmChunkBytes = p.getInt("HORA_SHM_CHUNK_BYTES");
-  so.shmMinBytes = p.getInt("HORA_SHM_MIN_BYTES");
-  so.gpu = std::make_shared<GpuPlugin>(p.getString("HORA_GPU_PLUGIN"));
-  so.gpuBackend = p.getString("HORA_GPU_BACKEND");
-  if (so.gpuBackend != "auto" && so.gpuBackend != "nccl" && so.gpuBackend != "gloo")
-    return invalidArgument("HORA_GPU_BACKEND is '" + so.gpuBackend + "'; use auto, nccl or gloo");
-  rt->startTimeoutS_ = so.startTimeoutS;
-  if (so.cacheCapacity < 0 || so.fusionThresholdBytes < 0 || so.stallWarningS < 0 ||
-      so.stallShutdownS < 0)
+  if (so.cacheCapacity < 0 || so.fusionThresholdBytes < 0 || stallWarningS < 0 ||
+      stallShutdownS < 0)
     return invalidArgument(
         "cache capacity, fusion threshold and stall times must not be negative "
         "(check HORA_CACHE_CAPACITY, HORA_FUSION_THRESHOLD_BYTES, "
         "HORA_STALL_*_TIME_S)");
-  if (so.peerTimeoutS <= 0 || so.startTimeoutS <= 0 || so.cycleTimeMs < 0 ||
-      so.heartbeatIntervalMs <= 0)
+  if (peerTimeoutS <= 0 || startTimeoutS <= 0 || cycleTimeMs < 0 || heartbeatMs <= 0)
     return invalidArgument(
         "peer timeout, start timeout and heartbeat interval must be positive, cycle time "
         "non-negative");
+  so.cycleTime = std::chrono::microseconds(static_cast<int64_t>(cycleTimeMs * 1000));
+  so.stallWarning = Seconds(stallWarningS);
+  so.stallShutdown = Seconds(stallShutdownS);
+  so.peerTimeout = toMillis(Seconds(peerTimeoutS));
+  so.startTimeout = toMillis(Seconds(startTimeoutS));
   // Heartbeats must come well inside the peer timeout.
-  so.heartbeatIntervalMs =
-      std::min<int>(so.heartbeatIntervalMs, std::max(50, static_cast<int>(so.peerTimeoutS * 250)));
+  heartbeatMs = std::min<int64_t>(heartbeatMs, std::max<int64_t>(50, so.peerTimeout.count() / 4));
+  so.heartbeatInterval = std::chrono::milliseconds(heartbeatMs);
+  so.glooIface = p.getString("HORA_GLOO_IFACE");
+  // The registry has checked these against their choices.
+  if (!parseGlooAlgorithm(p.getString("HORA_GLOO_ALGORITHM"), &so.glooAlgorithm) ||
+      !parseGpuBackend(p.getString("HORA_GPU_BACKEND"), &so.gpu.backend))
+    return internalError("HORA_GLOO_ALGORITHM or HORA_GPU_BACKEND passed the registry's check");
+  so.shm = p.getBool("HORA_SHM");
+  so.shmChunkBytes = p.getInt("HORA_SHM_CHUNK_BYTES");
+  so.shmMinBytes = p.getInt("HORA_SHM_MIN_BYTES");
+  so.gpu.plugin = std::make_shared<GpuPlugin>(p.getString("HORA_GPU_PLUGIN"));
 
   std::string storeAddr = c.store_addr ? c.store_addr : p.getString("HORA_STORE_ADDR");
   int storePort = c.store_port > 0 ? c.store_port : static_cast<int>(p.getInt("HORA_STORE_PORT"));
@@ -172,7 +177,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   if (host.empty()) host = (storeAddr.empty() || isLoopback(storeAddr)) ? "127.0.0.1" : hostName();
   so.hostname = host;
 
-  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(so.startTimeoutS * 1000));
+  const auto timeout = so.startTimeout;
   if (id.size == 1 && storeAddr.empty()) {
     rt->store_ = std::make_shared<MemoryStore>();
   } else {
@@ -206,13 +211,13 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
     if (needCross) rt->id_.crossRank = 0, rt->id_.crossSize = 1;
   }
 
-  so.localRank = rt->id_.localRank;
+  so.gpu.localRank = rt->id_.localRank;
   std::vector<int> all(id.size);
   for (int r = 0; r < id.size; ++r) all[r] = r;
-  auto g = ProcessSetImpl::create("global", all, id.rank,
-                                  std::make_shared<PrefixStore>(rt->store_, "set/global"), so);
+  auto g = ProcessSet::create("global", all, id.rank,
+                              std::make_shared<PrefixStore>(rt->store_, "set/global"), so);
   if (!g.isOk()) return g.status().withContext("rank " + std::to_string(id.rank));
-  rt->global_ = std::shared_ptr<ProcessSetImpl>(g.take().release());
+  rt->global_ = std::shared_ptr<ProcessSet>(g.take().release());
   rt->sets_.push_back(rt->global_);
   HORA_LOG(rt->logger_, kInfo) << "hora initialized: rank " << id.rank << "/" << id.size
                                << ", local " << rt->id_.localRank << "/" << rt->id_.localSize
@@ -220,7 +225,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   return rt;
 }
 
-Result<std::shared_ptr<ProcessSetImpl>> Runtime::createSet(const std::vector<int>& ranks) {
+Result<std::shared_ptr<ProcessSet>> Runtime::createSet(const std::vector<int>& ranks) {
   std::string key;
   for (int r : ranks) key += (key.empty() ? "" : "-") + std::to_string(r);
   int n;
@@ -229,17 +234,17 @@ Result<std::shared_ptr<ProcessSetImpl>> Runtime::createSet(const std::vector<int
     n = setCounters_[key]++;
   }
   std::string name = "[" + key + "]#" + std::to_string(n);
-  auto s = ProcessSetImpl::create(
+  auto s = ProcessSet::create(
       name, ranks, id_.rank,
       std::make_shared<PrefixStore>(store_, "set/" + key + "/" + std::to_string(n)), setOpts_);
   if (!s.isOk()) return s.status();
-  std::shared_ptr<ProcessSetImpl> set(s.take().release());
+  std::shared_ptr<ProcessSet> set(s.take().release());
   std::lock_guard<std::mutex> lk(mu_);
   sets_.push_back(set);
   return set;
 }
 
-void Runtime::destroySet(const std::shared_ptr<ProcessSetImpl>& set) {
+void Runtime::destroySet(const std::shared_ptr<ProcessSet>& set) {
   set->shutdown("process set " + set->name() + " was destroyed on rank " +
                 std::to_string(id_.rank));
   std::lock_guard<std::mutex> lk(mu_);
@@ -247,7 +252,7 @@ void Runtime::destroySet(const std::shared_ptr<ProcessSetImpl>& set) {
 }
 
 void Runtime::shutdown() {
-  std::vector<std::shared_ptr<ProcessSetImpl>> sets;
+  std::vector<std::shared_ptr<ProcessSet>> sets;
   {
     std::lock_guard<std::mutex> lk(mu_);
     sets.swap(sets_);

@@ -32,10 +32,10 @@ class Runtime {
   ~Runtime();
 
   const Identity& identity() const { return id_; }
-  std::shared_ptr<ProcessSetImpl> globalSet() const { return global_; }
+  std::shared_ptr<ProcessSet> globalSet() const { return global_; }
   // Collective over the listed members (sorted, unique global ranks).
-  Result<std::shared_ptr<ProcessSetImpl>> createSet(const std::vector<int>& ranks);
-  void destroySet(const std::shared_ptr<ProcessSetImpl>& set);
+  Result<std::shared_ptr<ProcessSet>> createSet(const std::vector<int>& ranks);
+  void destroySet(const std::shared_ptr<ProcessSet>& set);
   void shutdown();
   const Logger& logger() const { return logger_; }
 
@@ -48,12 +48,11 @@ class Runtime {
   Logger logger_;
   Identity id_;
   SetOptions setOpts_;
-  double startTimeoutS_ = 120;
   std::unique_ptr<TcpStoreServer> server_;
   std::shared_ptr<Store> store_;
-  std::shared_ptr<ProcessSetImpl> global_;
+  std::shared_ptr<ProcessSet> global_;
   std::mutex mu_;  // guards sets_, setCounters_
-  std::vector<std::shared_ptr<ProcessSetImpl>> sets_;
+  std::vector<std::shared_ptr<ProcessSet>> sets_;
   std::map<std::string, int> setCounters_;
 };
 

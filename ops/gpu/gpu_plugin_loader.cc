@@ -1,4 +1,4 @@
-#include "gpu_plugin.h"
+#include "ops/gpu/gpu_plugin_loader.h"
 
 #include <dlfcn.h>
 

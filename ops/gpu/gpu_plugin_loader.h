@@ -1,6 +1,6 @@
-// GpuPlugin: the GPU runtime (CUDA + NCCL), loaded with dlopen on first use so
-// libhora links neither; see ops/gpu/hora_gpu_plugin.h for the table's
-// contract and ops/cuda for the real plugin.
+// GpuPlugin (the loader of the GPU plugin): the GPU runtime (CUDA + NCCL), loaded with dlopen on
+// first use so libhora links neither; see ops/gpu/hora_gpu_plugin.h for the table's contract and
+// ops/cuda for the real plugin.
 //
 // One per Runtime, shared by its process sets. get() may be called from any
 // thread (framework threads validating a GPU tensor, executor threads); the
@@ -46,3 +46,9 @@ class GpuPlugin {
 };
 
 }  // namespace hora
+
+// Calls the plugin table's `fn` through `api` and returns from the enclosing
+// function on failure with "<what>: <fn> failed: <the plugin's last error>":
+//   HORA_GPU_CALL(plugin, api, what, stream_create, device, &stream);
+#define HORA_GPU_CALL(plugin, api, what, fn, ...) \
+  HORA_RETURN_IF_ERROR((plugin).check((api)->fn(__VA_ARGS__), #fn, (what)))

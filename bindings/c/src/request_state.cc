@@ -1,0 +1,85 @@
+#include "request_state.h"
+
+#include <algorithm>
+
+namespace hora {
+
+Result<void*> RequestState::allocateOutput(const std::vector<int64_t>& shape, DataType dtype,
+                                           const Device& device, DeviceMemory* deviceMemory) {
+  const size_t bytes = static_cast<size_t>(numElements(shape)) * dataTypeSize(dtype);
+  const bool onGpu = device.kind == DeviceKind::kCuda;
+  outShape = shape;
+  void* data = nullptr;
+  if (alloc) {
+    // For a GPU input the callback returns memory on the input's device.
+    const int rc =
+        alloc(allocUser, static_cast<int32_t>(shape.size()), shape.data(), dlType, bytes, &data);
+    if (rc != 0 || (!data && bytes > 0))
+      return Status(Code::kSystemError, "the output allocator callback failed (returned " +
+                                            std::to_string(rc) + ") for " + std::to_string(bytes) +
+                                            " bytes on " + deviceName(device));
+  } else if (onGpu) {
+    if (!deviceMemory)
+      return internalError("no device memory for a library-owned output on " + deviceName(device));
+    auto mem = deviceMemory->allocate(bytes, "the library-owned output (" + std::to_string(bytes) +
+                                                 " bytes on " + deviceName(device) +
+                                                 "; pass options.alloc to allocate it yourself)");
+    if (!mem.isOk()) return mem.status();
+    ownedDeviceOutput = mem.take();
+    data = ownedDeviceOutput.get();
+  } else {
+    ownedOutput.resize(std::max<size_t>(bytes, 1));
+    data = ownedOutput.data();
+  }
+  outTensor = DLTensor{};
+  outTensor.data = data;
+  outTensor.device = onGpu ? DLDevice{kDLCUDA, device.index} : DLDevice{kDLCPU, 0};
+  outTensor.ndim = static_cast<int32_t>(outShape.size());
+  outTensor.dtype = dlType;
+  outTensor.shape = outShape.data();
+  outTensor.strides = nullptr;
+  outTensor.byte_offset = 0;
+  hasOutput = true;
+  return data;
+}
+
+void RequestState::completeEntry(const Status& s) {
+  hora_callback_t cb = nullptr;
+  Status final;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    if (!s.isOk() && status.isOk()) status = s;
+    if (--remaining > 0) return;
+    resultsReady = true;
+    final = status;
+    cb = callback;
+  }
+  // The callback runs before waiters wake, so a caller that frees the request
+  // right after hora_wait cannot race it; results are readable inside it.
+  if (cb) {
+    std::lock_guard<std::recursive_mutex> lk(cbMu);
+    if (handle) cb(callbackUser, handle, static_cast<hora_status_t>(final.code()));
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    done = true;
+  }
+  cv.notify_all();
+}
+
+void RequestState::releaseOutputsIfDone() {
+  std::shared_ptr<void> device;
+  std::vector<char> host;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    // Not done: the executor may still write the output; it goes with the
+    // last reference instead.
+    if (!done) return;
+    device.swap(ownedDeviceOutput);
+    host.swap(ownedOutput);
+    hasOutput = false;
+    outTensor = DLTensor{};
+  }
+}
+
+}  // namespace hora

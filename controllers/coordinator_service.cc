@@ -1,0 +1,127 @@
+#include "controllers/coordinator_service.h"
+
+#include <algorithm>
+
+namespace hora {
+
+CoordinatorService::CoordinatorService(CoordinatorServiceOptions options, ControlPlane& cp,
+                                       const SetHealth& health, const GroupQueue& queue,
+                                       Logger logger)
+    : opts_(std::move(options)),
+      cp_(cp),
+      health_(health),
+      queue_(queue),
+      logger_(std::move(logger)),
+      cache_(static_cast<size_t>(std::max(0, opts_.cacheCapacity))),
+      coordinator_(opts_.coordinator, &cache_, logger_),
+      emitTimer_(cp.io()),
+      stallTimer_(cp.io()) {}
+
+void CoordinatorService::submit(RequestList list) {
+  receive(0, list);
+  maybeEmit(false);
+}
+
+void CoordinatorService::receive(int from, const RequestList& list) {
+  std::vector<CacheHit> nacks;
+  Status s = coordinator_.onRequests(from, list, Clock::now(), &nacks);
+  if (!s.isOk()) {
+    if (from != 0)
+      s = s.withContext("bad request message from rank " + std::to_string(globalRank(from)));
+    return client_->failSet(s, true);
+  }
+  if (nacks.empty()) return;
+  if (from == 0) return client_->onNacks(nacks);
+  RequestList n;
+  n.hits = std::move(nacks);
+  cp_.send(from, FrameType::kNack, encode(n));
+}
+
+void CoordinatorService::onFrame(int from, FrameType type, std::string payload) {
+  if (type != FrameType::kRequests && type != FrameType::kAbort)
+    return client_->failSet(protocolError(std::string("unexpected ") + frameTypeName(type) +
+                                          " frame from rank " + std::to_string(globalRank(from))),
+                            true);
+  if (health_.broken()) {
+    // Keep answering: a rank that did not see the failure yet must learn it
+    // instead of waiting for a response that will never come.
+    if (type == FrameType::kRequests)
+      cp_.send(from, FrameType::kAbort, encodeAbort(health_.status()));
+    return;
+  }
+  if (type == FrameType::kAbort) {
+    // A worker failed on its own (data plane, protocol): tell everyone, naming it.
+    Status why = decodeAbort(payload);
+    return client_->failSet(Status(why.code(), "rank " + std::to_string(globalRank(from)) +
+                                                   " failed: " + why.message()),
+                            true);
+  }
+  RequestList list;
+  Status s = decode(payload, &list);
+  if (!s.isOk())
+    return client_->failSet(
+        s.withContext("bad request message from rank " + std::to_string(globalRank(from))), true);
+  receive(from, list);
+  maybeEmit(false);
+}
+
+void CoordinatorService::reportFailure(const Status& why) {
+  // Every failure goes to every worker, a goodbye included: the workers
+  // learn from it that the set is over.
+  if (size() > 1) cp_.broadcast(FrameType::kAbort, encodeAbort(why));
+}
+
+Status CoordinatorService::describeLoss(int, const Status& why) const {
+  if (why.code() == Code::kShutDown) return peerShutDown(why);
+  return Status(why.code(), why.message() + " [" + coordinator_.pendingSummary() + "]");
+}
+
+void CoordinatorService::maybeEmit(bool force) {
+  if (!coordinator_.hasReady() || health_.broken()) return;
+  auto now = Clock::now();
+  if (!emitTimerArmed_) firstReady_ = now;
+  // Emit at once when the executor is idle (lowest latency); while it is
+  // busy, let more tensors become ready so they fuse, for at most one cycle.
+  if (!force && queue_.inFlight() > 0 && now - firstReady_ < opts_.cycleTime) {
+    if (!emitTimerArmed_) {
+      emitTimerArmed_ = true;
+      emitTimer_.expires_after(opts_.cycleTime);
+      emitTimer_.async_wait([this](boost::system::error_code ec) {
+        if (ec == boost::asio::error::operation_aborted)
+          return;  // cancelled: a newer timer owns the flag
+        emitTimerArmed_ = false;
+        maybeEmit(false);
+      });
+    }
+    return;
+  }
+  if (emitTimerArmed_) {
+    emitTimer_.cancel();
+    emitTimerArmed_ = false;
+  }
+  ResponseList list = coordinator_.emit(nullptr);
+  if (size() > 1) cp_.broadcast(FrameType::kResponses, encode(list));
+  client_->onResponses(list);
+}
+
+void CoordinatorService::stallTick() {
+  if (health_.broken() || client_->stopping()) return;
+  for (const auto& w : coordinator_.inspectStalls(Clock::now())) HORA_LOG(logger_, kWarning) << w;
+  maybeEmit(false);
+  const Seconds warn = opts_.coordinator.stallWarning;
+  const Seconds shut =
+      opts_.coordinator.stallShutdown.count() > 0 ? opts_.coordinator.stallShutdown : Seconds(1e9);
+  // A quarter of the shortest stall time, between 50 ms and 1 s.
+  const Seconds period = std::clamp(std::min(warn, shut) / 4, Seconds(0.05), Seconds(1));
+  stallTimer_.expires_after(toMillis(period));
+  stallTimer_.async_wait([this](boost::system::error_code ec) {
+    if (!ec) stallTick();
+  });
+}
+
+void CoordinatorService::stop() {
+  emitTimer_.cancel();
+  stallTimer_.cancel();
+}
+
+}  // namespace hora

@@ -1,0 +1,318 @@
+#include "controllers/set_controller.h"
+
+#include <algorithm>
+#include <future>
+#include <unordered_set>
+
+namespace hora {
+
+namespace asio = boost::asio;
+
+SetController::SetController(SetControllerOptions options, ControlPlane& cp,
+                             std::unique_ptr<CoordinatorLink> link, SetHealth& health,
+                             GroupQueue& queue, Logger logger)
+    : opts_(std::move(options)),
+      cp_(cp),
+      link_(std::move(link)),
+      health_(health),
+      queue_(queue),
+      logger_(std::move(logger)),
+      cache_(static_cast<size_t>(std::max(0, opts_.cacheCapacity))),
+      settleTimer_(cp.io()) {
+  link_->attach(this);
+  health_.addListener([this](const Status& why, bool tellPeers) { onBroken(why, tellPeers); });
+  // A data-plane failure the control plane does not name within the grace
+  // period breaks the set as it is (SetHealth::suspect).
+  health_.setSuspectHook([this](Clock::time_point deadline) {
+    asio::post(cp_.io(), [this, deadline] {
+      settleTimer_.expires_at(deadline);
+      settleTimer_.async_wait([this](boost::system::error_code ec) {
+        if (!ec) health_.settle(Clock::now());
+      });
+    });
+  });
+  if (link_->wantsExecutorIdle())
+    queue_.setGroupDoneHook([this] { asio::post(cp_.io(), [this] { link_->executorIdle(); }); });
+}
+
+SetController::~SetController() { stop(); }
+
+void SetController::start() {
+  ControlPlaneCallbacks cbs;
+  cbs.onFrame = [this](int from, FrameType type, std::string payload) {
+    link_->onFrame(from, type, std::move(payload));
+  };
+  cbs.onPeerLost = [this](int peer, Status why) { onPeerLost(peer, std::move(why)); };
+  cp_.start(std::move(cbs));
+  link_->start();
+  thread_ = std::thread([this] {
+    threadId_ = std::this_thread::get_id();
+    cp_.run();
+  });
+}
+
+bool SetController::isControlThread() const {
+  return std::this_thread::get_id() == threadId_.load();
+}
+
+std::string SetController::autoName(CollectiveKind kind) {
+  uint64_t n = autoNames_[static_cast<int>(kind)].fetch_add(1);
+  return std::string(collectiveName(kind)) + ".noname." + std::to_string(n);
+}
+
+Status SetController::enqueue(std::vector<EntryPtr> entries) {
+  {
+    std::lock_guard<std::mutex> lk(tableMu_);
+    if (stopping_)
+      return Status(Code::kShutDown, "process set " + opts_.setName + " on rank " +
+                                         std::to_string(myGlobalRank()) +
+                                         " is shut down; no new collectives can start");
+    // Checked under tableMu_: a set that breaks after this check fails the
+    // entries below through failPending, which takes the same lock.
+    if (health_.broken()) return health_.status();
+    std::unordered_set<std::string> inCall;
+    for (const auto& e : entries) {
+      const std::string& n = e->request.name;
+      if (table_.count(n) || !inCall.insert(n).second)
+        return invalidUsage(std::string(collectiveName(e->request.kind)) + " \"" + n +
+                            "\" on rank " + std::to_string(myGlobalRank()) +
+                            ": a request with this name is already in flight; wait for it or use a "
+                            "different name");
+    }
+    for (auto& e : entries) {
+      e->request.rank = opts_.rank;
+      table_[e->request.name] = e;
+      inbox_.push_back(e);
+    }
+  }
+  if (!drainPosted_.exchange(true)) asio::post(cp_.io(), [this] { drainInbox(); });
+  return Status::ok();
+}
+
+void SetController::drainInbox() {
+  drainPosted_ = false;
+  std::vector<EntryPtr> batch;
+  {
+    std::lock_guard<std::mutex> lk(tableMu_);
+    batch.swap(inbox_);
+  }
+  if (batch.empty() || health_.broken()) return;
+  RequestList list;
+  for (auto& e : batch) {
+    if (e->completed) continue;  // failed locally before it was sent (e.g. a stall error raced it)
+    const Request& r = e->request;
+    const bool cacheableKind = r.kind == CollectiveKind::kAllreduce ||
+                               r.kind == CollectiveKind::kBroadcast ||
+                               r.kind == CollectiveKind::kReducescatter;
+    const int32_t bit = cacheableKind ? cache_.lookup(r.name, r.signature()) : -1;
+    if (bit >= 0) {
+      const uint64_t sig = r.signature();
+      list.hits.push_back(CacheHit{static_cast<uint32_t>(bit), sig});
+      sentAsHits_[sig] = r;
+    } else {
+      list.requests.push_back(r);
+    }
+  }
+  link_->submit(std::move(list));
+}
+
+void SetController::onNacks(const std::vector<CacheHit>& hits) {
+  if (health_.broken()) return;
+  RequestList again;
+  for (const auto& h : hits) {
+    auto it = sentAsHits_.find(h.signature);
+    if (it != sentAsHits_.end()) again.requests.push_back(it->second);
+  }
+  if (!again.requests.empty()) link_->submit(std::move(again));
+}
+
+void SetController::onResponses(const ResponseList& list) {
+  if (health_.broken()) return;
+  for (const auto& g : list.groups) {
+    std::vector<Response> resolved;
+    resolved.reserve(g.items.size());
+    for (const auto& item : g.items) {
+      if (item.cacheBit >= 0) {
+        const Response* r = cache_.touch(static_cast<uint32_t>(item.cacheBit));
+        if (!r)
+          return failSet(
+              protocolError("response cache out of step with the coordinator (bit " +
+                            std::to_string(item.cacheBit) +
+                            " unknown here): are all ranks using the same HORA_CACHE_CAPACITY?"),
+              true);
+        resolved.push_back(*r);
+      } else {
+        if (item.response.cacheable()) cache_.put(item.response);
+        resolved.push_back(item.response);
+      }
+      sentAsHits_.erase(resolved.back().signature);
+      Status v = validateResponse(resolved.back());
+      if (!v.isOk()) return failSet(v, true);
+    }
+    queueGroup(std::move(resolved));
+  }
+}
+
+Status SetController::validateResponse(const Response& r) const {
+  auto bad = [&](const std::string& why) {
+    return protocolError("malformed response for \"" + r.name + "\" from the coordinator of set " +
+                         opts_.setName + ": " + why);
+  };
+  const size_t n = static_cast<size_t>(size());
+  switch (r.kind) {
+    case ResponseKind::kAllgather:
+      if (r.shape.empty() || r.sizes.size() != n)
+        return bad("allgather needs a shape and one size per rank");
+      break;
+    case ResponseKind::kAlltoall:
+      if (r.shape.empty() || r.sizes.size() != n * n)
+        return bad("alltoall needs a shape and a size*size matrix");
+      break;
+    case ResponseKind::kReducescatter:
+      if (r.shape.empty()) return bad("reducescatter needs a shape");
+      break;
+    case ResponseKind::kBroadcast:
+      if (r.root < 0 || r.root >= size()) return bad("broadcast root out of range");
+      break;
+    case ResponseKind::kError:
+      if (r.errorCode <= 0 || r.errorCode > static_cast<int32_t>(Code::kInternal))
+        return bad("invalid error code");
+      break;
+    case ResponseKind::kJoin:
+      if (r.lastJoinedRank < 0 || r.lastJoinedRank >= size())
+        return bad("invalid last joined rank");
+      break;
+    default:
+      break;
+  }
+  for (int32_t j : r.joined)
+    if (j < 0 || j >= size()) return bad("joined rank out of range");
+  for (int64_t d : r.sizes)
+    if (d < 0) return bad("negative size");
+  return Status::ok();
+}
+
+Status SetController::claimEntries(const std::vector<Response>& responses, AgreedGroup* g) {
+  for (const auto& r : responses) {
+    EntryPtr e;
+    const bool joined = std::find(r.joined.begin(), r.joined.end(), opts_.rank) != r.joined.end();
+    if (!joined) e = takeEntry(r.name);
+    if (needsDataPlane(r.kind) && !joined) {
+      // Every rank not listed as joined must take part with its own tensor:
+      // contributing anything else would hand the others a wrong result.
+      if (!e)
+        // kRemoteError (not kShutDown) so the peers abort their data plane
+        // instead of waiting in this collective for the peer timeout.
+        return Status(Code::kRemoteError,
+                      std::string(collectiveName(static_cast<CollectiveKind>(r.kind))) + " \"" +
+                          r.name + "\" was agreed by all ranks but rank " +
+                          std::to_string(myGlobalRank()) +
+                          " no longer has it (it shut down or it failed locally); the collective "
+                          "cannot run");
+      const bool sameKind = static_cast<uint8_t>(e->request.kind) == static_cast<uint8_t>(r.kind);
+      const bool exact = r.kind == ResponseKind::kAllreduce || r.kind == ResponseKind::kBroadcast ||
+                         r.kind == ResponseKind::kReducescatter;
+      if (!sameKind || (exact && e->request.signature() != r.signature) ||
+          e->request.dtype != r.dtype) {
+        e->complete(
+            entryFailure(*e, myGlobalRank(),
+                         protocolError("the coordinator's response does not match this request")));
+        return protocolError(
+            "response for \"" + r.name + "\" does not match rank " +
+            std::to_string(myGlobalRank()) + "'s request (" + e->request.describe() +
+            "): the response caches are out of step or the coordinator misbehaved");
+      }
+    }
+    g->entries.push_back(std::move(e));
+  }
+  return Status::ok();
+}
+
+void SetController::queueGroup(std::vector<Response> responses) {
+  AgreedGroup g;
+  Status s = claimEntries(responses, &g);
+  if (!s.isOk()) {
+    for (auto& e : g.entries)
+      if (e) e->complete(entryFailure(*e, myGlobalRank(), s));
+    return failSet(s, true);
+  }
+  g.responses = std::move(responses);
+  // Barrier/join/error groups need no data plane: complete them right here
+  // when nothing is queued ahead (one thread hand-off less). Collectives
+  // always go to the executor so this thread keeps heartbeats and loss
+  // detection running while they wait on peers.
+  if (!needsDataPlane(g) && !stopping_ && queue_.tryBeginInline()) {
+    completeWithoutDataPlane(g, opts_.globalRanks);
+    queue_.endInline();
+    return;
+  }
+  queue_.push(std::move(g));
+}
+
+EntryPtr SetController::takeEntry(const std::string& name) {
+  std::lock_guard<std::mutex> lk(tableMu_);
+  auto it = table_.find(name);
+  if (it == table_.end()) return nullptr;
+  EntryPtr e = it->second;
+  table_.erase(it);
+  return e;
+}
+
+void SetController::onPeerLost(int peer, Status why) {
+  if (stopping_) return;
+  failSet(link_->describeLoss(peer, why), true);
+}
+
+void SetController::failSet(Status why, bool tellPeers) { health_.fail(std::move(why), tellPeers); }
+
+void SetController::onBroken(const Status& why, bool tellPeers) {
+  if (tellPeers && size() > 1) {
+    // Failures found off the control thread (the executor's) reach the
+    // peers through it.
+    if (isControlThread())
+      link_->reportFailure(why);
+    else if (!stopping_)
+      asio::post(cp_.io(), [this, why] { link_->reportFailure(why); });
+  }
+  failPending(why);
+}
+
+void SetController::failPending(const Status& why) {
+  std::vector<EntryPtr> victims;
+  {
+    std::lock_guard<std::mutex> lk(tableMu_);
+    for (auto& kv : table_) victims.push_back(kv.second);
+    table_.clear();
+    inbox_.clear();
+  }
+  for (auto& e : victims) e->complete(entryFailure(*e, myGlobalRank(), why));
+}
+
+bool SetController::beginShutdown() { return !stopping_.exchange(true); }
+
+void SetController::flush(Clock::time_point deadline) {
+  auto flushed = std::make_shared<std::promise<void>>();
+  auto done = flushed->get_future();
+  asio::post(cp_.io(), [this, flushed] {
+    link_->flush();
+    flushed->set_value();
+  });
+  done.wait_until(deadline);
+}
+
+void SetController::closeGracefully(Clock::time_point deadline) {
+  asio::post(cp_.io(), [this] {
+    settleTimer_.cancel();
+    link_->stop();
+    cp_.closeGracefully();
+  });
+  while (!cp_.peersDone() && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+}
+
+void SetController::stop() {
+  cp_.stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace hora

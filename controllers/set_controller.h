@@ -1,0 +1,129 @@
+// SetController: the control thread of one process set, on every rank alike.
+//
+// What it does, in the order a tensor meets it:
+//  1. enqueue() (framework threads): the request's entries go into the tensor
+//     table (name -> entry; a name may be in flight once) and the inbox, and
+//     the control thread is woken: no fixed-cycle sleeping.
+//  2. drain (control thread): the inbox becomes one RequestList: a cache hit
+//     (bit + signature) for each tensor whose response this rank has cached
+//     with the same signature, the full request otherwise. It goes to the
+//     coordinator through the CoordinatorLink (a direct call on set rank 0,
+//     a frame elsewhere). A nacked hit is resent in full.
+//  3. responses: every response list is applied to this rank's response
+//     cache in order (touch a bit, put a full cacheable response), checked,
+//     and each group's entries are claimed from the table. A group that needs
+//     no data plane (barrier, join, error) is completed right here when
+//     nothing is queued ahead of it; every other group goes to the executor
+//     through the GroupQueue, so this thread keeps heartbeats and loss
+//     detection running while collectives wait on peers.
+//  4. failures: a lost or silent peer (ControlPlane), an abort from the
+//     coordinator, a malformed message or a response that does not match
+//     break the set through SetHealth. Its listener here tells the peers
+//     (through the link) and fails every pending request with the cause.
+//
+// Threads: enqueue/autoName from framework threads; the shutdown steps from
+// the thread that shuts the set down; everything else on the control thread,
+// which start() creates and which runs the ControlPlane's event loop.
+#pragma once
+
+#include <atomic>
+#include <boost/asio/steady_timer.hpp>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "controllers/control_plane.h"
+#include "controllers/coordinator_link.h"
+#include "core/agreed_group.h"
+#include "core/group_queue.h"
+#include "core/logging.h"
+#include "core/response_cache.h"
+#include "core/set_health.h"
+
+namespace hora {
+
+struct SetControllerOptions {
+  std::string setName = "global";
+  int rank = 0;                  // within the set
+  std::vector<int> globalRanks;  // set rank -> global rank
+  int cacheCapacity = 1024;
+};
+
+class SetController : public CoordinatorLink::Client {
+ public:
+  // Registers the controller's SetHealth listener (tell the peers, fail what
+  // is pending) and the suspicion timer; call before any thread can break
+  // the set. `cp`, `health` and `queue` outlive the controller.
+  SetController(SetControllerOptions options, ControlPlane& cp,
+                std::unique_ptr<CoordinatorLink> link, SetHealth& health, GroupQueue& queue,
+                Logger logger);
+  ~SetController() override;
+
+  // Starts the control thread (the ControlPlane's event loop).
+  void start();
+
+  // Framework threads. On failure nothing was enqueued.
+  Status enqueue(std::vector<EntryPtr> entries);
+  // "<kind>.noname.<n>", counted per kind in call order.
+  std::string autoName(CollectiveKind kind);
+
+  // Shutdown, in this order, from the thread that shuts the set down.
+  // False when shutdown already began; new requests are refused from here.
+  bool beginShutdown();
+  bool isControlThread() const;
+  bool running() const { return thread_.joinable(); }
+  // Emits what is ready (other ranks may be waiting for it); bounded.
+  void flush(Clock::time_point deadline);
+  // Fails every request not yet agreed with `why`.
+  void failPending(const Status& why);
+  // Says goodbye and waits (bounded) until every peer is done.
+  void closeGracefully(Clock::time_point deadline);
+  // Stops the control thread and joins it.
+  void stop();
+
+  // CoordinatorLink::Client (control thread).
+  void onResponses(const ResponseList& list) override;
+  void onNacks(const std::vector<CacheHit>& hits) override;
+  void failSet(Status why, bool tellPeers) override;
+  bool stopping() const override { return stopping_.load(); }
+
+ private:
+  void drainInbox();
+  void onPeerLost(int peer, Status why);
+  void onBroken(const Status& why, bool tellPeers);  // any thread
+  Status validateResponse(const Response& r) const;
+  Status claimEntries(const std::vector<Response>& responses, AgreedGroup* group);
+  void queueGroup(std::vector<Response> responses);
+  EntryPtr takeEntry(const std::string& name);
+  int size() const { return static_cast<int>(opts_.globalRanks.size()); }
+  int myGlobalRank() const { return opts_.globalRanks[opts_.rank]; }
+
+  const SetControllerOptions opts_;
+  ControlPlane& cp_;
+  std::unique_ptr<CoordinatorLink> link_;
+  SetHealth& health_;
+  GroupQueue& queue_;
+  Logger logger_;
+
+  // Control thread only.
+  ResponseCache cache_;
+  std::unordered_map<uint64_t, Request> sentAsHits_;  // for nack resends
+  boost::asio::steady_timer settleTimer_;
+
+  std::mutex tableMu_;  // guards table_, inbox_
+  std::unordered_map<std::string, EntryPtr> table_;
+  std::vector<EntryPtr> inbox_;
+  std::atomic<bool> drainPosted_{false};
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> autoNames_[static_cast<int>(CollectiveKind::kCount)] = {};
+
+  std::thread thread_;
+  // Set by the control thread itself (reading thread_ from it would race
+  // with its assignment in start()).
+  std::atomic<std::thread::id> threadId_{};
+};
+
+}  // namespace hora

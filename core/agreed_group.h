@@ -1,0 +1,31 @@
+// AgreedGroup: what every rank of a process set agreed to run next (one
+// response, or several fused allreduces), with this rank's entries for it.
+// The control thread builds it from the coordinator's response list, claiming
+// the entries from its tensor table, so that a later failure of the set cannot
+// fail work every rank already agreed to run; the executor thread runs it.
+//
+// Groups that need no data plane (barrier, join, an error response) are
+// completed by completeWithoutDataPlane on whichever thread holds them: the
+// control thread when nothing is queued ahead, else the executor in order.
+#pragma once
+
+#include <vector>
+
+#include "core/message.h"
+#include "core/tensor_entry.h"
+
+namespace hora {
+
+struct AgreedGroup {
+  std::vector<Response> responses;
+  std::vector<EntryPtr> entries;  // one per response; null where this rank joined
+};
+
+bool needsDataPlane(ResponseKind kind);
+bool needsDataPlane(const AgreedGroup& group);
+
+// Completes a barrier, join or error group. `globalRanks` maps set ranks to
+// global ranks (the last rank to join is reported as a global rank).
+void completeWithoutDataPlane(AgreedGroup& group, const std::vector<int>& globalRanks);
+
+}  // namespace hora

@@ -1,0 +1,70 @@
+#include "core/group_queue.h"
+
+namespace hora {
+
+void GroupQueue::push(AgreedGroup group) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    queue_.push_back(std::move(group));
+    ++inFlight_;
+  }
+  ready_.notify_one();
+}
+
+bool GroupQueue::tryBeginInline() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!queue_.empty() || inFlight_ > 0) return false;
+  ++inFlight_;
+  return true;
+}
+
+void GroupQueue::endInline() { leave(); }
+
+bool GroupQueue::pop(AgreedGroup* out) {
+  std::unique_lock<std::mutex> lk(mu_);
+  ready_.wait(lk, [&] { return !queue_.empty() || closed_; });
+  if (closed_) return false;
+  *out = std::move(queue_.front());
+  queue_.pop_front();
+  return true;
+}
+
+void GroupQueue::finished() {
+  leave();
+  if (doneHook_) doneHook_();
+}
+
+void GroupQueue::leave() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    --inFlight_;
+  }
+  idle_.notify_all();
+}
+
+int GroupQueue::inFlight() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return inFlight_;
+}
+
+bool GroupQueue::waitIdle(Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lk(mu_);
+  return idle_.wait_until(lk, deadline, [&] { return queue_.empty() && inFlight_ == 0; });
+}
+
+void GroupQueue::close() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    closed_ = true;
+  }
+  ready_.notify_all();
+}
+
+std::deque<AgreedGroup> GroupQueue::takeRemaining() {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::deque<AgreedGroup> left;
+  left.swap(queue_);
+  return left;
+}
+
+}  // namespace hora

@@ -1,0 +1,63 @@
+// GroupQueue: the hand-off of agreed groups from a process set's control
+// thread to its executor thread, and the only state the two share about work
+// in flight.
+//
+//  - control thread: push() a group; or, for a group that needs no data plane,
+//    tryBeginInline() / endInline() to complete it right there when nothing is
+//    queued or running ahead of it (one thread hop less, order kept);
+//  - executor thread: pop() the next group (blocks), run it, finished();
+//  - any thread: inFlight() (the coordinator emits at once while its executor
+//    is idle, and waits up to a cycle to fuse more while it is busy),
+//    waitIdle() (shutdown lets agreed work finish), close() / takeRemaining().
+//
+// The "group done" hook runs on the executor thread after each popped group
+// (the coordinator uses it to emit what became ready while it was busy). It is
+// set before the executor starts. Thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+
+#include "core/agreed_group.h"
+#include "core/clock.h"
+
+namespace hora {
+
+class GroupQueue {
+ public:
+  void setGroupDoneHook(std::function<void()> hook) { doneHook_ = std::move(hook); }
+
+  void push(AgreedGroup group);
+  // True (and counted in flight) when nothing is queued or running: the
+  // caller completes the group itself, then calls endInline().
+  bool tryBeginInline();
+  void endInline();
+
+  // Blocks until a group is queued (true) or the queue is closed (false;
+  // groups still queued stay for takeRemaining()).
+  bool pop(AgreedGroup* out);
+  // After running a popped group: no longer in flight; runs the done hook.
+  void finished();
+
+  // Groups queued or running.
+  int inFlight() const;
+  // Waits until nothing is queued or running, or the deadline; true if idle.
+  bool waitIdle(Clock::time_point deadline);
+  void close();
+  std::deque<AgreedGroup> takeRemaining();
+
+ private:
+  void leave();
+
+  mutable std::mutex mu_;          // guards queue_, inFlight_, closed_
+  std::condition_variable ready_;  // a group was pushed, or closed
+  std::condition_variable idle_;   // inFlight_ dropped
+  std::deque<AgreedGroup> queue_;
+  int inFlight_ = 0;
+  bool closed_ = false;
+  std::function<void()> doneHook_;
+};
+
+}  // namespace hora

@@ -1,0 +1,77 @@
+// TensorEntry and RequestSink: one tensor of a caller's request as the
+// runtime's threads see it, and the small interface through which those
+// threads hand results back to whoever made the request.
+//
+//  - a framework thread creates the entries of a request (the C layer's
+//    hora_*_async) with a sink, and enqueues them in a process set;
+//  - the control thread (controllers/) reads TensorEntry::request to
+//    negotiate, and claims the entries of an agreed group;
+//  - the executor thread (ops/) reads and writes the tensor memory, asks the
+//    sink for outputs whose size negotiation decided, and completes entries.
+//
+// The sink is implemented by the C layer's RequestState (bindings/c): it owns
+// user callbacks, allocators and library-owned outputs, none of which the
+// threads below the ABI need to know about. A request completes once, when
+// its last entry completes (a grouped allreduce has several).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/message.h"
+#include "core/status.h"
+#include "core/types.h"
+
+namespace hora {
+
+// GPU memory for outputs the library owns, provided by the GPU path
+// (ops/gpu), which knows the device and the plugin. Executor thread.
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  // `bytes` on the device the current group runs on; the memory is freed when
+  // the last copy of the returned pointer goes, on whichever thread that is.
+  virtual Result<std::shared_ptr<void>> allocate(size_t bytes, const std::string& what) = 0;
+};
+
+class RequestSink {
+ public:
+  virtual ~RequestSink() = default;
+  // Executor thread. The output of an allgather, alltoall or reducescatter,
+  // whose shape negotiation decided: through the caller's allocator, else
+  // owned by the request (host memory, or `deviceMemory` for a GPU input).
+  virtual Result<void*> allocateOutput(const std::vector<int64_t>& shape, DataType dtype,
+                                       const Device& device, DeviceMemory* deviceMemory) = 0;
+  // Executor thread, before completion: rows received from each rank (alltoall).
+  virtual void setReceivedSplits(std::vector<int64_t> rows) = 0;
+  // Control or executor thread, before completion: the last rank to join.
+  virtual void setLastJoinedRank(int32_t globalRank) = 0;
+  // Any hora thread, exactly once per entry (TensorEntry::complete ensures it).
+  virtual void completeEntry(const Status& status) = 0;
+};
+
+struct TensorEntry {
+  Request request;  // what is negotiated (name, kind, dtype, shape, ...)
+  const void* in = nullptr;
+  void* out = nullptr;         // allreduce/broadcast: where the result goes
+  void* readyEvent = nullptr;  // GPU: the framework's event hora's stream waits for
+  std::shared_ptr<RequestSink> sink;
+  std::atomic<bool> completed{false};
+
+  // The first call wins; later ones (a failure racing the result) are no-ops.
+  void complete(const Status& status) {
+    if (completed.exchange(true)) return;
+    sink->completeEntry(status);
+  }
+};
+
+using EntryPtr = std::shared_ptr<TensorEntry>;
+
+// `why` as this entry's failure: "<kind> "<name>" on rank <globalRank>: <why>".
+Status entryFailure(const TensorEntry& entry, int globalRank, const Status& why);
+
+}  // namespace hora

@@ -1,0 +1,216 @@
+#include "ops/executor/cpu_path.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/reduce.h"
+#include "ops/executor/response_counts.h"
+
+namespace hora {
+
+namespace {
+
+std::string describe(const char* op, const Response& r) {
+  return std::string(op) + " \"" + r.name + "\"";
+}
+
+Result<void*> hostOutput(TensorEntry& e, const std::vector<int64_t>& shape) {
+  return e.sink->allocateOutput(shape, e.request.dtype, e.request.device, nullptr);
+}
+
+}  // namespace
+
+Status CpuPath::allreduce(const std::vector<Response>& group, const std::vector<EntryPtr>& es) {
+  // Every rank takes the same path for a group (chosen from the response,
+  // never from whether this rank has an entry): both end in
+  // allreduceGather, whose algorithm depends only on the element count.
+  return group.size() == 1 ? allreduceOne(group.front(), es[0].get())
+                           : allreduceFused(group, es);
+}
+
+Status CpuPath::allreduceOne(const Response& r, TensorEntry* e) {
+  // One tensor is reduced where it lies: the output buffer is the staging
+  // area, so with Gloo's ring "pack" is the input->output copy (or the
+  // prescale in place), done segment by segment inside the network waits; a
+  // backend with its own memory (shm) packs from the input and unpacks into
+  // the output instead.
+  Backend& be = *ctx_.backend;
+  const DataType dt = r.dtype;
+  const size_t esz = dataTypeSize(dt);
+  const ReduceOp op = reducingOp(r);
+  const double post = postFactor(r, ctx_.size());
+  const double pre = r.prescale;
+  const size_t n = static_cast<size_t>(r.numElements());
+  char* data;
+  if (e) {
+    data = static_cast<char*>(e->out);
+  } else if (be.needsStaging(n, dt)) {  // this rank joined: the identity goes here
+    HORA_RETURN_IF_ERROR(fusion_.reserve(n * esz));
+    data = fusion_.data();
+  } else {  // joined, and the backend packs into its own memory
+    data = nullptr;
+  }
+  auto pack = [&](size_t lo, size_t hi, void* dst) {
+    char* d = static_cast<char*>(dst);
+    if (!e) {
+      fillIdentity(dt, op, d, hi - lo);
+      return;
+    }
+    const char* src = static_cast<const char*>(e->in) + lo * esz;
+    if (src != d) {
+      scaleCopy(dt, d, src, hi - lo, pre);
+    } else if (pre != 1.0) {
+      scaleInPlace(dt, d, hi - lo, pre);
+    }
+  };
+  auto unpack = [&](size_t lo, size_t hi, const void* src) {
+    if (!e) return;
+    char* d = data + lo * esz;
+    if (src != d) {
+      scaleCopy(dt, d, src, hi - lo, post);
+    } else if (post != 1.0) {
+      scaleInPlace(dt, d, hi - lo, post);
+    }
+  };
+  Status s = be.allreduceGather(data, n, dt, op, pack, unpack);
+  return s.isOk() ? s : dataPlaneFailure(ctx_, s, describe("allreduce", r));
+}
+
+Status CpuPath::allreduceFused(const std::vector<Response>& group,
+                               const std::vector<EntryPtr>& es) {
+  Backend& be = *ctx_.backend;
+  const Response& r0 = group.front();
+  const DataType dt = r0.dtype;
+  const size_t esz = dataTypeSize(dt);
+  const ReduceOp op = reducingOp(r0);
+  const double post = postFactor(r0, ctx_.size());
+  const double pre = r0.prescale;
+  // start[i] is the first element of tensor i in the fusion buffer.
+  const std::vector<size_t> start = fusedOffsets(group);
+  const size_t total = start.back();
+  // The persistent fusion buffer, unless the backend packs into memory of its
+  // own (shm): then it is never allocated, let alone first-touched.
+  char* buf = nullptr;
+  if (be.needsStaging(total, dt)) {
+    HORA_RETURN_IF_ERROR(fusion_.reserve(total * esz));
+    buf = fusion_.data();
+  }
+  // Applies fn(tensor index, first element within the tensor, element count,
+  // first element within the buffer) to every tensor piece overlapping
+  // buffer elements [lo, hi).
+  auto forPieces = [&](size_t lo, size_t hi, auto&& fn) {
+    size_t i =
+        static_cast<size_t>(std::upper_bound(start.begin(), start.end(), lo) - start.begin()) - 1;
+    for (; i < group.size() && start[i] < hi; ++i) {
+      const size_t a = std::max(lo, start[i]), b = std::min(hi, start[i + 1]);
+      if (b > a) fn(i, a - start[i], b - a, a);
+    }
+  };
+  // The backend packs and unpacks range by range while it waits for the
+  // network (GlooBackend's ring, dst/src inside buf), straight into and out
+  // of shared memory (ShmBackend), or all at once around its allreduce.
+  auto pack = [&](size_t lo, size_t hi, void* dst) {
+    char* d = static_cast<char*>(dst);
+    forPieces(lo, hi, [&](size_t i, size_t off, size_t n, size_t at) {
+      char* to = d + (at - lo) * esz;
+      if (es[i])
+        scaleCopy(dt, to, static_cast<const char*>(es[i]->in) + off * esz, n, pre);
+      else  // this rank joined: contribute the identity
+        fillIdentity(dt, op, to, n);
+    });
+  };
+  auto unpack = [&](size_t lo, size_t hi, const void* src) {
+    const char* from0 = static_cast<const char*>(src);
+    forPieces(lo, hi, [&](size_t i, size_t off, size_t n, size_t at) {
+      if (es[i])
+        scaleCopy(dt, static_cast<char*>(es[i]->out) + off * esz, from0 + (at - lo) * esz, n, post);
+    });
+  };
+  Status s = be.allreduceGather(buf, total, dt, op, pack, unpack);
+  if (s.isOk()) return s;
+  return dataPlaneFailure(ctx_, s,
+                          describe("allreduce", r0) + " (fused with " +
+                              std::to_string(group.size() - 1) + " more)");
+}
+
+Status CpuPath::allgather(const Response& r, TensorEntry* e, Status* outputLost) {
+  const DataType dt = r.dtype;
+  const std::vector<size_t> counts = allgatherCounts(r, ctx_.size());
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  void* out = nullptr;
+  if (e) {
+    auto o = hostOutput(*e, r.shape);  // the response carries the gathered shape
+    if (o.isOk())
+      out = o.value();
+    else
+      *outputLost = o.status();  // every rank must still take part, or the others would hang
+  }
+  if (!out) {
+    HORA_RETURN_IF_ERROR(fusion_.reserve(total * dataTypeSize(dt)));
+    out = fusion_.data();
+  }
+  Status s = ctx_.backend->allgatherv(e ? e->in : nullptr, out, counts, dt);
+  return s.isOk() ? s : dataPlaneFailure(ctx_, s, describe("allgather", r));
+}
+
+Status CpuPath::broadcast(const Response& r, TensorEntry* e) {
+  const size_t n = static_cast<size_t>(r.numElements());
+  void* data = e ? e->out : nullptr;
+  if (!data) {
+    HORA_RETURN_IF_ERROR(fusion_.reserve(n * dataTypeSize(r.dtype)));
+    data = fusion_.data();
+  }
+  Status s = ctx_.backend->broadcast(data, n, r.dtype, r.root);
+  return s.isOk() ? s : dataPlaneFailure(ctx_, s, describe("broadcast", r));
+}
+
+Status CpuPath::alltoall(const Response& r, TensorEntry* e, Status* outputLost) {
+  const int64_t row = rowElements(r.shape);
+  const AlltoallCounts c = alltoallCounts(r, ctx_.rank, ctx_.size());
+  std::vector<int64_t> outShape = r.shape;
+  outShape[0] = c.outRows;
+  void* out = nullptr;
+  if (e) {
+    e->sink->setReceivedSplits(c.recvRows);
+    auto o = hostOutput(*e, outShape);
+    if (o.isOk())
+      out = o.value();
+    else
+      *outputLost = o.status();
+  }
+  if (!out) {
+    HORA_RETURN_IF_ERROR(
+        fusion_.reserve(static_cast<size_t>(c.outRows * row) * dataTypeSize(r.dtype)));
+    out = fusion_.data();
+  }
+  Status s = ctx_.backend->alltoallv(e ? e->in : nullptr, c.send, out, c.recv, r.dtype);
+  return s.isOk() ? s : dataPlaneFailure(ctx_, s, describe("alltoall", r));
+}
+
+Status CpuPath::reducescatter(const Response& r, TensorEntry* e, Status* outputLost) {
+  const DataType dt = r.dtype;
+  const size_t esz = dataTypeSize(dt);
+  const ScatterCounts c = reducescatterCounts(r, ctx_.rank, ctx_.size());
+  const size_t total = static_cast<size_t>(r.numElements());
+  const ReduceOp op = reducingOp(r);
+  HORA_RETURN_IF_ERROR(fusion_.reserve(std::max<size_t>(total, 1) * esz));
+  char* buf = fusion_.data();
+  if (e)
+    scaleCopy(dt, buf, e->in, total, r.prescale);
+  else
+    fillIdentity(dt, op, buf, total);
+  Status s = ctx_.backend->reducescatter(buf, c.counts, dt, op);
+  if (!s.isOk()) return dataPlaneFailure(ctx_, s, describe("reducescatter", r));
+  if (!e) return Status::ok();
+  std::vector<int64_t> outShape = r.shape;
+  if (!outShape.empty()) outShape[0] = c.rows;
+  auto o = hostOutput(*e, outShape);
+  if (!o.isOk()) {
+    *outputLost = o.status();
+    return Status::ok();
+  }
+  scaleCopy(dt, o.value(), buf + c.before * esz, c.counts[ctx_.rank], postFactor(r, ctx_.size()));
+  return Status::ok();
+}
+
+}  // namespace hora

@@ -1,0 +1,33 @@
+// CpuPath: collectives on host memory through the set's CPU data plane
+// (core/backend.h: shared memory on one host, Gloo otherwise), using the
+// set's persistent fusion buffer for fused allreduces and for the stand-ins
+// of ranks without a tensor. Executor thread only; see collective_path.h for
+// the contract.
+#pragma once
+
+#include "core/host_buffer.h"
+#include "ops/executor/collective_path.h"
+#include "ops/executor/exec_context.h"
+
+namespace hora {
+
+class CpuPath : public CollectivePath {
+ public:
+  explicit CpuPath(const ExecContext& ctx) : ctx_(ctx) {}
+
+  Status allreduce(const std::vector<Response>& group, const std::vector<EntryPtr>& es) override;
+  Status broadcast(const Response& r, TensorEntry* e) override;
+  Status allgather(const Response& r, TensorEntry* e, Status* outputLost) override;
+  Status alltoall(const Response& r, TensorEntry* e, Status* outputLost) override;
+  Status reducescatter(const Response& r, TensorEntry* e, Status* outputLost) override;
+
+ private:
+  Status allreduceOne(const Response& r, TensorEntry* e);
+  Status allreduceFused(const std::vector<Response>& group, const std::vector<EntryPtr>& es);
+
+  const ExecContext& ctx_;
+  // Pre-touched and grown geometrically, so nothing on the hot path allocates.
+  HostBuffer fusion_;
+};
+
+}  // namespace hora

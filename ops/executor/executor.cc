@@ -1,0 +1,96 @@
+#include "ops/executor/executor.h"
+
+namespace hora {
+
+Status dataPlaneFailure(const ExecContext& ctx, const Status& s, const std::string& what) {
+  if (ctx.health->broken()) return ctx.health->status();
+  Status named = s.withContext(what);
+  ctx.health->suspect(named);
+  return named;
+}
+
+Executor::Executor(ExecContext ctx, GroupQueue& queue, GpuPathOptions gpu)
+    : ctx_(std::move(ctx)), queue_(queue), cpu_(ctx_), gpu_(ctx_, std::move(gpu)) {}
+
+Executor::~Executor() { join(); }
+
+void Executor::start() {
+  thread_ = std::thread([this] { run(); });
+}
+
+void Executor::join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void Executor::releaseGpu() { gpu_.release(); }
+
+void Executor::run() {
+  AgreedGroup group;
+  while (queue_.pop(&group)) {
+    execute(group);
+    group = AgreedGroup();  // the entries go before the next wait
+    queue_.finished();
+  }
+}
+
+void Executor::execute(AgreedGroup& g) {
+  if (!needsDataPlane(g)) return completeWithoutDataPlane(g, ctx_.globalRanks);
+  // A collective before this one failed on the data plane and the set's
+  // status is not final yet: this one cannot run either (its peers are
+  // failing too), and it reports whatever that status becomes.
+  if (ctx_.health->suspected()) return fail(g, Status(Code::kRemoteError, "the data plane failed"));
+  const Response& first = g.responses.front();
+  CollectivePath& path =
+      first.device.kind == DeviceKind::kCuda ? static_cast<CollectivePath&>(gpu_) : cpu_;
+  TensorEntry* e = g.entries[0].get();
+  Status s, outputLost;
+  switch (first.kind) {
+    case ResponseKind::kAllreduce:
+      s = path.allreduce(g.responses, g.entries);
+      break;
+    case ResponseKind::kBroadcast:
+      s = path.broadcast(first, e);
+      break;
+    case ResponseKind::kAllgather:
+      s = path.allgather(first, e, &outputLost);
+      break;
+    case ResponseKind::kAlltoall:
+      s = path.alltoall(first, e, &outputLost);
+      break;
+    case ResponseKind::kReducescatter:
+      s = path.reducescatter(first, e, &outputLost);
+      break;
+    default:
+      s = internalError("unexpected response kind " + std::to_string(static_cast<int>(first.kind)));
+      break;
+  }
+  if (!s.isOk()) return fail(g, s);
+  complete(g, outputLost);
+}
+
+void Executor::complete(AgreedGroup& g, const Status& outputLost) {
+  for (auto& e : g.entries)
+    if (e) e->complete(outputLost.isOk() ? outputLost : entryFailure(*e, ctx_.myGlobalRank(), outputLost));
+}
+
+void Executor::fail(AgreedGroup& g, const Status& why) {
+  const int me = ctx_.myGlobalRank();
+  if (ctx_.health->suspected()) {
+    // The data plane failed: the entries get the set's final status (the
+    // lost peer, named by the control thread) when there is one.
+    ctx_.health->whenBroken([entries = g.entries, me](const Status& final) {
+      for (auto& e : entries)
+        if (e) e->complete(entryFailure(*e, me, final));
+    });
+    return;
+  }
+  // A failure only this rank saw (out of memory, a plugin call) leaves the
+  // others inside the collective, and letting this rank go on would pair its
+  // next collective with their current one: the set is done (this tells the
+  // peers; a no-op if the set is already broken).
+  ctx_.health->fail(why, /*tellPeers=*/true);
+  for (auto& e : g.entries)
+    if (e) e->complete(entryFailure(*e, me, why));
+}
+
+}  // namespace hora

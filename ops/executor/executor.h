@@ -1,0 +1,59 @@
+// Executor: the executor thread of one process set. It pops the groups every
+// rank agreed to run (core/group_queue.h), in order, and runs each through one
+// path picked by the group's device: CpuPath for host memory, GpuPath for GPU
+// memory (ops/gpu). It owns both paths, hence the set's fusion buffers, and
+// completes the entries of every group it runs.
+//
+// It is a thread of its own so that the control thread keeps negotiating,
+// sending heartbeats and noticing lost peers while a collective waits on the
+// network. Groups run even when the set is broken: they were agreed by every
+// rank before the failure (a peer that said goodbye took part in them), and an
+// aborted data plane fails them at once with the named cause.
+//
+// Failures: a collective that fails after every rank agreed to run it leaves
+// the set unusable (the ranks no longer agree on what was exchanged), so it
+// breaks the set (SetHealth). A data-plane failure only suspects the set
+// (exec_context.h): the group, and any later one, is completed with the set's
+// final status once the control thread has named the cause, or the grace
+// period has passed; the executor never waits for that.
+//
+// Threads: constructed and started by the process set's assembly; run() on
+// its own thread; join() and releaseGpu() from the thread that shuts the set
+// down, after closing the queue.
+#pragma once
+
+#include <memory>
+#include <thread>
+
+#include "core/group_queue.h"
+#include "ops/executor/cpu_path.h"
+#include "ops/executor/exec_context.h"
+#include "ops/gpu/gpu_path.h"
+
+namespace hora {
+
+class Executor {
+ public:
+  Executor(ExecContext ctx, GroupQueue& queue, GpuPathOptions gpu);
+  ~Executor();
+
+  void start();
+  // Returns once the queue is closed and the group in hand is done.
+  void join();
+  // Frees the GPU resources (stream, communicator, buffers); after join().
+  void releaseGpu();
+
+ private:
+  void run();
+  void execute(AgreedGroup& group);
+  void complete(AgreedGroup& group, const Status& outputLost);
+  void fail(AgreedGroup& group, const Status& why);
+
+  const ExecContext ctx_;
+  GroupQueue& queue_;
+  CpuPath cpu_;
+  GpuPath gpu_;
+  std::thread thread_;
+};
+
+}  // namespace hora

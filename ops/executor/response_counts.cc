@@ -1,0 +1,65 @@
+#include "ops/executor/response_counts.h"
+
+#include <algorithm>
+
+namespace hora {
+
+int64_t rowElements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+std::vector<size_t> allgatherCounts(const Response& r, int size) {
+  const int64_t row = rowElements(r.shape);
+  std::vector<size_t> counts(size);
+  for (int i = 0; i < size; ++i) counts[i] = static_cast<size_t>(r.sizes[i] * row);
+  return counts;
+}
+
+AlltoallCounts alltoallCounts(const Response& r, int rank, int size) {
+  const int64_t row = rowElements(r.shape);
+  AlltoallCounts c;
+  c.send.resize(size);
+  c.recv.resize(size);
+  c.recvRows.resize(size);
+  for (int d = 0; d < size; ++d) {
+    c.send[d] = r.sizes[rank * size + d] * row;
+    c.recvRows[d] = r.sizes[d * size + rank];
+    c.recv[d] = c.recvRows[d] * row;
+    c.outRows += c.recvRows[d];
+  }
+  return c;
+}
+
+ScatterCounts reducescatterCounts(const Response& r, int rank, int size) {
+  const int64_t dim0 = r.shape.empty() ? 0 : r.shape[0];
+  const int64_t row = rowElements(r.shape);
+  ScatterCounts c;
+  c.counts.resize(size);
+  for (int i = 0; i < size; ++i) {
+    const int64_t rows = dim0 / size + (i < dim0 % size ? 1 : 0);
+    c.counts[i] = static_cast<size_t>(rows * row);
+    if (i < rank) c.before += c.counts[i];
+    if (i == rank) c.rows = rows;
+  }
+  return c;
+}
+
+ReduceOp reducingOp(const Response& r) {
+  return r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
+}
+
+double postFactor(const Response& r, int size) {
+  const int contributors = size - static_cast<int>(r.joined.size());
+  return r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / std::max(1, contributors) : 1.0);
+}
+
+std::vector<size_t> fusedOffsets(const std::vector<Response>& group) {
+  std::vector<size_t> start(group.size() + 1, 0);
+  for (size_t i = 0; i < group.size(); ++i)
+    start[i + 1] = start[i] + static_cast<size_t>(group[i].numElements());
+  return start;
+}
+
+}  // namespace hora

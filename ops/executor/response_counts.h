@@ -1,0 +1,41 @@
+// What a response says each rank moves, derived once for the CPU and GPU
+// paths (cpu_path.cc, ops/gpu/gpu_collectives.cc): pure functions of the
+// response and the set's size, so every rank derives the same counts.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/message.h"
+#include "core/types.h"
+
+namespace hora {
+
+// Elements per row (dimension 0) of a tensor of this shape.
+int64_t rowElements(const std::vector<int64_t>& shape);
+// Allgather: elements contributed by each rank.
+std::vector<size_t> allgatherCounts(const Response& r, int size);
+// Alltoall as seen by `rank`: elements sent to / received from each rank.
+struct AlltoallCounts {
+  std::vector<int64_t> send, recv, recvRows;
+  int64_t outRows = 0;
+};
+AlltoallCounts alltoallCounts(const Response& r, int rank, int size);
+// Reducescatter: elements of each rank's block of dimension 0 (ranks below
+// dim0 % size get one more row) and the first element of `rank`'s block.
+struct ScatterCounts {
+  std::vector<size_t> counts;
+  size_t before = 0;
+  int64_t rows = 0;  // rows of `rank`'s block
+};
+ScatterCounts reducescatterCounts(const Response& r, int rank, int size);
+// The op the data plane runs (average is a sum) and the factor applied after
+// it: postscale, divided by the ranks that contributed for average.
+ReduceOp reducingOp(const Response& r);
+double postFactor(const Response& r, int size);
+// First element of each tensor of a fused group in the fusion buffer, plus
+// the total as the last entry.
+std::vector<size_t> fusedOffsets(const std::vector<Response>& group);
+
+}  // namespace hora

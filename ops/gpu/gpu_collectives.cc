@@ -1,0 +1,315 @@
+// GpuPath, part 2: the collectives on GPU memory (allreduce single, fused and
+// grouped; broadcast; allgather, alltoall and reducescatter, whose output is
+// allocated after negotiation on the input's device). See gpu_path.h for the
+// two ways (communicator, staging) and gpu_path.cc for the resources.
+// Fused tensors are packed into one persistent device buffer and unpacked
+// from it by the plugin's batched copy (one launch for all tensors, scale
+// factors applied in the same pass).
+#include <algorithm>
+#include <numeric>
+
+#include "core/reduce.h"
+#include "ops/executor/response_counts.h"
+#include "ops/gpu/gpu_path.h"
+
+namespace hora {
+
+namespace {
+
+std::string describe(const char* op, const Response& r, const Device& dev) {
+  return std::string(op) + " \"" + r.name + "\" (" + deviceName(dev) + ")";
+}
+
+}  // namespace
+
+Status GpuPath::allreduce(const std::vector<Response>& group, const std::vector<EntryPtr>& es) {
+  const Response& r0 = group.front();
+  const DataType dt = r0.dtype;
+  const size_t esz = dataTypeSize(dt);
+  const ReduceOp op = reducingOp(r0);
+  const double post = postFactor(r0, ctx_.size());
+  const double pre = r0.prescale;
+  const Device dev = localDevice(r0, es);
+  const std::string what =
+      describe("allreduce", r0, dev) +
+      (group.size() > 1 ? " (fused with " + std::to_string(group.size() - 1) + " more)" : "");
+  HORA_RETURN_IF_ERROR(prepare(dev, what));
+  bool viaComm = false;
+  HORA_RETURN_IF_ERROR(choosePath(ncclHasType(dt), what, &viaComm));
+  for (auto& e : es) HORA_RETURN_IF_ERROR(afterReady(e.get(), what));
+
+  const std::vector<size_t> start = fusedOffsets(group);
+  const size_t total = start.back();
+  const size_t bytes = total * esz;
+  if (total == 0) return Status::ok();
+  const auto dtc = static_cast<int32_t>(dt);
+  GpuPlugin& plug = *plugin();
+
+  // Where the reduction happens: a single tensor in its own output, a fused
+  // group (or a joined rank's stand-in) in the set's device fusion buffer.
+  const bool inOutput = group.size() == 1 && es[0];
+  char* buf;
+  if (inOutput) {
+    buf = static_cast<char*>(es[0]->out);
+    if (es[0]->in != es[0]->out || pre != 1.0) {
+      hora_gpu_copy_t c{buf, es[0]->in, total};
+      HORA_GPU_CALL(plug, api_, what, batched_scale_copy, dtc, &c, 1, pre, stream_);
+    }
+  } else {
+    HORA_RETURN_IF_ERROR(fusion(bytes, what));
+    buf = fusion_;
+    std::vector<hora_gpu_copy_t> copies;
+    bool joinedHere = false;
+    for (size_t i = 0; i < group.size(); ++i) {
+      if (es[i]) {
+        copies.push_back({buf + start[i] * esz, es[i]->in, start[i + 1] - start[i]});
+      } else {
+        joinedHere = true;
+      }
+    }
+    if (joinedHere) {  // this rank joined: the op's identity, through pinned memory
+      HORA_RETURN_IF_ERROR(pinned(bytes, what));
+      for (size_t i = 0; i < group.size(); ++i) {
+        if (es[i]) continue;
+        const size_t off = start[i] * esz, n = start[i + 1] - start[i];
+        fillIdentity(dt, op, pinned_ + off, n);
+        HORA_GPU_CALL(plug, api_, what, memcpy_async, buf + off, pinned_ + off, n * esz, stream_);
+      }
+    }
+    if (!copies.empty())
+      HORA_RETURN_IF_ERROR(
+          plug.check(api_->batched_scale_copy(dtc, copies.data(), copies.size(), pre, stream_),
+                     "batched_scale_copy (pack)", what));
+  }
+
+  if (viaComm) {
+    HORA_GPU_CALL(plug, api_, what, allreduce, buf, buf, total, dtc, static_cast<int32_t>(op),
+                  comm_, stream_);
+  } else {
+    HORA_RETURN_IF_ERROR(pinned(bytes, what));
+    HORA_GPU_CALL(plug, api_, what, memcpy_async, pinned_, buf, bytes, stream_);
+    HORA_RETURN_IF_ERROR(wait(what));
+    Status s = ctx_.backend->allreduce(pinned_, total, dt, op);
+    if (!s.isOk()) return dataPlaneFailure(ctx_, s, what);
+    HORA_GPU_CALL(plug, api_, what, memcpy_async, buf, pinned_, bytes, stream_);
+  }
+
+  if (inOutput) {
+    if (post != 1.0) {
+      hora_gpu_copy_t c{buf, buf, total};
+      HORA_GPU_CALL(plug, api_, what, batched_scale_copy, dtc, &c, 1, post, stream_);
+    }
+  } else {
+    std::vector<hora_gpu_copy_t> copies;
+    for (size_t i = 0; i < group.size(); ++i)
+      if (es[i]) copies.push_back({es[i]->out, buf + start[i] * esz, start[i + 1] - start[i]});
+    if (!copies.empty())
+      HORA_RETURN_IF_ERROR(
+          plug.check(api_->batched_scale_copy(dtc, copies.data(), copies.size(), post, stream_),
+                     "batched_scale_copy (unpack)", what));
+  }
+  return wait(what);
+}
+
+Status GpuPath::broadcast(const Response& r, TensorEntry* e) {
+  const Device dev = e ? e->request.device : localDevice(r, {});
+  const std::string what = describe("broadcast", r, dev);
+  HORA_RETURN_IF_ERROR(prepare(dev, what));
+  GpuPlugin& plug = *plugin();
+  const size_t n = static_cast<size_t>(r.numElements());
+  const size_t bytes = n * dataTypeSize(r.dtype);
+  if (n == 0) return Status::ok();
+  HORA_RETURN_IF_ERROR(afterReady(e, what));
+  char* data = e ? static_cast<char*>(e->out) : nullptr;
+  if (!data) {  // joined: a stand-in buffer
+    HORA_RETURN_IF_ERROR(fusion(bytes, what));
+    data = fusion_;
+  }
+  if (e && e->in != e->out)
+    HORA_GPU_CALL(plug, api_, what, memcpy_async, data, e->in, bytes, stream_);
+  // Broadcast moves bytes: NCCL's uint8 serves every dtype.
+  bool viaComm = false;
+  HORA_RETURN_IF_ERROR(choosePath(true, what, &viaComm));
+  if (viaComm) {
+    HORA_GPU_CALL(plug, api_, what, broadcast, data, bytes, static_cast<int32_t>(DataType::kUint8),
+                  r.root, comm_, stream_);
+  } else {
+    HORA_RETURN_IF_ERROR(pinned(bytes, what));
+    HORA_GPU_CALL(plug, api_, what, memcpy_async, pinned_, data, bytes, stream_);
+    HORA_RETURN_IF_ERROR(wait(what));
+    Status s = ctx_.backend->broadcast(pinned_, n, r.dtype, r.root);
+    if (!s.isOk()) return dataPlaneFailure(ctx_, s, what);
+    HORA_GPU_CALL(plug, api_, what, memcpy_async, data, pinned_, bytes, stream_);
+  }
+  return wait(what);
+}
+
+Status GpuPath::output(TensorEntry* e, const std::vector<int64_t>& shape, size_t bytes,
+                       bool viaComm, const std::string& what, char** out, Status* outputLost) {
+  *out = nullptr;
+  if (e) {
+    auto o = e->sink->allocateOutput(shape, e->request.dtype, e->request.device, this);
+    if (o.isOk()) {
+      *out = static_cast<char*>(o.value());
+      return Status::ok();
+    }
+    *outputLost = o.status().withContext(what);
+  }
+  // Joined, or the output could not be allocated. Staging needs no device
+  // buffer to take part; the communicator writes somewhere on the device:
+  // the fusion buffer (if that allocation fails too, the set breaks).
+  if (!viaComm || bytes == 0) return Status::ok();
+  HORA_RETURN_IF_ERROR(fusion(bytes, what));
+  *out = fusion_;
+  return Status::ok();
+}
+
+Status GpuPath::staged(const void* in, size_t inBytes, char* out, size_t outBytes,
+                       const std::function<Status(char* in, char* out)>& run,
+                       const std::string& what) {
+  GpuPlugin& plug = *plugin();
+  // Pinned: [this rank's input | its output].
+  HORA_RETURN_IF_ERROR(pinned(inBytes + outBytes, what));
+  if (inBytes) HORA_GPU_CALL(plug, api_, what, memcpy_async, pinned_, in, inBytes, stream_);
+  HORA_RETURN_IF_ERROR(wait(what));
+  Status s = run(pinned_, pinned_ + inBytes);
+  if (!s.isOk()) return dataPlaneFailure(ctx_, s, what);
+  if (!out || outBytes == 0) return Status::ok();  // joined, or no output: taking part was all
+  HORA_GPU_CALL(plug, api_, what, memcpy_async, out, pinned_ + inBytes, outBytes, stream_);
+  return wait(what);
+}
+
+Status GpuPath::allgather(const Response& r, TensorEntry* e, Status* outputLost) {
+  const Device dev = e ? e->request.device : localDevice(r, {});
+  const std::string what = describe("allgather", r, dev);
+  HORA_RETURN_IF_ERROR(prepare(dev, what));
+  const DataType dt = r.dtype;
+  const size_t esz = dataTypeSize(dt);
+  const std::vector<size_t> counts = allgatherCounts(r, ctx_.size());
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  const size_t inBytes = counts[ctx_.rank] * esz, outBytes = total * esz;
+  HORA_RETURN_IF_ERROR(afterReady(e, what));
+
+  // total is the same on every rank: all skip an empty gather together.
+  const std::vector<int64_t>& outShape = r.shape;  // the response carries the gathered shape
+  bool viaComm = false;  // these move bytes: the communicator serves every dtype
+  if (total > 0) HORA_RETURN_IF_ERROR(choosePath(true, what, &viaComm));
+  char* out = nullptr;
+  HORA_RETURN_IF_ERROR(output(e, outShape, outBytes, viaComm, what, &out, outputLost));
+  if (total == 0) return Status::ok();
+  const void* in = e ? e->in : nullptr;
+
+  if (viaComm) {
+    std::vector<size_t> bytes(counts.size());
+    for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * esz;
+    HORA_GPU_CALL(*plugin(), api_, what, allgatherv, in, out, bytes.data(),
+                  static_cast<int32_t>(DataType::kUint8), comm_, stream_);
+    return wait(what);
+  }
+  return staged(
+      in, inBytes, out, outBytes,
+      [&](char* pin, char* pout) { return ctx_.backend->allgatherv(pin, pout, counts, dt); }, what);
+}
+
+Status GpuPath::alltoall(const Response& r, TensorEntry* e, Status* outputLost) {
+  const Device dev = e ? e->request.device : localDevice(r, {});
+  const std::string what = describe("alltoall", r, dev);
+  HORA_RETURN_IF_ERROR(prepare(dev, what));
+  const DataType dt = r.dtype;
+  const size_t esz = dataTypeSize(dt);
+  const int n = ctx_.size();
+  const AlltoallCounts c = alltoallCounts(r, ctx_.rank, n);
+  const size_t inBytes = std::accumulate(c.send.begin(), c.send.end(), int64_t{0}) * esz;
+  const size_t outBytes = std::accumulate(c.recv.begin(), c.recv.end(), int64_t{0}) * esz;
+  HORA_RETURN_IF_ERROR(afterReady(e, what));
+
+  std::vector<int64_t> outShape = r.shape;
+  outShape[0] = c.outRows;
+  if (e) e->sink->setReceivedSplits(c.recvRows);
+  // No early return when this rank sends and receives nothing: its peers are
+  // in the collective (Gloo needs every rank; the first GPU group also
+  // creates the communicator on every rank).
+  bool viaComm = false;  // these move bytes: the communicator serves every dtype
+  HORA_RETURN_IF_ERROR(choosePath(true, what, &viaComm));
+  char* out = nullptr;
+  HORA_RETURN_IF_ERROR(output(e, outShape, outBytes, viaComm, what, &out, outputLost));
+  const void* in = e ? e->in : nullptr;
+
+  if (viaComm) {
+    std::vector<size_t> sendB(n), recvB(n);
+    for (int d = 0; d < n; ++d) {
+      sendB[d] = static_cast<size_t>(c.send[d]) * esz;
+      recvB[d] = static_cast<size_t>(c.recv[d]) * esz;
+    }
+    HORA_GPU_CALL(*plugin(), api_, what, alltoallv, in, sendB.data(), out, recvB.data(),
+                  static_cast<int32_t>(DataType::kUint8), comm_, stream_);
+    return wait(what);
+  }
+  return staged(
+      in, inBytes, out, outBytes,
+      [&](char* pin, char* pout) { return ctx_.backend->alltoallv(pin, c.send, pout, c.recv, dt); },
+      what);
+}
+
+Status GpuPath::reducescatter(const Response& r, TensorEntry* e, Status* outputLost) {
+  const Device dev = e ? e->request.device : localDevice(r, {});
+  const std::string what = describe("reducescatter", r, dev);
+  HORA_RETURN_IF_ERROR(prepare(dev, what));
+  GpuPlugin& plug = *plugin();
+  const DataType dt = r.dtype;
+  const auto dtc = static_cast<int32_t>(dt);
+  const size_t esz = dataTypeSize(dt);
+  const ScatterCounts c = reducescatterCounts(r, ctx_.rank, ctx_.size());
+  const size_t mine = c.counts[ctx_.rank];
+  const size_t total = static_cast<size_t>(r.numElements());
+  const size_t bytes = total * esz;
+  const ReduceOp op = reducingOp(r);
+  HORA_RETURN_IF_ERROR(afterReady(e, what));
+
+  // The whole input, prescaled, in the device fusion buffer; the collective
+  // leaves this rank's region reduced there.
+  HORA_RETURN_IF_ERROR(fusion(std::max<size_t>(bytes, 1), what));
+  char* buf = fusion_;
+  if (total > 0) {
+    if (e) {
+      hora_gpu_copy_t copy{buf, e->in, total};
+      HORA_GPU_CALL(plug, api_, what, batched_scale_copy, dtc, &copy, 1, r.prescale, stream_);
+    } else {  // joined: contribute the op's identity
+      HORA_RETURN_IF_ERROR(pinned(bytes, what));
+      fillIdentity(dt, op, pinned_, total);
+      HORA_GPU_CALL(plug, api_, what, memcpy_async, buf, pinned_, bytes, stream_);
+    }
+    bool viaComm = false;
+    HORA_RETURN_IF_ERROR(choosePath(ncclHasType(dt), what, &viaComm));
+    if (viaComm) {
+      HORA_GPU_CALL(plug, api_, what, reducescatter, buf, c.counts.data(), dtc,
+                    static_cast<int32_t>(op), comm_, stream_);
+    } else {
+      HORA_RETURN_IF_ERROR(pinned(bytes, what));
+      HORA_GPU_CALL(plug, api_, what, memcpy_async, pinned_, buf, bytes, stream_);
+      HORA_RETURN_IF_ERROR(wait(what));
+      Status s = ctx_.backend->reducescatter(pinned_, c.counts, dt, op);
+      if (!s.isOk()) return dataPlaneFailure(ctx_, s, what);
+      if (mine)
+        HORA_GPU_CALL(plug, api_, what, memcpy_async, buf + c.before * esz,
+                      pinned_ + c.before * esz, mine * esz, stream_);
+    }
+  }
+  if (!e) return wait(what);
+
+  std::vector<int64_t> outShape = r.shape;
+  if (!outShape.empty()) outShape[0] = c.rows;
+  auto o = e->sink->allocateOutput(outShape, dt, e->request.device, this);
+  if (!o.isOk()) {
+    *outputLost = o.status().withContext(what);
+    return wait(what);
+  }
+  if (mine) {
+    hora_gpu_copy_t copy{o.value(), buf + c.before * esz, mine};
+    HORA_GPU_CALL(plug, api_, what, batched_scale_copy, dtc, &copy, 1, postFactor(r, ctx_.size()),
+                  stream_);
+  }
+  return wait(what);
+}
+
+}  // namespace hora

@@ -1,0 +1,121 @@
+// GpuPath: collectives on GPU memory for one process set, on the executor
+// thread, through the GPU plugin (hora_gpu_plugin.h, loaded by
+// gpu_plugin_loader.h). It owns the set's GPU resources: a stream, a
+// completion event, the communicator, the device fusion buffer and pinned
+// host staging, all created on first use and released after the executor
+// stopped.
+//
+// Two ways to run a group, chosen per group from what every rank shares (the
+// response and HORA_GPU_BACKEND), so all ranks take the same one:
+//  - communicator (NCCL): created at the first GPU group that asks for it
+//    (every rank reaches that group at the same point of the agreed order);
+//    data never leaves the device;
+//  - staging: device -> pinned host, the set's CPU data plane, host ->
+//    device. For dtypes NCCL lacks (int16, bool), HORA_GPU_BACKEND=gloo, and
+//    sets whose ranks share a physical GPU (NCCL refuses those; auto checks).
+// The few bytes the communicator's set-up exchanges (each rank's GPU
+// identity, rank 0's communicator id) go over the CPU data plane in that same
+// agreed order: no rendezvous store on this thread, and a peer lost meanwhile
+// aborts the exchange like any collective.
+//
+// Everything runs on the set's stream; completion is an event polled here,
+// together with the communicator's asynchronous error and the set's health (a
+// lost peer aborts the communicator instead of waiting on it), bounded by
+// HORA_PEER_TIMEOUT_S. Executor thread only, except release() (after the
+// executor stopped) and the memory it hands out (freed from any thread).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "ops/executor/collective_path.h"
+#include "ops/executor/exec_context.h"
+#include "ops/gpu/gpu_plugin_loader.h"
+
+namespace hora {
+
+// HORA_GPU_BACKEND.
+enum class GpuBackendChoice { kAuto, kNccl, kGloo };
+bool parseGpuBackend(const std::string& text, GpuBackendChoice* out);
+const char* gpuBackendName(GpuBackendChoice choice);
+
+struct GpuPathOptions {
+  // The runtime's plugin (shared by its sets); null: GPU tensors unsupported.
+  std::shared_ptr<GpuPlugin> plugin;
+  GpuBackendChoice backend = GpuBackendChoice::kAuto;
+  // This process's rank on its host: the GPU a joined rank without GPU
+  // history takes part on (local rank modulo the visible GPUs, the usual
+  // one-GPU-per-local-rank layout).
+  int localRank = 0;
+};
+
+class GpuPath : public CollectivePath, public DeviceMemory {
+ public:
+  GpuPath(const ExecContext& ctx, GpuPathOptions options) : ctx_(ctx), opts_(std::move(options)) {}
+
+  // gpu_collectives.cc
+  Status allreduce(const std::vector<Response>& group, const std::vector<EntryPtr>& es) override;
+  Status broadcast(const Response& r, TensorEntry* e) override;
+  Status allgather(const Response& r, TensorEntry* e, Status* outputLost) override;
+  Status alltoall(const Response& r, TensorEntry* e, Status* outputLost) override;
+  Status reducescatter(const Response& r, TensorEntry* e, Status* outputLost) override;
+
+  // DeviceMemory: library-owned outputs on the current group's device.
+  Result<std::shared_ptr<void>> allocate(size_t bytes, const std::string& what) override;
+
+  // After the executor stopped.
+  void release();
+
+ private:
+  // Resources (gpu_path.cc).
+  Status prepare(const Device& dev, const std::string& what);
+  // The device this rank runs a group on: its tensor's; for a rank without
+  // one (joined), the device it used before, else the usual one for its
+  // local rank (rank 0's index could be another rank's GPU, which NCCL refuses).
+  Device localDevice(const Response& r, const std::vector<EntryPtr>& es) const;
+  // *viaComm: the group goes through the communicator (created at the first
+  // group that asks) rather than staging; dtypeOk: the communicator has the
+  // group's dtype (or the collective only moves bytes).
+  Status choosePath(bool dtypeOk, const std::string& what, bool* viaComm);
+  Status comm(const std::string& what);
+  Status createComm(const std::string& what);
+  // "" when every rank has its own physical GPU, else which ranks share one.
+  Status sharingVerdict(const std::string& what, std::string* verdict);
+  Status afterReady(TensorEntry* e, const std::string& what);  // orders after ready_event
+  Status fusion(size_t bytes, const std::string& what);        // device fusion buffer
+  Status pinned(size_t bytes, const std::string& what);        // pinned host staging
+  Status wait(const std::string& what);
+
+  // Collective helpers (gpu_collectives.cc).
+  // The output of an allgather/alltoall on the input's device (*out null when
+  // this rank has none and staging needs none); an allocation failure goes
+  // to *outputLost, as this rank still takes part.
+  Status output(TensorEntry* e, const std::vector<int64_t>& shape, size_t bytes, bool viaComm,
+                const std::string& what, char** out, Status* outputLost);
+  // Input (device) -> pinned host, run(pinned input, pinned output) on the
+  // CPU data plane, pinned output -> out (device; null: nothing to copy back).
+  Status staged(const void* in, size_t inBytes, char* out, size_t outBytes,
+                const std::function<Status(char* in, char* out)>& run, const std::string& what);
+
+  const ExecContext& ctx_;
+  const GpuPathOptions opts_;
+  GpuPlugin* plugin() const { return opts_.plugin.get(); }
+
+  const hora_gpu_plugin_v1_t* api_ = nullptr;
+  int device_ = -1;
+  hora_gpu_stream_t stream_ = nullptr;
+  hora_gpu_event_t done_ = nullptr;
+  hora_gpu_comm_t comm_ = nullptr;
+  Status commError_;        // a failed creation, reported by every later GPU group
+  bool sharedGpu_ = false;  // ranks share a GPU (auto): no communicator, everything staged
+  char* fusion_ = nullptr;  // device fusion buffer
+  size_t fusionBytes_ = 0;
+  char* pinned_ = nullptr;  // pinned host staging
+  size_t pinnedBytes_ = 0;
+};
+
+// Whether NCCL reduces this dtype (it lacks int16 and bool).
+bool ncclHasType(DataType dt);
+
+}  // namespace hora
