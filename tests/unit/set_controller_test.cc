@@ -1,0 +1,337 @@
+// SetController with one rank against a fake CoordinatorLink: what it sends
+// to the coordinator (full requests, cache hits, resends after a nack), how it
+// applies responses (cache, validation, claiming entries, inline completion of
+// control-only groups, order behind queued work), and how failures spread
+// (to the peers through the link, to every pending request). The test plays
+// the coordinator (through the link) and the executor (popping the queue).
+#include "controllers/set_controller.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+
+#include "core/memory_store.h"
+#include "runtime_fakes.h"
+
+namespace hora {
+namespace {
+
+// Records what the controller sends; the test answers by calling the
+// controller's Client methods on the control thread.
+class FakeLink : public CoordinatorLink {
+ public:
+  void attach(Client* client) override { client_ = client; }
+  void submit(RequestList list) override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      submitted_.push_back(std::move(list));
+    }
+    cv_.notify_all();
+  }
+  void reportFailure(const Status& why) override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      reported_.push_back(why);
+    }
+    cv_.notify_all();
+  }
+  void onFrame(int, FrameType, std::string) override {}
+  Status describeLoss(int, const Status& why) const override { return why; }
+
+  // The n-th submission (0-based), waiting for it.
+  RequestList submission(size_t n) {
+    std::unique_lock<std::mutex> lk(mu_);
+    EXPECT_TRUE(cv_.wait_for(lk, 10s, [&] { return submitted_.size() > n; }))
+        << "no submission #" << n;
+    return submitted_.size() > n ? submitted_[n] : RequestList();
+  }
+  std::vector<Status> reported(size_t atLeast) {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait_for(lk, 10s, [&] { return reported_.size() >= atLeast; });
+    return reported_;
+  }
+  size_t submissions() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return submitted_.size();
+  }
+
+ private:
+  Client* client_ = nullptr;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<RequestList> submitted_;
+  std::vector<Status> reported_;
+};
+
+struct ControllerHarness {
+  // `setSize` > 1: the controller is rank 0 of that many (the link is fake,
+  // so no peer exists; it only changes whether failures are reported).
+  explicit ControllerHarness(Seconds grace = Seconds(10), int setSize = 1)
+      : health("global", Logger(LogLevel::kOff, "[ctl-test]"), grace) {
+    ControlPlaneOptions cpo;
+    cpo.globalRanks = {0};
+    auto c = ControlPlane::create(std::make_shared<MemoryStore>(), cpo, Logger());
+    EXPECT_TRUE(c.isOk()) << c.status().toString();
+    cp = c.take();
+    auto l = std::make_unique<FakeLink>();
+    link = l.get();
+    SetControllerOptions o;
+    for (int r = 0; r < setSize; ++r) o.globalRanks.push_back(r);
+    o.cacheCapacity = 16;
+    controller = std::make_unique<SetController>(o, *cp, std::move(l), health, queue,
+                                                 Logger(LogLevel::kOff, "[ctl-test]"));
+    controller->start();
+  }
+  ~ControllerHarness() {
+    controller->stop();
+    controller.reset();
+  }
+  // Runs fn on the control thread and waits for it.
+  void onControlThread(std::function<void()> fn) {
+    std::promise<void> done;
+    boost::asio::post(cp->io(), [&] {
+      fn();
+      done.set_value();
+    });
+    ASSERT_EQ(done.get_future().wait_for(10s), std::future_status::ready);
+  }
+  void respond(const ResponseList& list) {
+    onControlThread([&] { controller->onResponses(list); });
+  }
+  EntryPtr allreduce(const std::string& name, std::shared_ptr<RecordingSink> sink,
+                     std::vector<int64_t> shape = {4}) {
+    return makeEntry(CollectiveKind::kAllreduce, name, DataType::kFloat32, std::move(shape),
+                     nullptr, nullptr, std::move(sink));
+  }
+
+  std::unique_ptr<ControlPlane> cp;
+  SetHealth health;
+  GroupQueue queue;
+  FakeLink* link = nullptr;
+  std::unique_ptr<SetController> controller;
+};
+
+ResponseList listOf(std::vector<Response> group, int32_t cacheBit = -1) {
+  ResponseList list;
+  ResponseGroup g;
+  for (auto& r : group) {
+    ResponseItem item;
+    item.cacheBit = cacheBit;
+    if (cacheBit < 0) item.response = r;
+    g.items.push_back(item);
+  }
+  list.groups.push_back(g);
+  return list;
+}
+
+TEST(SetControllerTest, RequestsGoInFullThenAsCacheHits) {
+  ControllerHarness h;
+  auto sink = std::make_shared<RecordingSink>();
+  auto e = h.allreduce("w", sink);
+  ASSERT_TRUE(h.controller->enqueue({e}).isOk());
+  RequestList first = h.link->submission(0);
+  ASSERT_EQ(first.requests.size(), 1u);
+  EXPECT_TRUE(first.hits.empty());
+  EXPECT_EQ(first.requests[0].name, "w");
+  EXPECT_EQ(first.requests[0].rank, 0);
+
+  h.respond(listOf({responseFor(*e)}));
+  AgreedGroup g;
+  ASSERT_TRUE(h.queue.pop(&g));
+  ASSERT_EQ(g.entries.size(), 1u);
+  EXPECT_EQ(g.entries[0], e) << "the entry is claimed for the executor";
+  h.queue.finished();
+
+  auto e2 = h.allreduce("w", std::make_shared<RecordingSink>());
+  ASSERT_TRUE(h.controller->enqueue({e2}).isOk()) << "the name is free again";
+  RequestList second = h.link->submission(1);
+  EXPECT_TRUE(second.requests.empty());
+  ASSERT_EQ(second.hits.size(), 1u);
+  EXPECT_EQ(second.hits[0].bit, 0u);
+  EXPECT_EQ(second.hits[0].signature, e2->request.signature());
+
+  // The coordinator answers the hit with the bit: resolved from the cache.
+  h.respond(listOf({Response()}, /*cacheBit=*/0));
+  ASSERT_TRUE(h.queue.pop(&g));
+  EXPECT_EQ(g.entries[0], e2);
+  EXPECT_EQ(g.responses[0].name, "w");
+  EXPECT_EQ(g.responses[0].signature, e2->request.signature());
+  h.queue.finished();
+}
+
+TEST(SetControllerTest, ANackedHitIsResentInFull) {
+  ControllerHarness h;
+  auto e = h.allreduce("w", std::make_shared<RecordingSink>());
+  ASSERT_TRUE(h.controller->enqueue({e}).isOk());
+  h.link->submission(0);
+  h.respond(listOf({responseFor(*e)}));
+  AgreedGroup g;
+  ASSERT_TRUE(h.queue.pop(&g));
+  h.queue.finished();
+  auto e2 = h.allreduce("w", std::make_shared<RecordingSink>());
+  ASSERT_TRUE(h.controller->enqueue({e2}).isOk());
+  RequestList hit = h.link->submission(1);
+  ASSERT_EQ(hit.hits.size(), 1u);
+  h.onControlThread([&] { h.controller->onNacks(hit.hits); });
+  RequestList resent = h.link->submission(2);
+  ASSERT_EQ(resent.requests.size(), 1u);
+  EXPECT_EQ(resent.requests[0].name, "w");
+  EXPECT_EQ(resent.requests[0].signature(), e2->request.signature());
+}
+
+TEST(SetControllerTest, ANameMayBeInFlightOnce) {
+  ControllerHarness h;
+  ASSERT_TRUE(h.controller->enqueue({h.allreduce("x", std::make_shared<RecordingSink>())}).isOk());
+  Status s = h.controller->enqueue({h.allreduce("x", std::make_shared<RecordingSink>())});
+  EXPECT_EQ(s.code(), Code::kInvalidUsage);
+  EXPECT_NE(s.message().find("allreduce \"x\" on rank 0: a request with this name is already in "
+                             "flight"),
+            std::string::npos)
+      << s.message();
+  s = h.controller->enqueue({h.allreduce("y", std::make_shared<RecordingSink>()),
+                             h.allreduce("y", std::make_shared<RecordingSink>())});
+  EXPECT_EQ(s.code(), Code::kInvalidUsage) << "twice in one call";
+}
+
+TEST(SetControllerTest, ControlOnlyGroupsCompleteHereUnlessWorkIsAhead) {
+  ControllerHarness h;
+  auto bsink = std::make_shared<RecordingSink>();
+  auto b = makeEntry(CollectiveKind::kBarrier, "b", DataType::kUint8, {}, nullptr, nullptr, bsink);
+  ASSERT_TRUE(h.controller->enqueue({b}).isOk());
+  h.respond(listOf({responseFor(*b)}));
+  ASSERT_TRUE(bsink->waitDone());
+  EXPECT_TRUE(bsink->status().isOk());
+  EXPECT_EQ(h.queue.inFlight(), 0) << "completed on the control thread, not queued";
+
+  // An allreduce is queued (nobody runs it yet): a barrier behind it waits.
+  auto a = h.allreduce("a", std::make_shared<RecordingSink>());
+  auto b2sink = std::make_shared<RecordingSink>();
+  auto b2 =
+      makeEntry(CollectiveKind::kBarrier, "b2", DataType::kUint8, {}, nullptr, nullptr, b2sink);
+  ASSERT_TRUE(h.controller->enqueue({a, b2}).isOk());
+  ResponseList both = listOf({responseFor(*a)});
+  both.groups.push_back(listOf({responseFor(*b2)}).groups[0]);
+  h.respond(both);
+  EXPECT_FALSE(b2sink->done()) << "the barrier must not overtake the allreduce";
+  EXPECT_EQ(h.queue.inFlight(), 2);
+  AgreedGroup g;
+  ASSERT_TRUE(h.queue.pop(&g));
+  EXPECT_EQ(g.responses[0].name, "a");
+  h.queue.finished();
+  ASSERT_TRUE(h.queue.pop(&g));
+  EXPECT_EQ(g.responses[0].name, "b2");
+  h.queue.finished();
+}
+
+TEST(SetControllerTest, AnUnknownCacheBitBreaksTheSetAndFailsWhatIsPending) {
+  ControllerHarness h(Seconds(10), /*setSize=*/2);
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(h.controller->enqueue({h.allreduce("p", sink)}).isOk());
+  h.link->submission(0);
+  h.respond(listOf({Response()}, /*cacheBit=*/5));
+  EXPECT_TRUE(h.health.broken());
+  EXPECT_EQ(h.health.status().code(), Code::kProtocolError);
+  EXPECT_NE(h.health.status().message().find("HORA_CACHE_CAPACITY"), std::string::npos);
+  ASSERT_TRUE(sink->waitDone());
+  EXPECT_EQ(sink->status().code(), Code::kProtocolError);
+  EXPECT_EQ(
+      sink->status().message().rfind("allreduce \"p\" on rank 0: response cache out of step", 0),
+      0u)
+      << sink->status().message();
+  auto reported = h.link->reported(1);
+  ASSERT_EQ(reported.size(), 1u) << "the coordinator is told";
+  EXPECT_EQ(reported[0].code(), Code::kProtocolError);
+  Status again = h.controller->enqueue({h.allreduce("later", std::make_shared<RecordingSink>())});
+  EXPECT_EQ(again.code(), Code::kProtocolError) << "a broken set refuses new work with its cause";
+}
+
+TEST(SetControllerTest, AResponseThatDoesNotMatchTheRequestFailsIt) {
+  ControllerHarness h;
+  auto sink = std::make_shared<RecordingSink>();
+  auto e = h.allreduce("m", sink, {4});
+  ASSERT_TRUE(h.controller->enqueue({e}).isOk());
+  Response r = responseFor(*e);
+  r.shape = {5};
+  r.signature = 12345;
+  h.respond(listOf({r}));
+  ASSERT_TRUE(sink->waitDone());
+  EXPECT_EQ(sink->status().code(), Code::kProtocolError);
+  EXPECT_NE(sink->status().message().find("does not match this request"), std::string::npos);
+  EXPECT_TRUE(h.health.broken());
+  EXPECT_NE(h.health.status().message().find("response for \"m\" does not match rank 0's request"),
+            std::string::npos)
+      << h.health.status().message();
+}
+
+TEST(SetControllerTest, AMalformedResponseIsAProtocolError) {
+  ControllerHarness h;
+  Response r;
+  r.kind = ResponseKind::kAllgather;
+  r.name = "g";
+  r.shape = {2};  // but no per-rank sizes
+  h.respond(listOf({r}));
+  EXPECT_TRUE(h.health.broken());
+  EXPECT_EQ(h.health.status().message(),
+            "malformed response for \"g\" from the coordinator of set global: allgather needs a "
+            "shape and one size per rank");
+}
+
+TEST(SetControllerTest, AFailureFoundOnAnotherThreadReachesThePeersAndFailsWhatIsPending) {
+  ControllerHarness h(Seconds(10), /*setSize=*/2);
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(h.controller->enqueue({h.allreduce("q", sink)}).isOk());
+  h.link->submission(0);
+  std::thread executor(
+      [&] { h.health.fail(Status(Code::kBackendError, "a plugin call failed"), true); });
+  executor.join();
+  ASSERT_TRUE(sink->waitDone());
+  EXPECT_EQ(sink->status().message(), "allreduce \"q\" on rank 0: a plugin call failed");
+  auto reported = h.link->reported(1);  // posted to the control thread, then sent
+  ASSERT_EQ(reported.size(), 1u);
+  EXPECT_EQ(reported[0].message(), "a plugin call failed");
+  // A failure the coordinator reported is not echoed back.
+  ControllerHarness quiet(Seconds(10), 2);
+  quiet.health.fail(Status(Code::kRemoteError, "from the coordinator"), false);
+  quiet.onControlThread([] {});
+  EXPECT_TRUE(quiet.link->reported(0).empty());
+}
+
+TEST(SetControllerTest, AOneRankSetHasNobodyToTell) {
+  ControllerHarness h;
+  h.health.fail(Status(Code::kBackendError, "alone"), true);
+  h.onControlThread([] {});
+  EXPECT_TRUE(h.link->reported(0).empty());
+}
+
+TEST(SetControllerTest, AfterShutdownBeginsNewRequestsAreRefused) {
+  ControllerHarness h;
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(h.controller->enqueue({h.allreduce("pending", sink)}).isOk());
+  EXPECT_TRUE(h.controller->beginShutdown());
+  EXPECT_FALSE(h.controller->beginShutdown()) << "once";
+  Status s = h.controller->enqueue({h.allreduce("new", std::make_shared<RecordingSink>())});
+  EXPECT_EQ(s.code(), Code::kShutDown);
+  EXPECT_NE(s.message().find("process set global on rank 0 is shut down"), std::string::npos);
+  h.controller->failPending(Status(Code::kShutDown, "hora_shutdown was called"));
+  ASSERT_TRUE(sink->waitDone());
+  EXPECT_EQ(sink->status().message(), "allreduce \"pending\" on rank 0: hora_shutdown was called");
+}
+
+TEST(SetControllerTest, TheControlThreadSettlesAnUnnamedSuspicion) {
+  ControllerHarness h(Seconds(0.05));
+  h.health.suspect(Status(Code::kRemoteError, "gloo: eof"));
+  const auto deadline = Clock::now() + 10s;
+  while (!h.health.broken() && Clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  EXPECT_TRUE(h.health.broken());
+  EXPECT_EQ(h.health.status().message(), "gloo: eof");
+}
+
+TEST(SetControllerTest, AutomaticNamesCountPerKind) {
+  ControllerHarness h;
+  EXPECT_EQ(h.controller->autoName(CollectiveKind::kAllreduce), "allreduce.noname.0");
+  EXPECT_EQ(h.controller->autoName(CollectiveKind::kAllreduce), "allreduce.noname.1");
+  EXPECT_EQ(h.controller->autoName(CollectiveKind::kBroadcast), "broadcast.noname.0");
+}
+
+}  // namespace
+}  // namespace hora
