@@ -1,3 +1,5 @@
+// TcpStoreClient (tcp_store.h): the client half of the rendezvous store; the server is
+// tcp_store_server.cc, the wire format tcp_store_wire.h.
 #include <algorithm>
 #include <array>
 #include <boost/asio.hpp>

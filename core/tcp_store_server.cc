@@ -1,3 +1,5 @@
+// TcpStoreServer (tcp_store.h): the server half of the rendezvous store; the client is
+// tcp_store_client.cc, the wire format tcp_store_wire.h.
 #include <algorithm>
 #include <array>
 #include <boost/asio.hpp>

@@ -1,3 +1,5 @@
+// Executor (the executor thread) and dataPlaneFailure (exec_context.h), the rule every
+// path follows when the data plane fails.
 #include "ops/executor/executor.h"
 
 namespace hora {
@@ -70,7 +72,9 @@ void Executor::execute(AgreedGroup& g) {
 
 void Executor::complete(AgreedGroup& g, const Status& outputLost) {
   for (auto& e : g.entries)
-    if (e) e->complete(outputLost.isOk() ? outputLost : entryFailure(*e, ctx_.myGlobalRank(), outputLost));
+    if (e)
+      e->complete(outputLost.isOk() ? outputLost
+                                    : entryFailure(*e, ctx_.myGlobalRank(), outputLost));
 }
 
 void Executor::fail(AgreedGroup& g, const Status& why) {

@@ -1,3 +1,6 @@
+// GlooBackend, part 1: creation (the full mesh through the Store), the collectives that map
+// onto Gloo's own, abort, and the conversion of Gloo's exceptions; the ring allreduce behind
+// allreduceGather is part 2, gloo_ring.cc.
 #include "ops/gloo/gloo_backend.h"
 
 #include <gloo/allgatherv.h>

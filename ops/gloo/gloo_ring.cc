@@ -1,4 +1,5 @@
-// GlooBackend::ringAllreduce: the ring allreduce behind allreduceGather.
+// GlooBackend, part 2 (part 1: gloo_backend.cc): ringAllreduce, the ring allreduce behind
+// allreduceGather.
 //
 // It follows the schedule of Gloo's own ring allreduce (gloo/allreduce.cc in
 // Gloo 0.5: reduce-scatter then allgather, segments of at most 1 MiB) with

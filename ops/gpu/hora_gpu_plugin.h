@@ -5,7 +5,7 @@
  * dlopen when the first GPU tensor (or a GPU-enabled config) appears, so
  * libhora itself links neither CUDA nor NCCL and a CPU-only machine never
  * needs them. Implementations: ops/cuda (CUDA runtime + NCCL + hora's fusion
- * kernels, libhora_cuda.so) and tests/gpu_mock (host memory posing as device
+ * kernels, libhora_cuda.so) and tests/gpu/mock (host memory posing as device
  * memory, so the runtime's GPU paths are tested on machines without a GPU).
  *
  * Who calls what, on which thread:
