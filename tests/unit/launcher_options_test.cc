@@ -1,0 +1,473 @@
+// Unit tests for horarun's command line (launcher/options.h): every flag of usageText(), values,
+// errors, the command after the options, the tuning flags' HORA_* parameters (checked against
+// the runtime's own parameter validation) and the remote shell template.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/params.h"
+#include "launcher/options.h"
+
+namespace horarun {
+namespace {
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+struct Parsed {
+  bool ok = false;
+  Options opt;
+  std::string error;
+  // opt.env as a map, for lookups.
+  std::map<std::string, std::string> env() const {
+    return std::map<std::string, std::string>(opt.env.begin(), opt.env.end());
+  }
+};
+
+// The environment variables parseOptions reads are cleared for each test (and restored).
+class OptionsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* name : kReadVars) {
+      const char* v = std::getenv(name);
+      if (v) saved_[name] = v;
+      unsetenv(name);
+    }
+  }
+  void TearDown() override {
+    for (const char* name : kReadVars) {
+      auto it = saved_.find(name);
+      if (it != saved_.end())
+        setenv(name, it->second.c_str(), 1);
+      else
+        unsetenv(name);
+    }
+    unsetenv("HORARUN_OPTIONS_TEST_VAR");
+  }
+
+  // parseOptions on {"horarun", args...}.
+  static Parsed parse(std::vector<std::string> args) {
+    args.insert(args.begin(), "horarun");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(&a[0]);
+    argv.push_back(nullptr);
+    Parsed p;
+    p.ok = parseOptions(static_cast<int>(args.size()), argv.data(), &p.opt, &p.error);
+    return p;
+  }
+  static Parsed parseOk(const std::vector<std::string>& args) {
+    Parsed p = parse(args);
+    EXPECT_TRUE(p.ok) << p.error;
+    return p;
+  }
+  static std::string parseError(const std::vector<std::string>& args) {
+    Parsed p = parse(args);
+    EXPECT_FALSE(p.ok) << "accepted";
+    return p.error;
+  }
+
+  static constexpr const char* kReadVars[] = {"HORARUN_SSH_COMMAND", "HORARUN_START_TIMEOUT_S"};
+  std::map<std::string, std::string> saved_;
+};
+
+using Env = std::vector<std::pair<std::string, std::string>>;
+
+TEST_F(OptionsTest, MinimalCommandLineAndDefaults) {
+  Parsed p = parseOk({"-np", "4", "python", "train.py"});
+  const Options& o = p.opt;
+  EXPECT_EQ(o.np, 4);
+  EXPECT_EQ(o.command, (std::vector<std::string>{"python", "train.py"}));
+  EXPECT_EQ(o.hosts, "");
+  EXPECT_EQ(o.hostfile, "");
+  EXPECT_EQ(o.sshPort, 0);
+  EXPECT_EQ(o.sshIdentityFile, "");
+  EXPECT_EQ(o.sshCommand, "");
+  EXPECT_EQ(o.networkInterface, "");
+  EXPECT_EQ(o.outputDir, "");
+  EXPECT_DOUBLE_EQ(o.startTimeoutS, 30);
+  EXPECT_DOUBLE_EQ(o.graceS, 5);
+  EXPECT_FALSE(o.check);
+  EXPECT_FALSE(o.verbose);
+  EXPECT_FALSE(o.version);
+  EXPECT_FALSE(o.help);
+  // The ranks always get the start timeout.
+  EXPECT_EQ(o.env, (Env{{"HORA_START_TIMEOUT_S", "30.000000"}}));
+}
+
+TEST_F(OptionsTest, ShortAndLongFormsAreTheSame) {
+  Parsed s = parseOk({"-np", "3", "-H", "a:1,b:2", "-p", "2222", "-i", "/k", "-x", "A=1", "cmd"});
+  Parsed l = parseOk({"--num-proc", "3", "--hosts", "a:1,b:2", "--ssh-port", "2222",
+                      "--ssh-identity-file", "/k", "--env", "A=1", "cmd"});
+  for (const Parsed* p : {&s, &l}) {
+    EXPECT_EQ(p->opt.np, 3);
+    EXPECT_EQ(p->opt.hosts, "a:1,b:2");
+    EXPECT_EQ(p->opt.sshPort, 2222);
+    EXPECT_EQ(p->opt.sshIdentityFile, "/k");
+    EXPECT_EQ(p->env().at("A"), "1");
+    EXPECT_EQ(p->opt.command, (std::vector<std::string>{"cmd"}));
+  }
+  EXPECT_EQ(parseOk({"-np", "1", "--hostfile", "/h", "c"}).opt.hostfile, "/h");
+  EXPECT_EQ(parseOk({"-np", "1", "-hostfile", "/h", "c"}).opt.hostfile, "/h");
+}
+
+TEST_F(OptionsTest, ValueFlags) {
+  Parsed p = parseOk({"-np", "2", "--ssh-command", "docker exec {host}", "--network-interface",
+                      "eth1", "--output-filename", "/tmp/out", "--start-timeout", "2.5",
+                      "--grace-seconds", "0.5", "--verbose", "cmd", "arg"});
+  EXPECT_EQ(p.opt.sshCommand, "docker exec {host}");
+  EXPECT_EQ(p.opt.networkInterface, "eth1");
+  EXPECT_EQ(p.opt.outputDir, "/tmp/out");
+  EXPECT_DOUBLE_EQ(p.opt.startTimeoutS, 2.5);
+  EXPECT_DOUBLE_EQ(p.opt.graceS, 0.5);
+  EXPECT_TRUE(p.opt.verbose);
+  EXPECT_EQ(p.env().at("HORA_START_TIMEOUT_S"), "2.500000");
+  EXPECT_DOUBLE_EQ(parseOk({"-np", "1", "--grace-seconds", "0", "c"}).opt.graceS, 0);
+}
+
+TEST_F(OptionsTest, HelpAndVersionNeedNothingElse) {
+  EXPECT_TRUE(parseOk({"-h"}).opt.help);
+  EXPECT_TRUE(parseOk({"--help"}).opt.help);
+  EXPECT_TRUE(parseOk({"-v"}).opt.version);
+  EXPECT_TRUE(parseOk({"--version"}).opt.version);
+  // Nor are other options checked then.
+  EXPECT_TRUE(parseOk({"-H", "a", "--hostfile", "f", "--help"}).opt.help);
+}
+
+TEST_F(OptionsTest, CheckNeedsNoCommandButNeedsNp) {
+  Parsed p = parseOk({"-np", "2", "--check"});
+  EXPECT_TRUE(p.opt.check);
+  EXPECT_TRUE(p.opt.command.empty());
+  Parsed q = parseOk({"-np", "2", "--check", "python", "x.py"});
+  EXPECT_EQ(q.opt.command, (std::vector<std::string>{"python", "x.py"}));
+  EXPECT_EQ(parseError({"--check"}), "-np N (N >= 1) is required");
+}
+
+TEST_F(OptionsTest, CommandStartsAtTheFirstNonOption) {
+  Parsed p = parseOk({"-np", "2", "python", "-np", "3", "--bogus", "-x", "--", "-H"});
+  EXPECT_EQ(p.opt.np, 2);
+  EXPECT_EQ(p.opt.command,
+            (std::vector<std::string>{"python", "-np", "3", "--bogus", "-x", "--", "-H"}));
+  EXPECT_EQ(p.opt.hosts, "");
+}
+
+TEST_F(OptionsTest, DoubleDashEndsTheOptions) {
+  Parsed p = parseOk({"-np", "2", "--", "-weird-program", "--flag"});
+  EXPECT_EQ(p.opt.command, (std::vector<std::string>{"-weird-program", "--flag"}));
+  EXPECT_EQ(parseOk({"-np", "2", "--", "--"}).opt.command, (std::vector<std::string>{"--"}));
+  EXPECT_EQ(parseError({"-np", "2", "--"}), "no command given");
+}
+
+TEST_F(OptionsTest, AnEmptyArgumentStartsTheCommand) {
+  // Documents today's behaviour: "" is taken as the program (exec then fails).
+  Parsed p = parseOk({"-np", "2", "", "python"});
+  EXPECT_EQ(p.opt.command, (std::vector<std::string>{"", "python"}));
+}
+
+TEST_F(OptionsTest, MissingCommandOrNp) {
+  EXPECT_EQ(parseError({"-np", "2"}), "no command given");
+  EXPECT_EQ(parseError({}), "no command given");
+  EXPECT_EQ(parseError({"python"}), "-np N (N >= 1) is required");
+  EXPECT_EQ(parseError({"-np", "0", "python"}), "-np N (N >= 1) is required");
+}
+
+TEST_F(OptionsTest, NpMustBeANonNegativeInteger) {
+  for (const char* bad : {"four", "1.5", "-3", "", "2x", "0x10", "1e3", "nan"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_EQ(parseError({"-np", bad, "python"}),
+              "-np expects a non-negative integer, got '" + std::string(bad) + "'");
+  }
+  EXPECT_EQ(parseError({"--num-proc", "x", "python"}),
+            "--num-proc expects a non-negative integer, got 'x'");
+}
+
+TEST_F(OptionsTest, SshPortMustBeANonNegativeInteger) {
+  EXPECT_EQ(parseError({"-np", "1", "-p", "ssh", "c"}),
+            "-p expects a non-negative integer, got 'ssh'");
+  EXPECT_EQ(parseError({"-np", "1", "-p", "-22", "c"}),
+            "-p expects a non-negative integer, got '-22'");
+  // Documents today's behaviour: no range check (ssh refuses it later).
+  EXPECT_EQ(parseOk({"-np", "1", "-p", "99999", "c"}).opt.sshPort, 99999);
+}
+
+TEST_F(OptionsTest, EveryValueFlagAtTheEndNeedsAValue) {
+  // clang-format off
+  const char* const kValueFlags[] = {
+      "-np", "--num-proc", "-H", "--hosts", "--hostfile", "-hostfile", "-p", "--ssh-port", "-i",
+      "--ssh-identity-file", "--ssh-command", "--network-interface", "--start-timeout",
+      "--output-filename", "--grace-seconds", "-x", "--env", "--fusion-threshold-mb",
+      "--cycle-time-ms", "--cache-capacity", "--log-level", "--stall-check-warning-time-seconds",
+      "--stall-check-shutdown-time-seconds", "--peer-timeout-seconds"};
+  // clang-format on
+  for (const char* flag : kValueFlags) {
+    SCOPED_TRACE(flag);
+    EXPECT_EQ(parseError({"-np", "2", flag}), std::string(flag) + " needs a value");
+  }
+  // --timeline-filename is refused before its value is looked at.
+  EXPECT_TRUE(contains(parseError({"-np", "2", "--timeline-filename"}), "no timeline"));
+}
+
+TEST_F(OptionsTest, AValueMayLookLikeAFlag) {
+  // The next argument is the value, whatever it looks like.
+  EXPECT_EQ(parseOk({"-np", "1", "-H", "-np", "c"}).opt.hosts, "-np");
+  EXPECT_EQ(parseOk({"-np", "1", "--output-filename", "--", "c"}).opt.outputDir, "--");
+  EXPECT_EQ(parseError({"-np", "-H", "a", "c"}), "-np expects a non-negative integer, got '-H'");
+}
+
+TEST_F(OptionsTest, UnknownFlagsAreRefused) {
+  for (const char* flag : {"--bogus", "-n", "-", "---np", "--np", "-np=2", "--num-proc=2", "-X"}) {
+    SCOPED_TRACE(flag);
+    EXPECT_EQ(parseError({flag, "2", "python"}),
+              "unknown option '" + std::string(flag) + "' (horarun --help lists them)");
+  }
+}
+
+TEST_F(OptionsTest, HostsAndHostfileAreExclusive) {
+  EXPECT_EQ(parseError({"-np", "2", "-H", "a:2", "--hostfile", "f", "c"}),
+            "give either -H or --hostfile, not both");
+}
+
+TEST_F(OptionsTest, StartTimeoutMustBePositive) {
+  EXPECT_EQ(parseError({"-np", "1", "--start-timeout", "0", "c"}),
+            "--start-timeout must be positive");
+  EXPECT_EQ(parseError({"-np", "1", "--start-timeout", "-1", "c"}),
+            "--start-timeout expects a non-negative number, got '-1'");
+  EXPECT_EQ(parseError({"-np", "1", "--start-timeout", "soon", "c"}),
+            "--start-timeout expects a non-negative number, got 'soon'");
+  EXPECT_EQ(parseError({"-np", "1", "--grace-seconds", "-1", "c"}),
+            "--grace-seconds expects a non-negative number, got '-1'");
+}
+
+TEST_F(OptionsTest, EnvironmentDefaultsAndTheirOverrides) {
+  setenv("HORARUN_SSH_COMMAND", "rsh -l me", 1);
+  setenv("HORARUN_START_TIMEOUT_S", "12", 1);
+  Parsed p = parseOk({"-np", "1", "c"});
+  EXPECT_EQ(p.opt.sshCommand, "rsh -l me");
+  EXPECT_DOUBLE_EQ(p.opt.startTimeoutS, 12);
+  EXPECT_EQ(p.env().at("HORA_START_TIMEOUT_S"), "12.000000");
+  Parsed q = parseOk({"-np", "1", "--ssh-command", "ssh -q", "--start-timeout", "7", "c"});
+  EXPECT_EQ(q.opt.sshCommand, "ssh -q");
+  EXPECT_DOUBLE_EQ(q.opt.startTimeoutS, 7);
+  // A non-numeric HORARUN_START_TIMEOUT_S reads as 0; the error names the flag.
+  setenv("HORARUN_START_TIMEOUT_S", "abc", 1);
+  EXPECT_EQ(parseError({"-np", "1", "c"}), "--start-timeout must be positive");
+}
+
+// ---- -x ----
+
+TEST_F(OptionsTest, ExportNameEqualsValue) {
+  Parsed p = parseOk({"-np", "1", "-x", "A=1", "-x", "B=", "-x", "C=x=y", "--env", "D=a b", "c"});
+  EXPECT_EQ(p.opt.env, (Env{{"A", "1"},
+                            {"B", ""},
+                            {"C", "x=y"},
+                            {"D", "a b"},
+                            {"HORA_START_TIMEOUT_S", "30.000000"}}));
+}
+
+TEST_F(OptionsTest, ExportNameCopiesHorarunsEnvironment) {
+  setenv("HORARUN_OPTIONS_TEST_VAR", "from horarun", 1);
+  Parsed p = parseOk({"-np", "1", "-x", "HORARUN_OPTIONS_TEST_VAR", "c"});
+  EXPECT_EQ(p.env().at("HORARUN_OPTIONS_TEST_VAR"), "from horarun");
+  unsetenv("HORARUN_OPTIONS_TEST_VAR");
+  EXPECT_EQ(parseError({"-np", "1", "-x", "HORARUN_OPTIONS_TEST_VAR", "c"}),
+            "-x HORARUN_OPTIONS_TEST_VAR: not set in horarun's environment (use -x NAME=VALUE)");
+}
+
+TEST_F(OptionsTest, ExportingANameAgainReplacesItInPlace) {
+  Parsed p = parseOk({"-np", "1", "-x", "A=1", "-x", "B=2", "-x", "A=3", "c"});
+  EXPECT_EQ(p.opt.env, (Env{{"A", "3"}, {"B", "2"}, {"HORA_START_TIMEOUT_S", "30.000000"}}));
+}
+
+TEST_F(OptionsTest, ExportWithAnEmptyNameIsAccepted) {
+  // Documents today's behaviour: "-x =VALUE" exports a variable with an empty name.
+  Parsed p = parseOk({"-np", "1", "-x", "=oops", "c"});
+  EXPECT_EQ(p.opt.env.at(0), (std::pair<std::string, std::string>{"", "oops"}));
+}
+
+// ---- tuning flags ----
+
+TEST_F(OptionsTest, TuningFlagsSetTheirParameters) {
+  Parsed p = parseOk(
+      {"-np", "1", "--fusion-threshold-mb", "64", "--cycle-time-ms", "3.5", "--cache-capacity",
+       "2048", "--log-level", "debug", "--stall-check-warning-time-seconds", "30",
+       "--stall-check-shutdown-time-seconds", "600", "--peer-timeout-seconds", "10", "c"});
+  EXPECT_EQ(p.opt.env, (Env{{"HORA_FUSION_THRESHOLD_BYTES", "67108864"},
+                            {"HORA_CYCLE_TIME_MS", "3.5"},
+                            {"HORA_CACHE_CAPACITY", "2048"},
+                            {"HORA_LOG_LEVEL", "debug"},
+                            {"HORA_STALL_WARNING_TIME_S", "30"},
+                            {"HORA_STALL_SHUTDOWN_TIME_S", "600"},
+                            {"HORA_PEER_TIMEOUT_S", "10"},
+                            {"HORA_START_TIMEOUT_S", "30.000000"}}));
+  // What horarun hands the ranks, the runtime accepts and reads back.
+  auto params = hora::Params::fromMap(p.env());
+  ASSERT_TRUE(params.isOk()) << params.status().toString();
+  EXPECT_EQ(params.value().getInt("HORA_FUSION_THRESHOLD_BYTES"), 64 << 20);
+  EXPECT_DOUBLE_EQ(params.value().getFloat("HORA_CYCLE_TIME_MS"), 3.5);
+  EXPECT_EQ(params.value().getInt("HORA_CACHE_CAPACITY"), 2048);
+  EXPECT_DOUBLE_EQ(params.value().getFloat("HORA_PEER_TIMEOUT_S"), 10);
+  EXPECT_DOUBLE_EQ(params.value().getFloat("HORA_START_TIMEOUT_S"), 30);
+}
+
+TEST_F(OptionsTest, FusionThresholdIsMegabytesTurnedIntoWholeBytes) {
+  EXPECT_EQ(parseOk({"-np", "1", "--fusion-threshold-mb", "0.5", "c"})
+                .env()
+                .at("HORA_FUSION_THRESHOLD_BYTES"),
+            "524288");
+  EXPECT_EQ(parseOk({"-np", "1", "--fusion-threshold-mb", "0", "c"})
+                .env()
+                .at("HORA_FUSION_THRESHOLD_BYTES"),
+            "0");
+  EXPECT_EQ(parseOk({"-np", "1", "--fusion-threshold-mb", "1e-6", "c"})
+                .env()
+                .at("HORA_FUSION_THRESHOLD_BYTES"),
+            "1");  // 1.048576 bytes, truncated
+}
+
+TEST_F(OptionsTest, NoStallCheckMeansNoStallShutdown) {
+  EXPECT_EQ(parseOk({"-np", "1", "--no-stall-check", "c"}).env().at("HORA_STALL_SHUTDOWN_TIME_S"),
+            "0");
+  // The later of --no-stall-check and --stall-check-shutdown-time-seconds wins.
+  EXPECT_EQ(
+      parseOk({"-np", "1", "--no-stall-check", "--stall-check-shutdown-time-seconds", "9", "c"})
+          .env()
+          .at("HORA_STALL_SHUTDOWN_TIME_S"),
+      "9");
+}
+
+TEST_F(OptionsTest, TuningFlagsRefuseBadNumbers) {
+  EXPECT_EQ(parseError({"-np", "1", "--cache-capacity", "1.5", "c"}),
+            "--cache-capacity expects a non-negative integer, got '1.5'");
+  for (const char* flag : {"--fusion-threshold-mb", "--cycle-time-ms", "--cache-capacity",
+                           "--stall-check-warning-time-seconds",
+                           "--stall-check-shutdown-time-seconds", "--peer-timeout-seconds"}) {
+    SCOPED_TRACE(flag);
+    EXPECT_TRUE(contains(parseError({"-np", "1", flag, "-1", "c"}), "expects a non-negative"));
+    EXPECT_TRUE(contains(parseError({"-np", "1", flag, "fast", "c"}), "got 'fast'"));
+    EXPECT_TRUE(contains(parseError({"-np", "1", flag, "", "c"}), "got ''"));
+  }
+}
+
+TEST_F(OptionsTest, TimelineIsRefused) {
+  EXPECT_EQ(parseError({"-np", "1", "--timeline-filename", "t.json", "c"}),
+            "--timeline-filename: hora has no timeline yet; nothing would be written");
+}
+
+TEST_F(OptionsTest, LaterSettingsOfAParameterWin) {
+  EXPECT_EQ(parseOk({"-np", "1", "--cycle-time-ms", "5", "--cycle-time-ms", "7", "c"}).opt.env,
+            (Env{{"HORA_CYCLE_TIME_MS", "7"}, {"HORA_START_TIMEOUT_S", "30.000000"}}));
+  EXPECT_EQ(parseOk({"-np", "1", "-x", "HORA_CYCLE_TIME_MS=1", "--cycle-time-ms", "2", "c"})
+                .env()
+                .at("HORA_CYCLE_TIME_MS"),
+            "2");
+  EXPECT_EQ(parseOk({"-np", "1", "--cycle-time-ms", "2", "-x", "HORA_CYCLE_TIME_MS=1", "c"})
+                .env()
+                .at("HORA_CYCLE_TIME_MS"),
+            "1");
+  // Except the start timeout, which --start-timeout (or its default) always sets last.
+  EXPECT_EQ(
+      parseOk({"-np", "1", "-x", "HORA_START_TIMEOUT_S=99", "c"}).env().at("HORA_START_TIMEOUT_S"),
+      "30.000000");
+}
+
+// Documents a bug: the tuning values are printed with an ostream's default 6 significant
+// digits, so --cache-capacity 1000000 reaches the ranks as "1e+06", which the runtime refuses
+// as not an integer (every rank fails at start-up), and large times lose digits.
+TEST_F(OptionsTest, BigTuningValuesArePrintedInScientificNotation) {
+  Parsed p =
+      parseOk({"-np", "1", "--cache-capacity", "1000000", "--cycle-time-ms", "1234567", "c"});
+  EXPECT_EQ(p.env().at("HORA_CACHE_CAPACITY"), "1e+06");
+  EXPECT_EQ(p.env().at("HORA_CYCLE_TIME_MS"), "1.23457e+06");
+  auto params = hora::Params::fromMap(p.env());
+  EXPECT_FALSE(params.isOk());
+  EXPECT_TRUE(contains(params.status().message(), "HORA_CACHE_CAPACITY='1e+06' is not an integer"))
+      << params.status().message();
+}
+
+// Documents a bug: the number check is strtod's, so "nan", "inf" and hex floats pass as
+// non-negative numbers; "nan" then fails every rank at start-up, "inf" does not.
+TEST_F(OptionsTest, NanAndInfPassTheNumberCheck) {
+  Parsed p = parseOk({"-np", "1", "--peer-timeout-seconds", "nan", "--cycle-time-ms", "inf",
+                      "--grace-seconds", "0x1p4", "c"});
+  EXPECT_EQ(p.env().at("HORA_PEER_TIMEOUT_S"), "nan");
+  EXPECT_EQ(p.env().at("HORA_CYCLE_TIME_MS"), "inf");
+  EXPECT_DOUBLE_EQ(p.opt.graceS, 16);
+  EXPECT_FALSE(hora::Params::fromMap(p.env()).isOk());
+  Parsed q = parseOk({"-np", "1", "--start-timeout", "nan", "c"});
+  EXPECT_EQ(q.env().at("HORA_START_TIMEOUT_S"), "nan");
+}
+
+// ---- usage text ----
+
+// Every flag the usage text lists is one parseOptions knows.
+TEST_F(OptionsTest, EveryFlagInTheUsageTextIsRecognized) {
+  std::set<std::string> flags;
+  std::istringstream lines(usageText());
+  std::string line;
+  while (std::getline(lines, line)) {
+    // Flag lines: two spaces, then "-a, --long ARG   doc" or "--long ARG   doc".
+    if (line.rfind("  -", 0) != 0) continue;
+    std::istringstream words(line);
+    std::string w;
+    while (words >> w && w[0] == '-') {
+      if (w.back() == ',') w.pop_back();
+      flags.insert(w);
+    }
+  }
+  EXPECT_GE(flags.size(), 29u) << "the usage text's format changed?";
+  // clang-format off
+  const char* const kDocumented[] = {
+      "-np", "--num-proc", "-H", "--hosts", "--hostfile", "-p", "--ssh-port", "-i",
+      "--ssh-identity-file", "--ssh-command", "--network-interface", "--start-timeout", "--check",
+      "--output-filename", "--grace-seconds", "-x", "--env", "--verbose", "--fusion-threshold-mb",
+      "--cycle-time-ms", "--cache-capacity", "--log-level", "--stall-check-warning-time-seconds",
+      "--stall-check-shutdown-time-seconds", "--no-stall-check", "--peer-timeout-seconds",
+      "--timeline-filename", "-v", "--version"};
+  // clang-format on
+  for (const char* f : kDocumented)
+    EXPECT_EQ(flags.count(f), 1u) << f << " missing from the usage text";
+  for (const auto& f : flags) {
+    SCOPED_TRACE(f);
+    Parsed p = parse({f});
+    EXPECT_FALSE(contains(p.error, "unknown option")) << p.error;
+  }
+}
+
+// ---- remote shell ----
+
+TEST_F(OptionsTest, DefaultRemoteShellIsBatchSsh) {
+  Options o;
+  EXPECT_EQ(remoteShellFor(o, "node1"),
+            (std::vector<std::string>{"ssh", "-o", "BatchMode=yes", "-o",
+                                      "StrictHostKeyChecking=accept-new", "node1"}));
+  o.sshPort = 2222;
+  o.sshIdentityFile = "/keys/id";
+  EXPECT_EQ(remoteShellFor(o, "node1"),
+            (std::vector<std::string>{"ssh", "-o", "BatchMode=yes", "-o",
+                                      "StrictHostKeyChecking=accept-new", "-p", "2222", "-i",
+                                      "/keys/id", "node1"}));
+}
+
+TEST_F(OptionsTest, RemoteShellTemplate) {
+  Options o;
+  o.sshCommand = "docker exec {host}";
+  EXPECT_EQ(remoteShellFor(o, "c1"), (std::vector<std::string>{"docker", "exec", "c1"}));
+  o.sshCommand = "ssh me@{host} -o 'ProxyCommand=ssh gw nc {host} 22'";
+  EXPECT_EQ(remoteShellFor(o, "n2"),
+            (std::vector<std::string>{"ssh", "me@n2", "-o", "ProxyCommand=ssh gw nc n2 22"}));
+  // Without {host} the host is appended; a custom command ignores -p and -i.
+  o.sshCommand = "  rsh\t-l \"my user\"  ";
+  o.sshPort = 2222;
+  EXPECT_EQ(remoteShellFor(o, "n3"), (std::vector<std::string>{"rsh", "-l", "my user", "n3"}));
+  o.sshCommand = "kubectl exec '' {host} --";
+  EXPECT_EQ(remoteShellFor(o, "pod"),
+            (std::vector<std::string>{"kubectl", "exec", "", "pod", "--"}));
+}
+
+}  // namespace
+}  // namespace horarun
