@@ -645,6 +645,34 @@ TEST_F(GpuMock, RankJoinedBeforeAnyGpuWorkTakesPartOnItsLocalRanksGpu) {
   EXPECT_EQ(mockCalls("comm_init") - inits, 2) << "a communicator over two GPUs, not staging";
 }
 
+TEST_F(GpuMock, RankZeroUnableToMakeTheCommunicatorIdFailsEveryRankAtOnce) {
+  // The id travels over the CPU data plane behind an ok byte: the other ranks
+  // learn at once that rank 0 could not make it (no wait for a timeout).
+  ::setenv("HORA_GPU_MOCK_DEVICES", "3", 1);
+  ::setenv("HORA_GPU_MOCK_FAIL", "comm_unique_id", 1);
+  const long inits = mockCalls("comm_init");
+  runThreads(
+      3,
+      [](int rank, hora_runtime_t rt) {
+        std::vector<float> v(4, 1.0f);
+        hora_request_t req;
+        const auto t0 = std::chrono::steady_clock::now();
+        ASSERT_EQ(gpuAllreduce(rt, v, "no.id", &req, rank), HORA_SUCCESS);
+        std::string msg;
+        EXPECT_EQ(waitAndFree(req, 30, &msg), HORA_ERR_BACKEND) << msg;
+        EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10);
+        EXPECT_NE(msg.find("allreduce \"no.id\""), std::string::npos) << msg;
+        if (rank == 0)
+          EXPECT_NE(msg.find("comm_unique_id failed"), std::string::npos) << msg;
+        else
+          EXPECT_NE(msg.find("rank 0 could not create the GPU communicator's id"),
+                    std::string::npos)
+              << msg;
+      },
+      [](hora_config_t& c) { c.peer_timeout_s = 60; });  // "at once" is well inside it
+  EXPECT_EQ(mockCalls("comm_init") - inits, 0);
+}
+
 TEST_F(GpuMock, GpuIdentityThatCannotBeReadFailsTheSharingCheckNamingTheCall) {
   ::setenv("HORA_GPU_MOCK_DEVICES", "2", 1);
   ::setenv("HORA_GPU_MOCK_FAIL", "device_pci_bus_id", 1);

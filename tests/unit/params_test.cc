@@ -8,6 +8,8 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "core/logging.h"
 
@@ -350,6 +352,34 @@ TEST(LoggerTest, MacroEvaluatesOnceWhenEnabled) {
   EXPECT_EQ(evaluated, 1);
   EXPECT_NE(out.find("[hora unit test] DEBUG value 1"), std::string::npos) << out;
   EXPECT_EQ(out.back(), '\n');
+}
+
+}  // namespace
+}  // namespace hora
+
+namespace hora {
+namespace {
+
+TEST(ParamsTest, ChoicesAreCheckedAndStoredLowerCase) {
+  auto p = Params::fromMap(
+      {{"HORA_GPU_BACKEND", "NCCL"}, {"HORA_GLOO_ALGORITHM", "Ring"}, {"HORA_LOG_LEVEL", "INFO"}});
+  ASSERT_TRUE(p.isOk()) << p.status().toString();
+  EXPECT_EQ(p.value().getString("HORA_GPU_BACKEND"), "nccl");
+  EXPECT_EQ(p.value().getString("HORA_GLOO_ALGORITHM"), "ring");
+  EXPECT_EQ(p.value().getString("HORA_LOG_LEVEL"), "info");
+  for (const auto& [name, value, choices] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"HORA_GLOO_ALGORITHM", "tree", "one of auto,ring,bcube"},
+           {"HORA_GPU_BACKEND", "cuda", "one of auto,nccl,gloo"},
+           {"HORA_LOG_LEVEL", "fatal", "one of trace,debug,info,warning,error,off"},
+           {"HORA_GPU_BACKEND", "", "one of auto,nccl,gloo"}}) {
+    auto bad = Params::fromMap({{name, value}});
+    ASSERT_FALSE(bad.isOk()) << name << "=" << value;
+    EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(bad.status().message().find(name + "='" + value + "' is not " + choices),
+              std::string::npos)
+        << bad.status().message();
+  }
 }
 
 }  // namespace
