@@ -1,5 +1,7 @@
 #include "options.h"
 
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -45,14 +47,32 @@ const char kUsage[] =
     "  --timeline-filename F        not supported yet: hora has no timeline (refused)\n"
     "  -v, --version                print versions\n";
 
+// Decimal only: strtod alone would also take "nan", "inf" and hex floats,
+// which the ranks then refuse (or, for inf, accept) at start-up.
 bool isNumber(const std::string& s, bool allowFraction) {
   if (s.empty()) return false;
+  const char* allowed = allowFraction ? "0123456789.eE+-" : "0123456789+-";
+  if (s.find_first_not_of(allowed) != std::string::npos) return false;
   char* end = nullptr;
-  if (allowFraction)
-    std::strtod(s.c_str(), &end);
-  else
+  if (allowFraction) {
+    const double v = std::strtod(s.c_str(), &end);
+    if (!std::isfinite(v)) return false;
+  } else {
     std::strtoll(s.c_str(), &end, 10);
+  }
   return end && *end == '\0';
+}
+
+// The shortest text that reads back as exactly `d` ("1000000", "3.5"): the
+// ranks parse integers strictly, so 1e+06 would fail every one of them.
+std::string formatNumber(double d) {
+  char buf[64];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof(buf), "%.*g", precision, d);
+    if (std::strtod(buf, nullptr) == d && !std::strchr(buf, 'e')) return buf;
+  }
+  std::snprintf(buf, sizeof(buf), "%.17g", d);
+  return buf;
 }
 
 void addEnv(Options* o, const std::string& name, const std::string& value) {
@@ -145,12 +165,8 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
     for (const auto& t : kTuning) {
       if (a != t.flag) continue;
       if (!number(a, t.fraction, &d)) return false;
-      std::ostringstream ss;
-      if (t.scale != 1)
-        ss << static_cast<long long>(d * t.scale);
-      else
-        ss << d;
-      addEnv(o, t.param, ss.str());
+      addEnv(o, t.param,
+             t.scale != 1 ? std::to_string(static_cast<long long>(d * t.scale)) : formatNumber(d));
       handled = true;
     }
     if (handled) continue;
