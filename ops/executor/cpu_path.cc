@@ -24,8 +24,7 @@ Status CpuPath::allreduce(const std::vector<Response>& group, const std::vector<
   // Every rank takes the same path for a group (chosen from the response,
   // never from whether this rank has an entry): both end in
   // allreduceGather, whose algorithm depends only on the element count.
-  return group.size() == 1 ? allreduceOne(group.front(), es[0].get())
-                           : allreduceFused(group, es);
+  return group.size() == 1 ? allreduceOne(group.front(), es[0].get()) : allreduceFused(group, es);
 }
 
 Status CpuPath::allreduceOne(const Response& r, TensorEntry* e) {
@@ -35,12 +34,9 @@ Status CpuPath::allreduceOne(const Response& r, TensorEntry* e) {
   // backend with its own memory (shm) packs from the input and unpacks into
   // the output instead.
   Backend& be = *ctx_.backend;
-  const DataType dt = r.dtype;
-  const size_t esz = dataTypeSize(dt);
-  const ReduceOp op = reducingOp(r);
-  const double post = postFactor(r, ctx_.size());
-  const double pre = r.prescale;
-  const size_t n = static_cast<size_t>(r.numElements());
+  const Reduction x = reductionOf(r, ctx_.size());
+  const DataType dt = x.dtype;
+  const size_t esz = x.elementSize, n = static_cast<size_t>(r.numElements());
   char* data;
   if (e) {
     data = static_cast<char*>(e->out);
@@ -53,26 +49,26 @@ Status CpuPath::allreduceOne(const Response& r, TensorEntry* e) {
   auto pack = [&](size_t lo, size_t hi, void* dst) {
     char* d = static_cast<char*>(dst);
     if (!e) {
-      fillIdentity(dt, op, d, hi - lo);
+      fillIdentity(dt, x.op, d, hi - lo);
       return;
     }
     const char* src = static_cast<const char*>(e->in) + lo * esz;
     if (src != d) {
-      scaleCopy(dt, d, src, hi - lo, pre);
-    } else if (pre != 1.0) {
-      scaleInPlace(dt, d, hi - lo, pre);
+      scaleCopy(dt, d, src, hi - lo, x.pre);
+    } else if (x.pre != 1.0) {
+      scaleInPlace(dt, d, hi - lo, x.pre);
     }
   };
   auto unpack = [&](size_t lo, size_t hi, const void* src) {
     if (!e) return;
     char* d = data + lo * esz;
     if (src != d) {
-      scaleCopy(dt, d, src, hi - lo, post);
-    } else if (post != 1.0) {
-      scaleInPlace(dt, d, hi - lo, post);
+      scaleCopy(dt, d, src, hi - lo, x.post);
+    } else if (x.post != 1.0) {
+      scaleInPlace(dt, d, hi - lo, x.post);
     }
   };
-  Status s = be.allreduceGather(data, n, dt, op, pack, unpack);
+  Status s = be.allreduceGather(data, n, dt, x.op, pack, unpack);
   return s.isOk() ? s : dataPlaneFailure(ctx_, s, describe("allreduce", r));
 }
 
@@ -80,11 +76,9 @@ Status CpuPath::allreduceFused(const std::vector<Response>& group,
                                const std::vector<EntryPtr>& es) {
   Backend& be = *ctx_.backend;
   const Response& r0 = group.front();
-  const DataType dt = r0.dtype;
-  const size_t esz = dataTypeSize(dt);
-  const ReduceOp op = reducingOp(r0);
-  const double post = postFactor(r0, ctx_.size());
-  const double pre = r0.prescale;
+  const Reduction x = reductionOf(r0, ctx_.size());
+  const DataType dt = x.dtype;
+  const size_t esz = x.elementSize;
   // start[i] is the first element of tensor i in the fusion buffer.
   const std::vector<size_t> start = fusedOffsets(group);
   const size_t total = start.back();
@@ -114,23 +108,24 @@ Status CpuPath::allreduceFused(const std::vector<Response>& group,
     forPieces(lo, hi, [&](size_t i, size_t off, size_t n, size_t at) {
       char* to = d + (at - lo) * esz;
       if (es[i])
-        scaleCopy(dt, to, static_cast<const char*>(es[i]->in) + off * esz, n, pre);
+        scaleCopy(dt, to, static_cast<const char*>(es[i]->in) + off * esz, n, x.pre);
       else  // this rank joined: contribute the identity
-        fillIdentity(dt, op, to, n);
+        fillIdentity(dt, x.op, to, n);
     });
   };
   auto unpack = [&](size_t lo, size_t hi, const void* src) {
     const char* from0 = static_cast<const char*>(src);
     forPieces(lo, hi, [&](size_t i, size_t off, size_t n, size_t at) {
       if (es[i])
-        scaleCopy(dt, static_cast<char*>(es[i]->out) + off * esz, from0 + (at - lo) * esz, n, post);
+        scaleCopy(dt, static_cast<char*>(es[i]->out) + off * esz, from0 + (at - lo) * esz, n,
+                  x.post);
     });
   };
-  Status s = be.allreduceGather(buf, total, dt, op, pack, unpack);
+  Status s = be.allreduceGather(buf, total, dt, x.op, pack, unpack);
   if (s.isOk()) return s;
-  return dataPlaneFailure(ctx_, s,
-                          describe("allreduce", r0) + " (fused with " +
-                              std::to_string(group.size() - 1) + " more)");
+  return dataPlaneFailure(
+      ctx_, s,
+      describe("allreduce", r0) + " (fused with " + std::to_string(group.size() - 1) + " more)");
 }
 
 Status CpuPath::allgather(const Response& r, TensorEntry* e, Status* outputLost) {
@@ -188,18 +183,18 @@ Status CpuPath::alltoall(const Response& r, TensorEntry* e, Status* outputLost) 
 }
 
 Status CpuPath::reducescatter(const Response& r, TensorEntry* e, Status* outputLost) {
-  const DataType dt = r.dtype;
-  const size_t esz = dataTypeSize(dt);
+  const Reduction x = reductionOf(r, ctx_.size());
+  const DataType dt = x.dtype;
+  const size_t esz = x.elementSize;
   const ScatterCounts c = reducescatterCounts(r, ctx_.rank, ctx_.size());
   const size_t total = static_cast<size_t>(r.numElements());
-  const ReduceOp op = reducingOp(r);
   HORA_RETURN_IF_ERROR(fusion_.reserve(std::max<size_t>(total, 1) * esz));
   char* buf = fusion_.data();
   if (e)
-    scaleCopy(dt, buf, e->in, total, r.prescale);
+    scaleCopy(dt, buf, e->in, total, x.pre);
   else
-    fillIdentity(dt, op, buf, total);
-  Status s = ctx_.backend->reducescatter(buf, c.counts, dt, op);
+    fillIdentity(dt, x.op, buf, total);
+  Status s = ctx_.backend->reducescatter(buf, c.counts, dt, x.op);
   if (!s.isOk()) return dataPlaneFailure(ctx_, s, describe("reducescatter", r));
   if (!e) return Status::ok();
   std::vector<int64_t> outShape = r.shape;
@@ -209,7 +204,7 @@ Status CpuPath::reducescatter(const Response& r, TensorEntry* e, Status* outputL
     *outputLost = o.status();
     return Status::ok();
   }
-  scaleCopy(dt, o.value(), buf + c.before * esz, c.counts[ctx_.rank], postFactor(r, ctx_.size()));
+  scaleCopy(dt, o.value(), buf + c.before * esz, c.counts[ctx_.rank], x.post);
   return Status::ok();
 }
 

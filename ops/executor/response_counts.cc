@@ -46,13 +46,15 @@ ScatterCounts reducescatterCounts(const Response& r, int rank, int size) {
   return c;
 }
 
-ReduceOp reducingOp(const Response& r) {
-  return r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
-}
-
-double postFactor(const Response& r, int size) {
+Reduction reductionOf(const Response& r, int size) {
+  Reduction x;
+  x.dtype = r.dtype;
+  x.elementSize = dataTypeSize(r.dtype);
+  x.op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
+  x.pre = r.prescale;
   const int contributors = size - static_cast<int>(r.joined.size());
-  return r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / std::max(1, contributors) : 1.0);
+  x.post = r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / std::max(1, contributors) : 1.0);
+  return x;
 }
 
 std::vector<size_t> fusedOffsets(const std::vector<Response>& group) {

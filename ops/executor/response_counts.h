@@ -30,10 +30,18 @@ struct ScatterCounts {
   int64_t rows = 0;  // rows of `rank`'s block
 };
 ScatterCounts reducescatterCounts(const Response& r, int rank, int size);
-// The op the data plane runs (average is a sum) and the factor applied after
-// it: postscale, divided by the ranks that contributed for average.
-ReduceOp reducingOp(const Response& r);
-double postFactor(const Response& r, int size);
+// The arithmetic of a reducing response (allreduce, reducescatter): the
+// element type and its size, the op the data plane runs (average is a sum),
+// and the factors applied before it (prescale) and after it (postscale,
+// divided by the ranks that contributed for average).
+struct Reduction {
+  DataType dtype = DataType::kFloat32;
+  size_t elementSize = 4;
+  ReduceOp op = ReduceOp::kSum;
+  double pre = 1.0;
+  double post = 1.0;
+};
+Reduction reductionOf(const Response& r, int size);
 // First element of each tensor of a fused group in the fusion buffer, plus
 // the total as the last entry.
 std::vector<size_t> fusedOffsets(const std::vector<Response>& group);

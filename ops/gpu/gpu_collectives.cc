@@ -22,13 +22,18 @@ std::string describe(const char* op, const Response& r, const Device& dev) {
 
 }  // namespace
 
+Status GpuPath::begin(const char* op, const Response& r, TensorEntry* e, std::string* what) {
+  const Device dev = e ? e->request.device : localDevice(r, {});
+  *what = describe(op, r, dev);
+  HORA_RETURN_IF_ERROR(prepare(dev, *what));
+  return afterReady(e, *what);
+}
+
 Status GpuPath::allreduce(const std::vector<Response>& group, const std::vector<EntryPtr>& es) {
   const Response& r0 = group.front();
-  const DataType dt = r0.dtype;
-  const size_t esz = dataTypeSize(dt);
-  const ReduceOp op = reducingOp(r0);
-  const double post = postFactor(r0, ctx_.size());
-  const double pre = r0.prescale;
+  const Reduction x = reductionOf(r0, ctx_.size());
+  const DataType dt = x.dtype;
+  const size_t esz = x.elementSize;
   const Device dev = localDevice(r0, es);
   const std::string what =
       describe("allreduce", r0, dev) +
@@ -51,9 +56,9 @@ Status GpuPath::allreduce(const std::vector<Response>& group, const std::vector<
   char* buf;
   if (inOutput) {
     buf = static_cast<char*>(es[0]->out);
-    if (es[0]->in != es[0]->out || pre != 1.0) {
+    if (es[0]->in != es[0]->out || x.pre != 1.0) {
       hora_gpu_copy_t c{buf, es[0]->in, total};
-      HORA_GPU_CALL(plug, api_, what, batched_scale_copy, dtc, &c, 1, pre, stream_);
+      HORA_GPU_CALL(plug, api_, what, batched_scale_copy, dtc, &c, 1, x.pre, stream_);
     }
   } else {
     HORA_RETURN_IF_ERROR(fusion(bytes, what));
@@ -72,32 +77,32 @@ Status GpuPath::allreduce(const std::vector<Response>& group, const std::vector<
       for (size_t i = 0; i < group.size(); ++i) {
         if (es[i]) continue;
         const size_t off = start[i] * esz, n = start[i + 1] - start[i];
-        fillIdentity(dt, op, pinned_ + off, n);
+        fillIdentity(dt, x.op, pinned_ + off, n);
         HORA_GPU_CALL(plug, api_, what, memcpy_async, buf + off, pinned_ + off, n * esz, stream_);
       }
     }
     if (!copies.empty())
       HORA_RETURN_IF_ERROR(
-          plug.check(api_->batched_scale_copy(dtc, copies.data(), copies.size(), pre, stream_),
+          plug.check(api_->batched_scale_copy(dtc, copies.data(), copies.size(), x.pre, stream_),
                      "batched_scale_copy (pack)", what));
   }
 
   if (viaComm) {
-    HORA_GPU_CALL(plug, api_, what, allreduce, buf, buf, total, dtc, static_cast<int32_t>(op),
+    HORA_GPU_CALL(plug, api_, what, allreduce, buf, buf, total, dtc, static_cast<int32_t>(x.op),
                   comm_, stream_);
   } else {
     HORA_RETURN_IF_ERROR(pinned(bytes, what));
     HORA_GPU_CALL(plug, api_, what, memcpy_async, pinned_, buf, bytes, stream_);
     HORA_RETURN_IF_ERROR(wait(what));
-    Status s = ctx_.backend->allreduce(pinned_, total, dt, op);
+    Status s = ctx_.backend->allreduce(pinned_, total, dt, x.op);
     if (!s.isOk()) return dataPlaneFailure(ctx_, s, what);
     HORA_GPU_CALL(plug, api_, what, memcpy_async, buf, pinned_, bytes, stream_);
   }
 
   if (inOutput) {
-    if (post != 1.0) {
+    if (x.post != 1.0) {
       hora_gpu_copy_t c{buf, buf, total};
-      HORA_GPU_CALL(plug, api_, what, batched_scale_copy, dtc, &c, 1, post, stream_);
+      HORA_GPU_CALL(plug, api_, what, batched_scale_copy, dtc, &c, 1, x.post, stream_);
     }
   } else {
     std::vector<hora_gpu_copy_t> copies;
@@ -105,21 +110,19 @@ Status GpuPath::allreduce(const std::vector<Response>& group, const std::vector<
       if (es[i]) copies.push_back({es[i]->out, buf + start[i] * esz, start[i + 1] - start[i]});
     if (!copies.empty())
       HORA_RETURN_IF_ERROR(
-          plug.check(api_->batched_scale_copy(dtc, copies.data(), copies.size(), post, stream_),
+          plug.check(api_->batched_scale_copy(dtc, copies.data(), copies.size(), x.post, stream_),
                      "batched_scale_copy (unpack)", what));
   }
   return wait(what);
 }
 
 Status GpuPath::broadcast(const Response& r, TensorEntry* e) {
-  const Device dev = e ? e->request.device : localDevice(r, {});
-  const std::string what = describe("broadcast", r, dev);
-  HORA_RETURN_IF_ERROR(prepare(dev, what));
-  GpuPlugin& plug = *plugin();
   const size_t n = static_cast<size_t>(r.numElements());
   const size_t bytes = n * dataTypeSize(r.dtype);
+  std::string what;
+  HORA_RETURN_IF_ERROR(begin("broadcast", r, e, &what));
   if (n == 0) return Status::ok();
-  HORA_RETURN_IF_ERROR(afterReady(e, what));
+  GpuPlugin& plug = *plugin();
   char* data = e ? static_cast<char*>(e->out) : nullptr;
   if (!data) {  // joined: a stand-in buffer
     HORA_RETURN_IF_ERROR(fusion(bytes, what));
@@ -180,15 +183,13 @@ Status GpuPath::staged(const void* in, size_t inBytes, char* out, size_t outByte
 }
 
 Status GpuPath::allgather(const Response& r, TensorEntry* e, Status* outputLost) {
-  const Device dev = e ? e->request.device : localDevice(r, {});
-  const std::string what = describe("allgather", r, dev);
-  HORA_RETURN_IF_ERROR(prepare(dev, what));
+  std::string what;
+  HORA_RETURN_IF_ERROR(begin("allgather", r, e, &what));
   const DataType dt = r.dtype;
   const size_t esz = dataTypeSize(dt);
   const std::vector<size_t> counts = allgatherCounts(r, ctx_.size());
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
   const size_t inBytes = counts[ctx_.rank] * esz, outBytes = total * esz;
-  HORA_RETURN_IF_ERROR(afterReady(e, what));
 
   // total is the same on every rank: all skip an empty gather together.
   const std::vector<int64_t>& outShape = r.shape;  // the response carries the gathered shape
@@ -212,16 +213,14 @@ Status GpuPath::allgather(const Response& r, TensorEntry* e, Status* outputLost)
 }
 
 Status GpuPath::alltoall(const Response& r, TensorEntry* e, Status* outputLost) {
-  const Device dev = e ? e->request.device : localDevice(r, {});
-  const std::string what = describe("alltoall", r, dev);
-  HORA_RETURN_IF_ERROR(prepare(dev, what));
+  std::string what;
+  HORA_RETURN_IF_ERROR(begin("alltoall", r, e, &what));
   const DataType dt = r.dtype;
   const size_t esz = dataTypeSize(dt);
   const int n = ctx_.size();
   const AlltoallCounts c = alltoallCounts(r, ctx_.rank, n);
   const size_t inBytes = std::accumulate(c.send.begin(), c.send.end(), int64_t{0}) * esz;
   const size_t outBytes = std::accumulate(c.recv.begin(), c.recv.end(), int64_t{0}) * esz;
-  HORA_RETURN_IF_ERROR(afterReady(e, what));
 
   std::vector<int64_t> outShape = r.shape;
   outShape[0] = c.outRows;
@@ -252,19 +251,17 @@ Status GpuPath::alltoall(const Response& r, TensorEntry* e, Status* outputLost) 
 }
 
 Status GpuPath::reducescatter(const Response& r, TensorEntry* e, Status* outputLost) {
-  const Device dev = e ? e->request.device : localDevice(r, {});
-  const std::string what = describe("reducescatter", r, dev);
-  HORA_RETURN_IF_ERROR(prepare(dev, what));
+  std::string what;
+  HORA_RETURN_IF_ERROR(begin("reducescatter", r, e, &what));
   GpuPlugin& plug = *plugin();
-  const DataType dt = r.dtype;
+  const Reduction x = reductionOf(r, ctx_.size());
+  const DataType dt = x.dtype;
   const auto dtc = static_cast<int32_t>(dt);
-  const size_t esz = dataTypeSize(dt);
+  const size_t esz = x.elementSize;
   const ScatterCounts c = reducescatterCounts(r, ctx_.rank, ctx_.size());
   const size_t mine = c.counts[ctx_.rank];
   const size_t total = static_cast<size_t>(r.numElements());
   const size_t bytes = total * esz;
-  const ReduceOp op = reducingOp(r);
-  HORA_RETURN_IF_ERROR(afterReady(e, what));
 
   // The whole input, prescaled, in the device fusion buffer; the collective
   // leaves this rank's region reduced there.
@@ -273,22 +270,22 @@ Status GpuPath::reducescatter(const Response& r, TensorEntry* e, Status* outputL
   if (total > 0) {
     if (e) {
       hora_gpu_copy_t copy{buf, e->in, total};
-      HORA_GPU_CALL(plug, api_, what, batched_scale_copy, dtc, &copy, 1, r.prescale, stream_);
+      HORA_GPU_CALL(plug, api_, what, batched_scale_copy, dtc, &copy, 1, x.pre, stream_);
     } else {  // joined: contribute the op's identity
       HORA_RETURN_IF_ERROR(pinned(bytes, what));
-      fillIdentity(dt, op, pinned_, total);
+      fillIdentity(dt, x.op, pinned_, total);
       HORA_GPU_CALL(plug, api_, what, memcpy_async, buf, pinned_, bytes, stream_);
     }
     bool viaComm = false;
     HORA_RETURN_IF_ERROR(choosePath(ncclHasType(dt), what, &viaComm));
     if (viaComm) {
       HORA_GPU_CALL(plug, api_, what, reducescatter, buf, c.counts.data(), dtc,
-                    static_cast<int32_t>(op), comm_, stream_);
+                    static_cast<int32_t>(x.op), comm_, stream_);
     } else {
       HORA_RETURN_IF_ERROR(pinned(bytes, what));
       HORA_GPU_CALL(plug, api_, what, memcpy_async, pinned_, buf, bytes, stream_);
       HORA_RETURN_IF_ERROR(wait(what));
-      Status s = ctx_.backend->reducescatter(pinned_, c.counts, dt, op);
+      Status s = ctx_.backend->reducescatter(pinned_, c.counts, dt, x.op);
       if (!s.isOk()) return dataPlaneFailure(ctx_, s, what);
       if (mine)
         HORA_GPU_CALL(plug, api_, what, memcpy_async, buf + c.before * esz,
@@ -306,8 +303,7 @@ Status GpuPath::reducescatter(const Response& r, TensorEntry* e, Status* outputL
   }
   if (mine) {
     hora_gpu_copy_t copy{o.value(), buf + c.before * esz, mine};
-    HORA_GPU_CALL(plug, api_, what, batched_scale_copy, dtc, &copy, 1, postFactor(r, ctx_.size()),
-                  stream_);
+    HORA_GPU_CALL(plug, api_, what, batched_scale_copy, dtc, &copy, 1, x.post, stream_);
   }
   return wait(what);
 }

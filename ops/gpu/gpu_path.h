@@ -88,6 +88,10 @@ class GpuPath : public CollectivePath, public DeviceMemory {
   Status wait(const std::string& what);
 
   // Collective helpers (gpu_collectives.cc).
+  // Every single-tensor collective's start: the device this rank runs it on,
+  // its description for messages, the set's GPU resources, and the order
+  // after the caller's ready event.
+  Status begin(const char* op, const Response& r, TensorEntry* e, std::string* what);
   // The output of an allgather/alltoall on the input's device (*out null when
   // this rank has none and staging needs none); an allocation failure goes
   // to *outputLost, as this rank still takes part.

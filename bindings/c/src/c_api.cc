@@ -16,7 +16,7 @@ using hora::Code;
 using hora::Status;
 using hora::capi::checkAllreduceArgs;
 using hora::capi::checkDevice;
-using hora::capi::checkOp;
+using hora::capi::checkShapedInput;
 using hora::capi::checkTensor;
 using hora::capi::clearError;
 using hora::capi::fail;
@@ -435,14 +435,12 @@ HORA_API hora_status_t hora_allgather_async(hora_runtime_t h, const DLTensor* in
   return collectiveCall(
       "hora_allgather_async", h, options, hora::CollectiveKind::kAllgather, request,
       [&](CallContext& c) -> hora_status_t {
-        const std::string where = c.where("allgather");
         TensorInfo ti;
-        Status s = checkTensor(in, where + ", input", &ti);
-        if (s.isOk() && ti.shape.empty())
-          s = hora::invalidArgument(where +
-                                    ": input is a scalar; allgather needs at least one dimension");
-        if (s.isOk()) s = checkDevice(*c.set, hora::CollectiveKind::kAllgather, ti, nullptr, where);
-        if (!s.isOk()) return setError(s);
+        if (Status s = checkShapedInput(
+                *c.set, hora::CollectiveKind::kAllgather, in, c.where("allgather"),
+                "input is a scalar; allgather needs at least one dimension", nullptr, &ti);
+            !s.isOk())
+          return setError(s);
         plainOptions(&c.o);
         return submit(c, {makeEntry(hora::CollectiveKind::kAllgather, c.name, ti, c.o)}, in,
                       request);
@@ -480,11 +478,10 @@ HORA_API hora_status_t hora_alltoall_async(hora_runtime_t h, const DLTensor* in,
       [&](CallContext& c) -> hora_status_t {
         const std::string where = c.where("alltoall");
         TensorInfo ti;
-        Status s = checkTensor(in, where + ", input", &ti);
-        if (s.isOk() && ti.shape.empty())
-          s = hora::invalidArgument(where + ": input needs at least one dimension");
-        if (s.isOk()) s = checkDevice(*c.set, hora::CollectiveKind::kAlltoall, ti, nullptr, where);
-        if (!s.isOk()) return setError(s);
+        if (Status s = checkShapedInput(*c.set, hora::CollectiveKind::kAlltoall, in, where,
+                                        "input needs at least one dimension", nullptr, &ti);
+            !s.isOk())
+          return setError(s);
         std::vector<int64_t> sp;
         const int n = c.set->size();
         if (splits) {
@@ -523,15 +520,12 @@ HORA_API hora_status_t hora_reducescatter_async(hora_runtime_t h, const DLTensor
   return collectiveCall(
       "hora_reducescatter_async", h, options, hora::CollectiveKind::kReducescatter, request,
       [&](CallContext& c) -> hora_status_t {
-        const std::string where = c.where("reducescatter");
         TensorInfo ti;
-        Status s = checkTensor(in, where + ", input", &ti);
-        if (s.isOk() && ti.shape.empty())
-          s = hora::invalidArgument(where + ": input needs at least one dimension");
-        if (s.isOk()) s = checkOp(c.o, ti.dtype, where, true);
-        if (s.isOk())
-          s = checkDevice(*c.set, hora::CollectiveKind::kReducescatter, ti, nullptr, where);
-        if (!s.isOk()) return setError(s);
+        if (Status s = checkShapedInput(*c.set, hora::CollectiveKind::kReducescatter, in,
+                                        c.where("reducescatter"),
+                                        "input needs at least one dimension", &c.o, &ti);
+            !s.isOk())
+          return setError(s);
         return submit(c, {makeEntry(hora::CollectiveKind::kReducescatter, c.name, ti, c.o)}, in,
                       request);
       });

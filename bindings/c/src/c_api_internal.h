@@ -62,6 +62,12 @@ Status checkDevice(ProcessSet& set, CollectiveKind kind, const TensorInfo& in,
                    const TensorInfo* out, const std::string& where);
 // Reduce op, scale factors and their validity for the dtype.
 Status checkOp(const hora_options_t& o, DataType dt, const std::string& where, bool scatter);
+// The input of an allgather, alltoall or reducescatter: the tensor, at least
+// one dimension (else "<where>: <scalarMessage>"), for reducescatter
+// (`reduce` non-null) the op and scales, and the device.
+Status checkShapedInput(ProcessSet& set, CollectiveKind kind, const DLTensor* in,
+                        const std::string& where, const char* scalarMessage,
+                        const hora_options_t* reduce, TensorInfo* ti);
 // Everything about one allreduce input/output pair: both tensors, equal
 // dtype and size, the op and scales, the device.
 Status checkAllreduceArgs(ProcessSet& set, const DLTensor* in, const DLTensor* out,

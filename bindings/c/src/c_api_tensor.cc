@@ -118,6 +118,15 @@ Status checkOp(const hora_options_t& o, hora::DataType dt, const std::string& wh
   return Status::ok();
 }
 
+Status checkShapedInput(ProcessSet& set, CollectiveKind kind, const DLTensor* in,
+                        const std::string& where, const char* scalarMessage,
+                        const hora_options_t* reduce, TensorInfo* ti) {
+  HORA_RETURN_IF_ERROR(checkTensor(in, where + ", input", ti));
+  if (ti->shape.empty()) return invalidArgument(where + ": " + scalarMessage);
+  if (reduce) HORA_RETURN_IF_ERROR(checkOp(*reduce, ti->dtype, where, true));
+  return checkDevice(set, kind, *ti, nullptr, where);
+}
+
 Status checkAllreduceArgs(ProcessSet& set, const DLTensor* in, const DLTensor* out,
                           const hora_options_t& o, const std::string& where, TensorInfo* ti,
                           TensorInfo* to) {
