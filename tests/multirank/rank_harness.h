@@ -16,7 +16,9 @@
 
 namespace htest {
 
-// A free TCP port on 127.0.0.1 (bind to 0, read it back).
+// A free TCP port on 127.0.0.1 for a rendezvous store: below the kernel's
+// ephemeral range, claimed (flock) for this process's lifetime so that
+// concurrent tests never share one.
 int freePort();
 
 // Fills a config for `rank` of `size` on loopback at `port`, with short

@@ -30,10 +30,40 @@ WORKER = os.path.join(HERE, "_rank_worker.py")
 MARK = "@@HORA@@"
 
 
+_PORT_CLAIMS = []  # open lock files: a claimed port stays ours while this process lives
+
+
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a job's rendezvous store, as the C++ harness picks it
+    (tests/multirank/rank_harness_support.cc): below the kernel's ephemeral
+    range, which any socket may be given between this check and the store's
+    bind, and claimed with an flock under /tmp/hora-test-ports so that
+    concurrent tests (C++ or Python) never share one."""
+    import fcntl
+    import random
+    lo, hi = 10000, _ephemeral_low()
+    os.makedirs("/tmp/hora-test-ports", exist_ok=True)
+    for _ in range(10000):
+        port = random.randrange(lo, hi)
+        f = open("/tmp/hora-test-ports/%d" % port, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))
+        except OSError:
+            f.close()
+            continue
+        _PORT_CLAIMS.append(f)
+        return port
+    raise RuntimeError("no free port in %d..%d" % (lo, hi - 1))
 
 
 def rank_env(rank, size, port, secret, extra=None):
