@@ -4,6 +4,8 @@
 #include <future>
 #include <unordered_set>
 
+#include "core/check.h"
+
 namespace hora {
 
 namespace asio = boost::asio;
@@ -236,6 +238,7 @@ void SetController::queueGroup(std::vector<Response> responses) {
       if (e) e->complete(entryFailure(*e, myGlobalRank(), s));
     return failSet(s, true);
   }
+  HORA_CHECK(g.entries.size() == responses.size());
   g.responses = std::move(responses);
   // Barrier/join/error groups need no data plane: complete them right here
   // when nothing is queued ahead (one thread hand-off less). Collectives

@@ -1,5 +1,7 @@
 #include "core/group_queue.h"
 
+#include "core/check.h"
+
 namespace hora {
 
 void GroupQueue::push(AgreedGroup group) {
@@ -37,6 +39,7 @@ void GroupQueue::finished() {
 void GroupQueue::leave() {
   {
     std::lock_guard<std::mutex> lk(mu_);
+    HORA_CHECK(inFlight_ > 0) << "a group finished that was never pushed or begun inline";
     --inFlight_;
   }
   idle_.notify_all();

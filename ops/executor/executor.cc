@@ -2,6 +2,8 @@
 // path follows when the data plane fails.
 #include "ops/executor/executor.h"
 
+#include "core/check.h"
+
 namespace hora {
 
 Status dataPlaneFailure(const ExecContext& ctx, const Status& s, const std::string& what) {
@@ -36,6 +38,8 @@ void Executor::run() {
 }
 
 void Executor::execute(AgreedGroup& g) {
+  HORA_CHECK(!g.responses.empty() && g.entries.size() == g.responses.size())
+      << g.entries.size() << " entries for " << g.responses.size() << " responses";
   if (!needsDataPlane(g)) return completeWithoutDataPlane(g, ctx_.globalRanks);
   // A collective before this one failed on the data plane and the set's
   // status is not final yet: this one cannot run either (its peers are

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/check.h"
+
 namespace hora {
 
 Result<void*> RequestState::allocateOutput(const std::vector<int64_t>& shape, DataType dtype,
@@ -49,6 +51,7 @@ void RequestState::completeEntry(const Status& s) {
   {
     std::lock_guard<std::mutex> lk(mu);
     if (!s.isOk() && status.isOk()) status = s;
+    HORA_CHECK(remaining > 0) << "an entry of a completed request completed again";
     if (--remaining > 0) return;
     resultsReady = true;
     final = status;
