@@ -37,8 +37,15 @@
 namespace {
 
 thread_local std::string tlsError;
+// Function-local statics, not globals: two runtimes in one process (ranks as
+// threads) each dlopen this library, and a global's constructor, run inside
+// one thread's dlopen, is ordered before the other thread's first call only
+// by the dynamic loader's lock, which ThreadSanitizer does not see.
 std::mutex countMu;
-std::map<std::string, long> counts;
+std::map<std::string, long>& counts() {
+  static std::map<std::string, long> m;
+  return m;
+}
 
 int fail(const std::string& msg) {
   tlsError = msg;
@@ -49,7 +56,7 @@ int fail(const std::string& msg) {
 bool enter(const char* fn) {
   {
     std::lock_guard<std::mutex> lk(countMu);
-    ++counts[fn];
+    ++counts()[fn];
   }
   const char* f = std::getenv("HORA_GPU_MOCK_FAIL");
   if (f && std::strcmp(f, fn) == 0) {
@@ -190,7 +197,11 @@ struct Group {
 };
 
 std::mutex groupsMu;
-std::map<std::string, std::shared_ptr<Group>> pendingGroups;  // by id, until every rank joined
+// By id, until every rank joined (function-local: see counts()).
+std::map<std::string, std::shared_ptr<Group>>& pendingGroups() {
+  static std::map<std::string, std::shared_ptr<Group>> m;
+  return m;
+}
 
 struct Comm {
   std::shared_ptr<Group> group;
@@ -253,7 +264,7 @@ int commInit(int device, int nranks, int rank, const void* id, int64_t timeout_m
   std::shared_ptr<Group> g;
   {
     std::lock_guard<std::mutex> lk(groupsMu);
-    auto& slot = pendingGroups[std::string(static_cast<const char*>(id), 16)];
+    auto& slot = pendingGroups()[std::string(static_cast<const char*>(id), 16)];
     if (!slot) {
       slot = std::make_shared<Group>();
       slot->nranks = nranks;
@@ -266,15 +277,15 @@ int commInit(int device, int nranks, int rank, const void* id, int64_t timeout_m
   g->devices[rank] = device;
   if (++g->joined == g->nranks) {
     std::lock_guard<std::mutex> glk(groupsMu);
-    pendingGroups.erase(std::string(static_cast<const char*>(id), 16));
+    pendingGroups().erase(std::string(static_cast<const char*>(id), 16));
     g->cv.notify_all();
   } else if (!g->cv.wait_for(lk, std::chrono::milliseconds(timeout_ms),
                              [&] { return g->joined == g->nranks; })) {
     lk.unlock();
     {
       std::lock_guard<std::mutex> glk(groupsMu);
-      auto it = pendingGroups.find(std::string(static_cast<const char*>(id), 16));
-      if (it != pendingGroups.end() && it->second == g) pendingGroups.erase(it);
+      auto it = pendingGroups().find(std::string(static_cast<const char*>(id), 16));
+      if (it != pendingGroups().end() && it->second == g) pendingGroups().erase(it);
     }
     return fail("mock: communicator init timed out after " + std::to_string(timeout_ms) +
                 " ms (rank " + std::to_string(rank) + " of " + std::to_string(nranks) + ")");
@@ -455,11 +466,11 @@ MOCK_EXPORT const hora_gpu_plugin_v1_t* hora_gpu_plugin_get(uint32_t abi_version
 
 MOCK_EXPORT long hora_gpu_mock_calls(const char* name) {
   std::lock_guard<std::mutex> lk(countMu);
-  auto it = counts.find(name);
-  return it == counts.end() ? 0 : it->second;
+  auto it = counts().find(name);
+  return it == counts().end() ? 0 : it->second;
 }
 
 MOCK_EXPORT void hora_gpu_mock_reset() {
   std::lock_guard<std::mutex> lk(countMu);
-  counts.clear();
+  counts().clear();
 }
