@@ -86,7 +86,9 @@ Status CpuPath::allreduceFused(const std::vector<Response>& group,
   const double post = postFactor(r0, ctx_.size());
   const double pre = r0.prescale;
   // start[i] is the first element of tensor i in the fusion buffer.
-  const std::vector<size_t> start = fusedOffsets(group);
+  auto offsets = fusedOffsets(group);
+  if (!offsets.isOk()) return offsets.status();
+  const std::vector<size_t> start = offsets.take();
   const size_t total = start.back();
   // The persistent fusion buffer, unless the backend packs into memory of its
   // own (shm): then it is never allocated, let alone first-touched.
