@@ -134,9 +134,12 @@ Status checkAllreduceArgs(ProcessSet& set, const DLTensor* in, const DLTensor* o
                           TensorInfo* to) {
   HORA_RETURN_IF_ERROR(checkTensor(in, where + ", input", ti));
   HORA_RETURN_IF_ERROR(checkTensor(out, where + ", output", to));
-  if (ti->dtype != to->dtype || ti->count != to->count)
+  // The same shape, not only the same element count (Horovod's rule, docs/errors.md): an
+  // output of another shape is almost always a bug in the caller.
+  if (ti->dtype != to->dtype || ti->shape != to->shape)
     return invalidArgument(where + ": output " + describeTensor(to->dtype, to->shape) +
-                           " does not match input " + describeTensor(ti->dtype, ti->shape));
+                           " does not match input " + describeTensor(ti->dtype, ti->shape) +
+                           "; the output must have the input's dtype and shape");
   HORA_RETURN_IF_ERROR(checkOp(o, ti->dtype, where, false));
   return checkDevice(set, CollectiveKind::kAllreduce, *ti, to, where);
 }

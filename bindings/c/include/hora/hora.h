@@ -186,7 +186,8 @@ HORA_API void hora_options_init(hora_options_t* options);
  * before any memory is read). On any non-success return no request was
  * created. */
 
-/* out may equal in (in place). Same shape and dtype on every rank. */
+/* out may equal in (in place) and has in's shape and dtype. Same shape and
+ * dtype on every rank. */
 HORA_API hora_status_t hora_allreduce_async(hora_runtime_t runtime, const DLTensor* in,
                                             DLTensor* out, const hora_options_t* options,
                                             hora_request_t* request);
