@@ -228,15 +228,15 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
     e.error = what;
     return e;
   };
-  // Compare one field across ranks; returns the error text or "".
-  auto compare = [&](const char* field, auto render) -> std::string {
+  // Compare one field (its `key`) across ranks, showing each rank's `show`; returns the error
+  // text or "".
+  auto compareBy = [&](const char* field, auto key, auto show) -> std::string {
     std::vector<std::pair<int, std::string>> values;
     bool differ = false;
-    std::string v0 = render(*first);
+    std::string k0 = key(*first);
     for (const Request* q : present) {
-      std::string v = render(*q);
-      differ |= v != v0;
-      values.push_back({global(q->rank), v});
+      differ |= key(*q) != k0;
+      values.push_back({global(q->rank), show(*q)});
     }
     if (!differ) return "";
     return std::string(collectiveName(first->kind)) + " \"" + name + "\" in process set " +
@@ -244,6 +244,8 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
            ". Every rank must submit the same " + field +
            " for a tensor name; check for rank-dependent code paths or data shapes.";
   };
+  auto compare = [&](const char* field, auto render) { return compareBy(field, render, render); };
+  auto dtypeOf = [](const Request& q) { return std::string(dataTypeName(q.dtype)); };
   std::string err;
   err = compare("operation", [](const Request& q) { return std::string(collectiveName(q.kind)); });
   // The kind only: the index is each rank's own business (rank i on cuda:i).
@@ -256,11 +258,14 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
       case CollectiveKind::kAllreduce:
       case CollectiveKind::kBroadcast:
       case CollectiveKind::kReducescatter:
-        err = compare("shape", shapeText);
+        // Each rank's whole tensor shown for both, named by what differs.
+        err = compareBy("dtype", dtypeOf, shapeText);
+        if (err.empty()) err = compare("shape", shapeText);
         break;
       case CollectiveKind::kAllgather:
       case CollectiveKind::kAlltoall:
-        err = compare("dtype and trailing shape", trailingShape);
+        err = compareBy("dtype", dtypeOf, trailingShape);
+        if (err.empty()) err = compare("trailing shape", trailingShape);
         if (err.empty()) {
           for (const Request* q : present)
             if (q->shape.empty())

@@ -335,6 +335,32 @@ TEST_F(MismatchTest, Dtype) {
   EXPECT_TRUE(contains(e.error, "int32[8]")) << e.error;
 }
 
+// Issue 14: a dtype mismatch was reported as "mismatched shape" (the values were right).
+TEST_F(MismatchTest, DtypeIsCalledDtypeNotShape) {
+  for (CollectiveKind kind :
+       {CollectiveKind::kAllreduce, CollectiveKind::kBroadcast, CollectiveKind::kReducescatter}) {
+    Request a = ofKind(kind, "t", {8});
+    Request b = a;
+    b.dtype = DataType::kInt32;
+    Response e = run(3, a, b);
+    EXPECT_TRUE(contains(e.error, "mismatched dtype: ")) << e.error;
+    EXPECT_FALSE(contains(e.error, "mismatched shape")) << e.error;
+    EXPECT_TRUE(contains(e.error, "rank 0 has float32[8]")) << e.error;
+    EXPECT_TRUE(contains(e.error, "ranks 1,2 have int32[8]")) << e.error;
+    EXPECT_TRUE(contains(e.error, "the same dtype")) << e.error;
+  }
+  // Dtype and shape both differ: the dtype is named, each rank's whole tensor shown.
+  Response e = run(2, allreduce("t", 8), allreduce("t", 4, DataType::kFloat64));
+  EXPECT_TRUE(contains(e.error, "mismatched dtype: ")) << e.error;
+  EXPECT_TRUE(contains(e.error, "rank 1 has float64[4]")) << e.error;
+}
+
+TEST_F(MismatchTest, ShapeAloneIsCalledShape) {
+  Response e = run(2, allreduce("t", 8), allreduce("t", 4));
+  EXPECT_TRUE(contains(e.error, "mismatched shape: ")) << e.error;
+  EXPECT_FALSE(contains(e.error, "dtype")) << e.error;
+}
+
 TEST_F(MismatchTest, ReductionOp) {
   Request b = allreduce("t", 8);
   b.op = ReduceOp::kMax;
@@ -458,7 +484,9 @@ TEST_F(CoordinatorTest, AllgatherZeroRowsOnARank) {
 TEST_F(MismatchTest, AllgatherTrailingDims) {
   Response e = run(2, ofKind(CollectiveKind::kAllgather, "g", {2, 4}),
                    ofKind(CollectiveKind::kAllgather, "g", {2, 5}));
-  EXPECT_TRUE(contains(e.error, "mismatched dtype and trailing shape")) << e.error;
+  // Only the shape differs: the word is "trailing shape" (it was "dtype and trailing shape").
+  EXPECT_TRUE(contains(e.error, "mismatched trailing shape")) << e.error;
+  EXPECT_FALSE(contains(e.error, "dtype")) << e.error;
   EXPECT_TRUE(contains(e.error, "float32[*,4]")) << e.error;
   EXPECT_TRUE(contains(e.error, "float32[*,5]")) << e.error;
 }
@@ -468,6 +496,18 @@ TEST_F(MismatchTest, AllgatherDtype) {
   b.dtype = DataType::kInt64;
   Response e = run(2, ofKind(CollectiveKind::kAllgather, "g", {2, 4}), b);
   EXPECT_TRUE(contains(e.error, "int64[*,4]")) << e.error;
+  EXPECT_TRUE(contains(e.error, "mismatched dtype: ")) << e.error;
+  EXPECT_FALSE(contains(e.error, "trailing shape")) << e.error;
+}
+
+TEST_F(MismatchTest, AlltoallDtype) {
+  Request a = ofKind(CollectiveKind::kAlltoall, "a", {2, 4});
+  a.splits = {1, 1};
+  Request b = a;
+  b.dtype = DataType::kInt8;
+  Response e = run(2, a, b);
+  EXPECT_TRUE(contains(e.error, "mismatched dtype: ")) << e.error;
+  EXPECT_TRUE(contains(e.error, "rank 1 has int8[*,4]")) << e.error;
 }
 
 TEST_F(CoordinatorTest, AllgatherRankZeroTensorIsAnError) {
