@@ -56,6 +56,39 @@ std::string scaleText(const Request& r) {
   return os.str();
 }
 
+// A request as it came off the wire, before the coordinator combines it with the others: what
+// the C entry points refuse at submission cannot come from a correct peer, so it is a protocol
+// error (the sender is treated as broken), never something to compute sizes with.
+Status checkRequest(const Request& r, int globalRank, int setSize) {
+  auto bad = [&](const std::string& why) {
+    return protocolError("rank " + std::to_string(globalRank) + " sent a malformed " +
+                         collectiveName(r.kind) + " request for \"" + r.name + "\" (" +
+                         describeTensor(r.dtype, r.shape) + "): " + why +
+                         "; hora refuses that at submission, so the sender is corrupt or runs "
+                         "another hora version");
+  };
+  if (int dim = shapeOverflowDim(r.shape, dataTypeSize(r.dtype)); dim >= 0)
+    return bad("dimension " + std::to_string(dim) + " (" + std::to_string(r.shape[dim]) + ")" +
+               (r.shape[dim] < 0 ? " is negative" : " makes its size pass 2^63-1 bytes"));
+  // An alltoall without a dimension becomes an error response in constructResponse.
+  if (r.kind == CollectiveKind::kAlltoall && !r.shape.empty()) {
+    if (r.splits.size() != static_cast<size_t>(setSize))
+      return bad(std::to_string(r.splits.size()) + " splits in a set of " +
+                 std::to_string(setSize) + " ranks");
+    int64_t sum = 0;
+    for (size_t i = 0; i < r.splits.size(); ++i) {
+      if (r.splits[i] < 0)
+        return bad("split " + std::to_string(i) + " is negative (" + std::to_string(r.splits[i]) +
+                   ")");
+      if (__builtin_add_overflow(sum, r.splits[i], &sum))
+        return bad("the splits overflow int64 at split " + std::to_string(i));
+    }
+    if (sum != r.shape[0])
+      return bad("the splits sum to " + std::to_string(sum) + ", not to dimension 0");
+  }
+  return Status::ok();
+}
+
 struct FusionKey {
   DataType dtype;
   ReduceOp op;
@@ -85,6 +118,10 @@ Status Coordinator::onRequests(int rank, const RequestList& list, Clock::time_po
                                std::vector<CacheHit>* nacks) {
   if (rank < 0 || rank >= opts_.size)
     return protocolError("request list from unknown rank " + std::to_string(rank));
+  // Full requests come off the wire: checked before anything is recorded or computed from them.
+  // (A hit is rebuilt from this coordinator's own cache, from requests that passed this.)
+  for (const auto& r : list.requests)
+    HORA_RETURN_IF_ERROR(checkRequest(r, global(rank), opts_.size));
   std::vector<Request> requests = list.requests;
   for (const auto& hit : list.hits) {
     const Response* cached = cache_ ? cache_->peek(hit.bit, hit.signature) : nullptr;
@@ -191,15 +228,15 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
     e.error = what;
     return e;
   };
-  // Compare one field across ranks; returns the error text or "".
-  auto compare = [&](const char* field, auto render) -> std::string {
+  // Compare one field (its `key`) across ranks, showing each rank's `show`; returns the error
+  // text or "".
+  auto compareBy = [&](const char* field, auto key, auto show) -> std::string {
     std::vector<std::pair<int, std::string>> values;
     bool differ = false;
-    std::string v0 = render(*first);
+    std::string k0 = key(*first);
     for (const Request* q : present) {
-      std::string v = render(*q);
-      differ |= v != v0;
-      values.push_back({global(q->rank), v});
+      differ |= key(*q) != k0;
+      values.push_back({global(q->rank), show(*q)});
     }
     if (!differ) return "";
     return std::string(collectiveName(first->kind)) + " \"" + name + "\" in process set " +
@@ -207,6 +244,8 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
            ". Every rank must submit the same " + field +
            " for a tensor name; check for rank-dependent code paths or data shapes.";
   };
+  auto compare = [&](const char* field, auto render) { return compareBy(field, render, render); };
+  auto dtypeOf = [](const Request& q) { return std::string(dataTypeName(q.dtype)); };
   std::string err;
   err = compare("operation", [](const Request& q) { return std::string(collectiveName(q.kind)); });
   // The kind only: the index is each rank's own business (rank i on cuda:i).
@@ -219,11 +258,14 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
       case CollectiveKind::kAllreduce:
       case CollectiveKind::kBroadcast:
       case CollectiveKind::kReducescatter:
-        err = compare("shape", shapeText);
+        // Each rank's whole tensor shown for both, named by what differs.
+        err = compareBy("dtype", dtypeOf, shapeText);
+        if (err.empty()) err = compare("shape", shapeText);
         break;
       case CollectiveKind::kAllgather:
       case CollectiveKind::kAlltoall:
-        err = compare("dtype and trailing shape", trailingShape);
+        err = compareBy("dtype", dtypeOf, trailingShape);
+        if (err.empty()) err = compare("trailing shape", trailingShape);
         if (err.empty()) {
           for (const Request* q : present)
             if (q->shape.empty())
@@ -259,31 +301,49 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
                                            " has already joined and cannot send.");
   }
 
+  // Every rank's tensor is within kMaxTensorBytes (checkRequest); what several ranks' rows add
+  // up to may not be. Such a combination is the callers' doing, reported like a mismatch.
+  const size_t esz = dataTypeSize(first->dtype);
+  auto tooLarge = [&](const std::string& what, std::vector<std::pair<int, std::string>> rows,
+                      const std::string& hint) {
+    return fail(Code::kInvalidArgument,
+                std::string(collectiveName(first->kind)) + " \"" + name + "\" in process set " +
+                    opts_.setName + ": " + what + " would pass 2^63-1 bytes (rows of " +
+                    trailingShape(*first) + "): " + describeDisagreement(rows) + ". " + hint);
+  };
   if (first->kind == CollectiveKind::kAllgather) {
     resp.sizes.assign(opts_.size, 0);
     int64_t total = 0;
+    bool overflow = false;
+    std::vector<std::pair<int, std::string>> rows;
     for (const Request* q : present) {
       resp.sizes[q->rank] = q->shape[0];
-      total += q->shape[0];
+      overflow |= __builtin_add_overflow(total, q->shape[0], &total);
+      rows.push_back({global(q->rank), std::to_string(q->shape[0]) + " rows"});
     }
     resp.shape[0] = total;
+    if (overflow || shapeOverflowDim(resp.shape, esz) >= 0)
+      return tooLarge("the gathered tensor", rows,
+                      "Gather fewer rows per call (split the tensor along dimension 0).");
   } else if (first->kind == CollectiveKind::kAlltoall) {
-    // Splits come off the wire: check them before indexing with them.
-    for (const Request* q : present) {
-      int64_t sum = 0;
-      bool bad = q->splits.size() != static_cast<size_t>(opts_.size);
-      for (int64_t v : q->splits) bad |= v < 0, sum += v;
-      if (bad || sum != q->shape[0])
-        return fail(Code::kInvalidArgument,
-                    "alltoall \"" + name + "\": rank " + std::to_string(global(q->rank)) +
-                        " sent " + std::to_string(q->splits.size()) + " splits summing to " +
-                        std::to_string(sum) + " for " + std::to_string(q->shape[0]) +
-                        " rows in a set of " + std::to_string(opts_.size) +
-                        " ranks; splits must have one entry per rank and sum to dimension 0");
-    }
+    // The splits were checked in onRequests (one per rank, >= 0, summing to dimension 0).
     resp.sizes.assign(static_cast<size_t>(opts_.size) * opts_.size, 0);
     for (const Request* q : present)
       for (int d = 0; d < opts_.size; ++d) resp.sizes[q->rank * opts_.size + d] = q->splits[d];
+    // What each rank receives: its column of the matrix.
+    for (int d = 0; d < opts_.size; ++d) {
+      std::vector<int64_t> out = first->shape;
+      bool overflow = false;
+      out[0] = 0;
+      std::vector<std::pair<int, std::string>> rows;
+      for (const Request* q : present) {
+        overflow |= __builtin_add_overflow(out[0], q->splits[d], &out[0]);
+        rows.push_back({global(q->rank), std::to_string(q->splits[d]) + " rows for it"});
+      }
+      if (overflow || shapeOverflowDim(out, esz) >= 0)
+        return tooLarge("what rank " + std::to_string(global(d)) + " receives", rows,
+                        "Send fewer rows per call (split the tensor along dimension 0).");
+    }
   }
   return resp;
 }
@@ -396,7 +456,8 @@ std::vector<std::vector<Response>> planFusion(std::deque<Response> ready, int64_
     // Look back over open groups with the same key (Horovod's look-ahead:
     // mixed-precision tensors interleave without breaking fusion).
     for (auto& [gi, bytes] : open) {
-      if (keyOf(groups[gi].front()) == key && bytes + r.byteSize() <= thresholdBytes) {
+      // bytes <= thresholdBytes, so the subtraction cannot overflow (a sum could).
+      if (keyOf(groups[gi].front()) == key && r.byteSize() <= thresholdBytes - bytes) {
         bytes += r.byteSize();
         groups[gi].push_back(std::move(r));
         placed = true;

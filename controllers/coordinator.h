@@ -12,7 +12,9 @@
 //  3. A tensor is ready when every rank that has not joined has submitted it.
 //     constructResponse() compares the submissions (kind, dtype, device,
 //     shape, op, root, scale factors); any difference becomes an error
-//     response naming the tensor, the differing ranks and their values.
+//     response naming the tensor, the differing ranks and their values. So
+//     does an allgather or alltoall whose combined rows would pass
+//     kMaxTensorBytes (core/types.h).
 //  4. emit() turns the ready responses into groups in readiness order,
 //     fusing allreduces with the same dtype/op/scales/device/joined set up to
 //     the fusion threshold, and replaces responses already in the cache by
@@ -55,7 +57,9 @@ class Coordinator {
   Coordinator(CoordinatorOptions options, ResponseCache* cache, Logger logger);
 
   // Records one rank's submissions. Stale cache hits are appended to *nacks.
-  // A malformed submission (wrong rank, duplicate, unknown bit) returns a
+  // A malformed submission (wrong rank, duplicate, a shape whose size
+  // overflows or is negative, alltoall splits that are not one per rank,
+  // >= 0 and summing to dimension 0: what no correct rank sends) returns a
   // kProtocolError: the caller treats the sender as broken.
   Status onRequests(int rank, const RequestList& list, Clock::time_point now,
                     std::vector<CacheHit>* nacks);

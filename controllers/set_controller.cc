@@ -191,6 +191,41 @@ Status SetController::validateResponse(const Response& r) const {
     if (j < 0 || j >= size()) return bad("joined rank out of range");
   for (int64_t d : r.sizes)
     if (d < 0) return bad("negative size");
+  // The executor computes element counts, byte sizes and offsets from the shape and sizes
+  // (ops/executor/response_counts.h): each must fit (core/types.h, kMaxTensorBytes), and an
+  // allgather's sizes must add up to the rows of the output allocated from its shape.
+  const bool tensor = r.kind == ResponseKind::kAllreduce || r.kind == ResponseKind::kBroadcast ||
+                      r.kind == ResponseKind::kReducescatter ||
+                      r.kind == ResponseKind::kAllgather || r.kind == ResponseKind::kAlltoall;
+  if (!tensor) return Status::ok();
+  const size_t esz = dataTypeSize(r.dtype);
+  if (int dim = shapeOverflowDim(r.shape, esz); dim >= 0)
+    return bad("shape " + describeTensor(r.dtype, r.shape) + " overflows at dimension " +
+               std::to_string(dim));
+  // `rows` rows of the response's trailing shape fit, and the sum did not overflow.
+  auto rowsFit = [&](int64_t rows, bool overflow) {
+    std::vector<int64_t> s = r.shape;
+    s[0] = rows;
+    return !overflow && shapeOverflowDim(s, esz) < 0;
+  };
+  if (r.kind == ResponseKind::kAllgather) {
+    int64_t total = 0;
+    bool overflow = false;
+    for (int64_t d : r.sizes) overflow |= __builtin_add_overflow(total, d, &total);
+    if (overflow || total != r.shape[0])
+      return bad("allgather sizes do not add up to dimension 0 of the shape");
+  } else if (r.kind == ResponseKind::kAlltoall) {
+    for (size_t a = 0; a < n; ++a) {
+      int64_t sent = 0, received = 0;
+      bool sentOverflow = false, receivedOverflow = false;
+      for (size_t b = 0; b < n; ++b) {
+        sentOverflow |= __builtin_add_overflow(sent, r.sizes[a * n + b], &sent);
+        receivedOverflow |= __builtin_add_overflow(received, r.sizes[b * n + a], &received);
+      }
+      if (!rowsFit(sent, sentOverflow) || !rowsFit(received, receivedOverflow))
+        return bad("alltoall sizes to or from set rank " + std::to_string(a) + " overflow");
+    }
+  }
   return Status::ok();
 }
 

@@ -93,6 +93,9 @@ struct Response {
             kind == ResponseKind::kReducescatter) &&
            joined.empty();
   }
+  // Only for a shape within kMaxTensorBytes (core/types.h): the coordinator builds
+  // responses from checked requests, workers check what they decode
+  // (SetController::validateResponse) before anything computes with it.
   int64_t numElements() const;
   int64_t byteSize() const { return numElements() * static_cast<int64_t>(dataTypeSize(dtype)); }
 };

@@ -1,5 +1,7 @@
 #include "core/types.h"
 
+#include <algorithm>
+
 namespace hora {
 
 size_t dataTypeSize(DataType dt) {
@@ -100,6 +102,17 @@ int64_t numElements(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
+}
+
+int shapeOverflowDim(const std::vector<int64_t>& shape, size_t elementSize) {
+  int64_t bytes = static_cast<int64_t>(elementSize);
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0) return static_cast<int>(i);
+    if (__builtin_mul_overflow(bytes, std::max<int64_t>(shape[i], 1), &bytes) ||
+        bytes > kMaxTensorBytes)
+      return static_cast<int>(i);
+  }
+  return -1;
 }
 
 }  // namespace hora

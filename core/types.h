@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,25 @@ bool reduceOpSupported(ReduceOp op, DataType dt);
 
 // "float32[1024,3]"
 std::string describeTensor(DataType dt, const std::vector<int64_t>& shape);
+// The product of the dimensions; only for shapes checked with shapeOverflowDim().
 int64_t numElements(const std::vector<int64_t>& shape);
+
+// The largest tensor hora handles, in bytes: 2^63 - 1 (int64_t's maximum, which is also
+// ptrdiff_t's on the 64-bit platforms hora runs on; the smaller of the two otherwise). Every
+// element count, byte size and byte offset within such a tensor (rows, splits, reducescatter
+// blocks, the positions the data planes compute) then fits in int64_t, size_t and ptrdiff_t,
+// so no size computation on a checked shape can overflow. No real tensor comes near it (no
+// 64-bit machine addresses 2^63 bytes); what exceeds it is a corrupt shape.
+constexpr int64_t kMaxTensorBytes =
+    std::numeric_limits<std::ptrdiff_t>::max() < std::numeric_limits<int64_t>::max()
+        ? static_cast<int64_t>(std::numeric_limits<std::ptrdiff_t>::max())
+        : std::numeric_limits<int64_t>::max();
+
+// Whether a tensor of `shape` with elements of `elementSize` bytes is within kMaxTensorBytes:
+// returns -1 if it is, else the index of the first dimension that is negative or at which the
+// running byte size (elementSize times the dimensions so far) goes past kMaxTensorBytes. Zero
+// dimensions count as 1 here, so every partial product of a checked shape fits too (the
+// elements of one row of an empty [0, n, m] tensor, for example). All arithmetic is checked.
+int shapeOverflowDim(const std::vector<int64_t>& shape, size_t elementSize);
 
 }  // namespace hora

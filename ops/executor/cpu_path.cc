@@ -80,7 +80,9 @@ Status CpuPath::allreduceFused(const std::vector<Response>& group,
   const DataType dt = x.dtype;
   const size_t esz = x.elementSize;
   // start[i] is the first element of tensor i in the fusion buffer.
-  const std::vector<size_t> start = fusedOffsets(group);
+  auto offsets = fusedOffsets(group);
+  if (!offsets.isOk()) return offsets.status();
+  const std::vector<size_t> start = offsets.take();
   const size_t total = start.back();
   // The persistent fusion buffer, unless the backend packs into memory of its
   // own (shm): then it is never allocated, let alone first-touched.

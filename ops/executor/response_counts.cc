@@ -57,10 +57,21 @@ Reduction reductionOf(const Response& r, int size) {
   return x;
 }
 
-std::vector<size_t> fusedOffsets(const std::vector<Response>& group) {
+Result<std::vector<size_t>> fusedOffsets(const std::vector<Response>& group) {
   std::vector<size_t> start(group.size() + 1, 0);
-  for (size_t i = 0; i < group.size(); ++i)
-    start[i + 1] = start[i] + static_cast<size_t>(group[i].numElements());
+  // Each response was checked (SetController::validateResponse); their sum is bounded by the
+  // coordinator's fusion threshold, unless the response list is corrupt.
+  const int64_t maxElements =
+      group.empty() ? 0 : kMaxTensorBytes / static_cast<int64_t>(dataTypeSize(group[0].dtype));
+  int64_t total = 0;
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (__builtin_add_overflow(total, group[i].numElements(), &total) || total > maxElements)
+      return protocolError("fused allreduce of " + std::to_string(group.size()) +
+                           " tensors from \"" + group[0].name +
+                           "\" on: together more than 2^63-1 bytes, past any fusion "
+                           "threshold; the coordinator's response list is corrupt");
+    start[i + 1] = static_cast<size_t>(total);
+  }
   return start;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/message.h"
+#include "core/status.h"
 #include "core/types.h"
 
 namespace hora {
@@ -43,7 +44,8 @@ struct Reduction {
 };
 Reduction reductionOf(const Response& r, int size);
 // First element of each tensor of a fused group in the fusion buffer, plus
-// the total as the last entry.
-std::vector<size_t> fusedOffsets(const std::vector<Response>& group);
+// the total as the last entry; a protocol error when the total would pass
+// kMaxTensorBytes (only a corrupt response list can ask for that).
+Result<std::vector<size_t>> fusedOffsets(const std::vector<Response>& group);
 
 }  // namespace hora

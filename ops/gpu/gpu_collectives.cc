@@ -43,7 +43,9 @@ Status GpuPath::allreduce(const std::vector<Response>& group, const std::vector<
   HORA_RETURN_IF_ERROR(choosePath(ncclHasType(dt), what, &viaComm));
   for (auto& e : es) HORA_RETURN_IF_ERROR(afterReady(e.get(), what));
 
-  const std::vector<size_t> start = fusedOffsets(group);
+  auto offsets = fusedOffsets(group);
+  if (!offsets.isOk()) return offsets.status();
+  const std::vector<size_t> start = offsets.take();
   const size_t total = start.back();
   const size_t bytes = total * esz;
   if (total == 0) return Status::ok();

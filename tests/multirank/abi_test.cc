@@ -148,6 +148,47 @@ TEST(Abi, BadArgumentsAreRejectedAndNothingElseIsDisturbed) {
   });
 }
 
+// Issue 14: an output of another shape with the same element count ([4,4] for [16]) was
+// accepted; docs/errors.md and Horovod require the input's shape.
+TEST(Abi, AllreduceOutputOfAnotherShapeIsRefused) {
+  runThreads(2, [&](int rank, hora_runtime_t rt) {
+    std::vector<float> in(16, 1.0f), out(16, 0.0f);
+    std::vector<int64_t> s16 = {16}, s4x4 = {4, 4}, s16x1 = {16, 1};
+    DLTensor ti = makeTensor(in.data(), dlType(kDLFloat, 32), &s16);
+    hora_options_t o;
+    hora_options_init(&o);
+    o.name = "reshaped";
+    hora_request_t req = nullptr;
+    for (std::vector<int64_t>* shape : {&s4x4, &s16x1}) {
+      DLTensor to = makeTensor(out.data(), dlType(kDLFloat, 32), shape);
+      EXPECT_ERR(hora_allreduce_async(rt, &ti, &to, &o, &req), HORA_ERR_INVALID_ARGUMENT);
+      std::string m = hora_last_error_message();
+      std::string outText = shape == &s4x4 ? "float32[4,4]" : "float32[16,1]";
+      EXPECT_NE(
+          m.find("allreduce \"reshaped\" on rank " + std::to_string(rank) + ": output " + outText +
+                 " does not match input float32[16]; the output must have the "
+                 "input's dtype and shape"),
+          std::string::npos)
+          << m;
+      const DLTensor* ins[1] = {&ti};
+      DLTensor* outs[1] = {&to};
+      EXPECT_ERR(hora_grouped_allreduce_async(rt, 1, ins, outs, &o, &req),
+                 HORA_ERR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(hora_last_error_message()).find("output " + outText),
+                std::string::npos);
+    }
+    EXPECT_EQ(req, nullptr);
+    EXPECT_EQ(out[0], 0.0f) << "nothing was written";
+    // The input's shape is fine.
+    DLTensor to = makeTensor(out.data(), dlType(kDLFloat, 32), &s16);
+    ASSERT_EQ(hora_allreduce_async(rt, &ti, &to, &o, &req), HORA_SUCCESS)
+        << hora_last_error_message();
+    ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+    EXPECT_EQ(out[0], 2.0f);
+    EXPECT_EQ(out[15], 2.0f);
+  });
+}
+
 struct CallbackLog {
   std::atomic<int> calls{0};
   std::atomic<int> lastStatus{-1};

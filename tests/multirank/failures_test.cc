@@ -109,6 +109,45 @@ TEST(Failures, DtypeOpRootAndScaleMismatchesAreNamed) {
   });
 }
 
+// Issue 14: a dtype mismatch across ranks was reported as "mismatched shape" (the values
+// shown were right, the word was not).
+TEST(Failures, DtypeMismatchIsCalledADtypeMismatchOnEveryRank) {
+  std::vector<std::string> reduce(2), gather(2);
+  runThreads(2, [&](int rank, hora_runtime_t rt) {
+    std::vector<float> f(8, 1.0f);
+    std::vector<int32_t> i(8, 1);
+    std::vector<int64_t> shape = {8}, rows = {2, 4};
+    hora_options_t o;
+    hora_options_init(&o);
+    hora_request_t req = nullptr;
+    DLTensor t = rank == 0 ? makeTensor(f.data(), dlType(kDLFloat, 32), &shape)
+                           : makeTensor(i.data(), dlType(kDLInt, 32), &shape);
+    o.name = "grad";
+    ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_SUCCESS);
+    EXPECT_EQ(waitAndFree(req, 30, &reduce[rank]), HORA_ERR_MISMATCH);
+    DLTensor g = rank == 0 ? makeTensor(f.data(), dlType(kDLFloat, 32), &rows)
+                           : makeTensor(i.data(), dlType(kDLInt, 32), &rows);
+    o.name = "gathered";
+    ASSERT_EQ(hora_allgather_async(rt, &g, &o, &req), HORA_SUCCESS);
+    EXPECT_EQ(waitAndFree(req, 30, &gather[rank]), HORA_ERR_MISMATCH);
+    std::vector<float> ok(4, 1.0f);
+    EXPECT_EQ(allreduceF32(rt, ok, "after"), HORA_SUCCESS) << lastMessage();
+  });
+  for (const auto& m : reduce) {
+    EXPECT_NE(m.find("allreduce \"grad\" in process set global: mismatched dtype: "),
+              std::string::npos)
+        << m;
+    EXPECT_EQ(m.find("mismatched shape"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 0 has float32[8]"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 1 has int32[8]"), std::string::npos) << m;
+  }
+  for (const auto& m : gather) {
+    EXPECT_NE(m.find("mismatched dtype: "), std::string::npos) << m;
+    EXPECT_EQ(m.find("trailing shape"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 1 has int32[*,4]"), std::string::npos) << m;
+  }
+}
+
 TEST(Failures, PartialSubmissionIsReportedThenFailsEverywhere) {
   auto tweak = [](hora_config_t& c) {
     c.stall_warning_time_s = 0.3;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -334,6 +335,32 @@ TEST_F(MismatchTest, Dtype) {
   EXPECT_TRUE(contains(e.error, "int32[8]")) << e.error;
 }
 
+// Issue 14: a dtype mismatch was reported as "mismatched shape" (the values were right).
+TEST_F(MismatchTest, DtypeIsCalledDtypeNotShape) {
+  for (CollectiveKind kind :
+       {CollectiveKind::kAllreduce, CollectiveKind::kBroadcast, CollectiveKind::kReducescatter}) {
+    Request a = ofKind(kind, "t", {8});
+    Request b = a;
+    b.dtype = DataType::kInt32;
+    Response e = run(3, a, b);
+    EXPECT_TRUE(contains(e.error, "mismatched dtype: ")) << e.error;
+    EXPECT_FALSE(contains(e.error, "mismatched shape")) << e.error;
+    EXPECT_TRUE(contains(e.error, "rank 0 has float32[8]")) << e.error;
+    EXPECT_TRUE(contains(e.error, "ranks 1,2 have int32[8]")) << e.error;
+    EXPECT_TRUE(contains(e.error, "the same dtype")) << e.error;
+  }
+  // Dtype and shape both differ: the dtype is named, each rank's whole tensor shown.
+  Response e = run(2, allreduce("t", 8), allreduce("t", 4, DataType::kFloat64));
+  EXPECT_TRUE(contains(e.error, "mismatched dtype: ")) << e.error;
+  EXPECT_TRUE(contains(e.error, "rank 1 has float64[4]")) << e.error;
+}
+
+TEST_F(MismatchTest, ShapeAloneIsCalledShape) {
+  Response e = run(2, allreduce("t", 8), allreduce("t", 4));
+  EXPECT_TRUE(contains(e.error, "mismatched shape: ")) << e.error;
+  EXPECT_FALSE(contains(e.error, "dtype")) << e.error;
+}
+
 TEST_F(MismatchTest, ReductionOp) {
   Request b = allreduce("t", 8);
   b.op = ReduceOp::kMax;
@@ -457,7 +484,9 @@ TEST_F(CoordinatorTest, AllgatherZeroRowsOnARank) {
 TEST_F(MismatchTest, AllgatherTrailingDims) {
   Response e = run(2, ofKind(CollectiveKind::kAllgather, "g", {2, 4}),
                    ofKind(CollectiveKind::kAllgather, "g", {2, 5}));
-  EXPECT_TRUE(contains(e.error, "mismatched dtype and trailing shape")) << e.error;
+  // Only the shape differs: the word is "trailing shape" (it was "dtype and trailing shape").
+  EXPECT_TRUE(contains(e.error, "mismatched trailing shape")) << e.error;
+  EXPECT_FALSE(contains(e.error, "dtype")) << e.error;
   EXPECT_TRUE(contains(e.error, "float32[*,4]")) << e.error;
   EXPECT_TRUE(contains(e.error, "float32[*,5]")) << e.error;
 }
@@ -467,6 +496,18 @@ TEST_F(MismatchTest, AllgatherDtype) {
   b.dtype = DataType::kInt64;
   Response e = run(2, ofKind(CollectiveKind::kAllgather, "g", {2, 4}), b);
   EXPECT_TRUE(contains(e.error, "int64[*,4]")) << e.error;
+  EXPECT_TRUE(contains(e.error, "mismatched dtype: ")) << e.error;
+  EXPECT_FALSE(contains(e.error, "trailing shape")) << e.error;
+}
+
+TEST_F(MismatchTest, AlltoallDtype) {
+  Request a = ofKind(CollectiveKind::kAlltoall, "a", {2, 4});
+  a.splits = {1, 1};
+  Request b = a;
+  b.dtype = DataType::kInt8;
+  Response e = run(2, a, b);
+  EXPECT_TRUE(contains(e.error, "mismatched dtype: ")) << e.error;
+  EXPECT_TRUE(contains(e.error, "rank 1 has int8[*,4]")) << e.error;
 }
 
 TEST_F(CoordinatorTest, AllgatherRankZeroTensorIsAnError) {
@@ -529,6 +570,182 @@ TEST_F(CoordinatorTest, BUG_AlltoallWithWrongSplitCountIsAnError) {
   Response r = emitOne();
   EXPECT_EQ(r.kind, ResponseKind::kError)
       << "alltoall with 2 splits in a set of 3 was accepted; sizes read out of bounds";
+}
+
+// ------------------------------------------------ sizes that overflow (issue 14)
+
+constexpr int64_t k2e40 = int64_t{1} << 40;
+constexpr int64_t k2e62 = int64_t{1} << 62;
+
+// A request comes off the wire: a shape the C entry points refuse (its size passes 2^63-1
+// bytes, or a dimension is negative) cannot come from a correct rank. Refused before anything
+// is recorded or multiplied, naming the sender, the tensor and the dimension.
+TEST_F(CoordinatorTest, ShapeWhoseSizeOverflowsIsProtocolError) {
+  struct Case {
+    std::vector<int64_t> shape;
+    DataType dtype;
+    int dim;
+  };
+  const std::vector<Case> cases = {
+      {{k2e40, k2e40}, DataType::kFloat32, 1},                        // wraps to 0 elements
+      {{k2e62 + 1, 4}, DataType::kFloat32, 0},                        // wraps to 4 elements
+      {{k2e62, 3}, DataType::kFloat32, 0},                            // wraps negative
+      {{std::numeric_limits<int64_t>::max()}, DataType::kUint8, -1},  // 2^63-1 bytes: fits
+      {{k2e62}, DataType::kInt16, 0},                                 // 2^63 bytes: one too many
+      {{0, k2e62, 4}, DataType::kUint8, 2},  // empty, but a row would overflow
+      {{3, -1}, DataType::kFloat32, 1},
+  };
+  for (CollectiveKind kind : {CollectiveKind::kAllreduce, CollectiveKind::kBroadcast,
+                              CollectiveKind::kReducescatter, CollectiveKind::kAllgather}) {
+    for (const Case& c : cases) {
+      make(2);
+      Request r = ofKind(kind, "huge", c.shape);
+      r.dtype = c.dtype;
+      Status s = submit(1, r);
+      if (c.dim < 0) {
+        EXPECT_TRUE(s.isOk()) << s.toString();
+        continue;
+      }
+      ASSERT_EQ(s.code(), Code::kProtocolError) << describeTensor(c.dtype, c.shape);
+      EXPECT_TRUE(contains(s.message(), "rank 1 sent a malformed")) << s.message();
+      EXPECT_TRUE(contains(s.message(), "\"huge\"")) << s.message();
+      EXPECT_TRUE(contains(s.message(), "dimension " + std::to_string(c.dim) + " (" +
+                                            std::to_string(c.shape[c.dim]) + ")"))
+          << s.message();
+      EXPECT_EQ(coord_->pendingCount(), 0u);
+      // Nothing was recorded: the other rank's submission does not complete it.
+      ASSERT_TRUE(submit(0, ofKind(kind, "huge", {4})).isOk());
+      EXPECT_FALSE(coord_->hasReady());
+    }
+  }
+}
+
+TEST_F(CoordinatorTest, ProtocolErrorRecordsNothingOfTheList) {
+  make(2);
+  RequestList l;
+  l.requests = {allreduce("fine", 4), ofKind(CollectiveKind::kAllreduce, "bad", {k2e62, 3})};
+  EXPECT_EQ(coord_->onRequests(1, l, t0_, &nacks_).code(), Code::kProtocolError);
+  EXPECT_EQ(coord_->pendingCount(), 0u);
+}
+
+TEST_F(CoordinatorTest, AlltoallSplitsThatAreMalformedAreProtocolErrors) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  struct Case {
+    std::vector<int64_t> splits;
+    std::string says;
+  };
+  // Dimension 0 is 4 in every case; {kMax, kMax, 6} wraps to exactly 4.
+  const std::vector<Case> cases = {
+      {{kMax, kMax, 6}, "overflow int64 at split 1"},
+      {{0, 1, kMax}, "overflow int64 at split 2"},
+      {{2, 2, 0}, ""},  // sums to 4: fine
+      {{5, -1, 0}, "split 1 is negative (-1)"},
+      {{1, 1, 1}, "the splits sum to 3, not to dimension 0"},
+      {{4, 0}, "2 splits in a set of 3 ranks"},
+      {{0, 0, 0, 4}, "4 splits in a set of 3 ranks"},
+  };
+  for (const Case& c : cases) {
+    make(3);
+    Request q = ofKind(CollectiveKind::kAlltoall, "a2a", {4, 2});
+    q.splits = c.splits;
+    Status s = submit(2, q);
+    if (c.says.empty()) {
+      EXPECT_TRUE(s.isOk()) << s.toString();
+      continue;
+    }
+    ASSERT_EQ(s.code(), Code::kProtocolError) << c.says;
+    EXPECT_TRUE(contains(s.message(), "rank 2 sent a malformed alltoall request for \"a2a\""))
+        << s.message();
+    EXPECT_TRUE(contains(s.message(), c.says)) << s.message();
+    EXPECT_EQ(coord_->pendingCount(), 0u);
+  }
+}
+
+// Each rank's tensor fits; together their rows do not. The callers' doing: an error response
+// on every rank naming the tensor and each rank's rows, and the set goes on.
+TEST_F(CoordinatorTest, AllgatherWhoseTotalOverflowsIsAnErrorNamingRanks) {
+  struct Case {
+    std::vector<int64_t> rows;
+    DataType dtype;
+    std::vector<int64_t> trailing;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      // 2^62 + 2^62 rows overflow int64 itself (the total wrapped negative).
+      {{k2e62, k2e62}, DataType::kUint8, {}, "ranks 0,1 have 4611686018427387904 rows"},
+      // 2^61 rows of 4 bytes: the total fits int64 as a count, not as bytes.
+      {{k2e62 / 4, k2e62 / 4, 1},
+       DataType::kFloat32,
+       {},
+       "rank 2 has 1 rows, ranks 0,1 have 1152921504606846976 rows"},
+      // Rows of 2^21 bytes: 2^41 + 2^41 + 1 of them pass 2^63-1 bytes.
+      {{k2e40 * 2, k2e40 * 2, 1}, DataType::kUint8, {1 << 21}, "rows of uint8[*,2097152]"},
+  };
+  for (const Case& c : cases) {
+    const int n = static_cast<int>(c.rows.size());
+    make(n);
+    for (int r = 0; r < n; ++r) {
+      std::vector<int64_t> shape = {c.rows[r]};
+      shape.insert(shape.end(), c.trailing.begin(), c.trailing.end());
+      Request q = ofKind(CollectiveKind::kAllgather, "g", shape);
+      q.dtype = c.dtype;
+      ASSERT_TRUE(submit(r, q).isOk()) << r;
+    }
+    Response e = emitOne();
+    ASSERT_EQ(e.kind, ResponseKind::kError) << "the total was accepted: " << e.shape[0];
+    EXPECT_EQ(e.errorCode, static_cast<int32_t>(Code::kInvalidArgument));
+    EXPECT_EQ(e.name, "g");
+    EXPECT_TRUE(contains(e.error, "allgather \"g\" in process set global")) << e.error;
+    EXPECT_TRUE(contains(e.error, "the gathered tensor would pass 2^63-1 bytes")) << e.error;
+    EXPECT_TRUE(contains(e.error, c.says)) << e.error;
+    EXPECT_TRUE(contains(e.error, "Gather fewer rows")) << e.error;
+    // The set goes on.
+    submitAll(allreduce("after", 4));
+    EXPECT_EQ(emitOne().kind, ResponseKind::kAllreduce);
+  }
+}
+
+TEST_F(CoordinatorTest, AllgatherJustBelowTheLimitIsFine) {
+  make(2);
+  // 2^62 - 1 + 2^62 rows of one byte: 2^63 - 1 bytes, exactly the limit.
+  Request p = ofKind(CollectiveKind::kAllgather, "g", {k2e62 - 1});
+  p.dtype = DataType::kUint8;
+  Request q = ofKind(CollectiveKind::kAllgather, "g", {k2e62});
+  q.dtype = DataType::kUint8;
+  ASSERT_TRUE(submit(0, p).isOk());
+  ASSERT_TRUE(submit(1, q).isOk());
+  Response r = emitOne();
+  EXPECT_EQ(r.kind, ResponseKind::kAllgather) << r.error;
+}
+
+TEST_F(CoordinatorTest, AlltoallReceivingMoreThanTheLimitIsAnErrorNamingRanks) {
+  make(3);
+  // Every rank sends all its 2^62 rows to rank 1: each tensor fits, what rank 1 receives not.
+  for (int r = 0; r < 3; ++r) {
+    Request q = ofKind(CollectiveKind::kAlltoall, "a2a", {k2e62});
+    q.dtype = DataType::kUint8;
+    q.splits = {0, k2e62, 0};
+    ASSERT_TRUE(submit(r, q).isOk()) << r;
+  }
+  Response e = emitOne();
+  ASSERT_EQ(e.kind, ResponseKind::kError);
+  EXPECT_EQ(e.errorCode, static_cast<int32_t>(Code::kInvalidArgument));
+  EXPECT_TRUE(contains(e.error, "alltoall \"a2a\" in process set global")) << e.error;
+  EXPECT_TRUE(contains(e.error, "what rank 1 receives would pass 2^63-1 bytes")) << e.error;
+  EXPECT_TRUE(contains(e.error, "ranks 0,1,2 have 4611686018427387904 rows for it")) << e.error;
+}
+
+TEST_F(CoordinatorTest, AlltoallReceivingBytesPastTheLimitIsAnError) {
+  make(2);
+  // 2^60 rows of float32 from each rank to rank 0: 2^61 rows, 2^63 bytes (no count overflows).
+  for (int r = 0; r < 2; ++r) {
+    Request q = ofKind(CollectiveKind::kAlltoall, "a2a", {k2e62 / 4});
+    q.splits = {k2e62 / 4, 0};
+    ASSERT_TRUE(submit(r, q).isOk()) << r;
+  }
+  Response e = emitOne();
+  ASSERT_EQ(e.kind, ResponseKind::kError);
+  EXPECT_TRUE(contains(e.error, "what rank 0 receives")) << e.error;
 }
 
 // -------------------------------------------------------------------- join
@@ -1124,6 +1341,20 @@ TEST(PlanFusionTest, PreservesResponseContents) {
   EXPECT_EQ(groups[0][0].signature, 99u);
   EXPECT_EQ(groups[0][0].shape, std::vector<int64_t>{3});
   EXPECT_DOUBLE_EQ(groups[0][0].prescale, 0.5);
+}
+
+// Issue 14: the running total was compared as `bytes + size <= threshold`, which overflows for
+// tensors near the limit with a huge threshold (and then fused all three).
+TEST(PlanFusionTest, HugeTensorsNeverOverflowTheThreshold) {
+  const int64_t k2e62 = int64_t{1} << 62;
+  std::deque<Response> in = {ready("a", k2e62, DataType::kUint8),
+                             ready("b", k2e62, DataType::kUint8),
+                             ready("c", k2e62, DataType::kUint8)};
+  EXPECT_EQ(plan(in, std::numeric_limits<int64_t>::max()),
+            (std::vector<std::vector<std::string>>{{"a"}, {"b"}, {"c"}}));
+  in = {ready("a", k2e62 - 1, DataType::kUint8), ready("b", k2e62, DataType::kUint8)};
+  EXPECT_EQ(plan(in, std::numeric_limits<int64_t>::max()),
+            (std::vector<std::vector<std::string>>{{"a", "b"}}));
 }
 
 TEST(PlanFusionTest, GroupsNeverExceedThreshold) {

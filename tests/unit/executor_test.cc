@@ -7,6 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
+#include "ops/executor/response_counts.h"
 #include "runtime_fakes.h"
 
 namespace hora {
@@ -187,6 +190,56 @@ TEST(ExecutorTest, AFailureOnlyThisRankSawBreaksTheSetAtOnce) {
   EXPECT_TRUE(h.health.broken()) << "its peers are inside the collective: the set is done";
   EXPECT_TRUE(h.told);
   EXPECT_EQ(h.backend.calls(), 0);
+}
+
+// Issue 14: fused offsets of tensors whose sizes add up past kMaxTensorBytes (only a corrupt
+// response list holds such a group; each response alone was validated) are a protocol error.
+TEST(ResponseCountsTest, FusedOffsetsAreCheckedForOverflow) {
+  auto resp = [](int64_t elems, DataType dt) {
+    Response r;
+    r.name = "t" + std::to_string(elems);
+    r.dtype = dt;
+    r.shape = {elems};
+    return r;
+  };
+  auto ok = fusedOffsets(
+      {resp(2, DataType::kFloat32), resp(3, DataType::kFloat32), resp(1, DataType::kFloat32)});
+  ASSERT_TRUE(ok.isOk()) << ok.status().toString();
+  EXPECT_EQ(ok.value(), (std::vector<size_t>{0, 2, 5, 6}));
+  const int64_t k2e62 = int64_t{1} << 62;
+  // Exactly 2^63-1 bytes: fine.
+  auto edge = fusedOffsets({resp(k2e62 - 1, DataType::kUint8), resp(k2e62, DataType::kUint8)});
+  ASSERT_TRUE(edge.isOk()) << edge.status().toString();
+  EXPECT_EQ(edge.value().back(), static_cast<size_t>(std::numeric_limits<int64_t>::max()));
+  // Four 2^62-byte tensors: 2^64 elements, which wrapped to 0 in size_t.
+  auto wrap = fusedOffsets(std::vector<Response>(4, resp(k2e62, DataType::kUint8)));
+  EXPECT_EQ(wrap.status().code(), Code::kProtocolError);
+  EXPECT_NE(wrap.status().message().find("fused allreduce of 4 tensors"), std::string::npos)
+      << wrap.status().message();
+  // 2^61 float32 elements: the count fits, the bytes do not.
+  auto bytes = fusedOffsets(std::vector<Response>(2, resp(k2e62 / 4, DataType::kFloat32)));
+  EXPECT_EQ(bytes.status().code(), Code::kProtocolError);
+}
+
+TEST(ExecutorTest, AFusedGroupPastTheSizeLimitFailsWithoutTouchingMemory) {
+  ExecutorHarness h;
+  uint8_t tiny[4][8] = {};
+  std::vector<EntryPtr> es;
+  std::vector<Response> rs;
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (int i = 0; i < 4; ++i) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    es.push_back(makeEntry(CollectiveKind::kAllreduce, "t" + std::to_string(i), DataType::kUint8,
+                           {int64_t{1} << 62}, tiny[i], tiny[i], sinks.back()));
+    rs.push_back(responseFor(*es.back()));
+  }
+  h.run(es, rs);
+  for (auto& s : sinks) {
+    ASSERT_TRUE(s->waitDone());
+    EXPECT_EQ(s->status().code(), Code::kProtocolError) << s->status().toString();
+  }
+  EXPECT_EQ(h.backend.calls(), 0);
+  EXPECT_TRUE(h.health.broken());
 }
 
 TEST(ExecutorTest, ControlOnlyGroupsNeverTouchTheDataPlane) {

@@ -532,6 +532,27 @@ TEST(ResponseTest, ByteSize) {
   EXPECT_EQ(r.byteSize(), 2048);
 }
 
+// Issue 14: the limit every size computation relies on (core/types.h).
+TEST(ShapeOverflowTest, FirstDimensionPastTheLimit) {
+  const int64_t k2e40 = int64_t{1} << 40, k2e62 = int64_t{1} << 62;
+  const int64_t kMax = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(kMaxTensorBytes, kMax);
+  EXPECT_EQ(shapeOverflowDim({}, 4), -1);
+  EXPECT_EQ(shapeOverflowDim({0}, 8), -1);
+  EXPECT_EQ(shapeOverflowDim({3, 5}, 8), -1);
+  EXPECT_EQ(shapeOverflowDim({k2e40, k2e40}, 4), 1);  // wrapped to 0 elements
+  EXPECT_EQ(shapeOverflowDim({k2e62 + 1, 4}, 4), 0);  // wrapped to 4
+  EXPECT_EQ(shapeOverflowDim({k2e62, 3}, 4), 0);      // wrapped negative
+  EXPECT_EQ(shapeOverflowDim({kMax}, 1), -1);         // exactly the limit
+  EXPECT_EQ(shapeOverflowDim({kMax}, 2), 0);
+  EXPECT_EQ(shapeOverflowDim({k2e62, 2}, 1), 1);  // 2^63 bytes: one past
+  EXPECT_EQ(shapeOverflowDim({1, 1, k2e62 - 1, 2}, 1), -1);
+  EXPECT_EQ(shapeOverflowDim({0, k2e62, 4}, 1), 2);  // empty, but one row would overflow
+  EXPECT_EQ(shapeOverflowDim({k2e62, 0}, 2), 0);     // the dimensions so far already do
+  EXPECT_EQ(shapeOverflowDim({4, -1}, 4), 1);
+  EXPECT_EQ(shapeOverflowDim({std::numeric_limits<int64_t>::min()}, 1), 0);
+}
+
 // ---------------------------------------------------------- header errors
 
 TEST(MessageHeaderTest, WrongVersionNamesVersion) {

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <limits>
 
 #include "core/memory_store.h"
 #include "runtime_fakes.h"
@@ -274,6 +275,67 @@ TEST(SetControllerTest, AMalformedResponseIsAProtocolError) {
   EXPECT_EQ(h.health.status().message(),
             "malformed response for \"g\" from the coordinator of set global: allgather needs a "
             "shape and one size per rank");
+}
+
+// Issue 14: the executor multiplies a response's shape and sizes (response_counts.h); values
+// whose products or sums overflow cannot come from a correct coordinator and must be refused
+// before anything computes with them. Each response matches the rank's own request, so
+// validation is the only thing that can refuse it.
+TEST(SetControllerTest, AResponseWhoseSizesOverflowIsAProtocolError) {
+  const int64_t k2e40 = int64_t{1} << 40, k2e62 = int64_t{1} << 62;
+  const int64_t kMax = std::numeric_limits<int64_t>::max();
+  struct Case {
+    CollectiveKind kind;
+    std::vector<int64_t> shape, sizes;
+    std::string says;
+    DataType dtype = DataType::kFloat32;
+  };
+  const std::vector<Case> cases = {
+      {CollectiveKind::kAllreduce, {k2e40, k2e40}, {}, "overflows at dimension 1"},
+      {CollectiveKind::kAllreduce, {k2e62 + 1, 4}, {}, "overflows at dimension 0"},
+      {CollectiveKind::kBroadcast, {k2e62, 3}, {}, "overflows at dimension 0"},
+      {CollectiveKind::kReducescatter,
+       {0, k2e62, 8},
+       {},
+       "overflows at dimension 2",
+       DataType::kUint8},
+      {CollectiveKind::kAllgather, {4, k2e62}, {4}, "overflows at dimension 1"},
+      // Sizes that are not the shape's rows; the allocated output would be too small.
+      {CollectiveKind::kAllgather, {4}, {5}, "do not add up"},
+      // Float32 rows: 2^62 of them pass the limit though the shape (1 row) does not.
+      {CollectiveKind::kAlltoall, {1}, {k2e62}, "alltoall sizes to or from set rank 0 overflow"},
+      {CollectiveKind::kAlltoall, {1}, {kMax}, "overflow", DataType::kInt16},
+  };
+  for (const Case& c : cases) {
+    ControllerHarness h;
+    auto sink = std::make_shared<RecordingSink>();
+    auto e = makeEntry(c.kind, "big", c.dtype, c.shape, nullptr, nullptr, sink);
+    ASSERT_TRUE(h.controller->enqueue({e}).isOk());
+    Response r = responseFor(*e);
+    r.sizes = c.sizes;
+    h.respond(listOf({r}));
+    ASSERT_TRUE(h.health.broken()) << describeTensor(c.dtype, c.shape) << " was accepted";
+    EXPECT_EQ(h.health.status().code(), Code::kProtocolError);
+    const std::string m = h.health.status().message();
+    EXPECT_NE(m.find("malformed response for \"big\" from the coordinator of set global"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find(c.says), std::string::npos) << m;
+    EXPECT_EQ(h.queue.inFlight(), 0) << "nothing reaches the executor";
+  }
+}
+
+TEST(SetControllerTest, AResponseAtTheSizeLimitIsAccepted) {
+  ControllerHarness h;
+  const int64_t kMax = std::numeric_limits<int64_t>::max();
+  auto e = makeEntry(CollectiveKind::kAllgather, "edge", DataType::kUint8, {kMax}, nullptr, nullptr,
+                     std::make_shared<RecordingSink>());
+  ASSERT_TRUE(h.controller->enqueue({e}).isOk());
+  Response r = responseFor(*e);
+  r.sizes = {kMax};
+  h.respond(listOf({r}));
+  EXPECT_FALSE(h.health.broken()) << h.health.status().message();
+  EXPECT_EQ(h.queue.inFlight(), 1);
 }
 
 TEST(SetControllerTest, AFailureFoundOnAnotherThreadReachesThePeersAndFailsWhatIsPending) {

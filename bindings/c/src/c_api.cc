@@ -491,9 +491,16 @@ HORA_API hora_status_t hora_alltoall_async(hora_runtime_t h, const DLTensor* in,
                                                     std::to_string(n) + " ranks");
           sp.assign(splits, splits + n);
           int64_t sum = 0;
-          for (int64_t v : sp) {
-            if (v < 0) return fail(Code::kInvalidArgument, where + ": negative split");
-            sum += v;
+          for (int i = 0; i < n; ++i) {
+            if (sp[i] < 0)
+              return fail(Code::kInvalidArgument, where + ": split " + std::to_string(i) +
+                                                      " is negative (" + std::to_string(sp[i]) +
+                                                      "); splits count rows sent to each rank");
+            if (__builtin_add_overflow(sum, sp[i], &sum))
+              return fail(Code::kInvalidArgument,
+                          where + ": splits overflow int64 at split " + std::to_string(i) + " (" +
+                              std::to_string(sp[i]) + "); they must sum to dimension 0 (" +
+                              std::to_string(ti.shape[0]) + ")");
           }
           if (sum != ti.shape[0])
             return fail(Code::kInvalidArgument, where + ": splits sum to " + std::to_string(sum) +

@@ -79,11 +79,22 @@ Status checkTensor(const DLTensor* t, const std::string& where, TensorInfo* out)
   if (t->ndim > 0 && !t->shape)
     return hora::invalidArgument(where + " has ndim > 0 but a NULL shape");
   out->shape.assign(t->shape, t->shape + t->ndim);
-  int64_t n = 1;
-  for (int64_t d : out->shape) {
-    if (d < 0) return hora::invalidArgument(where + " has a negative dimension");
-    n *= d;
+  // Before anything multiplies the dimensions or reads the data: a shape whose size overflows
+  // would wrap to a small or negative count and make the data planes read the wrong memory.
+  if (int dim = hora::shapeOverflowDim(out->shape, hora::dataTypeSize(out->dtype)); dim >= 0) {
+    const std::string shape = hora::describeTensor(out->dtype, out->shape);
+    if (out->shape[dim] < 0)
+      return hora::invalidArgument(where + " " + shape + " has a negative dimension " +
+                                   std::to_string(dim) + " (" + std::to_string(out->shape[dim]) +
+                                   "); check the DLTensor's shape");
+    return hora::invalidArgument(
+        where + " " + shape + " is too large: at dimension " + std::to_string(dim) + " (" +
+        std::to_string(out->shape[dim]) + ") its size passes 2^63-1 bytes, so its element " +
+        "count or byte size would overflow; the shape is corrupt (check the DLTensor's shape " +
+        "and ndim) or the tensor must be split into smaller ones");
   }
+  int64_t n = 1;
+  for (int64_t d : out->shape) n *= d;  // cannot overflow: checked above
   out->count = n;
   if (t->strides &&
       n > 0) {  // empty tensors have no layout to check (torch exports odd strides for them)
@@ -132,9 +143,12 @@ Status checkAllreduceArgs(ProcessSet& set, const DLTensor* in, const DLTensor* o
                           TensorInfo* to) {
   HORA_RETURN_IF_ERROR(checkTensor(in, where + ", input", ti));
   HORA_RETURN_IF_ERROR(checkTensor(out, where + ", output", to));
-  if (ti->dtype != to->dtype || ti->count != to->count)
+  // The same shape, not only the same element count (Horovod's rule, docs/errors.md): an
+  // output of another shape is almost always a bug in the caller.
+  if (ti->dtype != to->dtype || ti->shape != to->shape)
     return invalidArgument(where + ": output " + describeTensor(to->dtype, to->shape) +
-                           " does not match input " + describeTensor(ti->dtype, ti->shape));
+                           " does not match input " + describeTensor(ti->dtype, ti->shape) +
+                           "; the output must have the input's dtype and shape");
   HORA_RETURN_IF_ERROR(checkOp(o, ti->dtype, where, false));
   return checkDevice(set, CollectiveKind::kAllreduce, *ti, to, where);
 }

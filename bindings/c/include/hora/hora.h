@@ -181,9 +181,13 @@ HORA_API void hora_options_init(hora_options_t* options);
  * plugin libhora_cuda.so, loaded on first use; outputs are allocated on the
  * input's device), compact row-major (strides NULL or matching),
  * with a supported dtype: uint8, int8, int16, int32, int64, float16, bfloat16,
- * float32, float64, bool. On any non-success return no request was created. */
+ * float32, float64, bool, and a byte size below 2^63 (a shape whose element
+ * count or byte size would overflow is HORA_ERR_INVALID_ARGUMENT, refused
+ * before any memory is read). On any non-success return no request was
+ * created. */
 
-/* out may equal in (in place). Same shape and dtype on every rank. */
+/* out may equal in (in place) and has in's shape and dtype. Same shape and
+ * dtype on every rank. */
 HORA_API hora_status_t hora_allreduce_async(hora_runtime_t runtime, const DLTensor* in,
                                             DLTensor* out, const hora_options_t* options,
                                             hora_request_t* request);
