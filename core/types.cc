@@ -28,43 +28,68 @@ size_t dataTypeSize(DataType dt) {
 
 const char* dataTypeName(DataType dt) {
   switch (dt) {
-    case DataType::kUint8: return "uint8";
-    case DataType::kInt8: return "int8";
-    case DataType::kInt16: return "int16";
-    case DataType::kInt32: return "int32";
-    case DataType::kInt64: return "int64";
-    case DataType::kFloat16: return "float16";
-    case DataType::kBfloat16: return "bfloat16";
-    case DataType::kFloat32: return "float32";
-    case DataType::kFloat64: return "float64";
-    case DataType::kBool: return "bool";
-    case DataType::kCount: break;
+    case DataType::kUint8:
+      return "uint8";
+    case DataType::kInt8:
+      return "int8";
+    case DataType::kInt16:
+      return "int16";
+    case DataType::kInt32:
+      return "int32";
+    case DataType::kInt64:
+      return "int64";
+    case DataType::kFloat16:
+      return "float16";
+    case DataType::kBfloat16:
+      return "bfloat16";
+    case DataType::kFloat32:
+      return "float32";
+    case DataType::kFloat64:
+      return "float64";
+    case DataType::kBool:
+      return "bool";
+    case DataType::kCount:
+      break;
   }
   return "unknown-dtype";
 }
 
 const char* reduceOpName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAverage: return "average";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kProduct: return "product";
-    case ReduceOp::kCount: break;
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAverage:
+      return "average";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kProduct:
+      return "product";
+    case ReduceOp::kCount:
+      break;
   }
   return "unknown-op";
 }
 
 const char* collectiveName(CollectiveKind k) {
   switch (k) {
-    case CollectiveKind::kAllreduce: return "allreduce";
-    case CollectiveKind::kAllgather: return "allgather";
-    case CollectiveKind::kBroadcast: return "broadcast";
-    case CollectiveKind::kAlltoall: return "alltoall";
-    case CollectiveKind::kReducescatter: return "reducescatter";
-    case CollectiveKind::kBarrier: return "barrier";
-    case CollectiveKind::kJoin: return "join";
-    case CollectiveKind::kCount: break;
+    case CollectiveKind::kAllreduce:
+      return "allreduce";
+    case CollectiveKind::kAllgather:
+      return "allgather";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+    case CollectiveKind::kAlltoall:
+      return "alltoall";
+    case CollectiveKind::kReducescatter:
+      return "reducescatter";
+    case CollectiveKind::kBarrier:
+      return "barrier";
+    case CollectiveKind::kJoin:
+      return "join";
+    case CollectiveKind::kCount:
+      break;
   }
   return "unknown-collective";
 }

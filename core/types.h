@@ -60,10 +60,10 @@ struct Device {
 };
 
 size_t dataTypeSize(DataType dt);
-const char* dataTypeName(DataType dt);    // "float32"
-const char* reduceOpName(ReduceOp op);    // "sum"
+const char* dataTypeName(DataType dt);         // "float32"
+const char* reduceOpName(ReduceOp op);         // "sum"
 const char* collectiveName(CollectiveKind k);  // "allreduce"
-std::string deviceName(const Device& d);  // "cpu", "cuda:1"
+std::string deviceName(const Device& d);       // "cpu", "cuda:1"
 
 bool isFloatingPoint(DataType dt);
 // Whether `op` is defined for `dt` (e.g. bool supports min/max/sum-as-or only).
