@@ -246,4 +246,56 @@ TEST(Regression, CpuOutputAllocatorFailingOnOneRankFailsOnlyThatRequest) {
   });
 }
 
+// Horovod's join pattern (issue 13 reported a silent hang with it): warm the
+// response cache with two named allreduces (fused), then one rank joins
+// while the others allreduce the same names again, averaging; every world
+// size 2-4, every rank joining first, with the cache on and off. The joined
+// rank contributes nothing, so the average is over the others.
+TEST(Regression, JoinWhileOthersAllreduceCachedNamesCompletesWithTheRightAverage) {
+  for (int size = 2; size <= 4; ++size)
+    for (int joiner = 0; joiner < size; ++joiner)
+      for (int cache : {0, 1024}) {
+        SCOPED_TRACE("size " + std::to_string(size) + ", joiner " + std::to_string(joiner) +
+                     ", cache " + std::to_string(cache));
+        runThreads(
+            size,
+            [&](int rank, hora_runtime_t rt) {
+              auto submit = [&](std::vector<float>& v, std::vector<int64_t>& shape,
+                                const char* name, hora_request_t* req) {
+                DLTensor t = makeTensor(v.data(), dlType(kDLFloat, 32), &shape);
+                hora_options_t o;
+                hora_options_init(&o);
+                o.name = name;
+                o.op = HORA_OP_AVERAGE;
+                return hora_allreduce_async(rt, &t, &t, &o, req);
+              };
+              std::vector<int64_t> sa = {5}, sb = {17};
+              std::vector<float> a(5, float(rank + 1)), b(17, float(10 * (rank + 1)));
+              hora_request_t ra, rb;
+              ASSERT_EQ(submit(a, sa, "tensor_a", &ra), HORA_SUCCESS) << lastMessage();
+              ASSERT_EQ(submit(b, sb, "tensor_b", &rb), HORA_SUCCESS) << lastMessage();
+              ASSERT_EQ(waitAndFree(ra, 20), HORA_SUCCESS) << lastMessage();
+              ASSERT_EQ(waitAndFree(rb, 20), HORA_SUCCESS) << lastMessage();
+              const float all = (size + 1) / 2.0f;  // mean of 1..size
+              EXPECT_FLOAT_EQ(a[0], all);
+              if (rank != joiner) {
+                // Everyone but the joiner: mean of (r+1) over the other ranks.
+                const float others = (size * (size + 1) / 2.0f - (joiner + 1)) / (size - 1);
+                std::fill(a.begin(), a.end(), float(rank + 1));
+                std::fill(b.begin(), b.end(), float(10 * (rank + 1)));
+                ASSERT_EQ(submit(a, sa, "tensor_a", &ra), HORA_SUCCESS) << lastMessage();
+                ASSERT_EQ(submit(b, sb, "tensor_b", &rb), HORA_SUCCESS) << lastMessage();
+                ASSERT_EQ(waitAndFree(ra, 20), HORA_SUCCESS) << lastMessage();
+                ASSERT_EQ(waitAndFree(rb, 20), HORA_SUCCESS) << lastMessage();
+                EXPECT_FLOAT_EQ(a[4], others);
+                EXPECT_FLOAT_EQ(b[16], 10 * others);
+              }
+              hora_request_t j;
+              ASSERT_EQ(hora_join_async(rt, nullptr, &j), HORA_SUCCESS);
+              ASSERT_EQ(waitAndFree(j, 20), HORA_SUCCESS) << lastMessage();
+            },
+            [cache](hora_config_t& c) { c.cache_capacity = cache; }, 60);
+      }
+}
+
 }  // namespace
