@@ -21,12 +21,14 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 hora_status_t submitF32(hora_runtime_t rt, std::vector<float>& buf, std::vector<int64_t>& shape,
-                        const char* name, hora_request_t* req, hora_process_set_t ps = nullptr) {
+                        const char* name, hora_request_t* req, hora_process_set_t ps = nullptr,
+                        hora_reduce_op_t op = HORA_OP_SUM) {
   DLTensor t = makeTensor(buf.data(), dlType(kDLFloat, 32), &shape);
   hora_options_t o;
   hora_options_init(&o);
   o.name = name;
   o.process_set = ps;
+  o.op = op;
   return hora_allreduce_async(rt, &t, &t, &o, req);
 }
 
@@ -262,12 +264,7 @@ TEST(Regression, JoinWhileOthersAllreduceCachedNamesCompletesWithTheRightAverage
             [&](int rank, hora_runtime_t rt) {
               auto submit = [&](std::vector<float>& v, std::vector<int64_t>& shape,
                                 const char* name, hora_request_t* req) {
-                DLTensor t = makeTensor(v.data(), dlType(kDLFloat, 32), &shape);
-                hora_options_t o;
-                hora_options_init(&o);
-                o.name = name;
-                o.op = HORA_OP_AVERAGE;
-                return hora_allreduce_async(rt, &t, &t, &o, req);
+                return submitF32(rt, v, shape, name, req, nullptr, HORA_OP_AVERAGE);
               };
               std::vector<int64_t> sa = {5}, sb = {17};
               std::vector<float> a(5, float(rank + 1)), b(17, float(10 * (rank + 1)));

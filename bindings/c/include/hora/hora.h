@@ -241,8 +241,11 @@ HORA_API hora_status_t hora_request_output(hora_request_t request, const DLTenso
 HORA_API hora_status_t hora_request_received_splits(hora_request_t request, const int64_t** splits,
                                                     int32_t* nsplits);
 HORA_API hora_status_t hora_request_join_last_rank(hora_request_t request, int32_t* rank);
-/* Releases the handle. A request still running keeps running: hora holds
- * its own reference, but its callback and output are discarded. */
+/* Releases the handle. For a finished request, its library-owned output
+ * (hora_request_output) is freed here, on the calling thread (GPU memory
+ * through the GPU plugin). A request still running keeps running: hora holds
+ * its own reference, but its callback and output are discarded (the output is
+ * freed once hora is done with it). */
 HORA_API hora_status_t hora_request_free(hora_request_t request);
 
 /* ---- rendezvous store server (for launchers) ----
