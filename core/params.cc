@@ -54,6 +54,22 @@ const std::vector<ParamSpec>& paramRegistry() {
        "Interval of control-plane heartbeats."},
       {"HORA_START_TIMEOUT_S", ParamType::kFloat, "120",
        "Longest wait for all ranks to reach the store and connect at start-up."},
+      {"HORA_ELASTIC", ParamType::kBool, "0",
+       "1: elastic mode (docs/elastic.md): a lost member fails collectives with "
+       "HORA_ERR_MEMBERSHIP and the survivors re-form; needs a launcher-hosted store. horarun "
+       "sets it."},
+      {"HORA_WORKER_ID", ParamType::kString, "",
+       "Elastic mode: this process's id, unique in the job and stable across epochs (horarun "
+       "sets it)."},
+      {"HORA_ELASTIC_NEWCOMER", ParamType::kBool, "0",
+       "Elastic mode: 1 for a worker started after the job began; it joins the next epoch "
+       "(horarun sets it)."},
+      {"HORA_ELASTIC_TIMEOUT_S", ParamType::kFloat, "600",
+       "Elastic mode: longest wait to form an epoch (for the workers to arrive, for the "
+       "members list, for a newcomer to be admitted)."},
+      {"HORA_ELASTIC_SETTLE_MS", ParamType::kInt, "2000",
+       "Elastic mode: the leader closes the new membership this long after the last arrival "
+       "when fewer workers arrived than the launcher reports alive."},
       {"HORA_GLOO_ALGORITHM", ParamType::kString, "auto",
        "Gloo allreduce algorithm: auto (by size), ring or bcube. Must be the same on every rank "
        "(checked at start).",

@@ -21,17 +21,18 @@ enum class Code : int32_t {
   kInvalidArgument = 1,  // caller passed something wrong; nothing else was disturbed
   kInvalidUsage = 2,     // valid arguments, wrong moment (lifecycle, duplicate name in flight)
   kNotInitialized = 3,
-  kShutDown = 4,       // the runtime is shutting down or shut down
-  kSystemError = 5,    // OS call failed (socket, memory)
-  kBackendError = 6,   // the data-plane library failed
-  kRemoteError = 7,    // a peer rank was lost or failed
-  kTimeout = 8,        // a deadline passed (wait, rendezvous, stall)
-  kInProgress = 9,     // not an error: the request is still running
-  kNotSupported = 10,  // valid request hora cannot serve here (e.g. GPU without plugin)
-  kMismatch = 11,      // ranks submitted disagreeing requests for one tensor
-  kAuthError = 12,     // rendezvous authentication failed
-  kProtocolError = 13, // malformed message on the wire
-  kInternal = 14,      // a bug in hora
+  kShutDown = 4,        // the runtime is shutting down or shut down
+  kSystemError = 5,     // OS call failed (socket, memory)
+  kBackendError = 6,    // the data-plane library failed
+  kRemoteError = 7,     // a peer rank was lost or failed
+  kTimeout = 8,         // a deadline passed (wait, rendezvous, stall)
+  kInProgress = 9,      // not an error: the request is still running
+  kNotSupported = 10,   // valid request hora cannot serve here (e.g. GPU without plugin)
+  kMismatch = 11,       // ranks submitted disagreeing requests for one tensor
+  kAuthError = 12,      // rendezvous authentication failed
+  kProtocolError = 13,  // malformed message on the wire
+  kInternal = 14,       // a bug in hora
+  kMembership = 15,     // elastic: a member was lost or joins; restore and re-form
 };
 
 const char* codeName(Code code);
@@ -55,10 +56,13 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline Status invalidArgument(std::string m) { return Status(Code::kInvalidArgument, std::move(m)); }
+inline Status invalidArgument(std::string m) {
+  return Status(Code::kInvalidArgument, std::move(m));
+}
 inline Status invalidUsage(std::string m) { return Status(Code::kInvalidUsage, std::move(m)); }
 inline Status systemError(std::string m) { return Status(Code::kSystemError, std::move(m)); }
 inline Status internalError(std::string m) { return Status(Code::kInternal, std::move(m)); }
+inline Status membershipError(std::string m) { return Status(Code::kMembership, std::move(m)); }
 inline Status protocolError(std::string m) { return Status(Code::kProtocolError, std::move(m)); }
 inline Status timeoutError(std::string m) { return Status(Code::kTimeout, std::move(m)); }
 
@@ -66,7 +70,7 @@ inline Status timeoutError(std::string m) { return Status(Code::kTimeout, std::m
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}          // NOLINT: implicit by design
   Result(Status status) : status_(std::move(status)) {}  // NOLINT
   bool isOk() const { return status_.isOk(); }
   const Status& status() const { return status_; }
@@ -81,8 +85,8 @@ class [[nodiscard]] Result {
 
 }  // namespace hora
 
-#define HORA_RETURN_IF_ERROR(expr)             \
-  do {                                         \
-    ::hora::Status hora_status_ = (expr);      \
+#define HORA_RETURN_IF_ERROR(expr)                 \
+  do {                                             \
+    ::hora::Status hora_status_ = (expr);          \
     if (!hora_status_.isOk()) return hora_status_; \
   } while (0)

@@ -48,6 +48,13 @@ class TcpStoreServer {
   // The bound port (the actual one when started with port 0).
   int port() const;
 
+  // Writes / atomically adds to a key from the hosting process itself (a
+  // launcher publishing job facts such as the live worker count), waking
+  // clients that wait for it. Safe from any thread except the server's own;
+  // blocks until the server thread has applied the change.
+  Status set(const std::string& key, const std::string& value);
+  Result<int64_t> add(const std::string& key, int64_t delta);
+
  private:
   class Impl;
   explicit TcpStoreServer(std::unique_ptr<Impl> impl);

@@ -5,6 +5,8 @@
 #include <boost/asio.hpp>
 #include <charconv>
 #include <deque>
+#include <functional>
+#include <future>
 #include <list>
 #include <thread>
 #include <unordered_map>
@@ -78,6 +80,31 @@ class TcpStoreServer::Impl {
   void dropWaiter(std::shared_ptr<Waiter> w);  // by value: w may alias session->waiter_
   void finishWaiter(std::shared_ptr<Waiter> w, bool timedOut);
   void serveWaiters(const std::string& key);
+  // The store's add; the caller serves the waiters for key afterwards.
+  Result<int64_t> applyAdd(const std::string& key, int64_t delta) {
+    int64_t current = 0;
+    auto it = data_.find(key);
+    if (it != data_.end()) {
+      const std::string& text = it->second;
+      auto res = std::from_chars(text.data(), text.data() + text.size(), current);
+      if (res.ec != std::errc() || res.ptr != text.data() + text.size())
+        return invalidArgument("store add: key '" + key + "' holds a non-integer value");
+    }
+    int64_t next = 0;
+    if (__builtin_add_overflow(current, delta, &next))
+      return invalidArgument("store add: key '" + key + "' would overflow int64");
+    data_[key] = std::to_string(next);
+    return next;
+  }
+  // Runs fn on the server thread and waits for it (the hosting process's
+  // own writes; data_ belongs to that thread).
+  template <typename T>
+  T onServerThread(std::function<T()> fn) {
+    std::packaged_task<T()> task(std::move(fn));
+    auto result = task.get_future();
+    asio::post(io_, [&task] { task(); });
+    return result.get();
+  }
   bool allPresent(const Waiter& w) const {
     for (const auto& k : w.keys)
       if (!data_.count(k)) return false;
@@ -327,22 +354,9 @@ void TcpStoreServer::Impl::Session::handleRequest(uint8_t op) {
     case kAdd: {
       uint64_t raw = 0;
       if (!r.str(&key, kMaxKey, "key", &why) || !r.u64(&raw) || !r.done()) return malformed("add");
-      int64_t delta = static_cast<int64_t>(raw);
-      int64_t current = 0;
-      auto it = data.find(key);
-      if (it != data.end()) {
-        const std::string& text = it->second;
-        auto res = std::from_chars(text.data(), text.data() + text.size(), current);
-        if (res.ec != std::errc() || res.ptr != text.data() + text.size())
-          return send(errorFrame(Code::kInvalidArgument,
-                                 "store add: key '" + key + "' holds a non-integer value"));
-      }
-      int64_t next = 0;
-      if (__builtin_add_overflow(current, delta, &next))
-        return send(errorFrame(Code::kInvalidArgument,
-                               "store add: key '" + key + "' would overflow int64"));
-      data[key] = std::to_string(next);
-      send(Writer().u64(static_cast<uint64_t>(next)).frame(kReplyOk));
+      auto next = server_.applyAdd(key, static_cast<int64_t>(raw));
+      if (!next.isOk()) return send(errorFrame(next.status().code(), next.status().message()));
+      send(Writer().u64(static_cast<uint64_t>(next.value())).frame(kReplyOk));
       server_.serveWaiters(key);
       return;
     }
@@ -527,6 +541,24 @@ TcpStoreServer::~TcpStoreServer() {
 }
 
 int TcpStoreServer::port() const { return impl_->port_; }
+
+Status TcpStoreServer::set(const std::string& key, const std::string& value) {
+  Impl* impl = impl_.get();
+  return impl->onServerThread<Status>([&]() -> Status {
+    impl->data_[key] = value;
+    impl->serveWaiters(key);
+    return Status::ok();
+  });
+}
+
+Result<int64_t> TcpStoreServer::add(const std::string& key, int64_t delta) {
+  Impl* impl = impl_.get();
+  return impl->onServerThread<Result<int64_t>>([&]() -> Result<int64_t> {
+    auto next = impl->applyAdd(key, delta);
+    if (next.isOk()) impl->serveWaiters(key);
+    return next;
+  });
+}
 
 Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const std::string& bindHost, int port,
                                                               std::string secret, Logger logger) {

@@ -178,6 +178,26 @@ TEST_F(TcpStoreTest, GetBlocksUntilAnotherThreadSets) {
   EXPECT_LT(elapsedMs(start), 2000);
 }
 
+// The hosting process (a launcher) writes job facts itself; a client waiting
+// for the key wakes, and adds share the clients' counter.
+TEST_F(TcpStoreTest, HostingProcessSetsAndAddsWakingWaiters) {
+  auto c = connect();
+  ASSERT_NE(c, nullptr);
+  std::thread setter([&] {
+    std::this_thread::sleep_for(50ms);
+    EXPECT_TRUE(server_->set("el/live", "3").isOk());
+  });
+  EXPECT_EQ(c->get("el/live", 5s).value(), "3");
+  setter.join();
+  ASSERT_TRUE(c->add("n", 2).isOk());
+  EXPECT_EQ(server_->add("n", 5).value(), 7);
+  EXPECT_EQ(c->add("n", 0).value(), 7);
+  ASSERT_TRUE(c->set("text", "x").isOk());
+  auto bad = server_->add("text", 1);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("non-integer"), std::string::npos);
+}
+
 TEST_F(TcpStoreTest, GetTimeoutNamesKey) {
   auto c = connect();
   ASSERT_NE(c, nullptr);

@@ -67,6 +67,9 @@ HORA_API const char* hora_status_string(hora_status_t status) {
       return "protocol error: malformed message (mixed hora versions or a stray client?)";
     case HORA_ERR_INTERNAL:
       return "internal error: a bug in hora, please report it";
+    case HORA_ERR_MEMBERSHIP:
+      return "membership changed: a member was lost or joins; restore the last commit and call "
+             "hora_reform";
     default:
       return "unknown status code";
   }

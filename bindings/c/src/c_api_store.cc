@@ -74,6 +74,30 @@ HORA_API hora_status_t hora_store_server_port(hora_store_server_t server, int32_
   });
 }
 
+HORA_API hora_status_t hora_store_server_set(hora_store_server_t server, const char* key,
+                                             const void* value, size_t len) {
+  return guarded("hora_store_server_set", [&]() -> hora_status_t {
+    if (!server || server->magic != kServerMagic || !key || (!value && len > 0))
+      return fail(Code::kInvalidArgument,
+                  "hora_store_server_set: invalid server handle, key NULL or value NULL");
+    auto st = server->server->set(key, std::string(static_cast<const char*>(value), len));
+    return st.isOk() ? HORA_SUCCESS : setError(st);
+  });
+}
+
+HORA_API hora_status_t hora_store_server_add(hora_store_server_t server, const char* key,
+                                             int64_t delta, int64_t* out) {
+  return guarded("hora_store_server_add", [&]() -> hora_status_t {
+    if (!server || server->magic != kServerMagic || !key)
+      return fail(Code::kInvalidArgument,
+                  "hora_store_server_add: invalid server handle or key NULL");
+    auto next = server->server->add(key, delta);
+    if (!next.isOk()) return setError(next.status());
+    if (out) *out = next.value();
+    return HORA_SUCCESS;
+  });
+}
+
 HORA_API hora_status_t hora_store_server_stop(hora_store_server_t server) {
   return guarded("hora_store_server_stop", [&]() -> hora_status_t {
     if (!server) return HORA_SUCCESS;

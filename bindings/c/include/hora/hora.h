@@ -58,7 +58,8 @@ typedef int32_t hora_status_t;
 #define HORA_ERR_AUTH 12          /* rendezvous rejected the job secret */
 #define HORA_ERR_PROTOCOL 13      /* malformed message on the wire */
 #define HORA_ERR_INTERNAL 14      /* a bug in hora: please report it */
-#define HORA_STATUS_COUNT 15
+#define HORA_ERR_MEMBERSHIP 15    /* elastic mode: a member was lost or joins; restore, re-form */
+#define HORA_STATUS_COUNT 16
 
 /* ---- reduction ops ---- */
 typedef int32_t hora_reduce_op_t;
@@ -115,6 +116,19 @@ static inline hora_status_t hora_init(const hora_config_t* config, hora_runtime_
  * threads and frees the runtime. Requests stay valid until freed. Safe to
  * call once per runtime; NULL is ignored. */
 HORA_API hora_status_t hora_shutdown(hora_runtime_t runtime);
+
+/* ---- membership (docs/elastic.md) ----
+ * Every runtime belongs to one membership epoch; keys it publishes are scoped
+ * by it, so re-init never reads an earlier runtime's keys. */
+HORA_API hora_status_t hora_epoch(hora_runtime_t runtime, int64_t* out);
+/* Elastic mode: *out = 1 when a worker waits to join the next epoch. Ask on
+ * one rank and broadcast the answer: every rank must re-form together. */
+HORA_API hora_status_t hora_membership_pending(hora_runtime_t runtime, int32_t* out);
+/* Elastic mode: shuts *runtime down (pending requests fail), forms the next
+ * epoch with the other workers that arrive, and replaces *runtime with the
+ * new runtime (rank and size may differ). On error *runtime is NULL (the old
+ * one is freed) and the message says what to do. */
+HORA_API hora_status_t hora_reform(hora_runtime_t* runtime);
 
 HORA_API void hora_get_version(int32_t* major, int32_t* minor, int32_t* patch);
 HORA_API const char* hora_status_string(hora_status_t status);
@@ -265,6 +279,14 @@ HORA_API hora_status_t hora_store_server_start(const char* bind_host, int32_t po
                                                const char* secret, hora_store_server_t* out);
 /* The bound port (the actual one when started with port 0). */
 HORA_API hora_status_t hora_store_server_port(hora_store_server_t server, int32_t* out);
+/* Writes key = value (len bytes) / adds delta to the integer at key (missing
+ * = 0; *out, if not NULL, gets the new value) in the store from the hosting
+ * process, waking clients that wait for the key. A launcher publishes job
+ * facts this way (docs/elastic.md: the live worker count, min-np). */
+HORA_API hora_status_t hora_store_server_set(hora_store_server_t server, const char* key,
+                                             const void* value, size_t len);
+HORA_API hora_status_t hora_store_server_add(hora_store_server_t server, const char* key,
+                                             int64_t delta, int64_t* out);
 /* Closes every connection, joins the server thread and frees the handle.
  * NULL is ignored. */
 HORA_API hora_status_t hora_store_server_stop(hora_store_server_t server);
