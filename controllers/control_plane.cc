@@ -286,11 +286,12 @@ Status ControlPlane::rendezvousWorker(Store& store) {
                           p->addr + " within the start timeout");
     }
     if (!ec) break;
+    const std::string why = ec.message();  // close() below overwrites ec
     p->sock.close(ec);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     if (SteadyClock::now() >= deadline)
       return timeoutError("could not connect to the coordinator of set " + opts_.setName + " at " +
-                          p->addr + ": " + ec.message());
+                          p->addr + ": " + why);
   }
   p->sock.set_option(tcp::no_delay(true), ec);
   ByteWriter w;

@@ -18,7 +18,7 @@ Status decodeAbort(const std::string& payload) {
   std::string msg;
   if (!rd.i32(&code, "abort code").isOk() || !rd.str(&msg, "abort message").isOk())
     return protocolError("the coordinator aborted the job with a malformed message");
-  if (code <= 0 || code > static_cast<int32_t>(Code::kInternal))
+  if (code <= 0 || code > static_cast<int32_t>(kLastCode))
     code = static_cast<int32_t>(Code::kRemoteError);
   return Status(static_cast<Code>(code), msg);
 }

@@ -177,7 +177,7 @@ Status SetController::validateResponse(const Response& r) const {
       if (r.root < 0 || r.root >= size()) return bad("broadcast root out of range");
       break;
     case ResponseKind::kError:
-      if (r.errorCode <= 0 || r.errorCode > static_cast<int32_t>(Code::kInternal))
+      if (r.errorCode <= 0 || r.errorCode > static_cast<int32_t>(kLastCode))
         return bad("invalid error code");
       break;
     case ResponseKind::kJoin:

@@ -11,7 +11,17 @@ void SetHealth::setSuspectHook(std::function<void(Clock::time_point)> hook) {
   suspectHook_ = std::move(hook);
 }
 
+namespace {
+bool causedByMember(Code c) {
+  return c == Code::kRemoteError || c == Code::kBackendError || c == Code::kTimeout ||
+         c == Code::kSystemError || c == Code::kProtocolError;
+}
+}  // namespace
+
 bool SetHealth::fail(Status why, bool tellPeers) {
+  if (elastic_ && causedByMember(why.code()))
+    why = membershipError(why.message() +
+                          " [elastic: restore the last commit and re-form the job (hora_reform)]");
   std::vector<std::function<void(const Status&)>> deferred;
   {
     std::lock_guard<std::mutex> lk(mu_);

@@ -45,6 +45,11 @@ class SetHealth {
 
   // Set-up only.
   void addListener(Listener listener);
+  // Elastic mode (docs/elastic.md): failures a lost or silent member causes
+  // (remote, backend, timeout, system, protocol) break the set with
+  // kMembership, which tells the caller to restore and re-form rather than
+  // give up; the message stays the one that names the member.
+  void setElastic(bool elastic) { elastic_ = elastic; }
   // Called (on the suspecting thread) with the deadline after which settle()
   // should break the set with the suspicion.
   void setSuspectHook(std::function<void(Clock::time_point deadline)> hook);
@@ -73,6 +78,7 @@ class SetHealth {
   const std::string setName_;
   const Logger logger_;
   const Seconds grace_;
+  bool elastic_ = false;
   std::vector<Listener> listeners_;
   std::function<void(Clock::time_point)> suspectHook_;
 

@@ -35,6 +35,9 @@ enum class Code : int32_t {
   kMembership = 15,     // elastic: a member was lost or joins; restore and re-form
 };
 
+// The largest valid code: decoders of codes from the wire check against it.
+constexpr Code kLastCode = Code::kMembership;
+
 const char* codeName(Code code);
 
 class [[nodiscard]] Status {

@@ -266,7 +266,7 @@ Result<TcpStoreClient::Reply> TcpStoreClient::call(const std::string& frame,
       // The connection is dropped: after a rejection the server closes it.
       Reader rd(reply.payload);
       uint32_t code = 0;
-      if (!rd.u32(&code) || code == 0 || code > static_cast<uint32_t>(Code::kInternal))
+      if (!rd.u32(&code) || code == 0 || code > static_cast<uint32_t>(kLastCode))
         return protocolError("store " + what + ": malformed error reply from " + address_);
       return Status(static_cast<Code>(code), rd.rest());
     }

@@ -38,11 +38,25 @@ const hora::capi::TensorInfo kNoTensor{hora::DataType::kUint8, {}, nullptr, 0, {
 // Handles stay allocated after shutdown/destroy (marked dead), so a late call
 // with them gets a clear error instead of a use-after-free. Each is a few
 // dozen bytes per runtime or set.
+// The caller's hora_config_t with its strings copied, so hora_reform can
+// start the next runtime with the same configuration.
+struct OwnedConfig {
+  hora_config_t c;
+  std::string strings[5];
+  explicit OwnedConfig(const hora_config_t& from) : c(from) {
+    const char** fields[] = {&c.store_addr, &c.secret, &c.hostname, &c.log_level, &c.worker_id};
+    for (int i = 0; i < 5; ++i)
+      if (*fields[i]) strings[i] = *fields[i], *fields[i] = strings[i].c_str();
+  }
+  OwnedConfig(const OwnedConfig&) = delete;
+};
+
 struct hora_runtime_s {
   std::atomic<uint32_t> magic{kRuntimeMagic};
   std::shared_mutex mu;  // shared: calls using the runtime; exclusive: shutdown
   std::unique_ptr<hora::Runtime> rt;
   hora_process_set_s* global = nullptr;
+  std::unique_ptr<OwnedConfig> config;
 };
 
 struct hora_process_set_s {
@@ -249,6 +263,7 @@ HORA_API hora_status_t hora_init_versioned(const hora_config_t* config, hora_run
     if (!rt.isOk()) return setError(rt.status());
     auto* h = new hora_runtime_s();
     h->rt = rt.take();
+    h->config = std::make_unique<OwnedConfig>(c);
     h->global = new hora_process_set_s();
     h->global->owner = h;
     h->global->set = h->rt->globalSet();
@@ -274,6 +289,56 @@ HORA_API hora_status_t hora_shutdown(hora_runtime_t h) {
     bury(h);
     bury(h->global);
     if (rt) rt->shutdown();
+    return HORA_SUCCESS;
+  });
+}
+
+HORA_API hora_status_t hora_reform(hora_runtime_t* runtime) {
+  return guarded("hora_reform", [&]() -> hora_status_t {
+    if (!runtime || !*runtime)
+      return fail(Code::kInvalidArgument, "hora_reform: runtime is NULL or points to NULL");
+    hora_runtime_t h = *runtime;
+    if (h->magic != kRuntimeMagic && h->magic != kDeadMagic)
+      return fail(Code::kInvalidArgument, "hora_reform: not a hora runtime handle");
+    if (!h->config)
+      return fail(Code::kInvalidUsage, "hora_reform: this runtime has no configuration to reuse");
+    // The handle is buried by shutdown; the configuration lives on here.
+    OwnedConfig config(h->config->c);
+    {
+      std::shared_lock<std::shared_mutex> lk(h->mu);
+      if (h->rt && !h->rt->elastic())
+        return fail(Code::kInvalidUsage,
+                    "hora_reform: the runtime is not in elastic mode (HORA_ELASTIC=1, or "
+                    "horarun --min-np/--max-np); use hora_shutdown and hora_init");
+    }
+    *runtime = nullptr;
+    if (h->magic == kRuntimeMagic) {
+      hora_status_t s = hora_shutdown(h);
+      if (s != HORA_SUCCESS) return s;
+    }
+    clearError();
+    return hora_init(&config.c, runtime);
+  });
+}
+
+HORA_API hora_status_t hora_epoch(hora_runtime_t h, int64_t* out) {
+  return guarded("hora_epoch", [&]() -> hora_status_t {
+    RuntimeRef ref;
+    if (hora_status_t s = acquire(h, "hora_epoch", &ref)) return s;
+    if (!out) return fail(Code::kInvalidArgument, "hora_epoch: out is NULL");
+    *out = ref.rt->epoch();
+    return HORA_SUCCESS;
+  });
+}
+
+HORA_API hora_status_t hora_membership_pending(hora_runtime_t h, int32_t* out) {
+  return guarded("hora_membership_pending", [&]() -> hora_status_t {
+    RuntimeRef ref;
+    if (hora_status_t s = acquire(h, "hora_membership_pending", &ref)) return s;
+    if (!out) return fail(Code::kInvalidArgument, "hora_membership_pending: out is NULL");
+    auto pending = ref.rt->membershipPending();
+    if (!pending.isOk()) return setError(pending.status().withContext("hora_membership_pending"));
+    *out = pending.value() ? 1 : 0;
     return HORA_SUCCESS;
   });
 }

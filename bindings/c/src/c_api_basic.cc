@@ -90,6 +90,8 @@ HORA_API void hora_config_init(hora_config_t* c) {
   c->stall_shutdown_time_s = -1;
   c->peer_timeout_s = -1;
   c->start_timeout_s = -1;
+  c->elastic = -1;
+  c->elastic_newcomer = -1;
 }
 
 HORA_API void hora_options_init(hora_options_t* o) {

@@ -14,7 +14,9 @@ ProcessSet::ProcessSet(std::string name, std::vector<int> globalRanks, int rank,
       globalRanks_(std::move(globalRanks)),
       rank_(rank),
       opts_(std::move(options)),
-      health_(name_, opts_.logger) {}
+      health_(name_, opts_.logger) {
+  health_.setElastic(opts_.elastic);
+}
 
 Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
                                                        std::vector<int> globalRanks,

@@ -51,6 +51,8 @@ struct SetOptions {
   bool shm = true;
   int64_t shmChunkBytes = 4 << 20;
   int64_t shmMinBytes = 0;
+  // Elastic mode: member-caused failures are kMembership (SetHealth).
+  bool elastic = false;
   // The runtime's GPU plugin (loaded on first use; shared by its sets),
   // HORA_GPU_BACKEND and this process's local rank.
   GpuPathOptions gpu;

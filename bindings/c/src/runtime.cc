@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "core/memory_store.h"
 
@@ -97,6 +98,130 @@ Status Runtime::deriveTopology(bool needLocal, bool needCross, const std::string
   return Status::ok();
 }
 
+Status Runtime::joinStore(const hora_config_t& c, const std::string& host) {
+  const Params& p = params_;
+  const std::string storeAddr = c.store_addr ? c.store_addr : p.getString("HORA_STORE_ADDR");
+  const int storePort =
+      c.store_port > 0 ? c.store_port : static_cast<int>(p.getInt("HORA_STORE_PORT"));
+  const bool external =
+      c.store_external >= 0 ? c.store_external != 0 : p.getBool("HORA_STORE_EXTERNAL");
+  std::string secret;
+  if (c.secret) {
+    secret = c.secret;
+  } else if (!p.getString("HORA_SECRET").empty()) {
+    secret = p.getString("HORA_SECRET");
+  } else if (!p.getString("HORA_SECRET_FILE").empty()) {
+    std::ifstream f(p.getString("HORA_SECRET_FILE"));
+    if (!f)
+      return invalidArgument("cannot read HORA_SECRET_FILE '" + p.getString("HORA_SECRET_FILE") +
+                             "'");
+    std::getline(f, secret);
+  }
+  const std::string who = "rank " + std::to_string(id_.rank);
+  if (elastic_) {
+    workerId_ = c.worker_id ? c.worker_id : p.getString("HORA_WORKER_ID");
+    if (workerId_.empty() || workerId_.find_first_of(" \t\n/") != std::string::npos)
+      return invalidArgument(
+          "elastic mode needs HORA_WORKER_ID (a job-unique id without spaces or '/'; horarun "
+          "sets it), got '" +
+          workerId_ + "'");
+    if (!external || storeAddr.empty())
+      return invalidArgument(
+          "elastic mode (HORA_ELASTIC=1) needs a rendezvous store that outlives every rank: "
+          "start the job with horarun --min-np/--max-np, or host the store outside the ranks "
+          "(hora_store_server_start) and set HORA_STORE_ADDR and HORA_STORE_EXTERNAL=1");
+  }
+  if (id_.size == 1 && storeAddr.empty()) {
+    store_ = std::make_shared<MemoryStore>();
+    return Status::ok();
+  }
+  if (storeAddr.empty())
+    return invalidArgument(who + " of " + std::to_string(id_.size) +
+                           ": HORA_STORE_ADDR is not set; set it (and HORA_STORE_PORT) to the "
+                           "address where rank 0 or the launcher serves the rendezvous store, or "
+                           "start the job with horarun");
+  const bool hostHere = id_.rank == 0 && !external;
+  if (hostHere) {
+    auto server = TcpStoreServer::start(storeAddr, storePort, secret, logger_);
+    if (!server.isOk())
+      return server.status().withContext("rank 0 could not host the rendezvous store at " +
+                                         storeAddr + ":" + std::to_string(storePort) +
+                                         " (port in use by another job? set HORA_STORE_PORT)");
+    server_ = server.take();
+  }
+  const auto deadline = Clock::now() + setOpts_.startTimeout;
+  for (;;) {
+    auto client =
+        TcpStoreClient::connect(storeAddr, storePort, secret, setOpts_.startTimeout, logger_);
+    if (!client.isOk()) return client.status().withContext(who);
+    auto root = std::make_shared<PrefixStore>(client.take(), "hora");
+    if (elastic_) {
+      elStore_ = std::make_shared<PrefixStore>(root, "el");
+      HORA_RETURN_IF_ERROR(formElasticEpoch(c, host).withContext("worker " + workerId_));
+      store_ = std::make_shared<PrefixStore>(root, "e" + std::to_string(epoch_));
+      return Status::ok();
+    }
+    // Each rank counts its runtimes; ranks that initialise in lockstep agree
+    // on the count, which scopes every key of this runtime.
+    auto n = root->add("inits/" + std::to_string(id_.rank), 1);
+    if (!n.isOk()) return n.status().withContext(who + ": joining the rendezvous store");
+    epoch_ = n.value();
+    // A store rank 0 hosts lives as long as its runtime, so a fresh one has
+    // never seen this rank. A higher count means this rank re-initialised
+    // faster than rank 0 and reached the previous runtime's store, which is
+    // about to close: try again until rank 0's new store answers.
+    if (external || hostHere || epoch_ == 1) {
+      store_ = std::make_shared<PrefixStore>(root, "e" + std::to_string(epoch_));
+      return Status::ok();
+    }
+    if (Clock::now() >= deadline)
+      return timeoutError(who + ": the rendezvous store at " + storeAddr + ":" +
+                          std::to_string(storePort) +
+                          " still belongs to rank 0's previous runtime after the start timeout; "
+                          "call hora_shutdown on every rank before hora_init again");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+Status Runtime::formElasticEpoch(const hora_config_t& c, const std::string& host) {
+  Store& el = *elStore_;
+  auto last = lastEpochOf(el, workerId_);
+  if (!last.isOk()) return last.status();
+  const bool newcomer =
+      c.elastic_newcomer >= 0 ? c.elastic_newcomer != 0 : params_.getBool("HORA_ELASTIC_NEWCOMER");
+  if (last.value() < 0 && !newcomer) {
+    // The launcher's first batch: ranks from the environment, epoch 0.
+    epoch_ = 0;
+    return recordInitialMember(el, workerId_, id_.rank, id_.size);
+  }
+  FormRequest req;
+  req.workerId = workerId_;
+  req.host = host;
+  req.lastEpoch = last.value();
+  if (req.lastEpoch >= 0) {
+    auto members = membersOf(el, req.lastEpoch);
+    auto it = std::find(members.begin(), members.end(), workerId_);
+    req.lastRank = it == members.end() ? -1 : static_cast<int>(it - members.begin());
+  }
+  req.timeout = Seconds(params_.getFloat("HORA_ELASTIC_TIMEOUT_S"));
+  req.settle = std::chrono::milliseconds(params_.getInt("HORA_ELASTIC_SETTLE_MS"));
+  if (req.timeout.count() <= 0 || req.settle.count() < 0)
+    return invalidArgument(
+        "HORA_ELASTIC_TIMEOUT_S must be positive and HORA_ELASTIC_SETTLE_MS "
+        "not negative");
+  auto m = formEpoch(el, req, logger_);
+  if (!m.isOk()) return m.status();
+  epoch_ = m.value().epoch;
+  id_.rank = m.value().rank;
+  id_.size = m.value().size();
+  return Status::ok();
+}
+
+Result<bool> Runtime::membershipPending() {
+  if (!elastic_ || !elStore_) return false;
+  return hora::membershipPending(*elStore_, epoch_);
+}
+
 Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   std::unique_ptr<Runtime> rt(new Runtime());
   auto params = Params::fromEnvironment();
@@ -158,51 +283,21 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   so.shmMinBytes = p.getInt("HORA_SHM_MIN_BYTES");
   so.gpu.plugin = std::make_shared<GpuPlugin>(p.getString("HORA_GPU_PLUGIN"));
 
-  std::string storeAddr = c.store_addr ? c.store_addr : p.getString("HORA_STORE_ADDR");
-  int storePort = c.store_port > 0 ? c.store_port : static_cast<int>(p.getInt("HORA_STORE_PORT"));
-  bool external = c.store_external >= 0 ? c.store_external != 0 : p.getBool("HORA_STORE_EXTERNAL");
-  std::string secret;
-  if (c.secret) {
-    secret = c.secret;
-  } else if (!p.getString("HORA_SECRET").empty()) {
-    secret = p.getString("HORA_SECRET");
-  } else if (!p.getString("HORA_SECRET_FILE").empty()) {
-    std::ifstream f(p.getString("HORA_SECRET_FILE"));
-    if (!f)
-      return invalidArgument("cannot read HORA_SECRET_FILE '" + p.getString("HORA_SECRET_FILE") +
-                             "'");
-    std::getline(f, secret);
-  }
+  rt->elastic_ = c.elastic >= 0 ? c.elastic != 0 : p.getBool("HORA_ELASTIC");
+  so.elastic = rt->elastic_;
   std::string host = c.hostname ? c.hostname : p.getString("HORA_HOSTNAME");
+  const std::string storeAddr = c.store_addr ? c.store_addr : p.getString("HORA_STORE_ADDR");
   if (host.empty()) host = (storeAddr.empty() || isLoopback(storeAddr)) ? "127.0.0.1" : hostName();
   so.hostname = host;
+  HORA_RETURN_IF_ERROR(rt->joinStore(c, host));
+  if (rt->elastic_) rt->logger_ = Logger(level, "[hora rank " + std::to_string(id.rank) + "]");
+  so.logger = rt->logger_;
 
-  const auto timeout = so.startTimeout;
-  if (id.size == 1 && storeAddr.empty()) {
-    rt->store_ = std::make_shared<MemoryStore>();
-  } else {
-    if (storeAddr.empty())
-      return invalidArgument(
-          "rank " + std::to_string(id.rank) + " of " + std::to_string(id.size) +
-          ": HORA_STORE_ADDR is not set; set it (and HORA_STORE_PORT) to the address "
-          "where rank 0 or the launcher serves the rendezvous store, or start the job "
-          "with horarun");
-    if (id.rank == 0 && !external) {
-      auto server = TcpStoreServer::start(storeAddr, storePort, secret, rt->logger_);
-      if (!server.isOk())
-        return server.status().withContext("rank 0 could not host the rendezvous store at " +
-                                           storeAddr + ":" + std::to_string(storePort) +
-                                           " (port in use by another job? set HORA_STORE_PORT)");
-      rt->server_ = server.take();
-    }
-    auto client = TcpStoreClient::connect(storeAddr, storePort, secret, timeout, rt->logger_);
-    if (!client.isOk()) return client.status().withContext("rank " + std::to_string(id.rank));
-    // Each job gets a fresh namespace so a store reused across runtimes stays clean.
-    rt->store_ = std::make_shared<PrefixStore>(client.take(), "hora");
-  }
-
-  bool needLocal = id.localRank < 0 || id.localSize < 0;
-  bool needCross = id.crossRank < 0 || id.crossSize < 0;
+  // After epoch 0 of an elastic job the launcher's local/cross variables
+  // describe a membership that no longer exists.
+  const bool reformed = rt->elastic_ && rt->epoch_ > 0;
+  bool needLocal = reformed || id.localRank < 0 || id.localSize < 0;
+  bool needCross = reformed || id.crossRank < 0 || id.crossSize < 0;
   if (id.size > 1 && (needLocal || needCross)) {
     HORA_RETURN_IF_ERROR(
         rt->deriveTopology(needLocal, needCross, host == "127.0.0.1" ? hostName() : host));
@@ -219,9 +314,9 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   if (!g.isOk()) return g.status().withContext("rank " + std::to_string(id.rank));
   rt->global_ = std::shared_ptr<ProcessSet>(g.take().release());
   rt->sets_.push_back(rt->global_);
-  HORA_LOG(rt->logger_, kInfo) << "hora initialized: rank " << id.rank << "/" << id.size
-                               << ", local " << rt->id_.localRank << "/" << rt->id_.localSize
-                               << ", host " << host;
+  HORA_LOG(rt->logger_, kInfo) << "hora initialized: epoch " << rt->epoch_ << ", rank " << id.rank
+                               << "/" << id.size << ", local " << rt->id_.localRank << "/"
+                               << rt->id_.localSize << ", host " << host;
   return rt;
 }
 

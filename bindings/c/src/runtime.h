@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/logging.h"
+#include "core/membership.h"
 #include "core/params.h"
 #include "core/store.h"
 #include "core/tcp_store.h"
@@ -32,6 +33,13 @@ class Runtime {
   ~Runtime();
 
   const Identity& identity() const { return id_; }
+  // The membership epoch: in elastic mode the formed epoch (0 for the
+  // launcher's first batch), otherwise this rank's count of runtimes in the
+  // job's store (1 for the first). Keys live under hora/e<epoch>/.
+  int64_t epoch() const { return epoch_; }
+  bool elastic() const { return elastic_; }
+  // Elastic mode: a worker waits to join the next epoch.
+  Result<bool> membershipPending();
   std::shared_ptr<ProcessSet> globalSet() const { return global_; }
   // Collective over the listed members (sorted, unique global ranks).
   Result<std::shared_ptr<ProcessSet>> createSet(const std::vector<int>& ranks);
@@ -43,13 +51,21 @@ class Runtime {
   Runtime() = default;
   Status resolveIdentity(const hora_config_t& c);
   Status deriveTopology(bool needLocal, bool needCross, const std::string& host);
+  // Connects to the store (hosting it on rank 0 unless external) and finds
+  // this runtime's epoch; in elastic mode forms it, which sets the rank.
+  Status joinStore(const hora_config_t& c, const std::string& host);
+  Status formElasticEpoch(const hora_config_t& c, const std::string& host);
 
   Params params_;
   Logger logger_;
   Identity id_;
   SetOptions setOpts_;
   std::unique_ptr<TcpStoreServer> server_;
-  std::shared_ptr<Store> store_;
+  std::shared_ptr<Store> store_;    // hora/e<epoch>/
+  std::shared_ptr<Store> elStore_;  // hora/el/ (elastic mode)
+  int64_t epoch_ = 1;
+  bool elastic_ = false;
+  std::string workerId_;
   std::shared_ptr<ProcessSet> global_;
   std::mutex mu_;  // guards sets_, setCounters_
   std::vector<std::shared_ptr<ProcessSet>> sets_;
