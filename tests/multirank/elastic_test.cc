@@ -1,0 +1,197 @@
+// Elastic shrink through the C ABI (issue 12), ranks as processes: the test
+// hosts the store and plays the launcher (publishes live/dead as horarun
+// does), kills workers with SIGKILL in the middle of an allreduce loop, and
+// the survivors restore their last commit, re-form (hora_reform), take the
+// state from the new rank 0 and go on in the same processes. Every committed
+// step's parameters must equal the reference computed from the same data
+// (the averaged gradient does not depend on who is in the job), identical
+// on every survivor.
+#include <gtest/gtest.h>
+#include <hora/hora.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rank_harness.h"
+
+namespace {
+
+using htest::makeTensor;
+using htest::waitAndFree;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kSteps = 120;
+constexpr int kParams = 1024;
+
+double sinceEpochS() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// The state a training loop commits: parameters and the step they belong to.
+struct State {
+  std::vector<float> params = std::vector<float>(kParams, 0.f);
+  float step = 0;
+};
+
+hora_status_t run(hora_runtime_t rt, std::vector<float>* buf, bool broadcast, std::string* why) {
+  std::vector<int64_t> shape{static_cast<int64_t>(buf->size())};
+  DLTensor t = makeTensor(buf->data(), DLDataType{kDLFloat, 32, 1}, &shape);
+  hora_options_t o;
+  hora_options_init(&o);
+  hora_request_t req = nullptr;
+  hora_status_t s;
+  if (broadcast) {
+    o.name = "elastic.sync";
+    o.root = 0;
+    s = hora_broadcast_async(rt, &t, &o, &req);
+  } else {
+    o.name = "elastic.grad";
+    o.op = HORA_OP_AVERAGE;
+    s = hora_allreduce_async(rt, &t, &t, &o, &req);
+  }
+  if (s != HORA_SUCCESS) {
+    *why = hora_last_error_message();
+    return s;
+  }
+  s = waitAndFree(req, 60, why);
+  return s;
+}
+
+// One worker: train kSteps with commits, surviving membership changes.
+int worker(int rank) {
+  const std::string id = "w" + std::to_string(rank);
+  setenv("HORA_WORKER_ID", id.c_str(), 1);
+  hora_runtime_t rt = nullptr;
+  CHILD_CHECK(hora_init(nullptr, &rt) == HORA_SUCCESS, "init: %s", hora_last_error_message());
+  State committed, live;
+  int reforms = 0;
+  bool needSync = false;
+  double failedAt = 0;
+  std::string why;
+  while (committed.step < kSteps) {
+    hora_status_t s = HORA_SUCCESS;
+    if (needSync) {
+      // The survivors may have failed at different points of the last step:
+      // the new rank 0's commit is everyone's.
+      std::vector<float> blob(committed.params);
+      blob.push_back(committed.step);
+      s = run(rt, &blob, true, &why);
+      if (s == HORA_SUCCESS) {
+        committed.step = blob.back();
+        blob.pop_back();
+        committed.params = blob;
+        live = committed;
+        needSync = false;
+        int32_t size = 0;
+        hora_size(rt, &size);
+        std::printf("%s: resumed at step %d with %d workers %.3f s after the failure\n", id.c_str(),
+                    static_cast<int>(committed.step), size, sinceEpochS() - failedAt);
+      }
+    } else {
+      // The gradient of step k is k + 1 on every rank (plus its index), so
+      // its average is known whoever is in the job.
+      std::vector<float> grad(kParams);
+      for (int i = 0; i < kParams; ++i) grad[i] = live.step + 1 + static_cast<float>(i % 7);
+      s = run(rt, &grad, false, &why);
+      if (s == HORA_SUCCESS) {
+        for (int i = 0; i < kParams; ++i) live.params[i] += grad[i];
+        live.step += 1;
+        committed = live;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    if (s == HORA_SUCCESS) continue;
+    CHILD_CHECK(s == HORA_ERR_MEMBERSHIP, "status %d is not HORA_ERR_MEMBERSHIP: %s", s,
+                why.c_str());
+    failedAt = sinceEpochS();
+    std::printf("%s: step %d failed: %s\n", id.c_str(), static_cast<int>(live.step), why.c_str());
+    live = committed;  // restore
+    CHILD_CHECK(++reforms <= 5, "too many re-formations");
+    CHILD_CHECK(hora_reform(&rt) == HORA_SUCCESS, "reform: %s", hora_last_error_message());
+    needSync = true;
+  }
+  int32_t size = 0;
+  int64_t epoch = 0;
+  hora_size(rt, &size);
+  hora_epoch(rt, &epoch);
+  for (int i = 0; i < kParams; ++i) {
+    const float expect = kSteps * (kSteps + 1) / 2.f + kSteps * static_cast<float>(i % 7);
+    CHILD_CHECK(committed.params[i] == expect, "param %d is %g, expected %g", i,
+                committed.params[i], expect);
+  }
+  std::printf("%s: done, epoch %lld, %d workers, %d re-formations\n", id.c_str(),
+              static_cast<long long>(epoch), size, reforms);
+  CHILD_CHECK(hora_shutdown(rt) == HORA_SUCCESS, "shutdown: %s", hora_last_error_message());
+  return 0;
+}
+
+// `n` workers; the victims are killed one after another (700 ms apart) as
+// the launcher would see it: reaped, live count lowered, dead key written.
+std::vector<htest::ProcessResult> shrink(int n, const std::vector<int>& victims, int minNp) {
+  hora_store_server_t server = nullptr;
+  EXPECT_EQ(hora_store_server_start("127.0.0.1", 0, "test-secret", &server), HORA_SUCCESS);
+  int32_t port = 0;
+  EXPECT_EQ(hora_store_server_port(server, &port), HORA_SUCCESS);
+  auto publish = [&](const std::string& key, const std::string& value) {
+    EXPECT_EQ(hora_store_server_set(server, key.c_str(), value.data(), value.size()), HORA_SUCCESS);
+  };
+  publish("hora/el/live", std::to_string(n));
+  publish("hora/el/min_np", std::to_string(minNp));
+  auto results =
+      htest::runProcesses(n, worker, 120,
+                          [&](const std::vector<int>& pids) {
+                            int live = n;
+                            for (int victim : victims) {
+                              std::this_thread::sleep_for(std::chrono::milliseconds(700));
+                              kill(pids[victim], SIGKILL);
+                              publish("hora/el/live", std::to_string(--live));
+                              publish("hora/el/dead/w" + std::to_string(victim), "signal 9");
+                            }
+                          },
+                          {{"HORA_ELASTIC", "1"},
+                           {"HORA_STORE_EXTERNAL", "1"},
+                           {"HORA_STORE_PORT", std::to_string(port)},
+                           {"HORA_PEER_TIMEOUT_S", "10"}});
+  hora_store_server_stop(server);
+  for (int victim : victims) EXPECT_EQ(results[victim].signal, SIGKILL) << results[victim].output;
+  return results;
+}
+
+}  // namespace
+
+// 4 -> 3 -> 2: w1 killed, then w3 (by then rank 2 of 3), while allreducing.
+TEST(Elastic, ShrinkFourToThreeToTwoWithKillNine) {
+  auto results = shrink(4, {1, 3}, 2);
+  for (int r : {0, 2}) {
+    EXPECT_EQ(results[r].exitCode, 0) << "worker " << r << ":\n" << results[r].output;
+    EXPECT_NE(results[r].output.find("done, epoch 2, 2 workers"), std::string::npos)
+        << results[r].output;
+  }
+  if (getenv("HORA_TEST_VERBOSE"))
+    std::printf("%s\n%s\n", results[0].output.c_str(), results[2].output.c_str());
+}
+
+// Rank 0 (the coordinator) lost: with the store hosted outside the ranks the
+// survivors re-form, the lowest surviving old rank becoming rank 0.
+TEST(Elastic, RankZeroKilledSurvivorsGoOn) {
+  auto results = shrink(3, {0}, 1);
+  for (int r : {1, 2}) {
+    EXPECT_EQ(results[r].exitCode, 0) << "worker " << r << ":\n" << results[r].output;
+    EXPECT_NE(results[r].output.find("done, epoch 1, 2 workers"), std::string::npos)
+        << results[r].output;
+  }
+}
+
+// Fewer survivors than --min-np: the re-formation fails on the survivor
+// with the reason, within the deadline, never a hang.
+TEST(Elastic, BelowMinNpFailsWithTheReason) {
+  auto results = shrink(3, {1, 2}, 2);
+  EXPECT_NE(results[0].exitCode, 0) << results[0].output;
+  EXPECT_NE(results[0].output.find("needs at least 2"), std::string::npos) << results[0].output;
+  if (getenv("HORA_TEST_VERBOSE")) std::printf("%s\n", results[0].output.c_str());
+}
