@@ -370,7 +370,7 @@ TEST(Failures, WrongSecretIsRefusedAndTheJobIsUnaffected) {
   auto good = hora::TcpStoreClient::connect("127.0.0.1", port, "test-secret",
                                             std::chrono::milliseconds(3000), quiet);
   ASSERT_TRUE(good.isOk()) << good.status().toString();
-  auto ctrl = good.value()->get("hora/set/global/ctrl/ctrl", std::chrono::milliseconds(3000));
+  auto ctrl = good.value()->get("hora/e1/set/global/ctrl/ctrl", std::chrono::milliseconds(3000));
   ASSERT_TRUE(ctrl.isOk()) << ctrl.status().toString();
   int ctrlPort = std::stoi(ctrl.value().substr(ctrl.value().find(' ') + 1));
   for (int target : {port, ctrlPort}) {

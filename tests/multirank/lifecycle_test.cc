@@ -24,12 +24,13 @@ using htest::makeTensor;
 using htest::testConfig;
 using htest::waitAndFree;
 
-int countEntries(const char* dir) {
+// Entries of `dir` whose names start with `prefix` ("" = all).
+int countEntries(const char* dir, const std::string& prefix = "") {
   DIR* d = opendir(dir);
   if (!d) return -1;
   int n = 0;
   while (dirent* e = readdir(d))
-    if (e->d_name[0] != '.') ++n;
+    if (e->d_name[0] != '.' && std::string(e->d_name).rfind(prefix, 0) == 0) ++n;
   closedir(d);
   return n;
 }
