@@ -104,11 +104,26 @@ def test_restore_rolls_back_to_last_commit(hvd, kind):
         _train_step(model, opt, 10 + round_)
         _train_step(model, opt, 20 + round_)
         model[0].weight.data.add_(1.0)  # also an in-place change outside the optimizer
-        state.epoch, state.batch, state.history = 9, 99, [0]
+        state.history.append(5)  # in place: the commit holds a copy
+        state.epoch, state.batch = 9, 99
         state.restore()
         _assert_same(committed[0], model.state_dict(), "model")
         _assert_same(committed[1], opt.state_dict(), "optimizer")
         assert (state.epoch, state.batch, state.history) == (3, 11, [1, 2])
+
+
+def test_object_state_copies_and_keeps_uncopyable_values():
+    import threading
+    from hora.elastic import ObjectState
+    lock = threading.Lock()
+    state = ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, counts={"a": 1}, lock=lock)
+    state.counts["a"] = 2
+    state.save()
+    state.counts["a"] = 3
+    state.restore()
+    assert state.counts == {"a": 2} and state.lock is lock
+    state.sync()
+    assert state.counts == {"a": 2}
 
 
 def test_commit_copies_to_host_and_keeps_metadata(hvd):

@@ -16,6 +16,7 @@ What this module adds on top, as Horovod does:
 The framework modules (``hora.torch.elastic``) supply the broadcast and the
 reset (``shutdown(); init()``).
 """
+import copy
 import functools
 import logging
 import os
@@ -96,11 +97,12 @@ class State:
 
 class ObjectState(State):
     """State of plain Python objects, given as keyword arguments and exposed as
-    attributes (``state.epoch``, ``state.batch``). ``save`` records the current
-    attribute values (a reference to each object, as Horovod does: mutate an
-    attribute by assigning a new value, or keep mutable data in a framework
-    state such as ``TorchState``), ``restore`` puts them back, ``sync`` broadcasts
-    the saved values from rank 0.
+    attributes (``state.epoch``, ``state.batch``). ``save`` records a deep copy
+    of each attribute's value, ``restore`` puts copies of them back, ``sync``
+    broadcasts the saved values from rank 0. Horovod saves references, so a list
+    mutated in place (``state.losses.append(x)``) would not roll back; hora
+    copies. A value that cannot be deep-copied (a lock, an open file) is kept by
+    reference, as Horovod keeps it.
 
     Args:
         bcast_object: ``bcast_object(obj)`` returns rank 0's ``obj`` on every rank.
@@ -110,12 +112,13 @@ class ObjectState(State):
 
     def __init__(self, bcast_object, get_rank, **kwargs):
         self._bcast_object = bcast_object
-        self._saved_state = kwargs
-        self._set_attrs()
+        for attr, value in kwargs.items():
+            setattr(self, attr, value)  # the objects given, as Horovod
+        self._saved_state = {attr: _copy_or_same(value) for attr, value in kwargs.items()}
         super().__init__(bcast_object=bcast_object, get_rank=get_rank)
 
     def save(self):
-        self._saved_state = {attr: getattr(self, attr) for attr in self._saved_state}
+        self._saved_state = {attr: _copy_or_same(getattr(self, attr)) for attr in self._saved_state}
 
     def restore(self):
         self._set_attrs()
@@ -123,11 +126,21 @@ class ObjectState(State):
     def sync(self):
         if self._saved_state:
             self._saved_state = self._bcast_object(self._saved_state)
+            # Not self.restore(): a subclass's restore also rolls back what it
+            # handles (TorchState: models), which sync just broadcast.
             self._set_attrs()
 
     def _set_attrs(self):
+        # Copies, so changes after this call cannot reach the saved state.
         for attr, value in self._saved_state.items():
-            setattr(self, attr, value)
+            setattr(self, attr, _copy_or_same(value))
+
+
+def _copy_or_same(value):
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # not copyable (locks, files, C handles): keep the reference
+        return value
 
 
 def _resolve_reset_limit(reset_limit):
