@@ -149,6 +149,24 @@ def test_assigning_a_model_saves_it(hvd):
     _assert_same(want, other.state_dict(), "assigned model")
 
 
+def test_reset_drops_a_distributed_optimizers_failed_step(hvd):
+    """After a reset, a DistributedOptimizer holds no allreduce of the old runtime
+    and its gradient countdowns start over (here set by hand: at size 1 no hooks run)."""
+    import torch
+    model, opt = _model_and_opt()
+    dopt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, dopt)
+    p = next(model.parameters())
+    p.grad = torch.ones_like(p)
+    dopt._handles[p] = dopt._allreduce_grad_async(p)  # a step in flight when the member was lost
+    dopt._allreduce_delay[p] = 0
+    hvd.elastic._reset()
+    state.on_reset()
+    assert not dopt._handles and dopt._allreduce_delay[p] == dopt.backward_passes_per_step
+    dopt.zero_grad()  # would raise with a handle left over
+    _train_step(model, dopt, 3)
+
+
 def test_sync_at_size_one_keeps_state(hvd):
     model, opt = _model_and_opt()
     _train_step(model, opt, 1)

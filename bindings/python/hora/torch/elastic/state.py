@@ -52,6 +52,10 @@ class StateHandler:
         self.value = value
         self.save()
 
+    def reset(self):
+        """Called after the job re-formed, before the callbacks and sync."""
+        pass
+
 
 class ModelStateHandler(StateHandler):
     def __init__(self, model):
@@ -86,6 +90,14 @@ class OptimizerStateHandler(StateHandler):
 
     def sync(self):
         broadcast_optimizer_state(self.value, root_rank=0)
+
+    def reset(self):
+        # A DistributedOptimizer may hold the failed step's allreduces (from
+        # gradient hooks) and their countdowns; drop them, or the next backward
+        # or zero_grad would trip over them.
+        abandon = getattr(self.value, "_abandon_step", None)
+        if abandon is not None:
+            abandon()
 
 
 class SamplerStateHandler(StateHandler):
@@ -184,6 +196,11 @@ class TorchState(ObjectState):
         for handler in self._handlers.values():
             handler.sync()
         super().sync()
+
+    def reset(self):
+        for handler in self._handlers.values():
+            handler.reset()
+        super().reset()
 
     def __setattr__(self, name, value):
         if name != "_handlers" and name in getattr(self, "_handlers", {}) and hasattr(self, name):
