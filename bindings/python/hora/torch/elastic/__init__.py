@@ -30,7 +30,7 @@ from .sampler import ElasticSampler  # noqa: F401
 from .state import TorchState  # noqa: F401
 
 
-def run(func=None, reset_limit=None):
+def run(func=None, *, reset_limit=None):
     """Decorator running ``func(state, *args, **kwargs)`` with elastic retries
     (``hora.elastic.run_fn`` has the details). Use as ``@hvd.elastic.run`` or
     ``@hvd.elastic.run(reset_limit=N)``: give up with ``HoraResetLimitError``
