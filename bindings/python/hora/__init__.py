@@ -12,10 +12,11 @@ is not compiled against any framework version.
 secret), the same contract as the C library (README).
 """
 from .basics import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_process_set, barrier,  # noqa: F401
-                     cross_rank, cross_size, global_process_set, init, is_initialized, join, library_info,
+                     cross_rank, cross_size, epoch, global_process_set, init, is_initialized, join, library_info,
                      local_rank, local_size, poll, rank, remove_process_set, shutdown, size, synchronize)
 from .exceptions import (HoraError, HoraInternalError, HoraInvalidArgumentError, HoraInvalidUsageError,  # noqa: F401
-                         HoraMismatchError, HoraNotInitializedError, HoraNotSupportedError, HoraRemoteError,
-                         HoraShutDownError, HoraTimeoutError, HorovodInternalError)
+                         HoraMembershipError, HoraMismatchError, HoraNotInitializedError, HoraNotSupportedError,
+                         HoraRemoteError, HoraResetLimitError, HoraShutDownError, HoraTimeoutError,
+                         HorovodInternalError, HostsUpdatedInterrupt)
 
 __version__ = "0.1.0"

@@ -136,6 +136,14 @@ _PROTOTYPES = [
     ("hora_request_free", _S, [_c_p]),
 ]
 
+# Declared in hora.h but possibly absent from an older libhora (elastic calls,
+# docs/elastic.md): prototyped when present; ``has_symbol`` says which are.
+_OPTIONAL_PROTOTYPES = [
+    ("hora_epoch", _S, [_c_p, ctypes.POINTER(ctypes.c_int64)]),
+    ("hora_membership_pending", _S, [_c_p, ctypes.POINTER(ctypes.c_int32)]),
+    ("hora_reform", _S, [ctypes.POINTER(_c_p)]),
+]
+
 _lock = threading.Lock()
 _lib = None
 _lib_path = None
@@ -177,10 +185,20 @@ def library():
                 fn = getattr(lib, name)
                 fn.restype = restype
                 fn.argtypes = argtypes
+            for name, restype, argtypes in _OPTIONAL_PROTOTYPES:
+                if hasattr(lib, name):
+                    fn = getattr(lib, name)
+                    fn.restype = restype
+                    fn.argtypes = argtypes
             _lib, _lib_path = lib, path
             return lib
         raise ImportError("hora: cannot load libhora; tried: " + "; ".join(tried) +
                           ". Build it (scripts/build.sh) or set HORA_LIBRARY=/path/to/libhora.so")
+
+
+def has_symbol(name):
+    """True if the loaded libhora exports ``name`` (e.g. "hora_epoch")."""
+    return hasattr(library(), name)
 
 
 def library_path():

@@ -22,7 +22,7 @@ import threading
 
 from . import _dlpack
 from . import _lib
-from .exceptions import HoraNotInitializedError, HoraInvalidArgumentError
+from .exceptions import HoraInvalidArgumentError, HoraNotInitializedError, HoraNotSupportedError
 
 Sum = _lib.OP_SUM
 Average = _lib.OP_AVERAGE
@@ -168,6 +168,44 @@ def cross_rank():
 
 def cross_size():
     return _identity("hora_cross_size")
+
+
+def _elastic_call(fn_name, what):
+    """The libhora function ``fn_name``, or a clear error if this libhora predates it."""
+    lib = _lib.library()
+    if not hasattr(lib, fn_name):
+        raise HoraNotSupportedError(
+            "hora: %s needs %s, which the loaded libhora (%s) does not export: it predates elastic "
+            "support (docs/elastic.md). Rebuild libhora from this source tree or point HORA_LIBRARY at a "
+            "newer one." % (what, fn_name, _lib.library_path()), 10)
+    return getattr(lib, fn_name)
+
+
+def epoch():
+    """The membership epoch of this process's runtime (docs/elastic.md): 0 for the
+    first runtime of an elastic job, +1 at every re-formation; without elastic
+    mode, the count of this rank's earlier init() calls in the job's store."""
+    rt = _require_runtime()
+    out = ctypes.c_int64()
+    _lib.check(_elastic_call("hora_epoch", "hora.epoch()")(rt, ctypes.byref(out)), "hora_epoch")
+    return out.value
+
+
+def _membership_pending():
+    """True when a worker waits to join the next epoch (elastic mode). A local
+    answer: ranks may see the arrival at different moments, so callers ask on one
+    rank and broadcast it (``State.check_host_updates`` does)."""
+    rt = _require_runtime()
+    out = ctypes.c_int32()
+    _lib.check(_elastic_call("hora_membership_pending", "state.check_host_updates()")(rt, ctypes.byref(out)),
+               "hora_membership_pending")
+    return bool(out.value)
+
+
+def _membership_supported():
+    """False when the loaded libhora has no elastic calls (no epoch can form, so
+    no worker can ever wait to join)."""
+    return _lib.has_symbol("hora_membership_pending")
 
 
 def is_homogeneous():

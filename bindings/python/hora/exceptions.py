@@ -15,6 +15,13 @@ Every exception carries the core's one-line message (captured with
 * ``HoraNotInitializedError``: ``ValueError`` (Horovod raises ValueError when
   ``init()`` was not called).
 * ``HoraNotSupportedError``: ``NotImplementedError`` (e.g. GPU memory).
+* ``HoraMembershipError``: a ``HorovodInternalError`` for elastic mode's
+  "a member was lost, restore the last commit and re-form" (HORA_ERR_MEMBERSHIP);
+  ``hvd.elastic.run`` catches it and resets (docs/elastic.md).
+* ``HostsUpdatedInterrupt``: raised by ``state.commit()`` /
+  ``state.check_host_updates()`` on every rank when a worker waits to join;
+  ``hvd.elastic.run`` re-forms the job without restoring (Horovod's class).
+* ``HoraResetLimitError``: ``hvd.elastic.run`` gave up after its reset limit.
 """
 
 
@@ -51,6 +58,29 @@ class HoraMismatchError(HorovodInternalError):
     """Ranks submitted the same name with different shape/dtype/op (HORA_ERR_MISMATCH)."""
 
 
+class HoraMembershipError(HorovodInternalError):
+    """Elastic mode: a member was lost or the membership changes; restore the
+    last commit and re-form (HORA_ERR_MEMBERSHIP). hvd.elastic.run does both."""
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """A worker waits to join the job (elastic mode). Raised on every rank at the
+    same commit, so the job re-forms in step; the state is the one just committed,
+    so no restore is needed. ``skip_sync``: True when the re-formed job needs no
+    state broadcast (Horovod sets it when hosts were only removed; hora raises
+    this only for joins, so it is False)."""
+
+    def __init__(self, skip_sync=False):
+        super().__init__("hora: a worker waits to join; the job re-forms at this commit")
+        self.skip_sync = skip_sync
+
+
+class HoraResetLimitError(HoraError, RuntimeError):
+    """hvd.elastic.run reset the job more often than its reset limit allows; the
+    last failure is chained as __cause__. Not a HorovodInternalError, so an outer
+    elastic loop does not retry it."""
+
+
 class HoraInvalidArgumentError(HoraError, ValueError):
     """A bad argument (HORA_ERR_INVALID_ARGUMENT); nothing was submitted."""
 
@@ -76,6 +106,7 @@ _BY_STATUS = {
     8: HoraTimeoutError,
     10: HoraNotSupportedError,
     11: HoraMismatchError,
+    15: HoraMembershipError,
 }
 
 

@@ -10,8 +10,10 @@ from ..basics import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_p
                       init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
                       mpi_threads_supported, nccl_built, poll, rank, remove_process_set, rocm_built, shutdown, size,
                       synchronize)
-from ..exceptions import (HoraError, HoraInternalError, HoraInvalidArgumentError, HoraMismatchError,  # noqa: F401
-                          HoraRemoteError, HoraShutDownError, HoraTimeoutError, HorovodInternalError)
+from ..basics import epoch  # noqa: F401
+from ..exceptions import (HoraError, HoraInternalError, HoraInvalidArgumentError, HoraMembershipError,  # noqa: F401
+                          HoraMismatchError, HoraRemoteError, HoraShutDownError, HoraTimeoutError,
+                          HorovodInternalError, HostsUpdatedInterrupt)
 from .compression import Compression, Compressor  # noqa: F401
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,  # noqa: F401
                         broadcast_parameters)
@@ -23,6 +25,7 @@ from .mpi_ops import (allgather, allgather_async, allreduce, allreduce_, allredu
                       sparse_allreduce_async)
 from .optimizer import DistributedOptimizer  # noqa: F401
 from .sync_batch_norm import SyncBatchNorm  # noqa: F401
+from . import elastic  # noqa: F401,E402  (hvd.elastic.run, hvd.elastic.TorchState; needs the names above)
 
 
 def start_timeline(file_path, mark_cycles=False):

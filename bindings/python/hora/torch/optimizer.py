@@ -143,12 +143,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         handles, self._handles = self._handles, {}
         error = None
         for p, (handle, ctx) in handles.items():
+            # Counted down again from here even if this allreduce fails: a step
+            # that failed (elastic reset) is abandoned, and the next backward
+            # must start a fresh accumulation.
+            self._allreduce_delay[p] = self.backward_passes_per_step
             try:
                 output = synchronize(handle)
             except Exception as e:  # wait for the others too, then report the first failure
                 error = error or e
                 continue
-            self._allreduce_delay[p] = self.backward_passes_per_step
             p.grad.set_(self._compression.decompress(output, ctx))
         if error is not None:
             raise error
@@ -178,6 +181,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _hora_inner_step(self):
         """The wrapped optimizer's step without synchronizing (broadcast_optimizer_state)."""
         return super(self.__class__, self).step()
+
+    def _abandon_step(self):
+        """Forgets the step in flight after an elastic reset (hora.torch.elastic):
+        its allreduces belonged to the runtime that was shut down, which completed
+        them with an error; collect them, so the next backward and zero_grad start
+        clean."""
+        handles, self._handles = self._handles, {}
+        for handle, _ in handles.values():
+            if handle is not None:
+                try:
+                    synchronize(handle)
+                except Exception:  # the old runtime's failure, already handled by the reset
+                    pass
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        self._synchronized = False
 
     def zero_grad(self, *args, **kwargs):
         if self._handles:
