@@ -108,6 +108,8 @@ ControlPlane::~ControlPlane() {
 std::string ControlPlane::peerName(int peer) const {
   int global = peer < static_cast<int>(opts_.globalRanks.size()) ? opts_.globalRanks[peer] : peer;
   std::string s = "rank " + std::to_string(global);
+  if (global >= 0 && global < static_cast<int>(opts_.workerIds.size()))
+    s += " (worker " + opts_.workerIds[global] + ")";
   if (opts_.setName != "global")
     s += " (rank " + std::to_string(peer) + " of set " + opts_.setName + ")";
   if (peer >= 0 && peer < static_cast<int>(peers_.size()) && peers_[peer] &&

@@ -50,6 +50,9 @@ struct ControlPlaneOptions {
   int rank = 0;  // rank within the set
   int size = 1;
   std::vector<int> globalRanks;  // set rank -> global rank, for messages
+  // Global rank -> the launcher's worker id (elastic mode; empty otherwise):
+  // ranks change between epochs, the id is what the user's logs show.
+  std::vector<std::string> workerIds;
   std::string hostname = "127.0.0.1";
   std::chrono::milliseconds startTimeout{120000};
   std::chrono::milliseconds heartbeatInterval{1000};

@@ -171,6 +171,9 @@ TEST(Elastic, ShrinkFourToThreeToTwoWithKillNine) {
     EXPECT_EQ(results[r].exitCode, 0) << "worker " << r << ":\n" << results[r].output;
     EXPECT_NE(results[r].output.find("done, epoch 2, 2 workers"), std::string::npos)
         << results[r].output;
+    // Ranks change between epochs: errors name the lost worker by its id.
+    EXPECT_NE(results[r].output.find("(worker w1)"), std::string::npos) << results[r].output;
+    EXPECT_NE(results[r].output.find("(worker w3)"), std::string::npos) << results[r].output;
   }
   if (getenv("HORA_TEST_VERBOSE"))
     std::printf("%s\n%s\n", results[0].output.c_str(), results[2].output.c_str());

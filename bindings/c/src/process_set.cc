@@ -53,6 +53,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   cpo.rank = rank;
   cpo.size = ps->size();
   cpo.globalRanks = globalRanks;
+  cpo.workerIds = o.workerIds;
   cpo.hostname = o.hostname;
   cpo.startTimeout = o.startTimeout;
   cpo.heartbeatInterval = o.heartbeatInterval;

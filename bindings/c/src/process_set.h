@@ -53,6 +53,7 @@ struct SetOptions {
   int64_t shmMinBytes = 0;
   // Elastic mode: member-caused failures are kMembership (SetHealth).
   bool elastic = false;
+  std::vector<std::string> workerIds;  // global rank -> worker id (elastic mode)
   // The runtime's GPU plugin (loaded on first use; shared by its sets),
   // HORA_GPU_BACKEND and this process's local rank.
   GpuPathOptions gpu;

@@ -192,7 +192,17 @@ Status Runtime::formElasticEpoch(const hora_config_t& c, const std::string& host
   if (last.value() < 0 && !newcomer) {
     // The launcher's first batch: ranks from the environment, epoch 0.
     epoch_ = 0;
-    return recordInitialMember(el, workerId_, id_.rank, id_.size);
+    HORA_RETURN_IF_ERROR(recordInitialMember(el, workerId_, id_.rank, id_.size));
+    // Every member's id, for messages that name a lost one.
+    std::vector<std::string> ids(id_.size);
+    for (int r = 0; r < id_.size; ++r) {
+      auto v = el.get("r0/rank/" + std::to_string(r), setOpts_.startTimeout);
+      if (!v.isOk())
+        return v.status().withContext("waiting for rank " + std::to_string(r) + " to join the job");
+      ids[r] = v.value();
+    }
+    setOpts_.workerIds = std::move(ids);
+    return Status::ok();
   }
   FormRequest req;
   req.workerId = workerId_;
@@ -211,6 +221,7 @@ Status Runtime::formElasticEpoch(const hora_config_t& c, const std::string& host
         "not negative");
   auto m = formEpoch(el, req, logger_);
   if (!m.isOk()) return m.status();
+  setOpts_.workerIds = m.value().workers;
   epoch_ = m.value().epoch;
   id_.rank = m.value().rank;
   id_.size = m.value().size();
