@@ -257,7 +257,9 @@ void Job::checkMinNp() {
 void Job::elasticFail(const std::string& message) {
   if (tearingDown_) return;
   elasticError_ = message;
-  say("stopping the job: " + message);
+  // The final report repeats it after the workers' last output; nothing runs yet: say it once.
+  if (const int live = runningCount())
+    say("stopping the " + std::to_string(live) + " running workers: " + message);
   beginTeardown();  // stops discovery and the timers too
   maybeFinish();
 }

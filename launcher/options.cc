@@ -149,9 +149,12 @@ bool validateElastic(Options* o, std::string* error) {
     *error = "elastic mode on this machine alone needs -np N or --max-np M (how many workers)";
     return false;
   }
-  if (o->minNp == 0) o->minNp = o->np > 0 ? o->np : 1;
-  if (o->np < 0) o->np = 0;
   const int maxNp = o->maxNp > 0 ? o->maxNp : kUnboundedNp;
+  if (o->np > maxNp) {
+    *error = "-np " + std::to_string(o->np) + " is larger than --max-np " + std::to_string(maxNp);
+    return false;
+  }
+  if (o->minNp == 0) o->minNp = o->np > 0 ? o->np : 1;
   if (o->minNp > maxNp) {
     *error = "--min-np " + std::to_string(o->minNp) + " is larger than --max-np " +
              std::to_string(maxNp);
@@ -370,7 +373,7 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
     } else if (a == "-h" || a == "--help") {
       o->help = true;
     } else {
-      *error = "unknown option '" + a + "' (horarun --help lists them)";
+      *error = "unknown option '" + std::string(argv[i]) + "' (horarun --help lists them)";
       return false;
     }
     if (hasInline) {

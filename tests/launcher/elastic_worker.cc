@@ -8,9 +8,10 @@
 // ("-" = variable not set). Then, every 50 ms, it reads the hora/el/ keys from the store that
 // horarun hosts (through hora_core's TcpStoreClient: the C ABI has no store client) and
 // rewrites DIR/<id>.store, one line:
-//   live=2 min_np=2 max_np=4 dead/w0=- dead/w1=signal 9 ...
-// for dead/w0..dead/w15. It exits with the code in DIR/exit.<id> or DIR/exit.all when one of
-// them appears, and with code 3 after 120 s so that a broken test never leaves it behind.
+//   live=2 min_np=2 max_np=4 dead/w0=- dead/w1=signal_9 ...
+// for dead/w0..dead/w15 ("-" = missing; spaces in values become '_'). It exits with the code in
+// DIR/exit.<id> or DIR/exit.all when one of them appears, and with code 3 after 120 s so that a
+// broken test never leaves it behind.
 #include <unistd.h>
 
 #include <chrono>
@@ -82,7 +83,11 @@ int main(int argc, char** argv) {
       auto has = store->check("hora/el/" + key);
       if (!has.isOk() || !has.value()) return "-";
       auto got = store->get("hora/el/" + key, std::chrono::milliseconds(1000));
-      return got.isOk() ? got.value() : "?";
+      if (!got.isOk()) return "?";
+      std::string v = got.value();
+      for (char& c : v)
+        if (c == ' ') c = '_';  // one word per field: "signal 9" -> "signal_9"
+      return v;
     };
     for (const char* key : {"live", "min_np", "max_np"}) s << key << "=" << read(key) << " ";
     for (int w = 0; w < 16; ++w) {
