@@ -29,6 +29,9 @@ std::string hostsText(const std::vector<HostSpec>& hosts) {
   return out;
 }
 
+// "1 worker", "3 workers".
+std::string workers(int n) { return std::to_string(n) + (n == 1 ? " worker" : " workers"); }
+
 // What hora/el/dead/<id> holds: "exit 1" / "signal 9" (docs/elastic.md).
 std::string deathText(int st) {
   return WIFSIGNALED(st) ? "signal " + std::to_string(WTERMSIG(st))
@@ -143,8 +146,8 @@ void Job::startFirstBatch() {
       return elasticFail("cannot start worker " + id + " (rank " + std::to_string(s.rank) +
                          ") on " + s.host + ": " + error);
   }
-  say("elastic job: started " + std::to_string(n) + " workers on " + hostsText(discovered_) +
-      " (--min-np " + std::to_string(e.minNp) + ", --max-np " +
+  say("elastic job: started " + workers(n) + " on " + hostsText(discovered_) + " (--min-np " +
+      std::to_string(e.minNp) + ", --max-np " +
       (e.maxNp == kUnboundedNp ? std::string("unbounded") : std::to_string(e.maxNp)) + ")");
 }
 
@@ -164,8 +167,8 @@ void Job::grow() {
           "; no new workers there for a while");
       continue;
     }
-    say("started newcomer " + id + " on " + host + " (" + std::to_string(runningCount()) +
-        " workers running; discovery offers " + std::to_string(usableSlots(discovered_, blocked)) +
+    say("started newcomer " + id + " on " + host + " (" + workers(runningCount()) +
+        " running; discovery offers " + std::to_string(usableSlots(discovered_, blocked)) +
         " usable slots)");
   }
 }
@@ -205,8 +208,8 @@ void Job::elasticExited(Worker& w) {
       finishingAt_ = w.exitedAt;
       stopElastic();
       say(who(w) + " on " + w.plan.slot.host +
-          " exited with code 0: training is over, no new workers; waiting for the other " +
-          std::to_string(live));
+          " exited with code 0: training is over, no new workers; waiting for " +
+          (live ? "the other " + workers(live) : std::string("nothing")));
     }
     return;
   }
@@ -215,13 +218,16 @@ void Job::elasticExited(Worker& w) {
   if (!finishing_) {
     blacklist_->fail(w.plan.slot.host, nowS());
     const double until = blacklist_->until(w.plan.slot.host);
-    note = until < 0 ? "; " + w.plan.slot.host + " gets no new workers (blacklisted for good)"
-                     : "; " + w.plan.slot.host + " gets no new workers for " +
-                           secondsText(until - nowS()) + " (blacklist cool-down)";
+    const double left = until - nowS();
+    if (until < 0)
+      note = "; " + w.plan.slot.host + " gets no new workers (blacklisted for good)";
+    else if (left >= 0.05)
+      note = "; " + w.plan.slot.host + " gets no new workers for " + secondsText(left) +
+             " (blacklist cool-down)";
   }
   if (live > 0)
     say(who(w) + " (host " + w.plan.slot.host + ", pid " + std::to_string(w.proc.pid) + ") " +
-        describeExit(w) + "; " + std::to_string(live) + " workers go on" + note);
+        describeExit(w) + "; " + workers(live) + " go on" + note);
   checkMinNp();
 }
 
@@ -230,23 +236,20 @@ void Job::checkMinNp() {
   if (!firstBatchStarted_ || finishing_ || tearingDown_) return;
   const int live = runningCount();
   if (live >= e.minNp || live == 0) {  // live == 0: the job is over anyway
-    if (belowMin_)
-      say("back to " + std::to_string(live) + " workers (--min-np " + std::to_string(e.minNp) +
-          ")");
+    if (belowMin_) say("back to " + workers(live) + " (--min-np " + std::to_string(e.minNp) + ")");
     belowMin_ = false;
     belowMinTimer_.cancel();
     return;
   }
   if (belowMin_) return;
   belowMin_ = true;
-  say("only " + std::to_string(live) + " workers running, below --min-np " +
-      std::to_string(e.minNp) + "; waiting up to " + secondsText(e.timeoutS) +
-      " (--elastic-timeout) for hosts");
+  say("only " + workers(live) + " running, below --min-np " + std::to_string(e.minNp) +
+      "; waiting up to " + secondsText(e.timeoutS) + " (--elastic-timeout) for hosts");
   belowMinTimer_.expires_after(toDuration(e.timeoutS));
   belowMinTimer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec || !belowMin_) return;
     const std::string blocked = blacklist_->describe(nowS());
-    elasticFail("only " + std::to_string(runningCount()) + " workers ran, below --min-np " +
+    elasticFail("only " + workers(runningCount()) + " ran, below --min-np " +
                 std::to_string(elastic_->minNp) + ", for " + secondsText(elastic_->timeoutS) +
                 " (--elastic-timeout): " + discovery_->describe() + " offers " +
                 hostsText(discovered_) + (blocked.empty() ? "" : "; blacklisted: " + blocked) +
@@ -259,7 +262,7 @@ void Job::elasticFail(const std::string& message) {
   elasticError_ = message;
   // The final report repeats it after the workers' last output; nothing runs yet: say it once.
   if (const int live = runningCount())
-    say("stopping the " + std::to_string(live) + " running workers: " + message);
+    say("stopping the " + workers(live) + " running: " + message);
   beginTeardown();  // stops discovery and the timers too
   maybeFinish();
 }

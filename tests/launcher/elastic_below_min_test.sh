@@ -18,7 +18,7 @@ t=$(elapsed "$start")
 echo "job ended $t s after the kill"
 less_than 1.9 "$t" || fail "the job ended after $t s, before the 2 s --elastic-timeout"
 [ "$JOB_RC" = 1 ] || fail "exit status $JOB_RC, expected 1"
-expect_grep 'job FAILED: only 1 workers ran, below --min-np 2, for 2 s' "$WORK/job.err" "the below-min-np error"
+expect_grep 'job FAILED: only 1 worker ran, below --min-np 2, for 2 s' "$WORK/job.err" "the below-min-np error"
 [ -f "$D/w2.env" ] && fail "a worker was started although discovery offers 1 slot"
 expect_no_elastic_survivors "$D"
 echo "PASS elastic_below_min"
