@@ -5,14 +5,19 @@
 //      and the store itself through the C ABI (hora_store_server_start);
 //   3. optional --check (check.h);
 //   4. one LaunchSpec per rank with the HORA_* environment contract (README),
-//      then the Job (job.h) runs them and decides the exit status;
+//      then the Job (job.h) runs them and decides the exit status; in elastic
+//      mode the Job asks for each worker's LaunchSpec as it starts it (planFor)
+//      and publishes the hora/el/ keys through hora_store_server_set;
 //   5. the store is stopped.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -69,9 +74,10 @@ bool makeDir(const std::string& path, std::string* error) {
 // the identity are never taken from here.
 EnvList inheritedHoraVariables() {
   static const std::set<std::string> kOwn = {
-      "HORA_RANK",           "HORA_SIZE",       "HORA_LOCAL_RANK",  "HORA_LOCAL_SIZE",
-      "HORA_CROSS_RANK",     "HORA_CROSS_SIZE", "HORA_STORE_ADDR",  "HORA_STORE_PORT",
-      "HORA_STORE_EXTERNAL", "HORA_SECRET",     "HORA_SECRET_FILE", "HORA_HOSTNAME"};
+      "HORA_RANK",           "HORA_SIZE",       "HORA_LOCAL_RANK",      "HORA_LOCAL_SIZE",
+      "HORA_CROSS_RANK",     "HORA_CROSS_SIZE", "HORA_STORE_ADDR",      "HORA_STORE_PORT",
+      "HORA_STORE_EXTERNAL", "HORA_SECRET",     "HORA_SECRET_FILE",     "HORA_HOSTNAME",
+      "HORA_ELASTIC",        "HORA_WORKER_ID",  "HORA_ELASTIC_NEWCOMER"};
   EnvList out;
   for (char** e = environ; e && *e; ++e) {
     std::string kv = *e;
@@ -101,11 +107,21 @@ int realMain(int argc, char** argv) {
     if (!parseHostList(opt.hosts, &hosts, &error)) return usageError(error);
   } else if (!opt.hostfile.empty()) {
     if (!parseHostfile(opt.hostfile, &hosts, &error)) return usageError(error);
-  } else {
+  } else if (!opt.elastic) {
     hosts.push_back({"localhost", opt.np});
+  } else if (opt.discoveryScript.empty() && opt.discoveryFile.empty()) {
+    hosts.push_back({"localhost", opt.maxNp > 0 ? opt.maxNp : opt.np});  // --elastic alone
   }
+  const bool discovering = !opt.discoveryScript.empty() || !opt.discoveryFile.empty();
   std::vector<Slot> slots;
-  if (!assignSlots(hosts, opt.np, &slots, &error)) return usageError(error);
+  if (!opt.elastic) {
+    if (!assignSlots(hosts, opt.np, &slots, &error)) return usageError(error);
+  } else if (!discovering) {
+    // Fixed hosts: every slot may get a worker (up to --max-np) at some point.
+    int all = 0;
+    for (const auto& h : hosts) all += h.slots;
+    if (!assignSlots(hosts, all, &slots, &error)) return usageError(error);
+  }
 
   std::vector<std::string> usedHosts, remoteHosts;
   std::set<std::string> localNames;
@@ -122,6 +138,14 @@ int realMain(int argc, char** argv) {
   if (!planStore(remoteHosts, opt.networkInterface, &plan, &error)) {
     std::fprintf(stderr, "horarun: %s\n", error.c_str());
     return 1;
+  }
+  if (discovering && opt.networkInterface.empty()) {
+    // Hosts are not known yet: listen on every interface (clients still have to pass the
+    // HMAC challenge), local workers use loopback, a discovered remote host gets the local
+    // address that routes to it (planFor below).
+    plan.bindHost = "";
+    plan.localAddr = "127.0.0.1";
+    plan.description = "every interface (hosts come from discovery)";
   }
   std::string secret;
   if (!makeSecret(&secret, &error)) {
@@ -148,58 +172,137 @@ int realMain(int argc, char** argv) {
     }
   }
 
-  std::string outputDir = opt.outputDir;
-  int width = static_cast<int>(std::to_string(opt.np - 1).size());
+  const std::string outputDir = opt.outputDir;
+  const int width = static_cast<int>(std::to_string(std::max(opt.np, 1) - 1).size());
   char cwd[4096] = {0};
   if (!getcwd(cwd, sizeof(cwd) - 1)) cwd[0] = '\0';
-  EnvList inherited = inheritedHoraVariables();
-  std::vector<WorkerPlan> plans;
-  for (const auto& s : slots) {
-    WorkerPlan w;
-    w.slot = s;
-    LaunchSpec& spec = w.spec;
+  const EnvList inherited = inheritedHoraVariables();
+  std::set<std::string> remoteNames;
+  // The plan of one worker on `host`. slot: its ranks (static mode, and elastic mode's first
+  // batch); null for an elastic newcomer, which gets no rank (docs/elastic.md). id: the
+  // elastic worker id ("" outside elastic mode).
+  auto planFor = [&](const std::string& host, const Slot* slot, const std::string& id,
+                     WorkerPlan* w, std::string* err) -> bool {
+    if (slot) w->slot = *slot;
+    w->slot.host = host;
+    LaunchSpec& spec = w->spec;
     spec.command = opt.command;
     spec.graceS = opt.graceS;
-    spec.remote = !localNames.count(s.host);
-    const std::string storeAddr = spec.remote ? plan.addrForHost.at(s.host) : plan.localAddr;
-    const std::string hostname = spec.remote ? s.host : plan.localAddr;
+    if (discovering && !localNames.count(host) && !remoteNames.count(host))
+      (isLocalHost(host) ? localNames : remoteNames).insert(host);  // resolve a name once
+    spec.remote = !localNames.count(host);
+    std::string storeAddr = plan.localAddr;
     if (spec.remote) {
-      spec.remoteShell = remoteShellFor(opt, s.host);
+      auto it = plan.addrForHost.find(host);
+      if (it != plan.addrForHost.end()) {
+        storeAddr = it->second;
+      } else if (!opt.networkInterface.empty()) {
+        storeAddr = plan.localAddr;
+      } else if (!addressTowards(host, &storeAddr, err)) {
+        return false;
+      } else {
+        plan.addrForHost[host] = storeAddr;
+      }
+    }
+    const std::string hostname = spec.remote ? host : plan.localAddr;
+    if (spec.remote) {
+      spec.remoteShell = remoteShellFor(opt, host);
       spec.cwd = cwd;
       spec.env = inherited;
     }
     for (const auto& kv : opt.env) spec.env.push_back(kv);
-    EnvList identity = {
-        {"HORA_RANK", std::to_string(s.rank)},
-        {"HORA_SIZE", std::to_string(s.size)},
-        {"HORA_LOCAL_RANK", std::to_string(s.localRank)},
-        {"HORA_LOCAL_SIZE", std::to_string(s.localSize)},
-        {"HORA_CROSS_RANK", std::to_string(s.crossRank)},
-        {"HORA_CROSS_SIZE", std::to_string(s.crossSize)},
-        {"HORA_STORE_ADDR", storeAddr},
-        {"HORA_STORE_PORT", std::to_string(port)},
-        {"HORA_STORE_EXTERNAL", "1"},
-        {"HORA_HOSTNAME", hostname},
-        {"HORA_SECRET", secret},
-        {"HORA_SECRET_FILE", ""},
+    EnvList identity;
+    if (slot) {
+      identity = {
+          {"HORA_RANK", std::to_string(slot->rank)},
+          {"HORA_SIZE", std::to_string(slot->size)},
+          {"HORA_LOCAL_RANK", std::to_string(slot->localRank)},
+          {"HORA_LOCAL_SIZE", std::to_string(slot->localSize)},
+          {"HORA_CROSS_RANK", std::to_string(slot->crossRank)},
+          {"HORA_CROSS_SIZE", std::to_string(slot->crossSize)},
+      };
+    } else {
+      spec.unsetEnv = {"HORA_RANK",       "HORA_SIZE",       "HORA_LOCAL_RANK",
+                       "HORA_LOCAL_SIZE", "HORA_CROSS_RANK", "HORA_CROSS_SIZE"};
+      identity.push_back({"HORA_ELASTIC_NEWCOMER", "1"});
+    }
+    if (opt.elastic) {
+      identity.push_back({"HORA_ELASTIC", "1"});
+      identity.push_back({"HORA_WORKER_ID", id});
+      if (slot) spec.unsetEnv.push_back("HORA_ELASTIC_NEWCOMER");
+    }
+    EnvList common = {
+        {"HORA_STORE_ADDR", storeAddr}, {"HORA_STORE_PORT", std::to_string(port)},
+        {"HORA_STORE_EXTERNAL", "1"},   {"HORA_HOSTNAME", hostname},
+        {"HORA_SECRET", secret},        {"HORA_SECRET_FILE", ""},
     };
+    identity.insert(identity.end(), common.begin(), common.end());
     spec.env.insert(spec.env.end(), identity.begin(), identity.end());
     if (!outputDir.empty()) {
-      std::string r = std::to_string(s.rank);
-      std::string dir = outputDir + "/rank." + std::string(width - r.size(), '0') + r;
-      if (!makeDir(dir, &error)) {
-        hora_store_server_stop(store);
-        return usageError("--output-filename: " + error);
+      std::string dir;
+      if (opt.elastic) {
+        dir = outputDir + "/" + id;  // ranks change in elastic mode; worker ids do not
+      } else {
+        std::string r = std::to_string(slot->rank);
+        dir = outputDir + "/rank." + std::string(width - r.size(), '0') + r;
       }
-      w.stdoutFile = dir + "/stdout";
-      w.stderrFile = dir + "/stderr";
+      if (!makeDir(dir, err)) {
+        *err = "--output-filename: " + *err;
+        return false;
+      }
+      w->stdoutFile = dir + "/stdout";
+      w->stderrFile = dir + "/stderr";
     }
-    plans.push_back(std::move(w));
+    return true;
+  };
+
+  std::vector<WorkerPlan> plans;
+  std::unique_ptr<ElasticSetup> elastic;
+  if (opt.elastic) {
+    elastic = std::make_unique<ElasticSetup>();
+    elastic->minNp = opt.minNp;
+    elastic->maxNp = opt.maxNp > 0 ? opt.maxNp : kUnboundedNp;
+    elastic->startNp = opt.np;
+    elastic->timeoutS = opt.elasticTimeoutS;
+    elastic->cooldownLowS = opt.cooldownLowS;
+    elastic->cooldownHighS = opt.cooldownHighS;
+    // The bound on one run of the discovery script; tests shorten it.
+    if (const char* t = std::getenv("HORARUN_DISCOVERY_TIMEOUT_S")) {
+      if (std::atof(t) > 0) elastic->discoveryTimeoutS = std::atof(t);
+    }
+    DiscoverySource& src = elastic->source;
+    src.defaultSlots = opt.slotsPerHost;
+    if (!opt.discoveryScript.empty()) {
+      src.kind = DiscoverySource::Kind::kScript;
+      src.path = opt.discoveryScript;
+    } else if (!opt.discoveryFile.empty()) {
+      src.kind = DiscoverySource::Kind::kFile;
+      src.path = opt.discoveryFile;
+    } else {
+      src.kind = DiscoverySource::Kind::kFixed;
+      src.fixed = hosts;
+    }
+    elastic->makeWorker = planFor;
+    elastic->publish = [store](const std::string& key, const std::string& value) {
+      const std::string full = "hora/el/" + key;
+      if (hora_store_server_set(store, full.c_str(), value.data(), value.size()) != HORA_SUCCESS)
+        std::fprintf(stderr, "horarun: warning: cannot publish %s in the store: %s\n", full.c_str(),
+                     hora_last_error_message());
+    };
+  } else {
+    for (const auto& s : slots) {
+      WorkerPlan w;
+      if (!planFor(s.host, &s, "", &w, &error)) {
+        hora_store_server_stop(store);
+        return usageError(error);
+      }
+      plans.push_back(std::move(w));
+    }
   }
 
   int status;
   {
-    Job job(std::move(plans), opt.graceS, opt.verbose);
+    Job job(std::move(plans), opt.graceS, opt.verbose, std::move(elastic));
     status = job.run();
   }
   hora_store_server_stop(store);

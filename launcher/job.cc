@@ -21,13 +21,17 @@ void say(const std::string& line) { writeAll(2, "horarun: " + line + "\n"); }
 
 }  // namespace
 
-Job::Job(std::vector<WorkerPlan> plans, double graceS, bool verbose)
+Job::Job(std::vector<WorkerPlan> plans, double graceS, bool verbose,
+         std::unique_ptr<ElasticSetup> elastic)
     : signals_(io_),
       graceTimer_(io_),
       drainTimer_(io_),
       attributionTimer_(io_),
       graceS_(graceS),
-      verbose_(verbose) {
+      verbose_(verbose),
+      elastic_(std::move(elastic)),
+      pollTimer_(io_),
+      belowMinTimer_(io_) {
   for (auto& p : plans) {
     Worker w;
     w.plan = std::move(p);
@@ -35,36 +39,58 @@ Job::Job(std::vector<WorkerPlan> plans, double graceS, bool verbose)
   }
 }
 
+Job::~Job() = default;
+
+std::string Job::who(const Worker& w) const {
+  return elastic_ ? "worker " + w.id : "rank " + std::to_string(w.plan.slot.rank);
+}
+
+int Job::runningCount() const {
+  int n = 0;
+  for (const auto& w : workers_) n += w.running;
+  return n;
+}
+
+bool Job::startWorker(Worker& w, std::string* error) {
+  if (!spawnProcess(w.plan.spec, &w.proc, error)) return false;
+  w.running = true;
+  if (verbose_)
+    say(who(w) + " started on " + w.plan.slot.host + " (pid " + std::to_string(w.proc.pid) + ")");
+  const std::string label = elastic_ ? w.id : std::to_string(w.plan.slot.rank);
+  auto eof = [this] { maybeFinish(); };
+  w.out = std::make_unique<OutputStream>(io_, w.proc.outFd, label, false, w.plan.stdoutFile, eof);
+  w.err = std::make_unique<OutputStream>(io_, w.proc.errFd, label, true, w.plan.stderrFile, eof);
+  w.out->start();
+  w.err->start();
+  return true;
+}
+
 int Job::run() {
   start_ = std::chrono::steady_clock::now();
   // Signals first, so no SIGCHLD from a fast worker is missed.
   for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) signals_.add(s);
   waitSignals();
-  for (auto& w : workers_) {
-    std::string error;
-    if (!spawnProcess(w.plan.spec, &w.proc, &error)) {
-      spawnError_ = "cannot start rank " + std::to_string(w.plan.slot.rank) + " on " +
-                    w.plan.slot.host + ": " + error;
-      say(spawnError_);
-      beginTeardown();
-      break;
+  if (elastic_) {
+    elasticStart();
+  } else {
+    for (auto& w : workers_) {
+      std::string error;
+      if (!startWorker(w, &error)) {
+        spawnError_ = "cannot start rank " + std::to_string(w.plan.slot.rank) + " on " +
+                      w.plan.slot.host + ": " + error;
+        say(spawnError_);
+        beginTeardown();
+        break;
+      }
     }
-    w.running = true;
-    if (verbose_)
-      say("rank " + std::to_string(w.plan.slot.rank) + " started on " + w.plan.slot.host +
-          " (pid " + std::to_string(w.proc.pid) + ")");
-    int rank = w.plan.slot.rank;
-    auto eof = [this] { maybeFinish(); };
-    w.out = std::make_unique<OutputStream>(io_, w.proc.outFd, rank, false, w.plan.stdoutFile, eof);
-    w.err = std::make_unique<OutputStream>(io_, w.proc.errFd, rank, true, w.plan.stderrFile, eof);
-    w.out->start();
-    w.err->start();
   }
   reap();  // anything that died before the handler was armed
   maybeFinish();
   io_.run();
 
+  if (elastic_ && elasticError_.empty() && !interruptedBy_) chooseFinalFailure();
   printReport();
+  if (!elasticError_.empty()) return 1;
   if (!spawnError_.empty() && firstFailure_ < 0) return 1;
   if (firstFailure_ >= 0) {
     int st = workers_[firstFailure_].waitStatus;
@@ -98,27 +124,33 @@ void Job::onSignal(int sig) {
   int live = 0;
   for (const auto& w : workers_) live += w.running;
   say("got " + signalName(sig) + ": stopping " + std::to_string(live) +
-      " ranks (SIGTERM, SIGKILL after " + std::to_string(static_cast<int>(graceS_ + 0.5)) + " s)");
+      (elastic_ ? " workers" : " ranks") + " (SIGTERM, SIGKILL after " +
+      std::to_string(static_cast<int>(graceS_ + 0.5)) + " s)");
   beginTeardown();
+  maybeFinish();  // nothing running (elastic mode still waiting for hosts): over now
 }
 
 void Job::reap() {
+  // Each worker's own pid, never waitpid(-1): the discovery script is a child too, and
+  // Discovery collects its status itself.
   std::vector<int> failed;
-  for (;;) {
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    Worker& w = workers_[i];
+    if (!w.running) continue;
     int st = 0;
-    pid_t pid = waitpid(-1, &st, WNOHANG);
-    if (pid <= 0) break;
-    for (size_t i = 0; i < workers_.size(); ++i) {
-      Worker& w = workers_[i];
-      if (w.proc.pid != pid || !w.running) continue;
-      w.running = false;
-      w.waitStatus = st;
-      w.exitedAt = std::chrono::steady_clock::now();
-      if (w.proc.inFd >= 0) close(w.proc.inFd), w.proc.inFd = -1;
-      bool bad = WIFSIGNALED(st) || WEXITSTATUS(st) != 0;
-      if (verbose_) say("rank " + std::to_string(w.plan.slot.rank) + " " + describeExit(w));
-      if (bad && !w.stopRequested) failed.push_back(static_cast<int>(i));
+    if (waitpid(w.proc.pid, &st, WNOHANG) != w.proc.pid) continue;
+    w.running = false;
+    w.waitStatus = st;
+    w.exitedAt = std::chrono::steady_clock::now();
+    w.exitSeq = ++exitCounter_;
+    if (w.proc.inFd >= 0) close(w.proc.inFd), w.proc.inFd = -1;
+    if (elastic_) {
+      elasticExited(w);  // publishes first, then decides
+      continue;
     }
+    bool bad = WIFSIGNALED(st) || WEXITSTATUS(st) != 0;
+    if (verbose_) say(who(w) + " " + describeExit(w));
+    if (bad && !w.stopRequested) failed.push_back(static_cast<int>(i));
   }
   if (firstFailure_ < 0 && !interruptedBy_ && !failed.empty()) {
     candidates_.insert(candidates_.end(), failed.begin(), failed.end());
@@ -186,6 +218,7 @@ void Job::decideFirstFailure() {
 void Job::beginTeardown() {
   if (tearingDown_) return;
   tearingDown_ = true;
+  if (elastic_) stopElastic();
   killAll(SIGTERM);
   graceTimer_.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(graceS_)));
@@ -194,8 +227,8 @@ void Job::beginTeardown() {
     int live = 0;
     for (const auto& w : workers_) live += w.running;
     if (live > 0) {
-      say(std::to_string(live) + " ranks still running " + std::to_string(graceS_).substr(0, 4) +
-          " s after SIGTERM: sending SIGKILL");
+      say(std::to_string(live) + (elastic_ ? " workers" : " ranks") + " still running " +
+          std::to_string(graceS_).substr(0, 4) + " s after SIGTERM: sending SIGKILL");
       killAll(SIGKILL);
     }
   });
@@ -218,6 +251,7 @@ void Job::maybeFinish() {
     if (w.err && !w.err->eof()) allDrained = false;
   }
   if (anyRunning || attributing_) return;
+  if (elastic_ && !firstBatchStarted_ && !tearingDown_) return;  // still waiting for hosts
   if (allDrained) {
     signals_.cancel();
     graceTimer_.cancel();
@@ -253,27 +287,33 @@ std::string Job::describeExit(const Worker& w) const {
 }
 
 void Job::printReport() const {
-  if (firstFailure_ < 0 && !interruptedBy_) return;
+  if (firstFailure_ < 0 && !interruptedBy_ && elasticError_.empty()) return;
   std::ostringstream r;
-  if (firstFailure_ >= 0) {
+  if (!elasticError_.empty()) {
+    r << "horarun: job FAILED: " << elasticError_ << "\n";
+  } else if (firstFailure_ >= 0) {
     const Worker& w = workers_[firstFailure_];
-    r << "horarun: job FAILED. First failure: rank " << w.plan.slot.rank << " on host "
-      << w.plan.slot.host << " (pid " << w.proc.pid << ") " << describeExit(w) << "\n";
+    r << "horarun: job FAILED. First failure: " << who(w) << " on host " << w.plan.slot.host
+      << " (pid " << w.proc.pid << ") " << describeExit(w) << "\n";
     const auto* tail = &w.err->tail();
     const char* which = "stderr";
     if (tail->empty()) tail = &w.out->tail(), which = "stdout (its stderr was empty)";
     if (tail->empty()) {
-      r << "horarun: rank " << w.plan.slot.rank << " wrote nothing\n";
+      r << "horarun: " << who(w) << " wrote nothing\n";
     } else {
-      r << "horarun: last lines of rank " << w.plan.slot.rank << "'s " << which << ":\n";
+      r << "horarun: last lines of " << who(w) << "'s " << which << ":\n";
       for (const auto& line : *tail) r << "horarun:   | " << line << "\n";
     }
   } else {
     r << "horarun: job interrupted by " << signalName(interruptedBy_) << "\n";
   }
-  r << "horarun: how every rank ended:";
+  if (workers_.empty()) {
+    writeAll(2, r.str());
+    return;
+  }
+  r << "horarun: how every " << (elastic_ ? "worker" : "rank") << " ended:";
   for (const auto& w : workers_) {
-    r << "\n  rank " << w.plan.slot.rank << ": ";
+    r << "\n  " << who(w) << (elastic_ ? " on " + w.plan.slot.host : "") << ": ";
     if (w.running)
       r << "still running?";
     else if (w.proc.pid < 0)

@@ -27,6 +27,23 @@
 //      with the first failure's last stderr lines and how every other rank
 //      ended is printed last, after all output was forwarded.
 //
+// Elastic mode (an ElasticSetup given; docs/elastic.md, docs/launching.md), implemented in
+// job_elastic.cc. The differences:
+//   - The Job starts the workers itself, after discovery (discovery.h) first offers --min-np
+//     usable slots (bounded by the elastic timeout): the first batch with ranks, later ones
+//     as newcomers, on hosts with free slots (planSpawns), up to --max-np, polling discovery
+//     every second.
+//   - It publishes hora/el/live on every spawn (before the fork) and exit (first thing when
+//     reaped, after hora/el/dead/<id> for an abnormal exit), so a forming epoch never waits
+//     for a worker that is gone nor misses one that is starting.
+//   - A worker that fails does not end the job: its host is blacklisted for a cool-down
+//     (elastic.h) and the others go on. Running below --min-np for longer than the elastic
+//     timeout ends it, as does discovery failing at start (or for longer than the timeout).
+//   - A worker that exits 0 means training is over: no new workers from then on.
+//   - The job is over when no worker runs. Exit status: 0 when the workers running at that
+//     first clean exit (or, with none, since the last start of a worker) all exited 0, else
+//     the first of them that failed, reported as in step 5.
+//
 // Single-threaded: everything here runs on the thread that calls run().
 // Does not know about hosts, the store or the network: it gets ready
 // LaunchSpecs.
@@ -38,10 +55,13 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "discovery.h"
+#include "elastic.h"
 #include "hosts.h"
 #include "output.h"
 #include "spawn.h"
@@ -54,9 +74,31 @@ struct WorkerPlan {
   std::string stdoutFile, stderrFile;  // --output-filename copies ("" = none)
 };
 
+// What the Job needs to run an elastic job; horarun.cc fills it.
+struct ElasticSetup {
+  int minNp = 1;
+  int maxNp = 1;
+  int startNp = 0;  // first batch; 0 = what discovery offers, up to maxNp
+  double timeoutS = 600;
+  double pollS = 1;
+  double discoveryTimeoutS = 10;
+  double cooldownLowS = 1, cooldownHighS = 600;
+  DiscoverySource source;
+  // The plan of one worker on `host` with id `id`: `slot` set for the first batch (ranks),
+  // null for a newcomer. False with *error (the worker is not started).
+  std::function<bool(const std::string& host, const Slot* slot, const std::string& id,
+                     WorkerPlan* out, std::string* error)>
+      makeWorker;
+  // Writes hora/el/<key> = value in the job's store.
+  std::function<void(const std::string& key, const std::string& value)> publish;
+};
+
 class Job {
  public:
-  Job(std::vector<WorkerPlan> plans, double graceS, bool verbose);
+  // plans: the workers (static mode); ignored (empty) in elastic mode.
+  Job(std::vector<WorkerPlan> plans, double graceS, bool verbose,
+      std::unique_ptr<ElasticSetup> elastic = nullptr);
+  ~Job();
   // Starts every worker and runs until the job is over; returns horarun's
   // exit status.
   int run();
@@ -64,6 +106,9 @@ class Job {
  private:
   struct Worker {
     WorkerPlan plan;
+    std::string id;  // elastic mode: HORA_WORKER_ID
+    bool newcomer = false;
+    long exitSeq = 0;  // order of exits, from 1
     SpawnedProcess proc;
     bool running = false;
     int waitStatus = 0;
@@ -84,6 +129,25 @@ class Job {
   void maybeFinish();
   std::string describeExit(const Worker& w) const;
   void printReport() const;
+  bool startWorker(Worker& w, std::string* error);
+  std::string who(const Worker& w) const;  // "rank 3" / "worker w3"
+  int runningCount() const;
+
+  // Elastic mode (job_elastic.cc).
+  void elasticStart();
+  void schedulePoll();
+  void poll();
+  void onDiscovered(const DiscoveryResult& r);
+  void startFirstBatch();
+  void grow();
+  bool startElasticWorker(const std::string& host, const Slot* slot, std::string* error);
+  void elasticExited(Worker& w);
+  void checkMinNp();
+  void elasticFail(const std::string& message);
+  void stopElastic();
+  void chooseFinalFailure();
+  std::vector<std::string> blockedHosts() const;
+  double nowS() const;
 
   boost::asio::io_context io_;
   boost::asio::signal_set signals_;
@@ -101,6 +165,25 @@ class Job {
   bool tearingDown_ = false;
   bool drainArmed_ = false;
   std::string spawnError_;
+  long exitCounter_ = 0;
+
+  // Elastic mode; elastic_ null otherwise.
+  std::unique_ptr<ElasticSetup> elastic_;
+  std::unique_ptr<Discovery> discovery_;
+  std::unique_ptr<Blacklist> blacklist_;
+  boost::asio::steady_timer pollTimer_;
+  boost::asio::steady_timer belowMinTimer_;
+  std::vector<HostSpec> discovered_;
+  bool everDiscovered_ = false;
+  bool firstBatchStarted_ = false;
+  bool waitingNoted_ = false;  // said once that we wait for --min-np slots
+  bool discoveryFailing_ = false;
+  std::chrono::steady_clock::time_point discoveryFailingSince_;
+  bool belowMin_ = false;
+  bool finishing_ = false;  // a worker exited 0: training is over, no new workers
+  std::chrono::steady_clock::time_point finishingAt_, lastSpawnAt_;
+  int nextWorkerId_ = 0;
+  std::string elasticError_;  // the job was ended by horarun for this reason
 };
 
 }  // namespace horarun

@@ -1,10 +1,16 @@
 #include "options.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+
+#include "elastic.h"
 
 namespace horarun {
 
@@ -12,10 +18,12 @@ namespace {
 
 const char kUsage[] =
     "usage: horarun -np N [options] COMMAND [ARGS...]\n"
+    "       horarun [-np N] --min-np N --max-np M --host-discovery-script S COMMAND...\n"
     "\n"
     "Starts N ranks of COMMAND with the HORA_* environment contract, hosts the\n"
     "job's rendezvous store, prefixes output with ranks, and ends the job when\n"
-    "any rank fails.\n"
+    "any rank fails (elastic mode: replaces failed workers, adds discovered ones).\n"
+    "Flags taking a value also accept --flag=value.\n"
     "\n"
     "hosts:\n"
     "  -np, --num-proc N            number of ranks (required)\n"
@@ -35,6 +43,17 @@ const char kUsage[] =
     "  --grace-seconds S            SIGTERM to SIGKILL delay when stopping ranks (5)\n"
     "  -x, --env NAME[=VALUE]       export NAME to every rank (also to remote ones)\n"
     "  --verbose                    say what horarun does\n"
+    "elastic mode (docs/elastic.md; any of these turns it on):\n"
+    "  --min-np N                   fewest workers the job runs with (default: -np, else 1)\n"
+    "  --max-np M                   most workers (default: unbounded)\n"
+    "  --host-discovery-script S    prints 'host' or 'host:slots' lines; run every second\n"
+    "  --host-discovery-file F      the same lines in a file, re-read every second\n"
+    "  --slots N                    slots of a bare 'host' line (1)\n"
+    "  --elastic-timeout S          longest time below --min-np before the job fails (600)\n"
+    "  --blacklist-cooldown-range LO HI\n"
+    "                               a host whose worker failed gets none for a random\n"
+    "                               LO..HI s, doubling per failure (default 1 600)\n"
+    "  --elastic                    elastic on the -H/--hostfile hosts (no discovery)\n"
     "tuning (set the ranks' HORA_* parameters, docs/params.md):\n"
     "  --fusion-threshold-mb MB     HORA_FUSION_THRESHOLD_BYTES = MB * 1048576\n"
     "  --cycle-time-ms MS           HORA_CYCLE_TIME_MS\n"
@@ -110,6 +129,71 @@ std::vector<std::string> splitWords(const std::string& text) {
   return out;
 }
 
+// Elastic mode's flags together: defaults, bounds, one source of hosts, a usable script.
+bool validateElastic(Options* o, std::string* error) {
+  const bool script = !o->discoveryScript.empty(), file = !o->discoveryFile.empty();
+  if (script && file) {
+    *error = "give either --host-discovery-script or --host-discovery-file, not both";
+    return false;
+  }
+  if ((script || file) && (!o->hosts.empty() || !o->hostfile.empty())) {
+    *error = std::string(script ? "--host-discovery-script" : "--host-discovery-file") +
+             " replaces -H/--hostfile: give one source of hosts";
+    return false;
+  }
+  if ((script || file) && o->check) {
+    *error = "--check checks fixed hosts; it does not work with host discovery";
+    return false;
+  }
+  if (!script && !file && o->hosts.empty() && o->hostfile.empty() && o->np < 1 && o->maxNp < 1) {
+    *error = "elastic mode on this machine alone needs -np N or --max-np M (how many workers)";
+    return false;
+  }
+  const int maxNp = o->maxNp > 0 ? o->maxNp : kUnboundedNp;
+  if (o->np > maxNp) {
+    *error = "-np " + std::to_string(o->np) + " is larger than --max-np " + std::to_string(maxNp);
+    return false;
+  }
+  if (o->minNp == 0) o->minNp = o->np > 0 ? o->np : 1;
+  if (o->minNp > maxNp) {
+    *error = "--min-np " + std::to_string(o->minNp) + " is larger than --max-np " +
+             std::to_string(maxNp);
+    return false;
+  }
+  if (o->np > 0 && (o->np < o->minNp || o->np > maxNp)) {
+    *error = "-np " + std::to_string(o->np) + " must lie between --min-np " +
+             std::to_string(o->minNp) + " and --max-np " +
+             (o->maxNp > 0 ? std::to_string(o->maxNp) : std::string("(unbounded)"));
+    return false;
+  }
+  if (o->slotsPerHost < 1) {
+    *error = "--slots must be at least 1";
+    return false;
+  }
+  if (o->elasticTimeoutS <= 0) {
+    *error = "--elastic-timeout must be positive (seconds)";
+    return false;
+  }
+  if (script) {
+    struct stat st;
+    if (stat(o->discoveryScript.c_str(), &st) != 0) {
+      *error = "--host-discovery-script '" + o->discoveryScript + "': " + std::strerror(errno);
+      return false;
+    }
+    if (!S_ISREG(st.st_mode) || access(o->discoveryScript.c_str(), X_OK) != 0) {
+      *error = "--host-discovery-script '" + o->discoveryScript +
+               "' is not an executable file (chmod +x it, and give it a #! line)";
+      return false;
+    }
+  }
+  if (file && access(o->discoveryFile.c_str(), R_OK) != 0) {
+    *error = "--host-discovery-file '" + o->discoveryFile + "': " + std::strerror(errno);
+    return false;
+  }
+  addEnv(o, "HORA_ELASTIC_TIMEOUT_S", formatNumber(o->elasticTimeoutS));
+  return true;
+}
+
 }  // namespace
 
 const char* usageText() { return kUsage; }
@@ -118,7 +202,15 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
   if (const char* s = std::getenv("HORARUN_SSH_COMMAND")) o->sshCommand = s;
   if (const char* s = std::getenv("HORARUN_START_TIMEOUT_S")) o->startTimeoutS = std::atof(s);
   int i = 1;
+  // "--flag=value": the value of the flag being parsed, consumed by value().
+  std::string inlineValue;
+  bool hasInline = false;
   auto value = [&](const std::string& flag, std::string* out) {
+    if (hasInline) {
+      *out = inlineValue;
+      hasInline = false;
+      return true;
+    }
     if (i + 1 >= argc) {
       *error = flag + " needs a value";
       return false;
@@ -159,6 +251,12 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
       break;
     }
     if (a.empty() || a[0] != '-') break;  // the command starts here
+    hasInline = false;
+    if (a.rfind("--", 0) == 0 && a.find('=') != std::string::npos) {
+      inlineValue = a.substr(a.find('=') + 1);
+      a = a.substr(0, a.find('='));
+      hasInline = true;
+    }
     double d = 0;
     std::string v;
     bool handled = false;
@@ -213,6 +311,59 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
       } else {
         addEnv(o, v.substr(0, eq), v.substr(eq + 1));
       }
+    } else if (a == "--min-np" || a == "--min-num-proc") {
+      if (!number(a, false, &d)) return false;
+      o->minNp = static_cast<int>(d);
+      o->elastic = true;
+      if (o->minNp < 1) {
+        *error = a + " must be at least 1";
+        return false;
+      }
+    } else if (a == "--max-np" || a == "--max-num-proc") {
+      if (!number(a, false, &d)) return false;
+      o->maxNp = static_cast<int>(d);
+      o->elastic = true;
+      if (o->maxNp < 1) {
+        *error = a + " must be at least 1";
+        return false;
+      }
+    } else if (a == "--host-discovery-script") {
+      if (!value(a, &o->discoveryScript)) return false;
+      o->elastic = true;
+    } else if (a == "--host-discovery-file") {
+      if (!value(a, &o->discoveryFile)) return false;
+      o->elastic = true;
+    } else if (a == "--slots" || a == "--slots-per-host") {
+      if (!number(a, false, &d)) return false;
+      o->slotsPerHost = static_cast<int>(d);
+    } else if (a == "--elastic-timeout") {
+      if (!number(a, true, &o->elasticTimeoutS)) return false;
+    } else if (a == "--blacklist-cooldown-range") {
+      // Two values: "LO HI", or "--blacklist-cooldown-range=LO,HI".
+      std::string lo, hi;
+      if (hasInline) {
+        auto comma = inlineValue.find(',');
+        if (comma == std::string::npos) {
+          *error = a + "=LO,HI expects two numbers separated by a comma, got '" + inlineValue + "'";
+          return false;
+        }
+        lo = inlineValue.substr(0, comma), hi = inlineValue.substr(comma + 1);
+        hasInline = false;
+      } else if (i + 2 >= argc) {
+        *error = a + " needs two values: LO HI (seconds)";
+        return false;
+      } else {
+        lo = argv[++i], hi = argv[++i];
+      }
+      if (!isNumber(lo, true) || !isNumber(hi, true) || std::strtod(lo.c_str(), nullptr) < 0 ||
+          std::strtod(hi.c_str(), nullptr) < std::strtod(lo.c_str(), nullptr)) {
+        *error = a + " expects seconds LO HI with 0 <= LO <= HI, got '" + lo + "' '" + hi + "'";
+        return false;
+      }
+      o->cooldownLowS = std::strtod(lo.c_str(), nullptr);
+      o->cooldownHighS = std::strtod(hi.c_str(), nullptr);
+    } else if (a == "--elastic") {
+      o->elastic = true;
     } else if (a == "--check") {
       o->check = true;
     } else if (a == "--verbose") {
@@ -222,7 +373,11 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
     } else if (a == "-h" || a == "--help") {
       o->help = true;
     } else {
-      *error = "unknown option '" + a + "' (horarun --help lists them)";
+      *error = "unknown option '" + std::string(argv[i]) + "' (horarun --help lists them)";
+      return false;
+    }
+    if (hasInline) {
+      *error = a + " takes no value (got '" + a + "=" + inlineValue + "')";
       return false;
     }
   }
@@ -232,12 +387,14 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
     *error = "no command given";
     return false;
   }
-  if (o->np < 1) {
-    *error = "-np N (N >= 1) is required";
-    return false;
-  }
   if (!o->hosts.empty() && !o->hostfile.empty()) {
     *error = "give either -H or --hostfile, not both";
+    return false;
+  }
+  if (o->elastic) {
+    if (!validateElastic(o, error)) return false;
+  } else if (o->np < 1) {
+    *error = "-np N (N >= 1) is required";
     return false;
   }
   if (o->startTimeoutS <= 0) {

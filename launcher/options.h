@@ -31,6 +31,19 @@ struct Options {
   // Extra environment for workers: -x NAME=VALUE, or -x NAME (copied from here).
   std::vector<std::pair<std::string, std::string>> env;
   std::vector<std::string> command;
+
+  // Elastic mode (docs/elastic.md; on with --min-np, --max-np, a discovery script or file, or
+  // --elastic). np is then the starting count, 0 = what discovery offers up to maxNp.
+  bool elastic = false;
+  int minNp = 0;                 // 0 = not given: np if given, else 1
+  int maxNp = 0;                 // 0 = unbounded
+  std::string discoveryScript;   // --host-discovery-script
+  std::string discoveryFile;     // --host-discovery-file (same format, re-read each poll)
+  int slotsPerHost = 1;          // --slots: slots of a bare `host` line
+  double elasticTimeoutS = 600;  // --elastic-timeout (horovodrun's default)
+  // --blacklist-cooldown-range LO HI. horovodrun's default is a blacklist for good; horarun's
+  // is 1..600 s, so a one-host job can replace a killed worker (see docs/launching.md).
+  double cooldownLowS = 1, cooldownHighS = 600;
 };
 
 // Parses argv. False with *error (a one-line message) on bad usage.

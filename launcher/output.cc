@@ -23,10 +23,10 @@ void writeAll(int fd, const std::string& data) {
   }
 }
 
-OutputStream::OutputStream(boost::asio::io_context& io, int fd, int rank, bool isStderr,
-                           const std::string& filePath, std::function<void()> onEof)
+OutputStream::OutputStream(boost::asio::io_context& io, int fd, const std::string& label,
+                           bool isStderr, const std::string& filePath, std::function<void()> onEof)
     : sd_(io, fd),
-      prefix_("[" + std::to_string(rank) + "]<" + (isStderr ? "stderr" : "stdout") + ">: "),
+      prefix_("[" + label + "]<" + (isStderr ? "stderr" : "stdout") + ">: "),
       toFd_(isStderr ? 2 : 1),
       onEof_(std::move(onEof)) {
   if (!filePath.empty()) file_ = std::fopen(filePath.c_str(), "w");

@@ -23,9 +23,10 @@ namespace horarun {
 
 class OutputStream {
  public:
-  // Takes ownership of fd (non-blocking read end). `toFd` is 1 or 2.
+  // Takes ownership of fd (non-blocking read end). `label` goes between the brackets of the
+  // prefix: the rank, or in elastic mode the worker id (ranks change at every epoch there).
   // `filePath` empty: no file copy. onEof runs once, on the loop thread.
-  OutputStream(boost::asio::io_context& io, int fd, int rank, bool isStderr,
+  OutputStream(boost::asio::io_context& io, int fd, const std::string& label, bool isStderr,
                const std::string& filePath, std::function<void()> onEof);
   ~OutputStream();
   OutputStream(const OutputStream&) = delete;

@@ -30,13 +30,14 @@ struct CArgs {
   }
 };
 
-CArgs mergedEnvironment(const EnvList& extra) {
+CArgs mergedEnvironment(const EnvList& extra, const std::vector<std::string>& unset = {}) {
   std::map<std::string, std::string> env;
   for (char** e = environ; e && *e; ++e) {
     std::string kv = *e;
     auto eq = kv.find('=');
     if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
+  for (const auto& name : unset) env.erase(name);
   for (const auto& kv : extra) env[kv.first] = kv.second;
   CArgs out;
   for (const auto& kv : env) out.store.push_back(kv.first + "=" + kv.second);
@@ -93,6 +94,7 @@ std::string remoteScript(const LaunchSpec& spec) {
   if (!spec.cwd.empty())
     s << "cd " << shellQuote(spec.cwd) << " 2>/dev/null || echo \"horarun: no directory "
       << shellQuote(spec.cwd) << " on $(hostname); running in $PWD\" >&2\n";
+  for (const auto& name : spec.unsetEnv) s << "unset " << name << "\n";
   for (const auto& kv : spec.env)
     s << "export " << kv.first << "=" << shellQuote(kv.second) << "\n";
   s << "set -m\n";  // the worker gets its own process group
@@ -128,7 +130,7 @@ bool spawnProcess(const LaunchSpec& spec, SpawnedProcess* out, std::string* erro
     return false;
   }
   argv.finish();
-  CArgs envp = mergedEnvironment(spec.remote ? EnvList{} : spec.env);
+  CArgs envp = mergedEnvironment(spec.remote ? EnvList{} : spec.env, spec.unsetEnv);
   int in[2] = {-1, -1}, o[2] = {-1, -1}, e[2] = {-1, -1};
   if (spec.remote) {
     if (!makePipe(in, error)) return false;

@@ -30,6 +30,9 @@ using EnvList = std::vector<std::pair<std::string, std::string>>;
 struct LaunchSpec {
   std::vector<std::string> command;
   EnvList env;  // set on top of horarun's own environment (local) / exported (remote)
+  // Removed from the worker's environment (an elastic newcomer must not inherit a HORA_RANK
+  // that horarun itself was started with).
+  std::vector<std::string> unsetEnv;
   bool remote = false;
   std::vector<std::string> remoteShell;  // argv of the remote shell, host included
   std::string cwd;                       // remote: cd here first (best effort)

@@ -53,3 +53,47 @@ expect_no_survivors() {
     fi
   done
 }
+
+# ---- elastic tests (elastic_*_test.sh; the worker is tests/launcher/elastic_worker.cc) ----
+# field FILE KEY: the value of KEY in a "k=v k=v" line written by elastic_worker.
+field() { tr ' ' '\n' < "$1" 2>/dev/null | sed -n "s|^$2=||p" | head -n 1; }
+# wait_for_file SECONDS FILE
+wait_for_file() {
+  local deadline=$((SECONDS + $1))
+  while [ $SECONDS -lt $deadline ]; do [ -f "$2" ] && return 0; sleep 0.05; done
+  return 1
+}
+# wait_for_field SECONDS FILE KEY VALUE
+wait_for_field() {
+  local deadline=$((SECONDS + $1))
+  while [ $SECONDS -lt $deadline ]; do
+    [ "$(field "$2" "$3")" = "$4" ] && return 0
+    sleep 0.05
+  done
+  return 1
+}
+# wait_for_exit SECONDS PID: waits for a background job; its status in $JOB_RC.
+wait_for_exit() {
+  local deadline=$((SECONDS + $1))
+  while [ $SECONDS -lt $deadline ]; do
+    if ! kill -0 "$2" 2>/dev/null; then
+      wait "$2"
+      JOB_RC=$?
+      return 0
+    fi
+    sleep 0.05
+  done
+  return 1
+}
+# No elastic_worker left whose pid is in a DIR/*.env file.
+expect_no_elastic_survivors() {
+  local f p
+  for f in "$1"/*.env; do
+    [ -f "$f" ] || continue
+    p=$(field "$f" pid)
+    if [ -n "$p" ] && kill -0 "$p" 2>/dev/null && [ "$(awk '/^State/ {print $2}' /proc/$p/status 2>/dev/null)" != "Z" ]; then
+      kill -9 "$p" 2>/dev/null
+      fail "worker pid $p ($f) survived the job"
+    fi
+  done
+}

@@ -2,8 +2,12 @@
 // errors, the command after the options, the tuning flags' HORA_* parameters (checked against
 // the runtime's own parameter validation) and the remote shell template.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -202,7 +206,8 @@ TEST_F(OptionsTest, EveryValueFlagAtTheEndNeedsAValue) {
       "--ssh-identity-file", "--ssh-command", "--network-interface", "--start-timeout",
       "--output-filename", "--grace-seconds", "-x", "--env", "--fusion-threshold-mb",
       "--cycle-time-ms", "--cache-capacity", "--log-level", "--stall-check-warning-time-seconds",
-      "--stall-check-shutdown-time-seconds", "--peer-timeout-seconds"};
+      "--stall-check-shutdown-time-seconds", "--peer-timeout-seconds", "--min-np", "--max-np",
+      "--host-discovery-script", "--host-discovery-file", "--slots", "--elastic-timeout"};
   // clang-format on
   for (const char* flag : kValueFlags) {
     SCOPED_TRACE(flag);
@@ -220,7 +225,7 @@ TEST_F(OptionsTest, AValueMayLookLikeAFlag) {
 }
 
 TEST_F(OptionsTest, UnknownFlagsAreRefused) {
-  for (const char* flag : {"--bogus", "-n", "-", "---np", "--np", "-np=2", "--num-proc=2", "-X"}) {
+  for (const char* flag : {"--bogus", "-n", "-", "---np", "--np", "-np=2", "--np=2", "-X"}) {
     SCOPED_TRACE(flag);
     EXPECT_EQ(parseError({flag, "2", "python"}),
               "unknown option '" + std::string(flag) + "' (horarun --help lists them)");
@@ -430,7 +435,9 @@ TEST_F(OptionsTest, EveryFlagInTheUsageTextIsRecognized) {
       "--output-filename", "--grace-seconds", "-x", "--env", "--verbose", "--fusion-threshold-mb",
       "--cycle-time-ms", "--cache-capacity", "--log-level", "--stall-check-warning-time-seconds",
       "--stall-check-shutdown-time-seconds", "--no-stall-check", "--peer-timeout-seconds",
-      "--timeline-filename", "-v", "--version"};
+      "--timeline-filename", "-v", "--version", "--min-np", "--max-np", "--host-discovery-script",
+      "--host-discovery-file", "--slots", "--elastic-timeout", "--blacklist-cooldown-range",
+      "--elastic"};
   // clang-format on
   for (const char* f : kDocumented)
     EXPECT_EQ(flags.count(f), 1u) << f << " missing from the usage text";
@@ -439,6 +446,143 @@ TEST_F(OptionsTest, EveryFlagInTheUsageTextIsRecognized) {
     Parsed p = parse({f});
     EXPECT_FALSE(contains(p.error, "unknown option")) << p.error;
   }
+}
+
+// ---- --flag=value ----
+
+TEST_F(OptionsTest, LongFlagsTakeTheirValueAfterAnEqualsSign) {
+  Parsed p = parseOk({"--num-proc=3", "--hosts=a:2,b", "--env=A=B=C", "--fusion-threshold-mb=2",
+                      "--log-level=debug", "--output-filename=", "c"});
+  EXPECT_EQ(p.opt.np, 3);
+  EXPECT_EQ(p.opt.hosts, "a:2,b");
+  EXPECT_EQ(p.env().at("A"), "B=C");  // split at the first '=' only
+  EXPECT_EQ(p.env().at("HORA_FUSION_THRESHOLD_BYTES"), "2097152");
+  EXPECT_EQ(p.env().at("HORA_LOG_LEVEL"), "debug");
+  EXPECT_EQ(p.opt.outputDir, "");
+  EXPECT_EQ(parseError({"--num-proc=x", "c"}),
+            "--num-proc expects a non-negative integer, got 'x'");
+}
+
+TEST_F(OptionsTest, SwitchesRefuseAnEqualsValue) {
+  EXPECT_EQ(parseError({"-np", "2", "--verbose=1", "c"}),
+            "--verbose takes no value (got '--verbose=1')");
+  EXPECT_EQ(parseError({"-np", "2", "--check=yes", "c"}),
+            "--check takes no value (got '--check=yes')");
+}
+
+// ---- elastic mode ----
+
+class ElasticOptionsTest : public OptionsTest {
+ protected:
+  void SetUp() override {
+    OptionsTest::SetUp();
+    char dir[] = "/tmp/horarun-options-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    script_ = dir_ + "/discover.sh";
+    std::ofstream(script_) << "#!/bin/sh\necho localhost:2\n";
+    chmod(script_.c_str(), 0755);
+    plain_ = dir_ + "/hosts";
+    std::ofstream(plain_) << "localhost:2\n";
+  }
+  void TearDown() override {
+    std::remove(script_.c_str());
+    std::remove(plain_.c_str());
+    rmdir(dir_.c_str());
+    OptionsTest::TearDown();
+  }
+  std::string dir_, script_, plain_;
+};
+
+TEST_F(ElasticOptionsTest, OffByDefault) {
+  Parsed p = parseOk({"-np", "2", "c"});
+  EXPECT_FALSE(p.opt.elastic);
+  EXPECT_EQ(p.env().count("HORA_ELASTIC_TIMEOUT_S"), 0u);
+}
+
+TEST_F(ElasticOptionsTest, EachElasticFlagTurnsItOn) {
+  EXPECT_TRUE(parseOk({"--min-np", "2", "--host-discovery-file", plain_, "c"}).opt.elastic);
+  EXPECT_TRUE(parseOk({"--max-np", "4", "c"}).opt.elastic);
+  EXPECT_TRUE(parseOk({"--host-discovery-script", script_, "c"}).opt.elastic);
+  EXPECT_TRUE(parseOk({"--host-discovery-file", plain_, "c"}).opt.elastic);
+  EXPECT_TRUE(parseOk({"-np", "2", "--elastic", "c"}).opt.elastic);
+}
+
+TEST_F(ElasticOptionsTest, DefaultsFollowHorovodrun) {
+  Parsed p = parseOk({"--host-discovery-script", script_, "c"});
+  EXPECT_EQ(p.opt.np, 0);     // what discovery offers
+  EXPECT_EQ(p.opt.minNp, 1);  // no -np: 1
+  EXPECT_EQ(p.opt.maxNp, 0);  // unbounded
+  EXPECT_EQ(p.opt.slotsPerHost, 1);
+  EXPECT_EQ(p.opt.elasticTimeoutS, 600);
+  EXPECT_EQ(p.opt.cooldownLowS, 1);
+  EXPECT_EQ(p.opt.cooldownHighS, 600);
+  EXPECT_EQ(p.env().at("HORA_ELASTIC_TIMEOUT_S"), "600");
+  // min-np defaults to -np when given (horovodrun).
+  EXPECT_EQ(parseOk({"-np", "3", "--host-discovery-script", script_, "c"}).opt.minNp, 3);
+}
+
+TEST_F(ElasticOptionsTest, ValuesAndTheirEqualsForms) {
+  Parsed p =
+      parseOk({"-np", "3", "--min-np=2", "--max-np", "5", "--slots=4", "--elastic-timeout=30.5",
+               "--blacklist-cooldown-range", "2", "8", "--host-discovery-script=" + script_, "c"});
+  EXPECT_EQ(p.opt.np, 3);
+  EXPECT_EQ(p.opt.minNp, 2);
+  EXPECT_EQ(p.opt.maxNp, 5);
+  EXPECT_EQ(p.opt.slotsPerHost, 4);
+  EXPECT_EQ(p.opt.discoveryScript, script_);
+  EXPECT_EQ(p.opt.cooldownLowS, 2);
+  EXPECT_EQ(p.opt.cooldownHighS, 8);
+  EXPECT_EQ(p.env().at("HORA_ELASTIC_TIMEOUT_S"), "30.5");
+  Parsed q = parseOk({"--blacklist-cooldown-range=0.5,60", "--max-np", "2", "c"});
+  EXPECT_EQ(q.opt.cooldownLowS, 0.5);
+  EXPECT_EQ(q.opt.cooldownHighS, 60);
+  EXPECT_EQ(parseOk({"--slots-per-host", "3", "--max-np", "2", "c"}).opt.slotsPerHost, 3);
+}
+
+TEST_F(ElasticOptionsTest, BoundsAreChecked) {
+  const std::string s = script_;
+  EXPECT_EQ(parseError({"--min-np", "0", "c"}), "--min-np must be at least 1");
+  EXPECT_EQ(parseError({"--max-np", "0", "c"}), "--max-np must be at least 1");
+  EXPECT_EQ(parseError({"--min-np", "3", "--max-np", "2", "--host-discovery-script", s, "c"}),
+            "--min-np 3 is larger than --max-np 2");
+  EXPECT_EQ(parseError({"-np", "1", "--min-np", "2", "--host-discovery-script", s, "c"}),
+            "-np 1 must lie between --min-np 2 and --max-np (unbounded)");
+  EXPECT_EQ(parseError({"-np", "5", "--max-np", "4", "--host-discovery-script", s, "c"}),
+            "-np 5 is larger than --max-np 4");
+  EXPECT_EQ(parseError({"--slots", "0", "--host-discovery-script", s, "c"}),
+            "--slots must be at least 1");
+  EXPECT_EQ(parseError({"--elastic-timeout", "0", "--host-discovery-script", s, "c"}),
+            "--elastic-timeout must be positive (seconds)");
+  EXPECT_TRUE(contains(parseError({"--blacklist-cooldown-range", "5", "2", "--max-np", "2", "c"}),
+                       "0 <= LO <= HI"));
+  EXPECT_EQ(parseError({"--max-np", "2", "--blacklist-cooldown-range", "5"}),
+            "--blacklist-cooldown-range needs two values: LO HI (seconds)");
+  EXPECT_TRUE(contains(parseError({"--blacklist-cooldown-range=5", "--max-np", "2", "c"}),
+                       "separated by a comma"));
+  EXPECT_EQ(parseError({"--elastic", "c"}),
+            "elastic mode on this machine alone needs -np N or --max-np M (how many workers)");
+}
+
+TEST_F(ElasticOptionsTest, OneSourceOfHostsAndAUsableScript) {
+  EXPECT_EQ(parseError({"--host-discovery-script", script_, "--host-discovery-file", plain_, "c"}),
+            "give either --host-discovery-script or --host-discovery-file, not both");
+  EXPECT_TRUE(contains(parseError({"-H", "a:2", "--host-discovery-script", script_, "c"}),
+                       "give one source of hosts"));
+  EXPECT_TRUE(contains(parseError({"--check", "--host-discovery-file", plain_, "c"}),
+                       "--check checks fixed hosts"));
+  EXPECT_EQ(parseError({"--host-discovery-script", plain_, "c"}),
+            "--host-discovery-script '" + plain_ +
+                "' is not an executable file (chmod +x it, and give it a #! line)");
+  EXPECT_EQ(parseError({"--host-discovery-script", dir_, "c"}),
+            "--host-discovery-script '" + dir_ +
+                "' is not an executable file (chmod +x it, and give it a #! line)");
+  EXPECT_EQ(parseError({"--host-discovery-script", dir_ + "/none", "c"}),
+            "--host-discovery-script '" + dir_ + "/none': No such file or directory");
+  EXPECT_EQ(parseError({"--host-discovery-file", dir_ + "/none", "c"}),
+            "--host-discovery-file '" + dir_ + "/none': No such file or directory");
+  // Fixed hosts with --elastic are fine, --check included.
+  EXPECT_TRUE(parseOk({"-np", "2", "--elastic", "-H", "a:2,b:2", "--check", "c"}).opt.elastic);
 }
 
 // ---- remote shell ----
