@@ -81,9 +81,8 @@ def test_survivors_finish_after_a_rank_dies(tmp_path):
     script.write_text(_SCRIPT)
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "bindings", "python"), OMP_NUM_THREADS="1",
                HORA_ELASTIC_SETTLE_MS="500")
-    # Worker ids are the launcher's; "2" is assumed to be the third worker's
-    # id (adjust to horarun's scheme when it lands).
-    env["VICTIM_WORKER"] = "2"
+    # horarun names workers w0, w1, ... in start order.
+    env["VICTIM_WORKER"] = "w2"
     proc = subprocess.run([HORARUN, "-np", "3", "--min-np", "2", PYTHON, str(script)], env=env,
                           capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
