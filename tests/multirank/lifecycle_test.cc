@@ -121,7 +121,9 @@ void reinitThreads(int size, int cycles, bool external) {
   for (int r = 0; r < size; ++r) EXPECT_EQ(failures[r], "") << "rank " << r;
   EXPECT_EQ(end.fds, base.fds) << "file descriptors leaked over " << cycles << " runtimes";
   EXPECT_EQ(end.threads, base.threads) << "threads leaked over " << cycles << " runtimes";
-  EXPECT_EQ(end.shmFiles, base.shmFiles) << "/dev/shm files leaked over " << cycles << " runtimes";
+  // Fewer is fine: hora sweeps segments a killed process left behind, and a
+  // killed process of an earlier test may have had this pid.
+  EXPECT_LE(end.shmFiles, base.shmFiles) << "/dev/shm files leaked over " << cycles << " runtimes";
   hora_store_server_stop(server);
 }
 
