@@ -152,7 +152,7 @@ TEST(Lifecycle, ReinitFiftyTimesProcesses) {
         }
         const Resources end = sample();
         CHILD_CHECK(
-            end.fds == base.fds && end.threads == base.threads && end.shmFiles == base.shmFiles,
+            end.fds == base.fds && end.threads == base.threads && end.shmFiles <= base.shmFiles,
             "leak over 50 runtimes: fds %d -> %d, threads %d -> %d, /dev/shm %d -> %d", base.fds,
             end.fds, base.threads, end.threads, base.shmFiles, end.shmFiles);
         return 0;
