@@ -70,6 +70,9 @@ const std::vector<ParamSpec>& paramRegistry() {
       {"HORA_ELASTIC_SETTLE_MS", ParamType::kInt, "2000",
        "Elastic mode: the leader closes the new membership this long after the last arrival "
        "when fewer workers arrived than the launcher reports alive."},
+      {"HORA_ELASTIC_RESET_LIMIT", ParamType::kInt, "-1",
+       "Elastic mode, Python: most re-formations hvd.elastic.run makes before it gives up "
+       "(-1 = no limit, as Horovod); its reset_limit argument wins."},
       {"HORA_GLOO_ALGORITHM", ParamType::kString, "auto",
        "Gloo allreduce algorithm: auto (by size), ring or bcube. Must be the same on every rank "
        "(checked at start).",

@@ -154,7 +154,9 @@ def _resolve_reset_limit(reset_limit):
     try:
         limit = int(limit)
     except (TypeError, ValueError):
-        limit = -1
+        limit = -2
+    if limit == -1 and reset_limit is None:
+        return None, None  # the registry's default (docs/params.md): no limit
     if limit < 0:
         raise ValueError("hora.elastic.run: %s is not a reset count; give a whole number >= 0 "
                          "(0: fail at the first reset), or unset it for no limit" % source)
