@@ -35,12 +35,14 @@ struct Ticket {
   int64_t lastEpoch = -1;
   int lastRank = -1;
   bool survivor = false;  // a member of the last formed epoch
+  std::string settings;
 };
 
 bool parseTicket(const std::string& text, Ticket* t) {
   std::istringstream is(text);
   std::string kind;
-  if (!(is >> t->workerId >> t->lastEpoch >> t->lastRank >> t->host >> kind)) return false;
+  if (!(is >> t->workerId >> t->lastEpoch >> t->lastRank >> t->host >> kind >> t->settings))
+    return false;
   t->survivor = kind == "S";
   return kind == "S" || kind == "N";
 }
@@ -113,6 +115,15 @@ Status lead(Store& el, int64_t target, const FormRequest& req, Clock::time_point
     auto dead = isDead(el, tk.workerId);
     if (dead.isOk() && dead.value()) continue;
     tk.number = t;
+    if (tk.settings != (req.settings.empty() ? "-" : req.settings)) {
+      // Admitting it would fail every member at the next set-up.
+      HORA_RETURN_IF_ERROR(el.set(r + "rejected/" + tk.workerId,
+                                  "worker " + tk.workerId + " on " + tk.host + " runs with " +
+                                      tk.settings + " but the job's members run with " +
+                                      req.settings +
+                                      "; start it with the same hora version and settings"));
+      continue;
+    }
     (tk.survivor ? survivors : newcomers).push_back(tk);
   }
   std::sort(survivors.begin(), survivors.end(),
@@ -194,7 +205,8 @@ Result<Membership> formEpoch(Store& el, const FormRequest& req, const Logger& lo
     HORA_RETURN_IF_ERROR(el.set(r + "ticket/" + std::to_string(t.value()),
                                 req.workerId + " " + std::to_string(req.lastEpoch) + " " +
                                     std::to_string(req.lastRank) + " " + req.host + " " +
-                                    (survivor ? "S" : "N")));
+                                    (survivor ? "S" : "N") + " " +
+                                    (req.settings.empty() ? "-" : req.settings)));
     if (survivor) {
       auto s = el.add(r + "survivors", 1);
       if (!s.isOk()) return s.status();
@@ -212,6 +224,12 @@ Result<Membership> formEpoch(Store& el, const FormRequest& req, const Logger& lo
         auto workers = splitLines(members.value());
         auto it = std::find(workers.begin(), workers.end(), req.workerId);
         if (it == workers.end()) {
+          auto rejected = el.check(r + "rejected/" + req.workerId);
+          if (!rejected.isOk()) return rejected.status();
+          if (rejected.value()) {
+            auto why = el.get(r + "rejected/" + req.workerId, milliseconds(1000));
+            return invalidArgument(why.isOk() ? why.value() : "the members refused this worker");
+          }
           HORA_LOG(logger, kInfo) << "worker " << req.workerId << " arrived after epoch " << target
                                   << " was formed; waiting to join the next one";
           moveOn = true;

@@ -27,6 +27,10 @@ struct FormRequest {
   // a newcomer (it targets the newest formed epoch + 1).
   int64_t lastEpoch = -1;
   int lastRank = -1;
+  // The settings every member must share (version, cache capacity, ...),
+  // without spaces. The leader refuses a newcomer whose settings differ
+  // instead of letting it fail the whole job at the next set-up.
+  std::string settings;
   Seconds timeout{600};  // the whole formation, arrival to members list
   std::chrono::milliseconds settle{2000};
   std::chrono::milliseconds poll{10};
@@ -53,8 +57,9 @@ Result<int64_t> lastEpochOf(Store& el, const std::string& workerId);
 // Arrives for the epoch after req.lastEpoch (newcomers: after the newest
 // formed one) and waits until its members are known. A worker left out (it
 // arrived after the list closed, or the leader died) tries the next epoch.
-// Errors: fewer than min_np workers arrived (kMembership), the timeout
-// passed (kTimeout), the store failed.
+// Errors: fewer than min_np workers arrived (kMembership), the worker's
+// settings differ from the members' (kInvalidArgument), the timeout passed
+// (kTimeout), the store failed.
 Result<Membership> formEpoch(Store& el, const FormRequest& req, const Logger& logger);
 
 // True when some worker waits to join the epoch after `epoch`.
