@@ -67,22 +67,28 @@ Status lead(Store& el, int64_t target, const FormRequest& req, Clock::time_point
   const std::vector<std::string> previous = membersOf(el, target - 1);
   auto lastChange = Clock::now();
   int64_t seen = 0;
+  auto minNp = readInt(el, "min_np", 1);
+  if (!minNp.isOk()) return minNp.status();
   for (;;) {
     auto n = el.add(r + "arrivals", 0);
     if (!n.isOk()) return n.status();
     if (n.value() != seen) seen = n.value(), lastChange = Clock::now();
+    // Who is here and alive.
+    std::vector<std::string> arrived;
+    for (int64_t t = 1; t <= seen; ++t) {
+      auto v = el.check(r + "ticket/" + std::to_string(t));
+      if (!v.isOk()) return v.status();
+      if (!v.value()) continue;
+      Ticket tk;
+      auto text = el.get(r + "ticket/" + std::to_string(t), milliseconds(1000));
+      if (!text.isOk() || !parseTicket(text.value(), &tk)) continue;
+      auto dead = isDead(el, tk.workerId);
+      if (!dead.isOk()) return dead.status();
+      if (!dead.value()) arrived.push_back(tk.workerId);
+    }
     bool complete = false;
     if (!previous.empty()) {
       // Every member of the previous epoch is here or dead.
-      std::vector<std::string> arrived;
-      for (int64_t t = 1; t <= seen; ++t) {
-        auto v = el.check(r + "ticket/" + std::to_string(t));
-        if (!v.isOk()) return v.status();
-        if (!v.value()) continue;
-        Ticket tk;
-        auto text = el.get(r + "ticket/" + std::to_string(t), milliseconds(1000));
-        if (text.isOk() && parseTicket(text.value(), &tk)) arrived.push_back(tk.workerId);
-      }
       complete = true;
       for (const auto& w : previous) {
         if (std::find(arrived.begin(), arrived.end(), w) != arrived.end()) continue;
@@ -98,8 +104,11 @@ Status lead(Store& el, int64_t target, const FormRequest& req, Clock::time_point
       if (!live.isOk()) return live.status();
       complete = live.value() > 0 && seen >= live.value();
     }
+    // Below min-np the survivors wait (to the deadline) for the launcher's
+    // replacements, which arrive here as newcomers.
+    const bool enough = static_cast<int64_t>(arrived.size()) >= std::max<int64_t>(1, minNp.value());
     const auto now = Clock::now();
-    if (complete || now - lastChange >= req.settle || now >= deadline) break;
+    if (now >= deadline || (enough && (complete || now - lastChange >= req.settle))) break;
     std::this_thread::sleep_for(req.poll);
   }
 
@@ -128,15 +137,13 @@ Status lead(Store& el, int64_t target, const FormRequest& req, Clock::time_point
   }
   std::sort(survivors.begin(), survivors.end(),
             [](const Ticket& a, const Ticket& b) { return a.lastRank < b.lastRank; });
-  auto minNp = readInt(el, "min_np", 1);
-  if (!minNp.isOk()) return minNp.status();
   const int64_t count = static_cast<int64_t>(survivors.size() + newcomers.size());
   if (count < std::max<int64_t>(1, minNp.value())) {
-    std::string why = "only " + std::to_string(count) + " worker(s) arrived to form epoch " +
-                      std::to_string(target) + " but the job needs at least " +
-                      std::to_string(minNp.value()) +
-                      " (--min-np); the others were lost. Restart the job from its last "
-                      "checkpoint, or lower --min-np";
+    std::string why =
+        "only " + std::to_string(count) + " worker(s) arrived to form epoch " +
+        std::to_string(target) + " but the job needs at least " + std::to_string(minNp.value()) +
+        " (--min-np) and no replacement came within HORA_ELASTIC_TIMEOUT_S; the others were "
+        "lost. Restart the job from its last checkpoint, or lower --min-np";
     return el.set(r + "failed", why);
   }
   std::string members;
@@ -212,7 +219,11 @@ Result<Membership> formEpoch(Store& el, const FormRequest& req, const Logger& lo
       if (!s.isOk()) return s.status();
       if (s.value() == 1) {
         HORA_RETURN_IF_ERROR(el.set(r + "leader", req.workerId));
-        HORA_RETURN_IF_ERROR(lead(el, target, req, deadline, logger));
+        // The leader gives up a little before the others, so that they
+        // read its reason instead of timing out themselves.
+        const auto margin = std::min<Clock::duration>(
+            std::chrono::seconds(1), std::chrono::duration_cast<Clock::duration>(req.timeout) / 10);
+        HORA_RETURN_IF_ERROR(lead(el, target, req, deadline - margin, logger));
       }
     }
     // Wait for the list, watching the leader: if it dies mid-formation the

@@ -132,7 +132,8 @@ int worker(int rank) {
 
 // `n` workers; the victims are killed one after another (700 ms apart) as
 // the launcher would see it: reaped, live count lowered, dead key written.
-std::vector<htest::ProcessResult> shrink(int n, const std::vector<int>& victims, int minNp) {
+std::vector<htest::ProcessResult> shrink(int n, const std::vector<int>& victims, int minNp,
+                                         const std::string& elasticTimeoutS = "60") {
   hora_store_server_t server = nullptr;
   EXPECT_EQ(hora_store_server_start("127.0.0.1", 0, "test-secret", &server), HORA_SUCCESS);
   int32_t port = 0;
@@ -156,7 +157,8 @@ std::vector<htest::ProcessResult> shrink(int n, const std::vector<int>& victims,
                           {{"HORA_ELASTIC", "1"},
                            {"HORA_STORE_EXTERNAL", "1"},
                            {"HORA_STORE_PORT", std::to_string(port)},
-                           {"HORA_PEER_TIMEOUT_S", "10"}});
+                           {"HORA_PEER_TIMEOUT_S", "10"},
+                           {"HORA_ELASTIC_TIMEOUT_S", elasticTimeoutS}});
   hora_store_server_stop(server);
   for (int victim : victims) EXPECT_EQ(results[victim].signal, SIGKILL) << results[victim].output;
   return results;
@@ -193,7 +195,9 @@ TEST(Elastic, RankZeroKilledSurvivorsGoOn) {
 // Fewer survivors than --min-np: the re-formation fails on the survivor
 // with the reason, within the deadline, never a hang.
 TEST(Elastic, BelowMinNpFailsWithTheReason) {
-  auto results = shrink(3, {1, 2}, 2);
+  // Nobody replaces the lost workers here: the survivor waits the elastic
+  // timeout for a replacement, then fails.
+  auto results = shrink(3, {1, 2}, 2, "3");
   EXPECT_NE(results[0].exitCode, 0) << results[0].output;
   EXPECT_NE(results[0].output.find("needs at least 2"), std::string::npos) << results[0].output;
   if (getenv("HORA_TEST_VERBOSE")) std::printf("%s\n", results[0].output.c_str());

@@ -123,13 +123,39 @@ TEST_F(MembershipTest, TooFewWorkersFailEveryArrivalWithTheReason) {
   initialEpoch(3);
   ASSERT_TRUE(store_->set("min_np", "3").isOk());
   ASSERT_TRUE(store_->set("dead/w2", "exit 1").isOk());
-  auto a = form(request("w0", 0, 0));
-  auto b = form(request("w1", 0, 1));
+  auto shortWait = [&](const std::string& id, int rank) {
+    auto req = request(id, 0, rank);
+    req.timeout = Seconds(1);
+    return form(req);
+  };
+  auto t0 = Clock::now();
+  auto a = shortWait("w0", 0);
+  auto b = shortWait("w1", 1);
   for (auto* f : {&a, &b}) {
     auto m = f->get();
     ASSERT_FALSE(m.isOk());
     EXPECT_EQ(m.status().code(), Code::kMembership);
     EXPECT_NE(m.status().message().find("at least 3"), std::string::npos) << m.status().message();
+  }
+  // They waited for a replacement, within the timeout.
+  EXPECT_GE(Clock::now() - t0, 800ms);
+  EXPECT_LT(Clock::now() - t0, 3s);
+}
+
+// Below min-np the survivors wait for the launcher's replacement and form
+// the epoch with it.
+TEST_F(MembershipTest, BelowMinNpTheSurvivorsWaitForAReplacement) {
+  initialEpoch(3);
+  ASSERT_TRUE(store_->set("min_np", "3").isOk());
+  ASSERT_TRUE(store_->set("dead/w2", "signal 9").isOk());
+  auto a = form(request("w0", 0, 0));
+  auto b = form(request("w1", 0, 1));
+  std::this_thread::sleep_for(600ms);  // past the settle time: still not enough
+  auto c = form(request("w3", -1, -1));
+  for (auto* f : {&a, &b, &c}) {
+    auto m = f->get();
+    ASSERT_TRUE(m.isOk()) << m.status().toString();
+    EXPECT_EQ(m.value().workers, (std::vector<std::string>{"w0", "w1", "w3"}));
   }
 }
 

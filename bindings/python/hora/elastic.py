@@ -27,6 +27,8 @@ from .exceptions import HoraMismatchError, HoraResetLimitError, HorovodInternalE
 _log = logging.getLogger("hora.elastic")
 
 RESET_LIMIT_ENV = "HORA_ELASTIC_RESET_LIMIT"
+# Re-formations that fail one after another before run() gives up.
+_MAX_FAILED_RESETS = 3
 
 
 class State:
@@ -204,16 +206,34 @@ def run_fn(func, reset, reset_limit=None):
             except HostsUpdatedInterrupt as e:
                 cause = e
                 skip_sync = e.skip_sync
-            resets += 1
-            if limit is not None and resets > limit:
-                raise HoraResetLimitError(
-                    "hora.elastic.run: giving up after %d reset(s), the limit set by %s; the last failure was "
-                    "%s: %s. Look for its cause in the ranks' logs, or raise the limit (@hvd.elastic.run("
-                    "reset_limit=N) or %s=N)." % (resets - 1, source, type(cause).__name__, cause,
-                                                  RESET_LIMIT_ENV)) from cause
-            # One line per reset, so a job that keeps resetting says why.
-            _log.warning("hora.elastic: reset %d%s after %s: %s", resets,
-                         "" if limit is None else " of at most %d" % limit, type(cause).__name__, cause)
-            reset()
+            failed_resets = 0
+            while True:
+                resets += 1
+                if limit is not None and resets > limit:
+                    raise HoraResetLimitError(
+                        "hora.elastic.run: giving up after %d reset(s), the limit set by %s; the last failure "
+                        "was %s: %s. Look for its cause in the ranks' logs, or raise the limit "
+                        "(@hvd.elastic.run(reset_limit=N) or %s=N)." % (resets - 1, source, type(cause).__name__,
+                                                                       cause, RESET_LIMIT_ENV)) from cause
+                # One line per reset, so a job that keeps resetting says why.
+                _log.warning("hora.elastic: reset %d%s after %s: %s", resets,
+                             "" if limit is None else " of at most %d" % limit, type(cause).__name__, cause)
+                try:
+                    reset()
+                    break
+                except HoraMismatchError:
+                    raise
+                except HorovodInternalError as e:
+                    # A second failure while re-forming (a member that
+                    # arrived died before the new epoch started): form the
+                    # next one, a few times at most, since a re-formation
+                    # that keeps failing (too few workers after the elastic
+                    # timeout) will fail again. Refusals (another version)
+                    # are not internal errors and end run() at once.
+                    failed_resets += 1
+                    if failed_resets >= _MAX_FAILED_RESETS:
+                        raise
+                    cause = e
+                    skip_sync = False
             state.on_reset()
     return wrapper
