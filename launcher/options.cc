@@ -50,6 +50,7 @@ const char kUsage[] =
     "  --host-discovery-file F      the same lines in a file, re-read every second\n"
     "  --slots N                    slots of a bare 'host' line (1)\n"
     "  --elastic-timeout S          longest time below --min-np before the job fails (600)\n"
+    "  --reset-limit N              most re-formations of hvd.elastic.run (default: none)\n"
     "  --blacklist-cooldown-range LO HI\n"
     "                               a host whose worker failed gets none for a random\n"
     "                               LO..HI s, doubling per failure (default 1 600)\n"
@@ -191,6 +192,7 @@ bool validateElastic(Options* o, std::string* error) {
     return false;
   }
   addEnv(o, "HORA_ELASTIC_TIMEOUT_S", formatNumber(o->elasticTimeoutS));
+  if (o->resetLimit >= 0) addEnv(o, "HORA_ELASTIC_RESET_LIMIT", std::to_string(o->resetLimit));
   return true;
 }
 
@@ -338,6 +340,13 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
       o->slotsPerHost = static_cast<int>(d);
     } else if (a == "--elastic-timeout") {
       if (!number(a, true, &o->elasticTimeoutS)) return false;
+    } else if (a == "--reset-limit") {
+      if (!number(a, false, &d)) return false;
+      if (d < 0 || d > 1e9) {
+        *error = "--reset-limit must be a whole number >= 0";
+        return false;
+      }
+      o->resetLimit = static_cast<int>(d);
     } else if (a == "--blacklist-cooldown-range") {
       // Two values: "LO HI", or "--blacklist-cooldown-range=LO,HI".
       std::string lo, hi;
@@ -393,6 +402,10 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
   }
   if (o->elastic) {
     if (!validateElastic(o, error)) return false;
+  } else if (o->resetLimit >= 0) {
+    *error = "--reset-limit applies to elastic jobs: add --min-np/--max-np, a discovery "
+             "script or --elastic";
+    return false;
   } else if (o->np < 1) {
     *error = "-np N (N >= 1) is required";
     return false;

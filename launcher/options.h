@@ -41,6 +41,7 @@ struct Options {
   std::string discoveryFile;     // --host-discovery-file (same format, re-read each poll)
   int slotsPerHost = 1;          // --slots: slots of a bare `host` line
   double elasticTimeoutS = 600;  // --elastic-timeout (horovodrun's default)
+  int resetLimit = -1;           // --reset-limit: resets hvd.elastic.run makes (-1 = no limit)
   // --blacklist-cooldown-range LO HI. horovodrun's default is a blacklist for good; horarun's
   // is 1..600 s, so a one-host job can replace a killed worker (see docs/launching.md).
   double cooldownLowS = 1, cooldownHighS = 600;

@@ -202,3 +202,89 @@ TEST(Elastic, BelowMinNpFailsWithTheReason) {
   EXPECT_NE(results[0].output.find("needs at least 2"), std::string::npos) << results[0].output;
   if (getenv("HORA_TEST_VERBOSE")) std::printf("%s\n", results[0].output.c_str());
 }
+
+// A second failure during a re-formation: a member that was admitted to the
+// new epoch dies before the epoch starts. The others' start-up fails at once
+// with HORA_ERR_MEMBERSHIP naming it (not after the start timeout), and the
+// next re-formation goes on without it. Ranks as threads; the dying member
+// is a phantom ticket the test writes, as a newcomer that crashed would.
+TEST(Elastic, MemberLostBetweenFormationAndStartUpFailsFastThenReformsWithoutIt) {
+  hora_store_server_t server = nullptr;
+  ASSERT_EQ(hora_store_server_start("127.0.0.1", 0, "test-secret", &server), HORA_SUCCESS);
+  int32_t port = 0;
+  ASSERT_EQ(hora_store_server_port(server, &port), HORA_SUCCESS);
+  auto publish = [&](const std::string& key, const std::string& value) {
+    ASSERT_EQ(hora_store_server_set(server, key.c_str(), value.data(), value.size()),
+              HORA_SUCCESS);
+  };
+  publish("hora/el/min_np", "1");
+  const std::vector<std::string> ids = {"w0", "w1"};
+  auto config = [&](int rank) {
+    hora_config_t c = htest::testConfig(rank, 2, port);
+    c.store_external = 1;
+    c.elastic = 1;
+    c.worker_id = ids[rank].c_str();
+    return c;
+  };
+  std::vector<hora_runtime_t> rts(2, nullptr);
+  {
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        hora_config_t c = config(r);
+        EXPECT_EQ(hora_init(&c, &rts[r]), HORA_SUCCESS) << hora_last_error_message();
+      });
+    for (auto& t : ts) t.join();
+  }
+  ASSERT_TRUE(rts[0] && rts[1]);
+  // A newcomer arrived for epoch 1 with the members' settings...
+  int32_t major = 0, minor = 0, patch = 0;
+  hora_get_version(&major, &minor, &patch);
+  const std::string settings = "hora-" + std::to_string(major) + "." + std::to_string(minor) +
+                               "." + std::to_string(patch) +
+                               ",HORA_CACHE_CAPACITY=1024,HORA_GLOO_ALGORITHM=auto,"
+                               "HORA_GPU_BACKEND=auto";
+  int64_t t = 0;
+  ASSERT_EQ(hora_store_server_add(server, "hora/el/r1/arrivals", 1, &t), HORA_SUCCESS);
+  publish("hora/el/r1/ticket/" + std::to_string(t), "wP -1 -1 127.0.0.1 N " + settings);
+  int32_t pending = 0;
+  ASSERT_EQ(hora_membership_pending(rts[0], &pending), HORA_SUCCESS);
+  EXPECT_EQ(pending, 1);
+  // ...and dies once admitted, before publishing anything for the epoch.
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    publish("hora/el/dead/wP", "signal 9");
+  });
+  std::vector<hora_status_t> first(2), second(2);
+  std::vector<std::string> firstWhy(2);
+  std::vector<double> firstS(2);
+  std::vector<int32_t> sizes(2, 0);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      auto t0 = Clock::now();
+      first[r] = hora_reform(&rts[r]);
+      firstWhy[r] = hora_last_error_message();
+      firstS[r] = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (first[r] == HORA_SUCCESS) return;
+      hora_config_t c = config(r);
+      second[r] = hora_init(&c, &rts[r]);
+      if (second[r] != HORA_SUCCESS) return;
+      hora_size(rts[r], &sizes[r]);
+      std::string why;
+      std::vector<float> v(4, static_cast<float>(r + 1));
+      EXPECT_EQ(run(rts[r], &v, false, &why), HORA_SUCCESS) << why;
+      EXPECT_EQ(v[0], 1.5f);
+      EXPECT_EQ(hora_shutdown(rts[r]), HORA_SUCCESS);
+    });
+  for (auto& th : ts) th.join();
+  killer.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(first[r], HORA_ERR_MEMBERSHIP) << firstWhy[r];
+    EXPECT_NE(firstWhy[r].find("worker wP"), std::string::npos) << firstWhy[r];
+    EXPECT_LT(firstS[r], 5.0) << "the start-up waited for a dead member";
+    EXPECT_EQ(second[r], HORA_SUCCESS);
+    EXPECT_EQ(sizes[r], 2);
+  }
+  hora_store_server_stop(server);
+}

@@ -207,7 +207,8 @@ TEST_F(OptionsTest, EveryValueFlagAtTheEndNeedsAValue) {
       "--output-filename", "--grace-seconds", "-x", "--env", "--fusion-threshold-mb",
       "--cycle-time-ms", "--cache-capacity", "--log-level", "--stall-check-warning-time-seconds",
       "--stall-check-shutdown-time-seconds", "--peer-timeout-seconds", "--min-np", "--max-np",
-      "--host-discovery-script", "--host-discovery-file", "--slots", "--elastic-timeout"};
+      "--host-discovery-script", "--host-discovery-file", "--slots", "--elastic-timeout",
+      "--reset-limit"};
   // clang-format on
   for (const char* flag : kValueFlags) {
     SCOPED_TRACE(flag);
@@ -437,7 +438,7 @@ TEST_F(OptionsTest, EveryFlagInTheUsageTextIsRecognized) {
       "--stall-check-shutdown-time-seconds", "--no-stall-check", "--peer-timeout-seconds",
       "--timeline-filename", "-v", "--version", "--min-np", "--max-np", "--host-discovery-script",
       "--host-discovery-file", "--slots", "--elastic-timeout", "--blacklist-cooldown-range",
-      "--elastic"};
+      "--elastic", "--reset-limit"};
   // clang-format on
   for (const char* f : kDocumented)
     EXPECT_EQ(flags.count(f), 1u) << f << " missing from the usage text";
@@ -618,3 +619,14 @@ TEST_F(OptionsTest, RemoteShellTemplate) {
 
 }  // namespace
 }  // namespace horarun
+
+// horovodrun's --reset-limit reaches hvd.elastic.run through the workers'
+// environment; outside elastic mode it is an error, never silently ignored.
+TEST_F(ElasticOptionsTest, ResetLimitIsPassedToTheWorkers) {
+  Parsed p = parseOk({"--max-np", "4", "--reset-limit", "3", "c"});
+  EXPECT_EQ(p.opt.resetLimit, 3);
+  EXPECT_EQ(p.env().at("HORA_ELASTIC_RESET_LIMIT"), "3");
+  EXPECT_EQ(parseOk({"--max-np", "4", "c"}).env().count("HORA_ELASTIC_RESET_LIMIT"), 0u);
+  EXPECT_TRUE(contains(parseError({"-np", "2", "--reset-limit", "3", "c"}), "elastic"));
+  EXPECT_TRUE(contains(parseError({"--max-np", "2", "--reset-limit", "x", "c"}), "integer"));
+}

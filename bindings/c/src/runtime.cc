@@ -68,6 +68,30 @@ Status Runtime::resolveIdentity(const hora_config_t& c) {
   return Status::ok();
 }
 
+Result<std::string> Runtime::waitForMember(const std::string& key, int rank,
+                                           std::chrono::milliseconds timeout) {
+  const bool known = elastic_ && elStore_ && rank < static_cast<int>(setOpts_.workerIds.size());
+  if (!known) return store_->get(key, timeout);
+  // Elastic: a member that died after the epoch was formed (its launcher
+  // reports it) fails the start-up at once, so the survivors re-form again
+  // instead of waiting out the start timeout.
+  const std::string& worker = setOpts_.workerIds[rank];
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    const auto slice = std::min<std::chrono::milliseconds>(
+        std::chrono::milliseconds(200),
+        std::max(std::chrono::milliseconds(1),
+                 std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())));
+    auto v = store_->get(key, slice);
+    if (v.isOk() || v.status().code() != Code::kTimeout || Clock::now() >= deadline) return v;
+    auto dead = elStore_->check("dead/" + worker);
+    if (dead.isOk() && dead.value())
+      return membershipError("worker " + worker + " (rank " + std::to_string(rank) + " of epoch " +
+                             std::to_string(epoch_) +
+                             ") was lost before the epoch started; re-form again");
+  }
+}
+
 Status Runtime::deriveTopology(bool needLocal, bool needCross, const std::string& host) {
   // Every rank publishes its host name; local and cross ranks follow from
   // the sorted list, the same on every rank.
@@ -75,7 +99,7 @@ Status Runtime::deriveTopology(bool needLocal, bool needCross, const std::string
   std::vector<std::string> hosts(id_.size);
   const auto timeout = setOpts_.startTimeout;
   for (int r = 0; r < id_.size; ++r) {
-    auto v = store_->get("host/" + std::to_string(r), timeout);
+    auto v = waitForMember("host/" + std::to_string(r), r, timeout);
     if (!v.isOk())
       return v.status().withContext("waiting for rank " + std::to_string(r) + " to join the job");
     hosts[r] = v.value();

@@ -51,6 +51,9 @@ class Runtime {
   Runtime() = default;
   Status resolveIdentity(const hora_config_t& c);
   Status deriveTopology(bool needLocal, bool needCross, const std::string& host);
+  // The store's get for a key member `rank` publishes at start-up.
+  Result<std::string> waitForMember(const std::string& key, int rank,
+                                    std::chrono::milliseconds timeout);
   // Connects to the store (hosting it on rank 0 unless external) and finds
   // this runtime's epoch; in elastic mode forms it, which sets the rank.
   Status joinStore(const hora_config_t& c, const std::string& host);
