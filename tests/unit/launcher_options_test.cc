@@ -617,9 +617,6 @@ TEST_F(OptionsTest, RemoteShellTemplate) {
             (std::vector<std::string>{"kubectl", "exec", "", "pod", "--"}));
 }
 
-}  // namespace
-}  // namespace horarun
-
 // horovodrun's --reset-limit reaches hvd.elastic.run through the workers'
 // environment; outside elastic mode it is an error, never silently ignored.
 TEST_F(ElasticOptionsTest, ResetLimitIsPassedToTheWorkers) {
@@ -630,3 +627,6 @@ TEST_F(ElasticOptionsTest, ResetLimitIsPassedToTheWorkers) {
   EXPECT_TRUE(contains(parseError({"-np", "2", "--reset-limit", "3", "c"}), "elastic"));
   EXPECT_TRUE(contains(parseError({"--max-np", "2", "--reset-limit", "x", "c"}), "integer"));
 }
+
+}  // namespace
+}  // namespace horarun
