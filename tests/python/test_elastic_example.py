@@ -1,0 +1,87 @@
+"""examples/elastic_train.py under horarun with a host discovery file that grows
+from 2 to 3 slots mid-run: a newcomer starts, joins at the next commit, every
+worker re-forms with size 3 and all three end with the same model."""
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from harness import PYTHON, REPO
+
+HORARUN = os.path.join(REPO, "build", "launcher", "horarun")
+EXAMPLE = os.path.join(REPO, "examples", "elastic_train.py")
+
+
+def _ready():
+    try:
+        from hora import _lib
+        if not _lib.has_symbol("hora_reform"):
+            return False, "libhora has no hora_reform"
+    except ImportError as e:
+        return False, "libhora not loadable: %s" % e
+    if not os.access(HORARUN, os.X_OK):
+        return False, "horarun not built (%s)" % HORARUN
+    return True, ""
+
+
+_READY, _WHY = _ready()
+
+
+def _write_atomically(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)  # horarun re-reads the file every second: never show it half written
+
+
+@pytest.mark.skipif(not _READY, reason=_WHY or "elastic runtime not ready")
+def test_example_grows_from_2_to_3_workers(tmp_path):
+    hosts = str(tmp_path / "hosts.txt")
+    _write_atomically(hosts, "localhost:2\n")
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "bindings", "python"), OMP_NUM_THREADS="1",
+               HORA_ELASTIC_SETTLE_MS="500")
+    cmd = [HORARUN, "-np", "2", "--min-np", "2", "--max-np", "4", "--host-discovery-file", hosts,
+           "--blacklist-cooldown-range", "0", "0",
+           PYTHON, EXAMPLE, "--epochs", "3", "--num-samples", "2048", "--batches-per-commit", "2",
+           "--log-interval", "4", "--batch-sleep", "0.15"]
+    deadline = time.time() + 110
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    # extend() over the pipe appends line by line as they come.
+    reader.start()
+    try:
+        # Grow once both first workers train (a progress line at size 2).
+        while not any(re.search(r"size 2 worker \S+ epoch \d+ batch", l) for l in list(lines)):
+            assert proc.poll() is None, "job ended before training:\n" + "".join(lines)[-6000:]
+            assert time.time() < deadline, "no progress line in time:\n" + "".join(lines)[-6000:]
+            time.sleep(0.1)
+        _write_atomically(hosts, "localhost:3\n")
+        proc.wait(timeout=max(1, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        reader.join(5)
+        pytest.fail("elastic example did not finish in time:\n" + "".join(lines)[-6000:])
+    reader.join(10)
+    out = "".join(lines)
+    assert proc.returncode == 0, "horarun exit %d:\n%s" % (proc.returncode, out[-6000:])
+    done = re.findall(r"\[(w\d+)\]<stdout>: DONE rank=\d+ size=(\d+) .*checksum=([0-9a-f]+)", out)
+    assert len(done) == 3, "expected three workers to finish:\n" + out[-6000:]
+    assert {d[0] for d in done} == {"w0", "w1", "w2"}, out[-6000:]
+    assert {d[1] for d in done} == {"3"}, "not every worker ended at size 3:\n" + out[-6000:]
+    assert len({d[2] for d in done}) == 1, "the workers' models differ:\n" + out[-6000:]
+    # Each of the three (re)started training at size 3 (the newcomer's first start,
+    # the others' after the reset that let it in), and the two first workers reset.
+    starts = set(re.findall(r"\[(w\d+)\]<stdout>: start: rank \d+/size 3 ", out))
+    assert starts == {"w0", "w1", "w2"}, "not every worker trained at size 3:\n" + out[-6000:]
+    resets = set(re.findall(r"\[(w\d+)\]<stdout>: reset: rank \d+/size 3 ", out))
+    assert resets == {"w0", "w1"}, "the first two workers did not reset to size 3:\n" + out[-6000:]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([os.path.abspath(__file__), "-q"]))
