@@ -77,7 +77,12 @@ class State:
         # take this branch or none does, and the broadcast stays collective.
         if self._rank() == 0 and basics._membership_supported():
             pending = basics._membership_pending()
-        if self._bcast_object(bool(pending)):
+        # One cached, one-element collective per commit (rank 0's answer is
+        # the maximum), not an object broadcast (size, then bytes).
+        import numpy as np
+        from . import numpy as hnp
+        flag = np.array([1 if pending else 0], dtype=np.int32)
+        if int(hnp.allreduce(flag, op=basics.Max, name="hora.elastic.host_updates")[0]):
             raise HostsUpdatedInterrupt(skip_sync=False)
 
     def save(self):
