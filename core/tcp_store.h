@@ -54,6 +54,7 @@ class TcpStoreServer {
   // blocks until the server thread has applied the change.
   Status set(const std::string& key, const std::string& value);
   Result<int64_t> add(const std::string& key, int64_t delta);
+  Result<bool> check(const std::string& key);
 
  private:
   class Impl;

@@ -551,6 +551,12 @@ Status TcpStoreServer::set(const std::string& key, const std::string& value) {
   });
 }
 
+Result<bool> TcpStoreServer::check(const std::string& key) {
+  Impl* impl = impl_.get();
+  return impl->onServerThread<Result<bool>>(
+      [&]() -> Result<bool> { return impl->data_.count(key) > 0; });
+}
+
 Result<int64_t> TcpStoreServer::add(const std::string& key, int64_t delta) {
   Impl* impl = impl_.get();
   return impl->onServerThread<Result<int64_t>>([&]() -> Result<int64_t> {

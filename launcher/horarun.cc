@@ -289,6 +289,11 @@ int realMain(int argc, char** argv) {
         std::fprintf(stderr, "horarun: warning: cannot publish %s in the store: %s\n", full.c_str(),
                      hora_last_error_message());
     };
+    elastic->present = [store](const std::string& key) {
+      const std::string full = "hora/el/" + key;
+      int32_t present = 0;
+      return hora_store_server_check(store, full.c_str(), &present) == HORA_SUCCESS && present;
+    };
   } else {
     for (const auto& s : slots) {
       WorkerPlan w;

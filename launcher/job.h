@@ -91,6 +91,8 @@ struct ElasticSetup {
       makeWorker;
   // Writes hora/el/<key> = value in the job's store.
   std::function<void(const std::string& key, const std::string& value)> publish;
+  // Whether hora/el/<key> exists (a worker's epoch key: it was admitted).
+  std::function<bool(const std::string& key)> present;
 };
 
 class Job {
@@ -141,6 +143,7 @@ class Job {
   void startFirstBatch();
   void grow();
   bool startElasticWorker(const std::string& host, const Slot* slot, std::string* error);
+  void stopNeverAdmitted();
   void elasticExited(Worker& w);
   void checkMinNp();
   void elasticFail(const std::string& message);

@@ -1,6 +1,8 @@
 // The Job's elastic mode (job.h describes the policy; docs/elastic.md the store keys).
 // Everything here runs on the Asio loop's thread, like the rest of the Job.
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -211,8 +213,10 @@ void Job::elasticExited(Worker& w) {
           " exited with code 0: training is over, no new workers; waiting for " +
           (live ? "the other " + workers(live) : std::string("nothing")));
     }
+    stopNeverAdmitted();
     return;
   }
+  if (finishing_) stopNeverAdmitted();
   if (w.stopRequested) return;
   std::string note;
   if (!finishing_) {
@@ -229,6 +233,25 @@ void Job::elasticExited(Worker& w) {
     say(who(w) + " (host " + w.plan.slot.host + ", pid " + std::to_string(w.proc.pid) + ") " +
         describeExit(w) + "; " + workers(live) + " go on" + note);
   checkMinNp();
+}
+
+void Job::stopNeverAdmitted() {
+  // Training is over. A newcomer that was started but never admitted to an
+  // epoch would wait out its elastic timeout and then fail the job: once
+  // only such workers are left, stop them (not a failure: nobody needs them).
+  if (!elastic_->present) return;
+  std::vector<Worker*> waiting;
+  for (auto& w : workers_) {
+    if (!w.running) continue;
+    if (!w.newcomer || elastic_->present("worker/" + w.id + "/epoch")) return;
+    if (!w.stopRequested) waiting.push_back(&w);
+  }
+  for (Worker* w : waiting) {
+    say(who(*w) + " never joined the training (it ended first): stopping it");
+    w->stopRequested = true;
+    if (w->proc.inFd >= 0) close(w->proc.inFd), w->proc.inFd = -1;
+    kill(-w->proc.pid, SIGTERM);
+  }
 }
 
 void Job::checkMinNp() {

@@ -192,6 +192,8 @@ TEST_F(TcpStoreTest, HostingProcessSetsAndAddsWakingWaiters) {
   ASSERT_TRUE(c->add("n", 2).isOk());
   EXPECT_EQ(server_->add("n", 5).value(), 7);
   EXPECT_EQ(c->add("n", 0).value(), 7);
+  EXPECT_TRUE(server_->check("n").value());
+  EXPECT_FALSE(server_->check("absent").value());
   ASSERT_TRUE(c->set("text", "x").isOk());
   auto bad = server_->add("text", 1);
   ASSERT_FALSE(bad.isOk());

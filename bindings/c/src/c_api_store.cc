@@ -98,6 +98,19 @@ HORA_API hora_status_t hora_store_server_add(hora_store_server_t server, const c
   });
 }
 
+HORA_API hora_status_t hora_store_server_check(hora_store_server_t server, const char* key,
+                                               int32_t* out) {
+  return guarded("hora_store_server_check", [&]() -> hora_status_t {
+    if (!server || server->magic != kServerMagic || !key || !out)
+      return fail(Code::kInvalidArgument,
+                  "hora_store_server_check: invalid server handle, key NULL or out NULL");
+    auto present = server->server->check(key);
+    if (!present.isOk()) return setError(present.status());
+    *out = present.value() ? 1 : 0;
+    return HORA_SUCCESS;
+  });
+}
+
 HORA_API hora_status_t hora_store_server_stop(hora_store_server_t server) {
   return guarded("hora_store_server_stop", [&]() -> hora_status_t {
     if (!server) return HORA_SUCCESS;

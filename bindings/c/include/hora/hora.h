@@ -291,6 +291,9 @@ HORA_API hora_status_t hora_store_server_set(hora_store_server_t server, const c
                                              const void* value, size_t len);
 HORA_API hora_status_t hora_store_server_add(hora_store_server_t server, const char* key,
                                              int64_t delta, int64_t* out);
+/* *out = 1 if key exists in the store, else 0. */
+HORA_API hora_status_t hora_store_server_check(hora_store_server_t server, const char* key,
+                                               int32_t* out);
 /* Closes every connection, joins the server thread and frees the handle.
  * NULL is ignored. */
 HORA_API hora_status_t hora_store_server_stop(hora_store_server_t server);
