@@ -95,8 +95,8 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=glob
     An optimizer without state yet gets it by one step on zero gradients (as
     Horovod does): parameters that do not require a gradient are left out (no
     state, nothing broadcast, their ``grad`` stays None); the others keep a zero
-    gradient where they had none, as in Horovod, and their own gradient
-    otherwise. Parameters are restored afterwards, so weight decay cannot move
+    gradient where they had none, as in Horovod (None if it was a sparse one),
+    and their own gradient otherwise. Parameters are restored afterwards, so weight decay cannot move
     them. Zero gradients are sparse for torch.optim.SparseAdam and, when
     ``model`` is given, for the parameters of its sparse embeddings (as Horovod
     does), since those optimizers refuse dense gradients there."""
@@ -111,17 +111,17 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=glob
         saved = [(p, p.data.clone(), p.grad) for p in params]
         for p in params:
             zero = torch.zeros_like(p.data)
-            # one sparse dim (rows), as an embedding's own gradients have, so
-            # that later ones accumulate into it
-            p.grad = zero.to_sparse(min(1, zero.dim())) if all_sparse or id(p) in sparse_ids else zero
+            p.grad = zero.to_sparse() if all_sparse or id(p) in sparse_ids else zero
         step = getattr(optimizer, "_hora_inner_step", None)
         (step or optimizer.step)()
         for p, data, grad in saved:
             p.data.copy_(data)
-            # A parameter without a gradient keeps the zero one, as in Horovod; a
-            # sparse one stays sparse, so later sparse gradients accumulate into
-            # it without densifying (which SparseAdam would refuse).
-            if grad is not None:
+            # A parameter without a gradient keeps the dense zero one, as in
+            # Horovod. A sparse zero goes back to None: its layout (all dims
+            # sparse, which SparseAdam needs for an empty gradient) differs from
+            # an embedding's gradients (rows sparse), which could not be added
+            # to it by the next backward.
+            if grad is not None or p.grad.is_sparse:
                 p.grad = grad
         state_dict = optimizer.state_dict()
 
