@@ -1,6 +1,6 @@
-"""Process sets on 3 ranks: a set {0, 2} runs its own collectives (ranks and
-roots within the set) while the global set keeps working; a non-member is
-refused; sets are removed again."""
+"""Process sets on 3 ranks: a set {0, 2} runs its own collectives (ranks within
+the set; broadcast roots are global ranks, as in horovod.torch) while the
+global set keeps working; a non-member is refused; sets are removed again."""
 import torch
 
 import hora.torch as hvd
@@ -15,13 +15,13 @@ def _b_process_sets(rank, size):
         assert s.item() == 2.0
         g = hvd.allgather(torch.tensor([rank]), process_set=ps)
         assert g.tolist() == [0, 2]
-        b = hvd.broadcast(torch.tensor([rank]), root_rank=1, process_set=ps)  # set rank 1 = global rank 2
+        b = hvd.broadcast(torch.tensor([rank]), root_rank=2, process_set=ps)  # global rank 2 = set rank 1
         assert b.item() == 2
         out, recv = hvd.alltoall(torch.tensor([rank, rank]), splits=[1, 1], process_set=ps)
         assert out.tolist() == [0, 2]
         rs = hvd.reducescatter(torch.ones(2, 2), op=hvd.Sum, process_set=ps)
         assert rs.tolist() == [[2.0, 2.0]]
-        assert hvd.broadcast_object(rank, root_rank=1, process_set=ps) == 2
+        assert hvd.broadcast_object(rank, root_rank=2, process_set=ps) == 2
         assert hvd.allgather_object(rank, process_set=ps) == [0, 2]
         hvd.barrier(process_set=ps)
         # a DistributedOptimizer over the set averages over its members only

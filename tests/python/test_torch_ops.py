@@ -269,7 +269,8 @@ def _b_autograd(rank, size):
     x = torch.ones(size * 2, 2, requires_grad=True)
     out = hvd.reducescatter(x, op=hvd.Sum)
     (out * (rank + 1)).sum().backward()
-    assert torch.allclose(x.grad, torch.tensor([float(d + 1) for d in range(size) for _ in range(2)])
+    # horovod.torch's rule for Sum: allgather of size x the output's gradient (test_torch_grads.py)
+    assert torch.allclose(x.grad, size * torch.tensor([float(d + 1) for d in range(size) for _ in range(2)])
                           .unsqueeze(1).expand(size * 2, 2))
 
     a = torch.ones(2, requires_grad=True)

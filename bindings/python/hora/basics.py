@@ -44,8 +44,10 @@ class ProcessSet:
     """A subset of ranks with its own coordinator; collectives take ``process_set=``.
 
     Create with ``add_process_set(ranks)`` (or pass to ``init(process_sets=...)``)
-    on every rank, in the same order. Ranks and roots inside collectives are
-    ranks within the set.
+    on every rank, in the same order. ``rank()`` is the rank within the set.
+    Broadcast roots: hora.torch takes a GLOBAL rank that must be a member (as
+    horovod.torch does) and translates it; hora.numpy, ``submit_broadcast``
+    and the C ABI take the rank within the set.
     """
 
     def __init__(self, ranks):

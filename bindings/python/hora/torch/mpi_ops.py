@@ -3,8 +3,15 @@
 Every ``*_async*`` function returns an integer handle for ``poll()`` and
 ``synchronize()``; the tensors involved stay referenced by the handle until
 the operation completed. Trailing-underscore variants work in place.
-``allreduce``, ``grouped_allreduce``, ``allgather``, ``broadcast``,
-``alltoall`` and ``reducescatter`` are differentiable (torch.autograd).
+``allreduce``, ``grouped_allreduce``, ``allgather``, ``grouped_allgather``,
+``broadcast``, ``alltoall``, ``reducescatter`` and ``grouped_reducescatter``
+are differentiable (torch.autograd), with horovod.torch's gradients (each
+backward below says which).
+
+``root_rank`` (broadcast and everything built on it) is a GLOBAL rank, as in
+horovod.torch, also with ``process_set=``: it must be a member of the set and
+is translated here to its rank within the set, which is what libhora's C ABI
+(``hora_options_t.root``) and hora.numpy take.
 
 Tensors must be contiguous and of a dtype hora supports (uint8, int8,
 int16, int32, int64, float16, bfloat16, float32, float64, bool). CPU tensors
@@ -109,6 +116,21 @@ def _check_set(process_set):
     if process_set is None:
         return global_process_set
     return process_set
+
+
+def _root_in_set(root_rank, process_set, what="broadcast"):
+    """The set rank of global rank ``root_rank``: horovod.torch takes a global
+    root, the C ABI a set rank. A root outside the set is refused here, on the
+    calling rank, before anything is submitted (Horovod refuses it at enqueue)."""
+    ps = _check_set(process_set)
+    root = int(root_rank)
+    if ps.ranks is None:  # the global set: set rank == global rank (the core checks the range)
+        return root
+    if root not in ps.ranks:
+        raise ValueError("hora.torch: %s root_rank %d is not a member of process set %s (members, global "
+                         "ranks: %s). root_rank is a global rank, as in horovod.torch; pass one of the members."
+                         % (what, root, ps.process_set_id, ps.ranks))
+    return ps.ranks.index(root)
 
 
 # ---------------------------------------------------------------- allreduce
@@ -247,9 +269,14 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     return basics.register(_submit_allgather(tensor, name, process_set))
 
 
+def _rows_offset(ps, dims):
+    """Row offset of this rank's slice in an allgather whose per-rank first dims are ``dims``."""
+    return int(dims[:ps.rank()].sum()) if ps.rank() > 0 else 0
+
+
 class HoraAllgather(torch.autograd.Function):
-    """Differentiable allgather: gradient = averaged allreduce of the output's gradient,
-    sliced to this rank's rows (as in Horovod)."""
+    """Differentiable allgather. Gradient (horovod.torch's): the averaged
+    allreduce of the output's gradient, sliced to this rank's rows."""
 
     @staticmethod
     def forward(ctx, tensor, name, process_set):
@@ -262,12 +289,11 @@ class HoraAllgather(torch.autograd.Function):
         ps = _check_set(ctx.process_set)
         grad_reduced = allreduce(grad_output.contiguous(), op=Average, process_set=ps)
         dims = synchronize(allgather_async(torch.tensor([ctx.dim], dtype=torch.int64), process_set=ps))
-        r = ps.rank()
-        offset = int(dims[:r].sum()) if r > 0 else 0
-        return grad_reduced.narrow(0, offset, ctx.dim), None, None
+        return grad_reduced.narrow(0, _rows_offset(ps, dims), ctx.dim), None, None
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
+    """Concatenates every rank's ``tensor`` along dim 0 (first dims may differ)."""
     return HoraAllgather.apply(tensor, name, process_set)
 
 
@@ -278,25 +304,50 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     return basics.register(basics.group(children))
 
 
+class HoraGroupedAllgather(torch.autograd.Function):
+    """Differentiable grouped allgather. Gradient (horovod.torch's): one grouped
+    averaged allreduce of the outputs' gradients, each sliced to this rank's rows."""
+
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.dims = [t.shape[0] for t in tensors]
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        ps = _check_set(ctx.process_set)
+        reduced = grouped_allreduce([g.contiguous() for g in grad_outputs], op=Average, process_set=ps)
+        dims = synchronize(allgather_async(torch.tensor(ctx.dims, dtype=torch.int64).reshape(1, -1),
+                                           process_set=ps))  # row r: rank r's first dims
+        grads = [g.narrow(0, _rows_offset(ps, dims[:, i]), d) for i, (g, d) in enumerate(zip(reduced, ctx.dims))]
+        return (None, None) + tuple(grads)
+
+
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
+    """Allgathers each tensor of the list (as one request); returns the list of results."""
+    return list(HoraGroupedAllgather.apply(name, process_set, *tensors))
 
 
 # ---------------------------------------------------------------- broadcast
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
-    """Starts an in-place broadcast from ``root_rank`` (a rank within the set)."""
-    p = basics.submit_broadcast(_ref(tensor), root_rank, name, _check_set(process_set), finish=lambda _: tensor)
+    """Starts an in-place broadcast from ``root_rank``, a GLOBAL rank (a member
+    of ``process_set``), as in horovod.torch."""
+    root = _root_in_set(root_rank, process_set)
+    p = basics.submit_broadcast(_ref(tensor), root, name, _check_set(process_set), finish=lambda _: tensor)
     return basics.register(p)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
-    """Starts a broadcast into a new tensor (a copy of ``tensor`` on the root)."""
+    """Starts a broadcast into a new tensor (a copy of ``tensor`` on the root);
+    ``root_rank`` is a global rank."""
     return broadcast_async_(tensor.detach().clone(memory_format=torch.contiguous_format), root_rank, name,
                             process_set)
 
 
 class HoraBroadcast(torch.autograd.Function):
-    """Differentiable broadcast: gradient = averaged allreduce on the root, zero elsewhere."""
+    """Differentiable broadcast. Gradient (horovod.torch's): the averaged
+    allreduce of the output's gradient on the root, zero on the other ranks."""
 
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
@@ -305,18 +356,20 @@ class HoraBroadcast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        ps = _check_set(ctx.process_set)
-        grad_reduced = allreduce(grad_output.contiguous(), op=Average, process_set=ps)
-        if ps.rank() != ctx.root_rank:
+        grad_reduced = allreduce(grad_output.contiguous(), op=Average, process_set=_check_set(ctx.process_set))
+        if basics.rank() != ctx.root_rank:  # root_rank is global
             grad_reduced = grad_reduced * 0
         return grad_reduced, None, None, None
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """Returns the root's ``tensor`` on every rank of ``process_set``; ``root_rank``
+    is a global rank (a member of the set)."""
     return HoraBroadcast.apply(tensor, root_rank, name, process_set)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """In-place broadcast from global rank ``root_rank``; returns ``tensor``."""
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
@@ -365,10 +418,11 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 
 # ---------------------------------------------------------------- reducescatter
-def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
-                        process_set=global_process_set):
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
+                        postscale_factor=1.0):
     """Starts a reduce-scatter: reduce over ranks, rank r keeps its block of dim 0
-    (ranks below dim0 % size get one extra row)."""
+    (ranks below dim0 % size get one extra row). Arguments in horovod.torch's
+    order (process_set before the scale factors)."""
     return basics.register(_submit_reducescatter(tensor, name, op, prescale_factor, postscale_factor,
                                                  process_set))
 
@@ -381,32 +435,45 @@ def _submit_reducescatter(tensor, name, op, prescale_factor, postscale_factor, p
     return p
 
 
+def _reducescatter_grad_scale(op, prescale_factor, postscale_factor, process_set):
+    """horovod.torch's reduce-scatter gradient factor: the output's gradient is
+    multiplied by the set size for Sum (not for Average) and by both scale
+    factors, then allgathered. (For Sum this is size times the derivative of the
+    sum of the ranks' losses; hora keeps Horovod's convention so that scripts
+    and tests written for Horovod get the same numbers.)"""
+    scale = float(prescale_factor) * float(postscale_factor)
+    if op == Sum:
+        scale *= _check_set(process_set).size()
+    return scale
+
+
 class HoraReducescatter(torch.autograd.Function):
-    """Differentiable reduce-scatter: the gradient is the allgather of the output's gradient."""
+    """Differentiable reduce-scatter; gradient: see _reducescatter_grad_scale."""
 
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
-        ctx.op, ctx.scale, ctx.process_set = op, prescale_factor * postscale_factor, process_set
-        return synchronize(reducescatter_async(tensor, name, op, prescale_factor, postscale_factor, process_set))
+        ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor, process_set)
+        ctx.process_set = process_set
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = synchronize(allgather_async(grad_output.contiguous(), process_set=ctx.process_set))
-        scale = ctx.scale / (_check_set(ctx.process_set).size() if ctx.op == Average else 1)
-        if scale != 1:
-            grad = grad * scale
-        return grad, None, None, None, None, None
+        grad = grad_output.contiguous()
+        if ctx.scale != 1:
+            grad = grad * ctx.scale
+        return allgather(grad, process_set=ctx.process_set), None, None, None, None, None
 
 
-def reducescatter(tensor, name=None, compression=Compression.none, op=Average, prescale_factor=1.0,
-                  postscale_factor=1.0, process_set=global_process_set):
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=global_process_set,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces ``tensor`` over the ranks (default: average); rank r keeps its block of dim 0."""
     compressed, cctx = compression.compress(tensor)
     out = HoraReducescatter.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
     return compression.decompress(out, cctx)
 
 
-def grouped_reducescatter_async(tensors, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
-                                process_set=global_process_set):
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
     children = []
     for i, t in enumerate(tensors):
         children.append(_submit_reducescatter(t, None if name is None else "%s.%d" % (name, i), op,
@@ -414,11 +481,29 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, prescale_factor=
     return basics.register(basics.group(children))
 
 
-def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average, prescale_factor=1.0,
-                          postscale_factor=1.0, process_set=global_process_set):
+class HoraGroupedReducescatter(torch.autograd.Function):
+    """Differentiable grouped reduce-scatter; gradient: each output's gradient
+    scaled as in _reducescatter_grad_scale, then one grouped allgather."""
+
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+        ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor, process_set)
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, process_set,
+                                                             prescale_factor, postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        grads = [g.contiguous() * ctx.scale if ctx.scale != 1 else g.contiguous() for g in grad_outputs]
+        return (None, None, None, None, None) + tuple(grouped_allgather(grads, process_set=ctx.process_set))
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce-scatters each tensor of the list (as one request); returns the list of results."""
     pairs = [compression.compress(t) for t in tensors]
-    out = synchronize(grouped_reducescatter_async([c for c, _ in pairs], name, op, prescale_factor,
-                                                  postscale_factor, process_set))
+    out = HoraGroupedReducescatter.apply(name, op, prescale_factor, postscale_factor, process_set,
+                                         *[c for c, _ in pairs])
     return [compression.decompress(o, c) for o, (_, c) in zip(out, pairs)]
 
 

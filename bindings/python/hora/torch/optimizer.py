@@ -17,6 +17,12 @@ How a step works:
 
 Gradients accumulate locally over ``backward_passes_per_step`` passes (torch
 adds into ``p.grad``) and are averaged over ranks only, as in Horovod.
+
+Sparse gradients (``nn.Embedding(sparse=True)``), as in Horovod: by default the
+indices and values are allgathered (``sparse_allreduce_async``) and the result
+stays sparse, so optimizers that need sparse gradients (SparseAdam) work; with
+``sparse_as_dense=True`` they are allreduced densely and made sparse again
+before the step.
 """
 import os
 import warnings
@@ -26,7 +32,7 @@ import torch
 
 from ..basics import Adasum, Average, global_process_set, size
 from .compression import Compression
-from .mpi_ops import allreduce_async_, synchronize
+from .mpi_ops import allreduce_async_, sparse_allreduce_async, synchronize
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -64,6 +70,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._handles = {}
         self._grad_accs = []
         self._requires_update = set()
+        # Parameters seen with a sparse gradient: one without a gradient on this
+        # rank then contributes an empty sparse gradient, so it takes the same
+        # allgather path (and names) as the ranks that have one.
+        self._sparse_params = {}  # parameter -> sparse_dim of its gradient
         self._synchronized = False
         self._should_synchronize = True
         if self.process_set.included() and (size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"):
@@ -92,14 +102,29 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     self._grad_accs.append(grad_acc)
 
     def _allreduce_grad_async(self, p):
+        """Starts the reduction of p.grad; returns (handle, compression ctx). The
+        handle is an int, or for a sparse gradient reduced by allgather a
+        callable returning the result (as in Horovod)."""
         if p.grad is None:
             # No gradient on this rank (the parameter was unused), but other ranks
-            # may have one: submit zeros so the name completes everywhere.
+            # may have one: submit zeros so the name completes everywhere, sparse
+            # where the gradient is known to be sparse (SparseAdam takes nothing
+            # else; or seen sparse before) so that every rank takes the same
+            # path. Otherwise dense, as in Horovod: nothing tells a gradient's
+            # sparsity before backward produced one.
             p.grad = p.data.new(p.size()).zero_()
-        elif p.grad.is_sparse:
-            p.grad = p.grad.to_dense()
+            if p in self._sparse_params or isinstance(self, torch.optim.SparseAdam):
+                # an embedding's gradient has one sparse dim (rows); the
+                # allgathered indices must have the same width on every rank
+                p.grad = p.grad.to_sparse(self._sparse_params.get(p, min(1, p.dim())))
         name = self._parameter_names.get(p)
-        compressed, ctx = self._compression.compress(p.grad)
+        tensor = p.grad
+        if tensor.is_sparse:
+            self._sparse_params[p] = tensor.sparse_dim()
+            if not self.sparse_as_dense:
+                return sparse_allreduce_async(tensor, name=name, op=self.op, process_set=self.process_set), None
+            tensor = tensor.to_dense()
+        compressed, ctx = self._compression.compress(tensor)
         if self.op == Average:
             prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         else:
@@ -148,11 +173,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # must start a fresh accumulation.
             self._allreduce_delay[p] = self.backward_passes_per_step
             try:
-                output = synchronize(handle)
+                output = handle() if callable(handle) else synchronize(handle)
             except Exception as e:  # wait for the others too, then report the first failure
                 error = error or e
                 continue
-            p.grad.set_(self._compression.decompress(output, ctx))
+            if p.grad.is_sparse:
+                # Sparse tensors have no set_; the result (dense with
+                # sparse_as_dense) goes back sparse, as the optimizer expects.
+                aggregated = output if ctx is None else self._compression.decompress(output, ctx)
+                p.grad = aggregated if aggregated.is_sparse else aggregated.to_sparse()
+            else:
+                p.grad.set_(self._compression.decompress(output, ctx))
         if error is not None:
             raise error
         self._synchronized = True
@@ -191,7 +222,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for handle, _ in handles.values():
             if handle is not None:
                 try:
-                    synchronize(handle)
+                    handle() if callable(handle) else synchronize(handle)
                 except Exception:  # the old runtime's failure, already handled by the reset
                     pass
         for p in self._allreduce_delay:
@@ -219,7 +250,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     1/factor before the sum and by factor/size after it.
     num_groups / groups: accepted for compatibility and ignored: hora's core
     already fuses every gradient that is ready into one buffer.
-    sparse_as_dense: sparse gradients are always reduced densely.
+    sparse_as_dense: reduce sparse gradients densely (allreduce) instead of by
+    allgather of their indices and values; they are sparse again before the step.
     """
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
