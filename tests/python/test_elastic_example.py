@@ -85,3 +85,21 @@ def test_example_grows_from_2_to_3_workers(tmp_path):
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([os.path.abspath(__file__), "-q"]))
+
+
+@pytest.mark.skipif(not _READY, reason=_WHY)
+def test_newcomers_still_waiting_when_training_ends_do_not_fail_the_job(tmp_path):
+    """Discovery offers 4 slots to a 2-worker job that ends before the
+    newcomers are admitted (they join only at a commit): horarun stops them
+    and the job succeeds, instead of their waiting out the elastic timeout
+    and failing it (found by bench/elastic_chaos.py)."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:4\n")
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "bindings", "python"), OMP_NUM_THREADS="1")
+    t0 = time.time()
+    proc = subprocess.run([HORARUN, "-np", "2", "--min-np", "2", "--max-np", "4", "--elastic-timeout", "60",
+                           "--host-discovery-file", str(hosts), PYTHON, EXAMPLE, "--epochs", "1",
+                           "--num-samples", "256"], env=env, capture_output=True, text=True, timeout=110)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert time.time() - t0 < 50, "the job waited for never-admitted newcomers:\n" + out[-3000:]
