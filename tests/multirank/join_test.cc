@@ -73,7 +73,9 @@ void joinAndExpectLast(hora_runtime_t rt, int expectLast) {
   ASSERT_EQ(hora_wait(j, 30), HORA_SUCCESS) << hora_last_error_message();
   int32_t last = -1;
   EXPECT_EQ(hora_request_join_last_rank(j, &last), HORA_SUCCESS);
-  if (expectLast >= 0) EXPECT_EQ(last, expectLast);
+  if (expectLast >= 0) {
+    EXPECT_EQ(last, expectLast);
+  }
   hora_request_free(j);
 }
 
