@@ -288,17 +288,27 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
   if (!err.empty()) return fail(Code::kMismatch, err);
 
   if (!joined.empty()) {
+    // Join (docs/architecture.md): allreduce and reducescatter take the op's identity from a
+    // joined rank, allgather zero rows, broadcast from a root that did not join goes on. What
+    // cannot run fails on every rank that submitted it, naming the joined ranks.
     std::vector<int> joinedGlobal;
     for (int j : joined) joinedGlobal.push_back(global(j));
-    std::string joinedText = "ranks " + rankList(joinedGlobal);
+    const std::string joinedText =
+        (joined.size() == 1 ? "rank " : "ranks ") + rankList(joinedGlobal) +
+        (joined.size() == 1 ? " has" : " have") + " already joined (hora_join / hvd.join)";
     if (first->kind == CollectiveKind::kAlltoall)
-      return fail(Code::kInvalidUsage, "alltoall \"" + name + "\" cannot run while " + joinedText +
-                                           " have joined; call it before join or on every rank.");
+      return fail(Code::kInvalidUsage,
+                  "alltoall \"" + name + "\" in process set " + opts_.setName +
+                      " cannot run: " + joinedText +
+                      " and would have to send and receive rows. Run the alltoall before the "
+                      "first rank joins, or on every rank.");
     if (first->kind == CollectiveKind::kBroadcast &&
         std::find(joined.begin(), joined.end(), first->root) != joined.end())
-      return fail(Code::kInvalidUsage, "broadcast \"" + name + "\": root rank " +
-                                           std::to_string(global(first->root)) +
-                                           " has already joined and cannot send.");
+      return fail(Code::kInvalidUsage,
+                  "broadcast \"" + name + "\" in process set " + opts_.setName + ": root rank " +
+                      std::to_string(global(first->root)) +
+                      " has already joined (hora_join / hvd.join) and cannot send it. Broadcast "
+                      "before the root joins, or from a rank that has not joined.");
   }
 
   // Every rank's tensor is within kMaxTensorBytes (checkRequest); what several ranks' rows add

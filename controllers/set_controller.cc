@@ -75,11 +75,21 @@ Status SetController::enqueue(std::vector<EntryPtr> entries) {
     std::unordered_set<std::string> inCall;
     for (const auto& e : entries) {
       const std::string& n = e->request.name;
-      if (table_.count(n) || !inCall.insert(n).second)
-        return invalidUsage(std::string(collectiveName(e->request.kind)) + " \"" + n +
-                            "\" on rank " + std::to_string(myGlobalRank()) +
-                            ": a request with this name is already in flight; wait for it or use a "
-                            "different name");
+      if (!table_.count(n) && inCall.insert(n).second) continue;
+      // Horovod's duplicate-name error, raised at submission on this rank only: the
+      // earlier request (whatever its kind) is untouched and nothing is sent.
+      const std::string rank = std::to_string(myGlobalRank());
+      if (e->request.kind == CollectiveKind::kJoin)
+        return invalidUsage("join on rank " + rank +
+                            ": this rank's join is already in flight; wait for it to complete");
+      auto other = table_.find(n);
+      const std::string earlier =
+          other == table_.end() ? "another tensor of this call"
+                                : "a " + std::string(collectiveName(other->second->request.kind));
+      return invalidUsage(std::string(collectiveName(e->request.kind)) + " \"" + n + "\" on rank " +
+                          rank + " in process set " + opts_.setName +
+                          ": a request with this name is already in flight (" + earlier +
+                          " not yet agreed by every rank); wait for it or use a different name");
     }
     for (auto& e : entries) {
       e->request.rank = opts_.rank;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -293,6 +294,63 @@ TEST(Regression, JoinWhileOthersAllreduceCachedNamesCompletesWithTheRightAverage
             },
             [cache](hora_config_t& c) { c.cache_capacity = cache; }, 60);
       }
+}
+
+// A second request with a name still in flight fails at once on the rank that
+// submits it (HORA_ERR_INVALID_USAGE, no request created), the same for every
+// collective kind, as Horovod raises at enqueue; the first request and the
+// peers are unaffected. Issue 13: Horovod's *_duplicate_name_error tests.
+TEST(Regression, SecondRequestWithANameInFlightFailsAtOnceForEveryKind) {
+  const char* kinds[] = {"allreduce", "grouped_allreduce", "allgather", "broadcast",
+                         "alltoall",  "reducescatter",     "barrier",   "join"};
+  std::atomic<int> checked{0};  // kinds rank 0 has checked
+  runThreads(2, [&](int rank, hora_runtime_t rt) {
+    std::vector<int64_t> shape = {2, 3};
+    std::vector<float> in(6, float(rank + 1)), in2(6, 0.0f);
+    DLTensor t = makeTensor(in.data(), dlType(kDLFloat, 32), &shape);
+    DLTensor t2 = makeTensor(in2.data(), dlType(kDLFloat, 32), &shape);
+    for (const char* const* kind = kinds; kind != std::end(kinds); ++kind) {
+      SCOPED_TRACE(*kind);
+      const std::string k = *kind;
+      const std::string name = "dup." + k;
+      hora_options_t o;
+      hora_options_init(&o);
+      o.name = name.c_str();
+      auto submit = [&](DLTensor* x, hora_request_t* req) {
+        if (k == "allreduce") return hora_allreduce_async(rt, x, x, &o, req);
+        if (k == "grouped_allreduce") {
+          const DLTensor* ins[1] = {x};
+          DLTensor* outs[1] = {x};
+          return hora_grouped_allreduce_async(rt, 1, ins, outs, &o, req);
+        }
+        if (k == "allgather") return hora_allgather_async(rt, x, &o, req);
+        if (k == "broadcast") return hora_broadcast_async(rt, x, &o, req);
+        if (k == "alltoall") return hora_alltoall_async(rt, x, nullptr, 2, &o, req);
+        if (k == "reducescatter") return hora_reducescatter_async(rt, x, &o, req);
+        if (k == "barrier") return hora_barrier_async(rt, &o, req);
+        return hora_join_async(rt, &o, req);
+      };
+      // Rank 0 first, alone: its request cannot complete before rank 1's.
+      hora_request_t first = nullptr, again = nullptr;
+      if (rank == 0) {
+        ASSERT_EQ(submit(&t, &first), HORA_SUCCESS) << hora_last_error_message();
+        const auto t0 = Clock::now();
+        EXPECT_EQ(submit(&t2, &again), HORA_ERR_INVALID_USAGE);
+        const std::string msg = hora_last_error_message();
+        EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 1.0);
+        EXPECT_EQ(again, nullptr);
+        EXPECT_NE(msg.find("already in flight"), std::string::npos) << msg;
+        EXPECT_NE(msg.find(k == "join" ? "join" : "\"" + name), std::string::npos) << msg;
+        EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
+      }
+      // Not a barrier: it would not wait for rank 0 once rank 0 has joined.
+      if (rank == 0) checked.fetch_add(1);
+      while (rank == 1 && checked.load() <= kind - kinds)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (rank == 1) ASSERT_EQ(submit(&t, &first), HORA_SUCCESS) << hora_last_error_message();
+      EXPECT_EQ(waitAndFree(first, 20), HORA_SUCCESS) << k << ": " << lastMessage();
+    }
+  });
 }
 
 }  // namespace

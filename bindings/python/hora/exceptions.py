@@ -11,7 +11,8 @@ Every exception carries the core's one-line message (captured with
   OS, protocol, auth and internal errors. Horovod scripts that catch
   ``HorovodInternalError`` keep working.
 * ``HoraInvalidArgumentError`` / ``HoraInvalidUsageError``: ``ValueError``;
-  nothing was submitted.
+  nothing was submitted. ``HoraInvalidUsageError`` is also a ``RuntimeError``:
+  raised by ``synchronize`` for collectives that cannot run with a joined rank.
 * ``HoraNotInitializedError``: ``ValueError`` (Horovod raises ValueError when
   ``init()`` was not called).
 * ``HoraNotSupportedError``: ``NotImplementedError`` (e.g. GPU memory).
@@ -85,8 +86,11 @@ class HoraInvalidArgumentError(HoraError, ValueError):
     """A bad argument (HORA_ERR_INVALID_ARGUMENT); nothing was submitted."""
 
 
-class HoraInvalidUsageError(HoraError, ValueError):
-    """Wrong moment, e.g. a duplicate name in flight (HORA_ERR_INVALID_USAGE)."""
+class HoraInvalidUsageError(HoraError, ValueError, RuntimeError):
+    """Wrong moment (HORA_ERR_INVALID_USAGE): at submission, a duplicate name in flight
+    (Horovod raises ValueError); when the request completes, a broadcast from a root that
+    joined or an alltoall while a rank joined (Horovod raises RuntimeError there, so this is
+    both). Not a HorovodInternalError: an elastic loop does not reset on it."""
 
 
 class HoraNotInitializedError(HoraError, ValueError):

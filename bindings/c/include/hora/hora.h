@@ -174,7 +174,12 @@ typedef int (*hora_alloc_t)(void* user, int32_t ndim, const int64_t* shape, DLDa
 typedef struct hora_options {
   uint32_t struct_size;
   hora_process_set_t process_set; /* NULL: the global set */
-  const char* name;    /* must be the same on every rank; NULL: "<op>.noname.<n>" by call order */
+  /* Must be the same on every rank; NULL: "<op>.noname.<n>" by call order.
+   * One name, one request in flight per set, whatever its kind: submitting a
+   * name still in flight (not yet agreed by every rank) fails at once with
+   * HORA_ERR_INVALID_USAGE and creates no request. (hora.torch prefixes the
+   * kind, "allreduce.<name>", as Horovod does.) */
+  const char* name;
   hora_reduce_op_t op; /* allreduce / reducescatter; default HORA_OP_SUM */
   double prescale;     /* multiply inputs before reducing (default 1) */
   double postscale;    /* multiply results after reducing (default 1) */
@@ -236,11 +241,19 @@ HORA_API hora_status_t hora_reducescatter_async(hora_runtime_t runtime, const DL
                                                 hora_request_t* request);
 HORA_API hora_status_t hora_barrier_async(hora_runtime_t runtime, const hora_options_t* options,
                                           hora_request_t* request);
-/* Declares that this rank has no more data (uneven inputs): until every rank
- * has joined, this rank takes part in the others' allreduces contributing
- * the op's identity (sum: zeros), and averages divide by the number of
- * ranks that contributed. Completes when all ranks joined; the last rank to
- * join is reported by hora_request_join_last_rank. Global set only. */
+/* Declares that this rank has no more data (uneven inputs). Until every rank
+ * has joined, the others' collectives run without waiting for it:
+ *   allreduce, reducescatter: it contributes the op's identity (sum: zeros);
+ *     averages divide by the number of ranks that contributed;
+ *   allgather: it contributes zero rows (the others get theirs gathered);
+ *   broadcast: goes on if the root has not joined (the joined rank receives
+ *     nothing); from a joined root it fails with HORA_ERR_INVALID_USAGE on
+ *     every rank that submitted it, naming the tensor and the root;
+ *   alltoall: fails with HORA_ERR_INVALID_USAGE on every rank that submitted it.
+ * (Horovod 0.28 refuses allgather, reducescatter and broadcast with any joined
+ * rank; hora runs them as above.) Completes when all ranks joined; the last
+ * rank to join is reported by hora_request_join_last_rank. Global set only;
+ * a second join while one is in flight is HORA_ERR_INVALID_USAGE. */
 HORA_API hora_status_t hora_join_async(hora_runtime_t runtime, const hora_options_t* options,
                                        hora_request_t* request);
 
