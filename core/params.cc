@@ -1,6 +1,7 @@
 #include "core/params.h"
 
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -47,6 +48,9 @@ const std::vector<ParamSpec>& paramRegistry() {
        "Seconds a tensor may wait for missing ranks before a warning names it and them."},
       {"HORA_STALL_SHUTDOWN_TIME_S", ParamType::kFloat, "300",
        "Seconds after which such a tensor fails on every rank with that report (0 = never)."},
+      {"HORA_STALL_CHECK", ParamType::kBool, "1",
+       "0: no stall warnings and no stall shutdown (HORA_STALL_*_TIME_S are not used); "
+       "horovodrun's --no-stall-check."},
       {"HORA_PEER_TIMEOUT_S", ParamType::kFloat, "30",
        "A peer silent this long on the control plane (no heartbeat) is declared lost; also bounds "
        "each data-plane wait."},
@@ -106,9 +110,131 @@ const std::vector<ParamSpec>& paramRegistry() {
 
 namespace {
 
+bool horovodBool(const std::string& in, bool* out) {
+  // Horovod reads its flags with strtol: any non-zero integer is true.
+  if (in == "true" || in == "false") {
+    *out = in == "true";
+    return true;
+  }
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(in.c_str(), &end, 10);
+  if (in.empty() || errno != 0 || *end != '\0') return false;
+  *out = v != 0;
+  return true;
+}
+
+bool asBool(const std::string& in, std::string* out, std::string* error) {
+  bool b = false;
+  if (!horovodBool(in, &b)) {
+    *error = "is not an integer (Horovod reads 0 as off, any other integer as on)";
+    return false;
+  }
+  *out = b ? "1" : "0";
+  return true;
+}
+
+// HOROVOD_STALL_CHECK_DISABLE=1 -> HORA_STALL_CHECK=0; =0 asks for nothing.
+bool stallDisable(const std::string& in, std::string* out, std::string* error) {
+  bool b = false;
+  if (!horovodBool(in, &b)) {
+    *error = "is not an integer (1 disables the stall check)";
+    return false;
+  }
+  *out = b ? "0" : "";
+  return true;
+}
+
+// Horovod's levels are hora's, plus fatal (hora's nearest: error).
+bool logLevel(const std::string& in, std::string* out, std::string*) {
+  std::string v;
+  for (char c : in) v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  *out = v == "fatal" ? "error" : v;
+  return true;
+}
+
+}  // namespace
+
+const std::vector<HorovodAlias>& horovodAliases() {
+  static const std::vector<HorovodAlias> kAliases = {
+      {"HOROVOD_RANK", "HORA_RANK", nullptr, "same meaning"},
+      {"HOROVOD_SIZE", "HORA_SIZE", nullptr, "same meaning"},
+      {"HOROVOD_LOCAL_RANK", "HORA_LOCAL_RANK", nullptr, "same meaning"},
+      {"HOROVOD_LOCAL_SIZE", "HORA_LOCAL_SIZE", nullptr, "same meaning"},
+      {"HOROVOD_CROSS_RANK", "HORA_CROSS_RANK", nullptr, "same meaning"},
+      {"HOROVOD_CROSS_SIZE", "HORA_CROSS_SIZE", nullptr, "same meaning"},
+      {"HOROVOD_HOSTNAME", "HORA_HOSTNAME", nullptr,
+       "the name other ranks reach this one by (horovodrun sets the -H host)"},
+      {"HOROVOD_FUSION_THRESHOLD", "HORA_FUSION_THRESHOLD_BYTES", nullptr, "bytes in both"},
+      {"HOROVOD_CYCLE_TIME", "HORA_CYCLE_TIME_MS", nullptr, "milliseconds in both"},
+      {"HOROVOD_CACHE_CAPACITY", "HORA_CACHE_CAPACITY", nullptr, "entries in both"},
+      {"HOROVOD_STALL_CHECK_DISABLE", "HORA_STALL_CHECK", stallDisable,
+       "1 sets HORA_STALL_CHECK=0; 0 changes nothing"},
+      {"HOROVOD_STALL_CHECK_TIME_SECONDS", "HORA_STALL_WARNING_TIME_S", nullptr, "seconds in both"},
+      {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "HORA_STALL_SHUTDOWN_TIME_S", nullptr,
+       "seconds in both, 0 = never (Horovod's default; hora's is 300)"},
+      {"HOROVOD_LOG_LEVEL", "HORA_LOG_LEVEL", logLevel,
+       "case-insensitive; fatal becomes error (hora has no fatal level)"},
+      {"HOROVOD_GLOO_TIMEOUT_SECONDS", "HORA_PEER_TIMEOUT_S", nullptr,
+       "seconds; hora's peer timeout bounds each data-plane wait and declares a silent peer lost"},
+      {"HOROVOD_GLOO_IFACE", "HORA_GLOO_IFACE", nullptr, "same meaning"},
+      {"HOROVOD_START_TIMEOUT", "HORA_START_TIMEOUT_S", nullptr,
+       "seconds (Horovod's launcher reads it; hora's ranks do)"},
+      {"HOROVOD_ELASTIC", "HORA_ELASTIC", asBool, "elastic mode; needs horarun's store"},
+      {"HOROVOD_ELASTIC_TIMEOUT", "HORA_ELASTIC_TIMEOUT_S", nullptr, "seconds in both"},
+      {"HOROVOD_TIMELINE", nullptr, nullptr, "hora has no timeline yet: nothing is written"},
+      {"HOROVOD_TIMELINE_MARK_CYCLES", nullptr, nullptr, "hora has no timeline yet"},
+      {"HOROVOD_AUTOTUNE", nullptr, nullptr,
+       "hora has no autotuner: set HORA_FUSION_THRESHOLD_BYTES and HORA_CYCLE_TIME_MS"},
+      {"HOROVOD_AUTOTUNE_LOG", nullptr, nullptr, "hora has no autotuner"},
+      {"HOROVOD_AUTOTUNE_WARMUP_SAMPLES", nullptr, nullptr, "hora has no autotuner"},
+      {"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", nullptr, nullptr, "hora has no autotuner"},
+      {"HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", nullptr, nullptr, "hora has no autotuner"},
+      {"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", nullptr, nullptr, "hora has no autotuner"},
+      {"HOROVOD_HIERARCHICAL_ALLREDUCE", nullptr, nullptr,
+       "hora has no hierarchical allreduce (one host: shared memory; else Gloo ring/bcube or "
+       "NCCL)"},
+      {"HOROVOD_HIERARCHICAL_ALLGATHER", nullptr, nullptr, "hora has no hierarchical allgather"},
+      {"HOROVOD_TORUS_ALLREDUCE", nullptr, nullptr, "hora has no torus allreduce"},
+      {"HOROVOD_LOG_HIDE_TIME", nullptr, nullptr, "hora's log lines always carry the time"},
+      {"HOROVOD_NUM_NCCL_STREAMS", nullptr, nullptr, "hora uses one NCCL stream per process set"},
+      {"HOROVOD_THREAD_AFFINITY", nullptr, nullptr, "hora does not pin its threads"},
+      {"HOROVOD_DISABLE_GROUP_FUSION", nullptr, nullptr,
+       "hora fuses each group with other ready tensors"},
+      {"HOROVOD_BATCH_D2D_MEMCOPIES", nullptr, nullptr, "no such switch in hora"},
+      {"HOROVOD_ENABLE_ASYNC_COMPLETION", nullptr, nullptr,
+       "hora completes GPU requests by events in any case"},
+      {"HOROVOD_DISABLE_NVTX_RANGES", nullptr, nullptr, "hora emits no NVTX ranges"},
+      {"HOROVOD_ENABLE_XLA_OPS", nullptr, nullptr, "TensorFlow only"},
+      {"HOROVOD_DYNAMIC_PROCESS_SETS", nullptr, nullptr,
+       "hora's process sets can always be added and removed after init"},
+      {"HOROVOD_ADASUM_MPI_CHUNK_SIZE", nullptr, nullptr, "hora has no Adasum"},
+      {"HOROVOD_MPI_THREADS_DISABLE", nullptr, nullptr, "hora uses no MPI"},
+      {"HOROVOD_CCL_CACHE", nullptr, nullptr, "hora uses no oneCCL"},
+      {"HOROVOD_CONTROLLER", nullptr, nullptr,
+       "hora always uses its own TCP control plane (like Horovod's gloo)"},
+      {"HOROVOD_CPU_OPERATIONS", nullptr, nullptr,
+       "hora's CPU data plane is Gloo, or shared memory on one host"},
+      {"HOROVOD_GLOO_RENDEZVOUS_ADDR", nullptr, nullptr,
+       "horovodrun's HTTP rendezvous is not a hora store: start with horarun, or set "
+       "HORA_STORE_ADDR"},
+      {"HOROVOD_GLOO_RENDEZVOUS_PORT", nullptr, nullptr,
+       "horovodrun's HTTP rendezvous is not a hora store (see HORA_STORE_PORT)"},
+  };
+  return kAliases;
+}
+
+namespace {
+
 const ParamSpec* findSpec(const char* name) {
   for (const auto& s : paramRegistry())
     if (std::strcmp(s.name, name) == 0) return &s;
+  return nullptr;
+}
+
+const HorovodAlias* findAlias(const char* name) {
+  for (const auto& a : horovodAliases())
+    if (std::strcmp(a.horovodName, name) == 0) return &a;
   return nullptr;
 }
 
@@ -171,6 +297,7 @@ Status validate(const ParamSpec& spec, const std::string& value) {
 
 Result<Params> Params::parse(const std::function<const char*(const char*)>& lookup) {
   Params p;
+  using Outcome = HorovodUse::Outcome;
   for (const auto& spec : paramRegistry()) {
     const char* v = lookup ? lookup(spec.name) : nullptr;
     std::string value = v ? std::string(v) : std::string(spec.defaultValue);
@@ -178,10 +305,77 @@ Result<Params> Params::parse(const std::function<const char*(const char*)>& look
       Status s = validate(spec, value);
       if (!s.isOk()) return s;
     }
+    bool set = v != nullptr;
+    // Horovod's names for this parameter: used only when HORA_* is not set,
+    // the first one set wins; every one set is reported.
+    std::string setBy = v ? spec.name : "";
+    for (const auto& a : horovodAliases()) {
+      if (!a.horaName || std::strcmp(a.horaName, spec.name) != 0) continue;
+      const char* hv = lookup ? lookup(a.horovodName) : nullptr;
+      if (!hv) continue;
+      HorovodUse use{a.horovodName, hv, spec.name, Outcome::kOverridden, ""};
+      if (!setBy.empty()) {
+        use.detail = setBy == spec.name ? setBy + " is set" : setBy + " sets " + spec.name;
+        p.horovodUses_.push_back(use);
+        continue;
+      }
+      std::string converted = hv, why;
+      if (a.convert && !a.convert(hv, &converted, &why))
+        return invalidArgument(std::string(a.horovodName) + "='" + hv + "' " + why +
+                               " (hora reads it as " + spec.name + ": " + a.note +
+                               "; unset it or set " + spec.name + ")");
+      if (converted.empty()) {
+        use.outcome = Outcome::kNoEffect;
+        use.detail = "nothing to change";
+        p.horovodUses_.push_back(use);
+        continue;
+      }
+      Status s = validate(spec, converted);
+      if (!s.isOk())
+        return invalidArgument(std::string(a.horovodName) + "='" + hv + "', read as " + spec.name +
+                               ": " + s.message());
+      value = converted;
+      set = true;
+      setBy = a.horovodName;
+      use.outcome = Outcome::kApplied;
+      use.detail = converted;
+      p.horovodUses_.push_back(use);
+    }
     p.values_[spec.name] = spec.choices ? choice(spec, value) : value;
-    p.set_[spec.name] = v != nullptr;
+    p.set_[spec.name] = set;
+  }
+  for (const auto& a : horovodAliases()) {
+    if (a.horaName) continue;
+    const char* hv = lookup ? lookup(a.horovodName) : nullptr;
+    if (hv) p.horovodUses_.push_back({a.horovodName, hv, "", Outcome::kIgnored, a.note});
   }
   return p;
+}
+
+std::string Params::horovodSummary() const {
+  if (horovodUses_.empty()) return "";
+  std::string line = "Horovod variables:";
+  const char* sep = " ";
+  for (const auto& u : horovodUses_) {
+    line += sep;
+    sep = "; ";
+    line += u.horovodName + "=" + u.value;
+    switch (u.outcome) {
+      case HorovodUse::Outcome::kApplied:
+        line += " -> " + u.horaName + "=" + u.detail;
+        break;
+      case HorovodUse::Outcome::kOverridden:
+        line += " not used (" + u.detail + ")";
+        break;
+      case HorovodUse::Outcome::kNoEffect:
+        line += " (" + u.horaName + ": " + u.detail + ")";
+        break;
+      case HorovodUse::Outcome::kIgnored:
+        line += " IGNORED (" + u.detail + ")";
+        break;
+    }
+  }
+  return line + " (docs/params.md)";
 }
 
 Result<Params> Params::fromEnvironment() {
@@ -190,7 +384,7 @@ Result<Params> Params::fromEnvironment() {
 
 Result<Params> Params::fromMap(const std::map<std::string, std::string>& values) {
   for (const auto& kv : values) {
-    if (!findSpec(kv.first.c_str()))
+    if (!findSpec(kv.first.c_str()) && !findAlias(kv.first.c_str()))
       return invalidArgument("unknown parameter '" + kv.first + "' (see docs/params.md)");
   }
   return parse([&](const char* name) -> const char* {
@@ -227,14 +421,29 @@ bool Params::isSet(const char* name) const {
 
 std::string Params::dumpMarkdown() {
   std::ostringstream os;
-  os << "| name | type | default | meaning |\n|---|---|---|---|\n";
+  os << "| name | type | default | meaning | Horovod's name |\n|---|---|---|---|---|\n";
   for (const auto& s : paramRegistry()) {
     const char* t = s.type == ParamType::kInt     ? "int"
                     : s.type == ParamType::kFloat ? "float"
                     : s.type == ParamType::kBool  ? "bool"
                                                   : "string";
-    os << "| `" << s.name << "` | " << t << " | `" << s.defaultValue << "` | " << s.doc << " |\n";
+    std::string aliases;
+    for (const auto& a : horovodAliases())
+      if (a.horaName && std::strcmp(a.horaName, s.name) == 0)
+        aliases += (aliases.empty() ? "`" : ", `") + std::string(a.horovodName) + "`";
+    os << "| `" << s.name << "` | " << t << " | `" << s.defaultValue << "` | " << s.doc << " | "
+       << aliases << " |\n";
   }
+  os << "\n## Horovod's variables\n\n"
+        "hora reads these HOROVOD_* names too. A HORA_* parameter that is set wins over its "
+        "Horovod alias; each process logs one line (level warning) naming every HOROVOD_* "
+        "variable it found and what became of it. Variables with no hora equivalent are "
+        "ignored, and that line says so.\n\n"
+        "| Horovod variable | hora | note |\n|---|---|---|\n";
+  for (const auto& a : horovodAliases())
+    os << "| `" << a.horovodName << "` | "
+       << (a.horaName ? "`" + std::string(a.horaName) + "`" : std::string("ignored")) << " | "
+       << a.note << " |\n";
   return os.str();
 }
 

@@ -35,6 +35,35 @@ struct ParamSpec {
 // Every parameter hora reads. Units are in the names.
 const std::vector<ParamSpec>& paramRegistry();
 
+// A Horovod environment variable (HOROVOD_*) hora honours or reports: an
+// alias that sets a HORA_* parameter when that parameter itself is not set
+// (HORA_* always wins), converted to hora's unit and spelling; or one hora has
+// no equivalent for (horaName nullptr), reported as ignored. Every HOROVOD_*
+// variable a process used is named in one log line (Params::horovodSummary()).
+struct HorovodAlias {
+  const char* horovodName;
+  const char* horaName;  // nullptr: no equivalent in hora; ignored with a warning
+  // Horovod's value -> the HORA_* parameter's text; nullptr: the same text.
+  // False with *error when the value is unusable; true with *out empty when
+  // the value asks for nothing hora would change (HOROVOD_STALL_CHECK_DISABLE=0).
+  bool (*convert)(const std::string& in, std::string* out, std::string* error);
+  const char* note;  // for docs/params.md and the log line
+};
+
+// Every HOROVOD_* variable hora reads, aliases in the order they take effect
+// (the first one set wins among aliases of one parameter).
+const std::vector<HorovodAlias>& horovodAliases();
+
+// What became of one HOROVOD_* variable found in the environment.
+struct HorovodUse {
+  enum class Outcome { kApplied, kOverridden, kIgnored, kNoEffect };
+  std::string horovodName;
+  std::string value;
+  std::string horaName;  // empty for ignored variables
+  Outcome outcome;
+  std::string detail;  // applied: the HORA_* value; overridden: by whom; ignored: why
+};
+
 class Params {
  public:
   // Reads every registered name through `lookup` (nullptr = not set) and
@@ -50,6 +79,10 @@ class Params {
   bool getBool(const char* name) const;
   // Whether the value came from the environment/map rather than the default.
   bool isSet(const char* name) const;
+  // The HOROVOD_* variables that were set, in horovodAliases() order.
+  const std::vector<HorovodUse>& horovodUses() const { return horovodUses_; }
+  // One log line naming each of them and what it did; "" when none was set.
+  std::string horovodSummary() const;
 
   // Markdown table of every parameter, for docs/params.md.
   static std::string dumpMarkdown();
@@ -57,6 +90,7 @@ class Params {
  private:
   std::map<std::string, std::string> values_;
   std::map<std::string, bool> set_;
+  std::vector<HorovodUse> horovodUses_;
 };
 
 }  // namespace hora

@@ -69,7 +69,7 @@ bool makeDir(const std::string& path, std::string* error) {
   return true;
 }
 
-// HORA_* variables set in horarun's own environment (HORA_LOG_LEVEL, ...),
+// HORA_* and HOROVOD_* variables set in horarun's own environment (HORA_LOG_LEVEL, ...),
 // forwarded to remote ranks; local ranks inherit them anyway. The secret and
 // the identity are never taken from here.
 EnvList inheritedHoraVariables() {
@@ -82,7 +82,24 @@ EnvList inheritedHoraVariables() {
   for (char** e = environ; e && *e; ++e) {
     std::string kv = *e;
     auto eq = kv.find('=');
-    if (kv.rfind("HORA_", 0) != 0 || eq == std::string::npos) continue;
+    if (eq == std::string::npos) continue;
+    // Horovod's tuning variables travel too (the ranks honour them, docs/params.md);
+    // its identity and rendezvous variables would describe another job.
+    if (kv.rfind("HOROVOD_", 0) == 0) {
+      static const std::set<std::string> kHorovodOwn = {"HOROVOD_RANK",
+                                                        "HOROVOD_SIZE",
+                                                        "HOROVOD_LOCAL_RANK",
+                                                        "HOROVOD_LOCAL_SIZE",
+                                                        "HOROVOD_CROSS_RANK",
+                                                        "HOROVOD_CROSS_SIZE",
+                                                        "HOROVOD_HOSTNAME",
+                                                        "HOROVOD_GLOO_RENDEZVOUS_ADDR",
+                                                        "HOROVOD_GLOO_RENDEZVOUS_PORT"};
+      if (!kHorovodOwn.count(kv.substr(0, eq)))
+        out.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+      continue;
+    }
+    if (kv.rfind("HORA_", 0) != 0) continue;
     if (kOwn.count(kv.substr(0, eq))) continue;
     out.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
   }
@@ -97,10 +114,18 @@ int realMain(int argc, char** argv) {
     std::fputs(usageText(), stdout);
     return 0;
   }
-  if (opt.version) {
+  if (opt.version || opt.checkBuild) {
     std::printf("%s\n", versionText().c_str());
+    // horovodrun --check-build's questions, answered for hora.
+    if (opt.checkBuild)
+      std::printf(
+          "Available frameworks: PyTorch (hora.torch), NumPy (hora.numpy), C (hora.h)\n"
+          "Available controllers: hora TCP control plane (like Horovod's Gloo); no MPI\n"
+          "Available tensor operations: Gloo, shared memory (one host), NCCL through the GPU "
+          "plugin libhora_cuda.so when built\n");
     return 0;
   }
+  for (const auto& note : opt.notes) std::fprintf(stderr, "horarun: %s\n", note.c_str());
 
   std::vector<HostSpec> hosts;
   if (!opt.hosts.empty()) {

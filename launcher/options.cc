@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -62,10 +63,19 @@ const char kUsage[] =
     "  --log-level LEVEL            HORA_LOG_LEVEL (trace, debug, info, warning, error)\n"
     "  --stall-check-warning-time-seconds S   HORA_STALL_WARNING_TIME_S\n"
     "  --stall-check-shutdown-time-seconds S  HORA_STALL_SHUTDOWN_TIME_S (0 = never)\n"
-    "  --no-stall-check             no stall shutdown (HORA_STALL_SHUTDOWN_TIME_S=0)\n"
+    "  --no-stall-check             no stall warnings and no stall shutdown (HORA_STALL_CHECK=0)\n"
     "  --peer-timeout-seconds S     HORA_PEER_TIMEOUT_S\n"
-    "  --timeline-filename F        not supported yet: hora has no timeline (refused)\n"
-    "  -v, --version                print versions\n";
+    "  --gloo-timeout-seconds S     the same (horovodrun's name)\n"
+    "  -v, --version                print versions\n"
+    "horovodrun's other flags (docs/launching.md, \"horovodrun -> horarun\"):\n"
+    "  --network-interfaces IF      one interface: --network-interface IF\n"
+    "  --tcp                        NCCL_IB_DISABLE=1 for the ranks\n"
+    "  -cb, --check-build           print versions and what hora is built with\n"
+    "  --gloo, --disable-cache, --mpi-threads-disable, --log-without-timestamp,\n"
+    "  --no-hierarchical-allreduce, --no-hierarchical-allgather, --no-torus-allreduce,\n"
+    "  --num-nccl-streams 1         accepted with a note: hora already behaves so\n"
+    "  --timeline-filename, --autotune, --hierarchical-allreduce, --mpi, --mpi-args, ...\n"
+    "                               refused: \"not supported by hora: ...\"\n";
 
 // Decimal only: strtod alone would also take "nan", "inf" and hex floats,
 // which the ranks then refuse (or, for inf, accept) at start-up.
@@ -245,6 +255,54 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
       {"--stall-check-warning-time-seconds", "HORA_STALL_WARNING_TIME_S", 1, true},
       {"--stall-check-shutdown-time-seconds", "HORA_STALL_SHUTDOWN_TIME_S", 1, true},
       {"--peer-timeout-seconds", "HORA_PEER_TIMEOUT_S", 1, true},
+      {"--gloo-timeout-seconds", "HORA_PEER_TIMEOUT_S", 1, true},
+  };
+  // horovodrun flags hora has no answer for: refused, naming why and what to do.
+  struct Refused {
+    const char* flag;
+    const char* why;
+  };
+  static const Refused kRefused[] = {
+      {"--timeline-filename", "hora has no timeline yet; nothing would be written"},
+      {"--timeline-mark-cycles", "hora has no timeline yet"},
+      {"--autotune",
+       "hora has no autotuner; set --fusion-threshold-mb and --cycle-time-ms instead"},
+      {"--autotune-log-file", "hora has no autotuner"},
+      {"--autotune-warmup-samples", "hora has no autotuner"},
+      {"--autotune-steps-per-sample", "hora has no autotuner"},
+      {"--autotune-bayes-opt-max-samples", "hora has no autotuner"},
+      {"--autotune-gaussian-process-noise", "hora has no autotuner"},
+      {"--hierarchical-allreduce",
+       "hora's allreduce is not hierarchical (one host: shared memory; else Gloo or NCCL); drop "
+       "the flag"},
+      {"--hierarchical-allgather", "hora's allgather is not hierarchical; drop the flag"},
+      {"--torus-allreduce", "hora has no torus allreduce; drop the flag"},
+      {"--mpi",
+       "horarun starts the ranks itself, without mpirun; drop the flag (or start the job with "
+       "mpirun and HORA_STORE_ADDR, docs/launching.md)"},
+      {"--jsrun", "horarun does not launch through jsrun"},
+      {"--mpi-args", "horarun does not run mpirun"},
+      {"--binding-args", "horarun does not run mpirun and binds nothing"},
+      {"--thread-affinity", "hora does not pin its threads"},
+      {"--config-file", "horarun reads no YAML config; give the flags or HORA_* variables"},
+      {"--prefix-output-with-timestamp", "horarun prefixes output with the rank only"},
+      {"-prefix-timestamp", "horarun prefixes output with the rank only"},
+  };
+  // horovodrun flags that ask for what hora does anyway: accepted with a note.
+  struct Noted {
+    const char* flag;
+    const char* note;
+  };
+  static const Noted kNoted[] = {
+      {"--gloo", "hora always uses its own TCP controller and Gloo (or shared memory)"},
+      {"--disable-cache", "horarun caches no host checks; nothing to disable"},
+      {"--mpi-threads-disable", "hora uses no MPI"},
+      {"--log-without-timestamp", "hora's log lines keep their time"},
+      {"--log-hide-timestamp", "hora's log lines keep their time"},
+      {"--log-with-timestamp", "hora's log lines always carry the time"},
+      {"--no-hierarchical-allreduce", "hora's allreduce is never hierarchical"},
+      {"--no-hierarchical-allgather", "hora's allgather is never hierarchical"},
+      {"--no-torus-allreduce", "hora has no torus allreduce"},
   };
   for (; i < argc; ++i) {
     std::string a = argv[i];
@@ -270,6 +328,23 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
       handled = true;
     }
     if (handled) continue;
+    for (const auto& r : kRefused) {
+      if (a != r.flag) continue;
+      *error = "not supported by hora: " + a + " (" + r.why + ")";
+      return false;
+    }
+    for (const auto& n : kNoted) {
+      if (a != n.flag) continue;
+      o->notes.push_back(a + ": accepted, no effect (" + n.note + ")");
+      handled = true;
+    }
+    if (handled) {
+      if (hasInline) {
+        *error = a + " takes no value (got '" + a + "=" + inlineValue + "')";
+        return false;
+      }
+      continue;
+    }
     if (a == "-np" || a == "--num-proc") {
       if (!number(a, false, &d)) return false;
       o->np = static_cast<int>(d);
@@ -293,13 +368,43 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
     } else if (a == "--grace-seconds") {
       if (!number(a, true, &o->graceS)) return false;
     } else if (a == "--log-level") {
+      // hora's levels, or horovodrun's (TRACE..FATAL; hora's nearest to FATAL is error).
       if (!value(a, &v)) return false;
-      addEnv(o, "HORA_LOG_LEVEL", v);
+      std::string level;
+      for (char c : v) level += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (level == "fatal") level = "error";
+      static const char* const kLevels[] = {"trace", "debug", "info", "warning", "error", "off"};
+      bool known = false;
+      for (const char* l : kLevels) known = known || level == l;
+      if (!known) {
+        *error =
+            a + " '" + v + "' is not one of trace, debug, info, warning, error, off (or fatal)";
+        return false;
+      }
+      addEnv(o, "HORA_LOG_LEVEL", level);
     } else if (a == "--no-stall-check") {
-      addEnv(o, "HORA_STALL_SHUTDOWN_TIME_S", "0");
-    } else if (a == "--timeline-filename") {
-      *error = "--timeline-filename: hora has no timeline yet; nothing would be written";
-      return false;
+      addEnv(o, "HORA_STALL_CHECK", "0");
+    } else if (a == "--network-interfaces") {
+      // horovodrun's plural form: a comma-separated set; hora binds to one interface.
+      if (!value(a, &v)) return false;
+      if (v.empty() || v.find(',') != std::string::npos) {
+        *error = "not supported by hora: " + a + " '" + v +
+                 "' (horarun uses one interface: give exactly one, or --network-interface IF)";
+        return false;
+      }
+      o->networkInterface = v;
+    } else if (a == "--tcp") {
+      addEnv(o, "NCCL_IB_DISABLE", "1");  // what horovodrun --tcp sets
+    } else if (a == "--num-nccl-streams") {
+      if (!number(a, false, &d)) return false;
+      if (d != 1) {
+        *error = "not supported by hora: " + a + " " + formatNumber(d) +
+                 " (hora uses one NCCL stream per process set; drop the flag)";
+        return false;
+      }
+      o->notes.push_back(a + " 1: accepted, no effect (hora uses one NCCL stream)");
+    } else if (a == "-cb" || a == "--check-build") {
+      o->checkBuild = true;
     } else if (a == "-x" || a == "--env") {
       if (!value(a, &v)) return false;
       auto eq = v.find('=');
@@ -391,7 +496,7 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
     }
   }
   for (; i < argc; ++i) o->command.push_back(argv[i]);
-  if (o->help || o->version) return true;
+  if (o->help || o->version || o->checkBuild) return true;
   if (o->command.empty() && !o->check) {
     *error = "no command given";
     return false;
@@ -403,8 +508,9 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
   if (o->elastic) {
     if (!validateElastic(o, error)) return false;
   } else if (o->resetLimit >= 0) {
-    *error = "--reset-limit applies to elastic jobs: add --min-np/--max-np, a discovery "
-             "script or --elastic";
+    *error =
+        "--reset-limit applies to elastic jobs: add --min-np/--max-np, a discovery "
+        "script or --elastic";
     return false;
   } else if (o->np < 1) {
     *error = "-np N (N >= 1) is required";

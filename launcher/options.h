@@ -28,6 +28,10 @@ struct Options {
   bool verbose = false;
   bool version = false;
   bool help = false;
+  bool checkBuild = false;  // -cb, --check-build (horovodrun's): versions and what is built
+  // One line each for horovodrun flags accepted with no effect in hora; horarun
+  // prints them to stderr before starting (docs/launching.md, "horovodrun -> horarun").
+  std::vector<std::string> notes;
   // Extra environment for workers: -x NAME=VALUE, or -x NAME (copied from here).
   std::vector<std::pair<std::string, std::string>> env;
   std::vector<std::string> command;

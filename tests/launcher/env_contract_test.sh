@@ -21,7 +21,7 @@ for r in 0 1 2; do
   check $r HORA_STORE_ADDR 127.0.0.1; check $r HORA_STORE_EXTERNAL 1
   check $r HORA_FUSION_THRESHOLD_BYTES 2097152; check $r HORA_CYCLE_TIME_MS 3.5
   check $r HORA_CACHE_CAPACITY 7; check $r HORA_LOG_LEVEL info
-  check $r HORA_STALL_SHUTDOWN_TIME_S 0; check $r HORA_PEER_TIMEOUT_S 9
+  check $r HORA_STALL_CHECK 0; check $r HORA_PEER_TIMEOUT_S 9
   check $r PROBE_EXTRA hello; check $r HORA_SECRET set; check $r HORA_SECRET_LEN 64
   [ "$(v $r HORA_START_TIMEOUT_S | cut -d. -f1)" = 12 ] || fail "rank $r: start timeout not 12"
   port=$(v $r HORA_STORE_PORT)
@@ -30,6 +30,11 @@ done
 # Unsupported tuning flags are refused, not silently ignored.
 "$HORARUN" -np 1 --timeline-filename /tmp/x "$PROBE" env >/dev/null 2>"$WORK/timeline.err" && fail "--timeline-filename accepted"
 expect_grep "no timeline" "$WORK/timeline.err" "--timeline-filename refusal not explained"
+# So are horovodrun's flags hora has no answer for; its no-op flags are accepted with a note.
+"$HORARUN" -np 1 --autotune "$PROBE" env >/dev/null 2>"$WORK/autotune.err" && fail "--autotune accepted"
+expect_grep "not supported by hora: --autotune" "$WORK/autotune.err" "--autotune refusal not explained"
+"$HORARUN" -np 1 --gloo --disable-cache "$PROBE" env >/dev/null 2>"$WORK/noop.err" || fail "--gloo refused"
+expect_grep "horarun: --disable-cache: accepted, no effect" "$WORK/noop.err" "--disable-cache note missing"
 # The secret never appears on a command line: run a job and read every
 # process's cmdline while it runs.
 "$HORARUN" -np 2 "$PROBE" train 40 sleep 50 >"$WORK/cmd.out" 2>"$WORK/cmd.err" &

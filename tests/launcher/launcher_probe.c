@@ -199,6 +199,7 @@ static int do_env(void) {
                                 "HORA_LOG_LEVEL",
                                 "HORA_START_TIMEOUT_S",
                                 "HORA_STALL_SHUTDOWN_TIME_S",
+                                "HORA_STALL_CHECK",
                                 "HORA_PEER_TIMEOUT_S",
                                 "PROBE_EXTRA"};
   for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); ++k) {

@@ -1,7 +1,8 @@
 """One rank of a Python test job (see harness.py).
 
 Pool mode (no arguments): hora.init(), report ready, then run the bodies named
-on stdin one by one, each followed by a result line. ``--once MODULE FN ARGS``:
+on stdin one by one, each followed by a result line. ``--no-init``: the same
+without hora.init() (each body runs its own init/shutdown). ``--once MODULE FN ARGS``:
 run one body without calling hora.init() first (the body decides), then exit.
 Results go to stdout as one line: MARK + JSON.
 """
@@ -37,7 +38,8 @@ def main():
         return
     try:
         import hora.torch as hvd
-        hvd.init()
+        if "--no-init" not in sys.argv[1:]:
+            hvd.init()
         _report(True)
     except BaseException:
         _report(False, error=traceback.format_exc())

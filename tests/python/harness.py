@@ -86,9 +86,9 @@ class RankFailure(AssertionError):
 
 
 class _Worker:
-    def __init__(self, rank, size, port, secret, extra_env):
+    def __init__(self, rank, size, port, secret, extra_env, init=True):
         self.rank = rank
-        self.proc = subprocess.Popen([PYTHON, "-u", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([PYTHON, "-u", WORKER] + ([] if init else ["--no-init"]), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env=rank_env(rank, size, port, secret, extra_env),
                                      text=True, bufsize=1)
         self.lines = queue.Queue()
@@ -130,15 +130,19 @@ class _Worker:
 
 
 class RankPool:
-    def __init__(self, size, extra_env=None, start_timeout=60.0):
+    """``init=False``: the workers do not call hora.init(); each body does its
+    own lifecycle (Horovod's test style: init before, barrier and shutdown after)."""
+
+    def __init__(self, size, extra_env=None, start_timeout=60.0, init=True):
         self.size = size
+        self.init = init
         self.extra_env = extra_env
         self.start_timeout = start_timeout
         self.workers = []
 
     def _start(self):
         port, secret = free_port(), secrets.token_hex(8)
-        self.workers = [_Worker(r, self.size, port, secret, self.extra_env) for r in range(self.size)]
+        self.workers = [_Worker(r, self.size, port, secret, self.extra_env, self.init) for r in range(self.size)]
         deadline = time.monotonic() + self.start_timeout
         results = [w.next_result(deadline) for w in self.workers]
         if not all(r.get("ok") for r in results):

@@ -335,15 +335,17 @@ TEST_F(OptionsTest, FusionThresholdIsMegabytesTurnedIntoWholeBytes) {
             "1");  // 1.048576 bytes, truncated
 }
 
-TEST_F(OptionsTest, NoStallCheckMeansNoStallShutdown) {
-  EXPECT_EQ(parseOk({"-np", "1", "--no-stall-check", "c"}).env().at("HORA_STALL_SHUTDOWN_TIME_S"),
-            "0");
-  // The later of --no-stall-check and --stall-check-shutdown-time-seconds wins.
-  EXPECT_EQ(
-      parseOk({"-np", "1", "--no-stall-check", "--stall-check-shutdown-time-seconds", "9", "c"})
-          .env()
-          .at("HORA_STALL_SHUTDOWN_TIME_S"),
-      "9");
+TEST_F(OptionsTest, NoStallCheckTurnsTheStallCheckOff) {
+  // As horovodrun's HOROVOD_STALL_CHECK_DISABLE=1: no warnings and no shutdown,
+  // whatever the stall times say (in any order).
+  EXPECT_EQ(parseOk({"-np", "1", "--no-stall-check", "c"}).env().at("HORA_STALL_CHECK"), "0");
+  Parsed p =
+      parseOk({"-np", "1", "--no-stall-check", "--stall-check-shutdown-time-seconds", "9", "c"});
+  EXPECT_EQ(p.env().at("HORA_STALL_CHECK"), "0");
+  EXPECT_EQ(p.env().at("HORA_STALL_SHUTDOWN_TIME_S"), "9");
+  auto params = hora::Params::fromMap(p.env());
+  ASSERT_TRUE(params.isOk()) << params.status().toString();
+  EXPECT_FALSE(params.value().getBool("HORA_STALL_CHECK"));
 }
 
 TEST_F(OptionsTest, TuningFlagsRefuseBadNumbers) {
@@ -361,7 +363,8 @@ TEST_F(OptionsTest, TuningFlagsRefuseBadNumbers) {
 
 TEST_F(OptionsTest, TimelineIsRefused) {
   EXPECT_EQ(parseError({"-np", "1", "--timeline-filename", "t.json", "c"}),
-            "--timeline-filename: hora has no timeline yet; nothing would be written");
+            "not supported by hora: --timeline-filename (hora has no timeline yet; nothing would "
+            "be written)");
 }
 
 TEST_F(OptionsTest, LaterSettingsOfAParameterWin) {
@@ -626,6 +629,102 @@ TEST_F(ElasticOptionsTest, ResetLimitIsPassedToTheWorkers) {
   EXPECT_EQ(parseOk({"--max-np", "4", "c"}).env().count("HORA_ELASTIC_RESET_LIMIT"), 0u);
   EXPECT_TRUE(contains(parseError({"-np", "2", "--reset-limit", "3", "c"}), "elastic"));
   EXPECT_TRUE(contains(parseError({"--max-np", "2", "--reset-limit", "x", "c"}), "integer"));
+}
+
+// ---- horovodrun's flags (docs/launching.md, "horovodrun -> horarun") ----
+
+TEST_F(OptionsTest, HorovodrunFlagsHoraHasNoAnswerForAreRefused) {
+  // clang-format off
+  const char* const kRefused[] = {
+      "--timeline-filename", "--timeline-mark-cycles", "--autotune", "--autotune-log-file",
+      "--autotune-warmup-samples", "--autotune-steps-per-sample",
+      "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise",
+      "--hierarchical-allreduce", "--hierarchical-allgather", "--torus-allreduce", "--mpi",
+      "--jsrun", "--mpi-args", "--binding-args", "--thread-affinity", "--config-file",
+      "--prefix-output-with-timestamp", "-prefix-timestamp"};
+  // clang-format on
+  for (const char* flag : kRefused) {
+    SCOPED_TRACE(flag);
+    const std::string e = parseError({"-np", "2", flag, "x", "c"});
+    EXPECT_EQ(e.rfind(std::string("not supported by hora: ") + flag + " (", 0), 0u) << e;
+    EXPECT_EQ(e.back(), ')') << e;
+    // Also in --flag=value form.
+    if (flag[1] == '-')
+      EXPECT_TRUE(contains(parseError({"-np", "2", std::string(flag) + "=1", "c"}),
+                           "not supported by hora"));
+  }
+  EXPECT_TRUE(contains(parseError({"-np", "2", "--autotune", "c"}), "--fusion-threshold-mb"));
+  EXPECT_TRUE(contains(parseError({"-np", "2", "--mpi", "c"}), "without mpirun"));
+}
+
+TEST_F(OptionsTest, HorovodrunNoOpFlagsAreAcceptedWithANote) {
+  // clang-format off
+  const char* const kNoted[] = {
+      "--gloo", "--disable-cache", "--mpi-threads-disable", "--log-without-timestamp",
+      "--log-hide-timestamp", "--log-with-timestamp", "--no-hierarchical-allreduce",
+      "--no-hierarchical-allgather", "--no-torus-allreduce"};
+  // clang-format on
+  for (const char* flag : kNoted) {
+    SCOPED_TRACE(flag);
+    Parsed p = parseOk({"-np", "2", flag, "python", "t.py"});
+    EXPECT_EQ(p.opt.command, (std::vector<std::string>{"python", "t.py"}));
+    ASSERT_EQ(p.opt.notes.size(), 1u);
+    EXPECT_EQ(p.opt.notes[0].rfind(std::string(flag) + ": accepted, no effect (", 0), 0u)
+        << p.opt.notes[0];
+    EXPECT_EQ(p.opt.env, (Env{{"HORA_START_TIMEOUT_S", "30.000000"}}));  // nothing else set
+    EXPECT_EQ(parseError({"-np", "2", std::string(flag) + "=1", "c"}),
+              std::string(flag) + " takes no value (got '" + flag + "=1')");
+  }
+  EXPECT_TRUE(parseOk({"-np", "2", "c"}).opt.notes.empty());
+}
+
+TEST_F(OptionsTest, HorovodrunFlagsThatMapToHora) {
+  Parsed p = parseOk({"-np", "2", "--gloo-timeout-seconds", "45", "--tcp", "--network-interfaces",
+                      "eth1", "--log-level", "FATAL", "c"});
+  EXPECT_EQ(p.env().at("HORA_PEER_TIMEOUT_S"), "45");
+  EXPECT_EQ(p.env().at("NCCL_IB_DISABLE"), "1");
+  EXPECT_EQ(p.opt.networkInterface, "eth1");
+  EXPECT_EQ(p.env().at("HORA_LOG_LEVEL"), "error");  // hora's nearest to FATAL
+  EXPECT_EQ(parseOk({"-np", "2", "--log-level", "WARNING", "c"}).env().at("HORA_LOG_LEVEL"),
+            "warning");
+  auto params = hora::Params::fromMap({{"HORA_PEER_TIMEOUT_S", "45"}, {"HORA_LOG_LEVEL", "error"}});
+  EXPECT_TRUE(params.isOk());
+  // One stream is what hora does; more are refused.
+  Parsed one = parseOk({"-np", "2", "--num-nccl-streams", "1", "c"});
+  EXPECT_EQ(one.opt.notes.size(), 1u);
+  EXPECT_EQ(parseError({"-np", "2", "--num-nccl-streams", "2", "c"}),
+            "not supported by hora: --num-nccl-streams 2 (hora uses one NCCL stream per process "
+            "set; drop the flag)");
+}
+
+TEST_F(OptionsTest, HorovodrunLogLevelsAreCheckedHere) {
+  EXPECT_EQ(parseError({"-np", "2", "--log-level", "loud", "c"}),
+            "--log-level 'loud' is not one of trace, debug, info, warning, error, off (or fatal)");
+}
+
+TEST_F(OptionsTest, NetworkInterfacesTakesOne) {
+  EXPECT_TRUE(contains(parseError({"-np", "2", "--network-interfaces", "eth0,eth1", "c"}),
+                       "not supported by hora: --network-interfaces 'eth0,eth1'"));
+  EXPECT_TRUE(
+      contains(parseError({"-np", "2", "--network-interfaces", "", "c"}), "give exactly one"));
+}
+
+TEST_F(OptionsTest, CheckBuildNeedsNoCommand) {
+  for (const char* flag : {"-cb", "--check-build"}) {
+    Parsed p = parseOk({flag});
+    EXPECT_TRUE(p.opt.checkBuild);
+  }
+}
+
+TEST_F(OptionsTest, ATypicalHorovodrunCommandLineRuns) {
+  // A horovodrun line from Horovod's docs, with hora's launcher name.
+  Parsed p = parseOk({"-np", "4", "-H", "localhost:4", "--gloo", "--fusion-threshold-mb", "32",
+                      "--cycle-time-ms", "2", "--no-hierarchical-allreduce", "--log-level", "INFO",
+                      "python", "train.py"});
+  EXPECT_EQ(p.opt.np, 4);
+  EXPECT_EQ(p.env().at("HORA_FUSION_THRESHOLD_BYTES"), "33554432");
+  EXPECT_EQ(p.env().at("HORA_LOG_LEVEL"), "info");
+  EXPECT_EQ(p.opt.notes.size(), 2u);
 }
 
 }  // namespace

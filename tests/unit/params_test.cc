@@ -229,7 +229,8 @@ TEST(ParamsTest, ParseWithLookupFunction) {
     return std::string(name) == "HORA_CACHE_CAPACITY" ? "7" : nullptr;
   });
   ASSERT_TRUE(r.isOk());
-  EXPECT_EQ(calls, static_cast<int>(paramRegistry().size()));
+  // Every parameter once, and every Horovod name once (aliases and ignored ones).
+  EXPECT_EQ(calls, static_cast<int>(paramRegistry().size() + horovodAliases().size()));
   EXPECT_EQ(r.value().getInt("HORA_CACHE_CAPACITY"), 7);
   EXPECT_TRUE(r.value().isSet("HORA_CACHE_CAPACITY"));
   EXPECT_FALSE(r.value().isSet("HORA_RANK"));
@@ -259,9 +260,10 @@ TEST(ParamsTest, DumpMarkdownContainsEveryName) {
     EXPECT_NE(md.find(std::string("`") + s.name + "`"), std::string::npos) << s.name;
     EXPECT_NE(md.find(s.doc), std::string::npos) << s.name;
   }
-  // Header, separator and one row per parameter.
+  // Header, separator and one row per parameter, then the Horovod section.
+  const std::string first = md.substr(0, md.find("\n## "));
   size_t lines = 0;
-  for (char c : md) lines += c == '\n';
+  for (char c : first) lines += c == '\n';
   EXPECT_EQ(lines, paramRegistry().size() + 2);
 }
 
@@ -380,6 +382,218 @@ TEST(ParamsTest, ChoicesAreCheckedAndStoredLowerCase) {
               std::string::npos)
         << bad.status().message();
   }
+}
+
+// ------------------------------------------------------ Horovod's variables
+
+using Outcome = HorovodUse::Outcome;
+
+Params parsed(const std::map<std::string, std::string>& env) {
+  Result<Params> p = Params::fromMap(env);
+  EXPECT_TRUE(p.isOk()) << p.status().toString();
+  return p.isOk() ? p.take() : Params();
+}
+
+const HorovodUse* use(const Params& p, const std::string& name) {
+  for (const auto& u : p.horovodUses())
+    if (u.horovodName == name) return &u;
+  return nullptr;
+}
+
+TEST(HorovodAliasTest, TableIsWellFormed) {
+  std::set<std::string> seen;
+  for (const auto& a : horovodAliases()) {
+    SCOPED_TRACE(a.horovodName);
+    EXPECT_EQ(std::string(a.horovodName).rfind("HOROVOD_", 0), 0u);
+    EXPECT_TRUE(seen.insert(a.horovodName).second) << "listed twice";
+    ASSERT_NE(a.note, nullptr);
+    EXPECT_GT(std::strlen(a.note), 0u);
+    if (a.horaName) EXPECT_NE(spec(a.horaName), nullptr) << "aliases an unknown parameter";
+  }
+}
+
+// Every alias, one at a time: a Horovod value, the HORA_* value it gives.
+TEST(HorovodAliasTest, EveryAliasSetsItsParameter) {
+  const std::vector<std::tuple<std::string, std::string, std::string, std::string>> cases = {
+      {"HOROVOD_RANK", "3", "HORA_RANK", "3"},
+      {"HOROVOD_SIZE", "8", "HORA_SIZE", "8"},
+      {"HOROVOD_LOCAL_RANK", "1", "HORA_LOCAL_RANK", "1"},
+      {"HOROVOD_LOCAL_SIZE", "4", "HORA_LOCAL_SIZE", "4"},
+      {"HOROVOD_CROSS_RANK", "1", "HORA_CROSS_RANK", "1"},
+      {"HOROVOD_CROSS_SIZE", "2", "HORA_CROSS_SIZE", "2"},
+      {"HOROVOD_HOSTNAME", "node7", "HORA_HOSTNAME", "node7"},
+      {"HOROVOD_FUSION_THRESHOLD", "67108864", "HORA_FUSION_THRESHOLD_BYTES", "67108864"},
+      {"HOROVOD_CYCLE_TIME", "3.5", "HORA_CYCLE_TIME_MS", "3.5"},
+      {"HOROVOD_CACHE_CAPACITY", "0", "HORA_CACHE_CAPACITY", "0"},
+      {"HOROVOD_STALL_CHECK_DISABLE", "1", "HORA_STALL_CHECK", "0"},
+      {"HOROVOD_STALL_CHECK_TIME_SECONDS", "20", "HORA_STALL_WARNING_TIME_S", "20"},
+      {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "0", "HORA_STALL_SHUTDOWN_TIME_S", "0"},
+      {"HOROVOD_LOG_LEVEL", "DEBUG", "HORA_LOG_LEVEL", "debug"},
+      {"HOROVOD_GLOO_TIMEOUT_SECONDS", "45", "HORA_PEER_TIMEOUT_S", "45"},
+      {"HOROVOD_GLOO_IFACE", "eth1", "HORA_GLOO_IFACE", "eth1"},
+      {"HOROVOD_START_TIMEOUT", "90", "HORA_START_TIMEOUT_S", "90"},
+      {"HOROVOD_ELASTIC", "1", "HORA_ELASTIC", "1"},
+      {"HOROVOD_ELASTIC_TIMEOUT", "120", "HORA_ELASTIC_TIMEOUT_S", "120"},
+  };
+  size_t mapped = 0;
+  for (const auto& a : horovodAliases()) mapped += a.horaName != nullptr;
+  EXPECT_EQ(cases.size(), mapped) << "an alias without a case here";
+  for (const auto& [horovod, value, hora, expected] : cases) {
+    SCOPED_TRACE(horovod);
+    Params p = parsed({{horovod, value}});
+    EXPECT_EQ(p.getString(hora.c_str()), expected);
+    EXPECT_TRUE(p.isSet(hora.c_str()));
+    ASSERT_EQ(p.horovodUses().size(), 1u);
+    const HorovodUse& u = p.horovodUses()[0];
+    EXPECT_EQ(u.horovodName, horovod);
+    EXPECT_EQ(u.value, value);
+    EXPECT_EQ(u.horaName, hora);
+    EXPECT_EQ(u.outcome, Outcome::kApplied);
+    EXPECT_EQ(u.detail, expected);
+    EXPECT_NE(p.horovodSummary().find(horovod + "=" + value + " -> " + hora + "=" + expected),
+              std::string::npos)
+        << p.horovodSummary();
+  }
+}
+
+TEST(HorovodAliasTest, HoraWinsWhenBothAreSet) {
+  Params p = parsed({{"HORA_FUSION_THRESHOLD_BYTES", "1024"},
+                     {"HOROVOD_FUSION_THRESHOLD", "2048"},
+                     {"HORA_LOG_LEVEL", "error"},
+                     {"HOROVOD_LOG_LEVEL", "trace"},
+                     {"HORA_STALL_CHECK", "1"},
+                     {"HOROVOD_STALL_CHECK_DISABLE", "1"}});
+  EXPECT_EQ(p.getInt("HORA_FUSION_THRESHOLD_BYTES"), 1024);
+  EXPECT_EQ(p.getString("HORA_LOG_LEVEL"), "error");
+  EXPECT_TRUE(p.getBool("HORA_STALL_CHECK"));
+  for (const char* name :
+       {"HOROVOD_FUSION_THRESHOLD", "HOROVOD_LOG_LEVEL", "HOROVOD_STALL_CHECK_DISABLE"}) {
+    const HorovodUse* u = use(p, name);
+    ASSERT_NE(u, nullptr) << name;
+    EXPECT_EQ(u->outcome, Outcome::kOverridden) << name;
+    EXPECT_EQ(u->detail, u->horaName + " is set") << name;
+  }
+  EXPECT_NE(p.horovodSummary().find("HOROVOD_FUSION_THRESHOLD=2048 not used "
+                                    "(HORA_FUSION_THRESHOLD_BYTES is set)"),
+            std::string::npos)
+      << p.horovodSummary();
+}
+
+TEST(HorovodAliasTest, OverriddenValuesAreNotValidated) {
+  // HORA_* wins, so a malformed Horovod value it replaces does not fail the start.
+  Params p = parsed({{"HORA_CACHE_CAPACITY", "8"}, {"HOROVOD_CACHE_CAPACITY", "lots"}});
+  EXPECT_EQ(p.getInt("HORA_CACHE_CAPACITY"), 8);
+}
+
+TEST(HorovodAliasTest, BadHorovodValuesNameTheHorovodVariable) {
+  for (const auto& [name, value] :
+       std::vector<std::pair<std::string, std::string>>{{"HOROVOD_FUSION_THRESHOLD", "64MB"},
+                                                        {"HOROVOD_CYCLE_TIME", "fast"},
+                                                        {"HOROVOD_LOG_LEVEL", "loud"},
+                                                        {"HOROVOD_STALL_CHECK_DISABLE", "yes"},
+                                                        {"HOROVOD_ELASTIC", "on"}}) {
+    SCOPED_TRACE(name);
+    auto r = Params::fromMap({{name, value}});
+    ASSERT_FALSE(r.isOk());
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+    EXPECT_EQ(r.status().message().rfind(name + "='" + value + "'", 0), 0u) << r.status().message();
+  }
+}
+
+TEST(HorovodAliasTest, HorovodFatalIsHoraError) {
+  EXPECT_EQ(parsed({{"HOROVOD_LOG_LEVEL", "FATAL"}}).getString("HORA_LOG_LEVEL"), "error");
+  EXPECT_EQ(parsed({{"HOROVOD_LOG_LEVEL", "Warning"}}).getString("HORA_LOG_LEVEL"), "warning");
+}
+
+TEST(HorovodAliasTest, HorovodBooleansAreIntegers) {
+  // Horovod reads them with strtol: any non-zero integer is on.
+  EXPECT_TRUE(parsed({{"HOROVOD_ELASTIC", "2"}}).getBool("HORA_ELASTIC"));
+  EXPECT_FALSE(parsed({{"HOROVOD_ELASTIC", "0"}}).getBool("HORA_ELASTIC"));
+  EXPECT_FALSE(parsed({{"HOROVOD_STALL_CHECK_DISABLE", "7"}}).getBool("HORA_STALL_CHECK"));
+}
+
+TEST(HorovodAliasTest, StallCheckDisableZeroChangesNothing) {
+  Params p = parsed({{"HOROVOD_STALL_CHECK_DISABLE", "0"}});
+  EXPECT_TRUE(p.getBool("HORA_STALL_CHECK"));
+  EXPECT_FALSE(p.isSet("HORA_STALL_CHECK"));
+  ASSERT_NE(use(p, "HOROVOD_STALL_CHECK_DISABLE"), nullptr);
+  EXPECT_EQ(use(p, "HOROVOD_STALL_CHECK_DISABLE")->outcome, Outcome::kNoEffect);
+}
+
+TEST(HorovodAliasTest, StallTimesAndDisableTogether) {
+  // Disable turns the check off; the times still land in their parameters
+  // (unused while HORA_STALL_CHECK=0), as Horovod keeps them.
+  Params p = parsed({{"HOROVOD_STALL_CHECK_DISABLE", "1"},
+                     {"HOROVOD_STALL_CHECK_TIME_SECONDS", "5"},
+                     {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "50"}});
+  EXPECT_FALSE(p.getBool("HORA_STALL_CHECK"));
+  EXPECT_DOUBLE_EQ(p.getFloat("HORA_STALL_WARNING_TIME_S"), 5);
+  EXPECT_DOUBLE_EQ(p.getFloat("HORA_STALL_SHUTDOWN_TIME_S"), 50);
+  EXPECT_EQ(p.horovodUses().size(), 3u);
+}
+
+TEST(HorovodAliasTest, EveryIgnoredVariableIsReportedNeverSilent) {
+  size_t ignored = 0;
+  for (const auto& a : horovodAliases()) {
+    if (a.horaName) continue;
+    ++ignored;
+    SCOPED_TRACE(a.horovodName);
+    Params p = parsed({{a.horovodName, "1"}});
+    ASSERT_EQ(p.horovodUses().size(), 1u);
+    EXPECT_EQ(p.horovodUses()[0].outcome, Outcome::kIgnored);
+    EXPECT_EQ(p.horovodUses()[0].detail, a.note);
+    const std::string line = p.horovodSummary();
+    EXPECT_NE(line.find(std::string(a.horovodName) + "=1 IGNORED (" + a.note + ")"),
+              std::string::npos)
+        << line;
+  }
+  // The ones the issue names, at least.
+  EXPECT_GE(ignored, 10u);
+  for (const char* name :
+       {"HOROVOD_TIMELINE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLGATHER",
+        "HOROVOD_AUTOTUNE", "HOROVOD_TORUS_ALLREDUCE", "HOROVOD_LOG_HIDE_TIME"}) {
+    Params p = parsed({{name, "1"}});
+    ASSERT_NE(use(p, name), nullptr) << name;
+    EXPECT_EQ(use(p, name)->outcome, Outcome::kIgnored) << name;
+  }
+  EXPECT_NE(parsed({{"HOROVOD_TIMELINE", "/tmp/t.json"}}).horovodSummary().find("no timeline"),
+            std::string::npos);
+}
+
+TEST(HorovodAliasTest, OneLineForAllOfThem) {
+  Params p = parsed({{"HOROVOD_CYCLE_TIME", "2"},
+                     {"HOROVOD_AUTOTUNE", "1"},
+                     {"HORA_CACHE_CAPACITY", "1"},
+                     {"HOROVOD_CACHE_CAPACITY", "5"}});
+  const std::string line = p.horovodSummary();
+  EXPECT_EQ(line.find('\n'), std::string::npos);
+  EXPECT_EQ(line.rfind("Horovod variables: ", 0), 0u) << line;
+  for (const char* part : {"HOROVOD_CYCLE_TIME=2 -> HORA_CYCLE_TIME_MS=2",
+                           "HOROVOD_AUTOTUNE=1 IGNORED", "HOROVOD_CACHE_CAPACITY=5 not used"})
+    EXPECT_NE(line.find(part), std::string::npos) << part << " in " << line;
+  EXPECT_EQ(parsed({}).horovodSummary(), "");
+  EXPECT_TRUE(parsed({}).horovodUses().empty());
+}
+
+TEST(HorovodAliasTest, ReadFromTheEnvironmentToo) {
+  setenv("HOROVOD_FUSION_THRESHOLD", "4096", 1);
+  setenv("HOROVOD_HIERARCHICAL_ALLREDUCE", "1", 1);
+  auto r = Params::fromEnvironment();
+  unsetenv("HOROVOD_FUSION_THRESHOLD");
+  unsetenv("HOROVOD_HIERARCHICAL_ALLREDUCE");
+  ASSERT_TRUE(r.isOk()) << r.status().toString();
+  if (!std::getenv("HORA_FUSION_THRESHOLD_BYTES"))
+    EXPECT_EQ(r.value().getInt("HORA_FUSION_THRESHOLD_BYTES"), 4096);
+  ASSERT_NE(use(r.value(), "HOROVOD_HIERARCHICAL_ALLREDUCE"), nullptr);
+}
+
+TEST(HorovodAliasTest, DocsListTheAliases) {
+  const std::string md = Params::dumpMarkdown();
+  EXPECT_NE(md.find("| `HORA_FUSION_THRESHOLD_BYTES` | int | `134217728` | "), std::string::npos);
+  EXPECT_NE(md.find("| `HOROVOD_FUSION_THRESHOLD` |"), std::string::npos);
+  for (const auto& a : horovodAliases())
+    EXPECT_NE(md.find(std::string("| `") + a.horovodName + "` | "), std::string::npos)
+        << a.horovodName;
 }
 
 }  // namespace

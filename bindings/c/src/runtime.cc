@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -281,15 +282,25 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
     return invalidArgument("log level '" + levelText +
                            "' is not one of trace, debug, info, warning, error, off");
   rt->logger_ = Logger(level, "[hora rank " + std::to_string(id.rank) + "]");
+  // The HOROVOD_* variables this process honoured or ignored: one line per
+  // process, not one per init (docs/params.md, "Horovod's variables").
+  static std::atomic<bool> horovodReported{false};
+  const std::string horovodLine = p.horovodSummary();
+  if (!horovodLine.empty() && !horovodReported.exchange(true))
+    HORA_LOG(rt->logger_, kWarning) << horovodLine;
 
   // hora_config_t's numbers (negative: unset) win over the HORA_* parameters.
   auto num = [](double configured, double fallback) {
     return configured >= 0 ? configured : fallback;
   };
   const double cycleTimeMs = num(c.cycle_time_ms, p.getFloat("HORA_CYCLE_TIME_MS"));
-  const double stallWarningS = num(c.stall_warning_time_s, p.getFloat("HORA_STALL_WARNING_TIME_S"));
+  // HORA_STALL_CHECK=0 (HOROVOD_STALL_CHECK_DISABLE=1, --no-stall-check):
+  // no warning within a lifetime, no shutdown; explicit config fields still win.
+  const bool stallCheck = p.getBool("HORA_STALL_CHECK");
+  const double stallWarningS =
+      num(c.stall_warning_time_s, stallCheck ? p.getFloat("HORA_STALL_WARNING_TIME_S") : 1e9);
   const double stallShutdownS =
-      num(c.stall_shutdown_time_s, p.getFloat("HORA_STALL_SHUTDOWN_TIME_S"));
+      num(c.stall_shutdown_time_s, stallCheck ? p.getFloat("HORA_STALL_SHUTDOWN_TIME_S") : 0);
   const double peerTimeoutS = num(c.peer_timeout_s, p.getFloat("HORA_PEER_TIMEOUT_S"));
   const double startTimeoutS = num(c.start_timeout_s, p.getFloat("HORA_START_TIMEOUT_S"));
   int64_t heartbeatMs = p.getInt("HORA_HEARTBEAT_INTERVAL_MS");

@@ -35,6 +35,7 @@ _OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "P
 
 _state_lock = threading.RLock()
 _runtime = None          # ctypes.c_void_p of hora_runtime_t, or None
+_homogeneous = None      # is_homogeneous(), found at init (every rank's local size)
 _atexit_registered = False
 _process_sets = {}       # id -> ProcessSet (user-added)
 _next_set_id = itertools.count(1)
@@ -110,6 +111,12 @@ def init(comm=None, process_sets=None):
             handle = ctypes.c_void_p()
             _lib.check(lib.hora_init_versioned(None, ctypes.byref(handle), major, minor), "hora_init")
             _runtime = handle
+            try:
+                _find_homogeneous()
+            except BaseException:
+                _runtime = None
+                _lib.library().hora_shutdown(handle)
+                raise
             if not _atexit_registered:
                 atexit.register(shutdown)
                 _atexit_registered = True
@@ -210,13 +217,47 @@ def _membership_supported():
     return _lib.has_symbol("hora_membership_pending")
 
 
+def _find_homogeneous():
+    """Horovod's is_homogeneous: every host runs the same number of ranks. As
+    Horovod's controller does at init, allgather every rank's local size (one
+    int32 each; a rank is alone when size is 1)."""
+    global _homogeneous
+    n = size()
+    if n == 1:
+        _homogeneous = True
+        return
+    mine = (ctypes.c_int32 * 1)(local_size())
+    dl = _dlpack.DLTensor()
+    dl.data = ctypes.addressof(mine)
+    dl.device.device_type = _dlpack.kDLCPU
+    dl.ndim = 1
+    dl.dtype.code = _dlpack.kDLInt
+    dl.dtype.bits = 32
+    dl.dtype.lanes = 1
+    shape = (ctypes.c_int64 * 1)(1)
+    dl.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
+    ref = _dlpack.TensorRef(dl, (mine, shape))
+
+    def finish(pending):
+        out = pending.output_dl()
+        sizes = ctypes.cast(_dlpack.data_address(out), ctypes.POINTER(ctypes.c_int32))
+        return all(sizes[i] == mine[0] for i in range(n))
+
+    _homogeneous = submit_allgather(ref, name="hora.init.local_sizes", finish=finish).wait()
+
+
 def is_homogeneous():
-    return True  # every rank runs the same number of local processes under hora's launchers
+    """True when every host runs the same number of ranks (Horovod's meaning),
+    found at init() from every rank's local size."""
+    _require_runtime()
+    return bool(_homogeneous)
 
 
-# Feature probes, as in Horovod.
+# Feature probes, as in Horovod run with Gloo (hora has no MPI).
 def mpi_threads_supported():
-    return False
+    """Horovod raises ValueError here unless MPI is enabled; hora never uses MPI."""
+    raise ValueError("hora does not use MPI (as Horovod run with Gloo): mpi_threads_supported() has "
+                     "no answer; check hvd.mpi_enabled() first, which is False")
 
 
 def mpi_enabled():
@@ -228,7 +269,8 @@ def mpi_built():
 
 
 def gloo_enabled():
-    return True
+    """True while initialized: hora's control plane and CPU data plane are its Gloo path."""
+    return _runtime is not None
 
 
 def gloo_built():
