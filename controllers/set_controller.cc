@@ -84,8 +84,9 @@ Status SetController::enqueue(std::vector<EntryPtr> entries) {
                             ": this rank's join is already in flight; wait for it to complete");
       auto other = table_.find(n);
       const std::string earlier =
-          other == table_.end() ? "another tensor of this call"
-                                : "a " + std::string(collectiveName(other->second->request.kind));
+          other == table_.end()
+              ? "another tensor of this call"
+              : "an earlier " + std::string(collectiveName(other->second->request.kind));
       return invalidUsage(std::string(collectiveName(e->request.kind)) + " \"" + n + "\" on rank " +
                           rank + " in process set " + opts_.setName +
                           ": a request with this name is already in flight (" + earlier +

@@ -185,8 +185,8 @@ TEST(SetControllerTest, ANameMayBeInFlightOnce) {
   ASSERT_TRUE(h.controller->enqueue({h.allreduce("x", std::make_shared<RecordingSink>())}).isOk());
   Status s = h.controller->enqueue({h.allreduce("x", std::make_shared<RecordingSink>())});
   EXPECT_EQ(s.code(), Code::kInvalidUsage);
-  EXPECT_NE(s.message().find("allreduce \"x\" on rank 0: a request with this name is already in "
-                             "flight"),
+  EXPECT_NE(s.message().find("allreduce \"x\" on rank 0 in process set global: a request with "
+                             "this name is already in flight (an earlier allreduce"),
             std::string::npos)
       << s.message();
   s = h.controller->enqueue({h.allreduce("y", std::make_shared<RecordingSink>()),
