@@ -148,3 +148,10 @@ def bad_horovod_value(rank, size):
 def test_bad_horovod_value_fails_init_naming_it():
     results, _ = run_job(bad_horovod_value, 1, timeout=60)
     assert "HOROVOD_FUSION_THRESHOLD='64MB'" in results[0] and "HORA_FUSION_THRESHOLD_BYTES" in results[0]
+
+
+def test_package_version_matches_the_library_it_ships_with():
+    import hora
+    import hora.torch as hvd
+    assert hora.__version__ == hora.library_info()["version"]
+    assert hvd.__version__ == hora.__version__ + "+hora"

@@ -19,4 +19,4 @@ from .exceptions import (HoraError, HoraInternalError, HoraInvalidArgumentError,
                          HoraRemoteError, HoraResetLimitError, HoraShutDownError, HoraTimeoutError,
                          HorovodInternalError, HostsUpdatedInterrupt)
 
-__version__ = "0.1.0"
+__version__ = "0.3.0"  # the version of libhora it is released with (CMakeLists.txt)
