@@ -80,3 +80,23 @@ def _b_duplicate_names(rank, size):
 
 def test_duplicate_name_raises_at_submission(pool2):
     assert pool2.run(_b_duplicate_names) == [True, True]
+
+
+def _b_join_average_divides_by_size(rank, size):
+    """Horovod's test_horovod_join_allreduce: with one rank joined, an Average
+    allreduce of ones gives (size - 1) / size (the joined rank adds zeros and
+    the average divides by the set's size), for float32 and float64."""
+    for first in range(size):
+        if rank == first:
+            hvd.join()
+            continue
+        for dtype in (torch.float32, torch.float64):
+            x = hvd.allreduce(torch.ones(7, dtype=dtype), name="avg.%s" % dtype, op=hvd.Average)
+            want = torch.full((7,), (size - 1) / size, dtype=dtype)
+            assert torch.allclose(x, want), (x, want)
+        hvd.join()
+    return True
+
+
+def test_join_average_divides_by_size_as_horovod(pool3):
+    assert pool3.run(_b_join_average_divides_by_size, timeout=90) == [True] * 3

@@ -169,8 +169,8 @@ def test_broadcast_optimizer_state(pool2):
 
 
 def _b_join_uneven(rank, size):
-    """Rank r trains r+2 steps; early finishers join; the others' averages
-    divide by the ranks still contributing (hora's join semantics)."""
+    """Rank r trains r+2 steps; early finishers join; as in Horovod, a joined
+    rank contributes zeros and the average still divides by the set's size."""
     model = nn.Linear(2, 1, bias=False)
     with torch.no_grad():
         model.weight.zero_()
@@ -183,11 +183,11 @@ def _b_join_uneven(rank, size):
         opt.step()
     last = hvd.join()
     assert last == size - 1, last
-    # every step while all ranks are active averages (1+2+...)/size; later steps only the active ones
+    # each step sums the active ranks' gradients and divides by size (joined ranks add zeros)
     expect = 0.0
     for s in range(steps):
         active = [r for r in range(size) if s < r + 2]
-        expect -= sum(r + 1 for r in active) / len(active)
+        expect -= sum(r + 1 for r in active) / size
     assert torch.allclose(model.weight.detach(), torch.full((1, 2), expect)), (model.weight, expect)
     return last
 

@@ -134,9 +134,20 @@ def _root_in_set(root_rank, process_set, what="broadcast"):
 
 
 # ---------------------------------------------------------------- allreduce
+def _horovod_average(op, tensors, postscale_factor, process_set):
+    """Horovod's Average divides by the set's size, also when ranks have joined
+    (their zeros count); the C ABI's divides by the ranks that contributed.
+    Floating-point averages are therefore sent as Sum scaled by 1/size, which is
+    the same arithmetic as Horovod's and costs nothing more."""
+    if op != Average or not all(t.is_floating_point() or t.is_complex() for t in tensors):
+        return op, postscale_factor
+    return Sum, postscale_factor / _check_set(process_set).size()
+
+
 def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set):
     inp = _ref(tensor)
     out = inp if output is tensor else _ref(output)
+    op, postscale_factor = _horovod_average(op, [tensor], postscale_factor, process_set)
     p = basics.submit_allreduce(inp, out, name, op, prescale_factor, postscale_factor, _check_set(process_set),
                                 finish=lambda _: output)
     return basics.register(p)
@@ -190,6 +201,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
 def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor, process_set):
     inps = [_ref(t) for t in tensors]
     outs = [i if o is t else _ref(o) for i, t, o in zip(inps, tensors, outputs)]
+    op, postscale_factor = _horovod_average(op, tensors, postscale_factor, process_set)
     p = basics.submit_grouped_allreduce(inps, outs, name, op, prescale_factor, postscale_factor,
                                         _check_set(process_set), finish=lambda _: list(outputs))
     return basics.register(p)
