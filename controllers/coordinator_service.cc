@@ -73,7 +73,14 @@ void CoordinatorService::reportFailure(const Status& why) {
 
 Status CoordinatorService::describeLoss(int, const Status& why) const {
   if (why.code() == Code::kShutDown) return peerShutDown(why);
-  return Status(why.code(), why.message() + " [" + coordinator_.pendingSummary() + "]");
+  // A peer lost in the middle of a collective leaves nothing to negotiate:
+  // say what was running on the data plane instead of "no tensors pending".
+  const std::string running = queue_.runningSummary();
+  std::string report = coordinator_.pendingSummary();
+  if (!running.empty())
+    report = "running on the data plane: " + running +
+             (report == "no tensors pending" ? "" : "; " + report);
+  return Status(why.code(), why.message() + " [" + report + "]");
 }
 
 void CoordinatorService::maybeEmit(bool force) {

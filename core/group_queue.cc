@@ -4,6 +4,38 @@
 
 namespace hora {
 
+namespace {
+const char* kindName(ResponseKind k) {
+  switch (k) {
+    case ResponseKind::kAllreduce:
+      return "allreduce";
+    case ResponseKind::kAllgather:
+      return "allgather";
+    case ResponseKind::kBroadcast:
+      return "broadcast";
+    case ResponseKind::kAlltoall:
+      return "alltoall";
+    case ResponseKind::kReducescatter:
+      return "reducescatter";
+    case ResponseKind::kBarrier:
+      return "barrier";
+    case ResponseKind::kJoin:
+      return "join";
+    case ResponseKind::kError:
+      return "error report";
+  }
+  return "collective";
+}
+
+std::string describe(const AgreedGroup& g) {
+  if (g.responses.empty()) return "";
+  const Response& r = g.responses.front();
+  std::string s = std::string(kindName(r.kind)) + " \"" + r.name + "\"";
+  if (g.responses.size() > 1) s += " and " + std::to_string(g.responses.size() - 1) + " more fused";
+  return s;
+}
+}  // namespace
+
 void GroupQueue::push(AgreedGroup group) {
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -28,10 +60,15 @@ bool GroupQueue::pop(AgreedGroup* out) {
   if (closed_) return false;
   *out = std::move(queue_.front());
   queue_.pop_front();
+  running_ = describe(*out);
   return true;
 }
 
 void GroupQueue::finished() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    running_.clear();
+  }
   leave();
   if (doneHook_) doneHook_();
 }
@@ -48,6 +85,14 @@ void GroupQueue::leave() {
 int GroupQueue::inFlight() const {
   std::lock_guard<std::mutex> lk(mu_);
   return inFlight_;
+}
+
+std::string GroupQueue::runningSummary() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::string s = running_;
+  if (!s.empty() && !queue_.empty())
+    s += ", " + std::to_string(queue_.size()) + " more group(s) queued";
+  return s;
 }
 
 bool GroupQueue::waitIdle(Clock::time_point deadline) {

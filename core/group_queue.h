@@ -19,6 +19,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <string>
 
 #include "core/agreed_group.h"
 #include "core/clock.h"
@@ -43,6 +44,9 @@ class GroupQueue {
 
   // Groups queued or running.
   int inFlight() const;
+  // What the executor runs now, for failure reports: e.g. 'allreduce "w" and
+  // 3 more fused, 1 more group queued'; "" when nothing was popped.
+  std::string runningSummary() const;
   // Waits until nothing is queued or running, or the deadline; true if idle.
   bool waitIdle(Clock::time_point deadline);
   void close();
@@ -57,6 +61,7 @@ class GroupQueue {
   std::deque<AgreedGroup> queue_;
   int inFlight_ = 0;
   bool closed_ = false;
+  std::string running_;  // the popped group, described; "" after finished()
   std::function<void()> doneHook_;
 };
 

@@ -125,5 +125,21 @@ TEST(GroupQueueTest, WaitIdleHonoursItsDeadline) {
   executor.join();
 }
 
+// Failure reports say what was on the data plane when a peer vanished.
+TEST(GroupQueueTest, RunningSummaryNamesThePoppedGroupUntilItFinishes) {
+  GroupQueue q;
+  EXPECT_EQ(q.runningSummary(), "");
+  AgreedGroup fused = group("w1");
+  fused.responses.push_back(fused.responses.front());
+  fused.responses.back().name = "w2";
+  q.push(std::move(fused));
+  q.push(group("later"));
+  AgreedGroup g;
+  ASSERT_TRUE(q.pop(&g));
+  EXPECT_EQ(q.runningSummary(), "allreduce \"w1\" and 1 more fused, 1 more group(s) queued");
+  q.finished();
+  EXPECT_EQ(q.runningSummary(), "");
+}
+
 }  // namespace
 }  // namespace hora
