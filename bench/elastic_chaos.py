@@ -203,8 +203,12 @@ def pids_with_marker(marker, exclude=()):
 
 def run_phase(args, phase, root):
     d = os.path.join(root, phase)
+    n = 1
+    while os.path.exists(d):  # a phase listed twice (A/B/A/B) gets its own logs
+        n += 1
+        d = os.path.join(root, "%s%d" % (phase, n))
     os.makedirs(d)
-    marker = "chaos-marker-%s-%d" % (phase, os.getpid())
+    marker = "chaos-marker-%s-%d" % (os.path.basename(d), os.getpid())
     worker = [sys.executable, os.path.abspath(__file__), "--worker", "--log-dir", d, "--marker", marker,
               "--commit-every", str(args.commit_every), "--layers", str(args.layers),
               "--width", str(args.width), "--batch", str(args.batch)]
