@@ -144,6 +144,7 @@ class Job {
   void grow();
   bool startElasticWorker(const std::string& host, const Slot* slot, std::string* error);
   void stopNeverAdmitted();
+  void shrinkToDiscovered();
   void elasticExited(Worker& w);
   void checkMinNp();
   void elasticFail(const std::string& message);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <random>
 
 #include "job.h"
@@ -110,10 +111,12 @@ void Job::onDiscovered(const DiscoveryResult& r) {
     say(discovery_->describe() + " offers " + hostsText(r.hosts));
   everDiscovered_ = true;
   discovered_ = r.hosts;
-  if (!firstBatchStarted_)
+  if (!firstBatchStarted_) {
     startFirstBatch();
-  else
+  } else {
+    shrinkToDiscovered();
     grow();
+  }
   if (tearingDown_) return;
   checkMinNp();
   schedulePoll();
@@ -233,6 +236,30 @@ void Job::elasticExited(Worker& w) {
     say(who(w) + " (host " + w.plan.slot.host + ", pid " + std::to_string(w.proc.pid) + ") " +
         describeExit(w) + "; " + workers(live) + " go on" + note);
   checkMinNp();
+}
+
+void Job::shrinkToDiscovered() {
+  // Discovery offers fewer slots on a host (or drops it): stop the newest
+  // workers there, as horovodrun does. Their dead key goes first, so the
+  // others re-form without waiting for them; it is not a failure of theirs.
+  std::map<std::string, int> offered;
+  for (const auto& h : discovered_) offered[h.name] += h.slots;
+  std::map<std::string, int> running;
+  for (auto& w : workers_)
+    if (w.running && !w.stopRequested) ++running[w.plan.slot.host];
+  for (auto it = workers_.rbegin(); it != workers_.rend(); ++it) {
+    Worker& w = *it;
+    if (!w.running || w.stopRequested) continue;
+    const std::string& host = w.plan.slot.host;
+    if (running[host] <= offered[host]) continue;
+    --running[host];
+    elastic_->publish("dead/" + w.id, "removed: host " + host + " no longer offered by discovery");
+    say(who(w) + " on " + host + " stopped: " + discovery_->describe() + " now offers " +
+        std::to_string(offered[host]) + " slot(s) there");
+    w.stopRequested = true;
+    if (w.proc.inFd >= 0) close(w.proc.inFd), w.proc.inFd = -1;
+    kill(-w.proc.pid, SIGTERM);
+  }
 }
 
 void Job::stopNeverAdmitted() {

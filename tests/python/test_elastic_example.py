@@ -83,9 +83,6 @@ def test_example_grows_from_2_to_3_workers(tmp_path):
     assert resets == {"w0", "w1"}, "the first two workers did not reset to size 3:\n" + out[-6000:]
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(pytest.main([os.path.abspath(__file__), "-q"]))
-
 
 @pytest.mark.skipif(not _READY, reason=_WHY)
 def test_newcomers_still_waiting_when_training_ends_do_not_fail_the_job(tmp_path):
@@ -103,3 +100,46 @@ def test_newcomers_still_waiting_when_training_ends_do_not_fail_the_job(tmp_path
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     assert time.time() - t0 < 50, "the job waited for never-admitted newcomers:\n" + out[-3000:]
+
+
+@pytest.mark.skipif(not _READY, reason=_WHY)
+def test_example_shrinks_when_discovery_offers_fewer_slots(tmp_path):
+    """Discovery drops from 3 slots to 2 while the job trains: horarun stops the
+    newest worker (as horovodrun does; not a failure), the other two re-form,
+    restore the last commit and finish at size 2 with identical models."""
+    hosts = str(tmp_path / "hosts.txt")
+    _write_atomically(hosts, "localhost:3\n")
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "bindings", "python"), OMP_NUM_THREADS="1",
+               HORA_ELASTIC_SETTLE_MS="500")
+    cmd = [HORARUN, "-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-file", hosts,
+           PYTHON, EXAMPLE, "--epochs", "2", "--num-samples", "1536", "--batches-per-commit", "2",
+           "--log-interval", "4", "--batch-sleep", "0.1"]
+    deadline = time.time() + 110
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        while not any(re.search(r"size 3 worker \S+ epoch \d+ batch", l) for l in list(lines)):
+            assert proc.poll() is None, "job ended before training:\n" + "".join(lines)[-6000:]
+            assert time.time() < deadline, "no progress line in time:\n" + "".join(lines)[-6000:]
+            time.sleep(0.1)
+        _write_atomically(hosts, "localhost:2\n")
+        proc.wait(timeout=max(1, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        reader.join(5)
+        pytest.fail("elastic example did not finish in time:\n" + "".join(lines)[-6000:])
+    reader.join(10)
+    out = "".join(lines)
+    assert proc.returncode == 0, "horarun exit %d:\n%s" % (proc.returncode, out[-6000:])
+    assert "w2 on localhost stopped" in out or "worker w2 on localhost stopped" in out, out[-6000:]
+    done = re.findall(r"\[(w\d+)\]<stdout>: DONE rank=\d+ size=(\d+) .*checksum=([0-9a-f]+)", out)
+    assert {d[0] for d in done} == {"w0", "w1"}, "expected w0 and w1 to finish:\n" + out[-6000:]
+    assert {d[1] for d in done} == {"2"}, out[-6000:]
+    assert len({d[2] for d in done}) == 1, "the workers' models differ:\n" + out[-6000:]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([os.path.abspath(__file__), "-q"]))
