@@ -93,7 +93,9 @@ int Job::run() {
   if (!elasticError_.empty()) return 1;
   if (!spawnError_.empty() && firstFailure_ < 0) return 1;
   if (firstFailure_ >= 0) {
-    int st = workers_[firstFailure_].waitStatus;
+    // A silent rank was killed by horarun itself: the status that tells is
+    // that of the rank that noticed it.
+    int st = workers_[silentNoticedBy_ >= 0 ? silentNoticedBy_ : firstFailure_].waitStatus;
     return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
   }
   if (interruptedBy_) return 128 + interruptedBy_;
@@ -191,13 +193,20 @@ void Job::decideFirstFailure() {
     int idx = -1;
     for (size_t i = 0; i < workers_.size(); ++i)
       if (workers_[i].plan.slot.rank == blamed) idx = static_cast<int>(i);
+    if (idx >= 0 && workers_[idx].running && !workers_[idx].stopRequested) {
+      // The rank the failed ones name is still running: it went silent
+      // (SIGSTOP, a hung host) rather than died. It is the cause.
+      silentNoticedBy_ = pick;
+      pick = idx;
+      break;
+    }
     if (idx < 0 || !isCandidate(idx) ||
         std::find(visited.begin(), visited.end(), idx) != visited.end())
       break;
     pick = idx;
     visited.push_back(idx);
   }
-  if (visited.size() == 1 && !WIFSIGNALED(workers_[pick].waitStatus))
+  if (silentNoticedBy_ < 0 && visited.size() == 1 && !WIFSIGNALED(workers_[pick].waitStatus))
     for (int c : candidates_)
       if (WIFSIGNALED(workers_[c].waitStatus)) {
         pick = c;
@@ -207,6 +216,16 @@ void Job::decideFirstFailure() {
   const Worker& w = workers_[pick];
   int live = 0;
   for (const auto& x : workers_) live += x.running;
+  if (silentNoticedBy_ >= 0) {
+    say("rank " + std::to_string(w.plan.slot.rank) + " (host " + w.plan.slot.host + ", pid " +
+        std::to_string(w.proc.pid) + ") went silent: it is still running but rank " +
+        std::to_string(workers_[silentNoticedBy_].plan.slot.rank) +
+        " lost contact with it (stopped? hung?); stopping the " + std::to_string(live) +
+        " running ranks");
+    beginTeardown();
+    maybeFinish();
+    return;
+  }
   say("rank " + std::to_string(w.plan.slot.rank) + " (host " + w.plan.slot.host + ", pid " +
       std::to_string(w.proc.pid) + ") " + describeExit(w) + " after " +
       std::to_string(std::chrono::duration<double>(w.exitedAt - start_).count()).substr(0, 5) +
@@ -292,9 +311,19 @@ void Job::printReport() const {
   if (!elasticError_.empty()) {
     r << "horarun: job FAILED: " << elasticError_ << "\n";
   } else if (firstFailure_ >= 0) {
-    const Worker& w = workers_[firstFailure_];
-    r << "horarun: job FAILED. First failure: " << who(w) << " on host " << w.plan.slot.host
-      << " (pid " << w.proc.pid << ") " << describeExit(w) << "\n";
+    const Worker& silent = workers_[firstFailure_];
+    if (silentNoticedBy_ >= 0)
+      r << "horarun: job FAILED. First failure: " << who(silent) << " on host "
+        << silent.plan.slot.host << " (pid " << silent.proc.pid
+        << ") went silent while still running (stopped, or hung in the kernel or on its host); "
+        << who(workers_[silentNoticedBy_]) << " lost contact with it. horarun then ended it ("
+        << describeExit(silent) << ")\n";
+    else
+      r << "horarun: job FAILED. First failure: " << who(silent) << " on host "
+        << silent.plan.slot.host << " (pid " << silent.proc.pid << ") " << describeExit(silent)
+        << "\n";
+    // A silent rank usually wrote nothing about it: show the one that noticed.
+    const Worker& w = silentNoticedBy_ >= 0 ? workers_[silentNoticedBy_] : silent;
     const auto* tail = &w.err->tail();
     const char* which = "stderr";
     if (tail->empty()) tail = &w.out->tail(), which = "stdout (its stderr was empty)";

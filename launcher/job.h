@@ -160,6 +160,9 @@ class Job {
   boost::asio::steady_timer attributionTimer_;
   std::vector<int> candidates_;  // failed workers in reap order, during the window
   bool attributing_ = false;
+  // The failed rank that named firstFailure_ as lost while it still ran
+  // (a silent rank: stopped or hung), or -1.
+  int silentNoticedBy_ = -1;
   std::vector<Worker> workers_;
   double graceS_;
   bool verbose_;
