@@ -332,62 +332,33 @@ void TcpStoreServer::Impl::Session::handleAuth() {
 }
 
 void TcpStoreServer::Impl::Session::handleRequest(uint8_t op) {
-  Reader r(body_);
-  std::string why;
-  std::string key;
-  auto malformed = [&](const char* name) {
-    if (why.empty()) why = "trailing bytes";
-    reject(std::string("malformed ") + name + " request: " + why, Code::kProtocolError);
-  };
+  Request req;
+  std::string why = parseRequest(op, body_, &req);
+  if (!why.empty()) return reject(why, Code::kProtocolError);
   auto& data = server_.data_;
   switch (op) {
-    case kSet: {
-      std::string value;
-      if (!r.str(&key, kMaxKey, "key", &why) || !r.str(&value, kMaxValue, "value", &why) ||
-          !r.done())
-        return malformed("set");
-      data[key] = std::move(value);
+    case kSet:
+      data[req.keys[0]] = std::move(req.value);
       send(Writer().frame(kReplyOk));
-      server_.serveWaiters(key);
+      server_.serveWaiters(req.keys[0]);
       return;
-    }
     case kAdd: {
-      uint64_t raw = 0;
-      if (!r.str(&key, kMaxKey, "key", &why) || !r.u64(&raw) || !r.done()) return malformed("add");
-      auto next = server_.applyAdd(key, static_cast<int64_t>(raw));
+      auto next = server_.applyAdd(req.keys[0], static_cast<int64_t>(req.number));
       if (!next.isOk()) return send(errorFrame(next.status().code(), next.status().message()));
       send(Writer().u64(static_cast<uint64_t>(next.value())).frame(kReplyOk));
-      server_.serveWaiters(key);
+      server_.serveWaiters(req.keys[0]);
       return;
     }
     case kCheck:
-      if (!r.str(&key, kMaxKey, "key", &why) || !r.done()) return malformed("check");
-      return send(Writer().u8(data.count(key) ? 1 : 0).frame(kReplyOk));
+      return send(Writer().u8(data.count(req.keys[0]) ? 1 : 0).frame(kReplyOk));
     case kRemove:
-      if (!r.str(&key, kMaxKey, "key", &why) || !r.done()) return malformed("remove");
-      data.erase(key);
+      data.erase(req.keys[0]);
       return send(Writer().frame(kReplyOk));
-    case kGet:
-    case kWait: {
+    default: {  // kGet, kWait (parseRequest accepts nothing else)
       auto w = std::make_shared<Waiter>(server_.io_);
       w->isGet = op == kGet;
-      if (w->isGet) {
-        if (!r.str(&key, kMaxKey, "key", &why)) return malformed("get");
-        w->keys.push_back(key);
-      } else {
-        uint32_t n = 0;
-        if (!r.u32(&n)) return malformed("wait");
-        if (n > kMaxWaitKeys) {
-          why = std::to_string(n) + " keys exceed the limit of " + std::to_string(kMaxWaitKeys);
-          return malformed("wait");
-        }
-        for (uint32_t i = 0; i < n; ++i) {
-          if (!r.str(&key, kMaxKey, "key", &why)) return malformed("wait");
-          w->keys.push_back(key);
-        }
-      }
-      if (!r.u64(&w->timeoutMs) || !r.done()) return malformed(w->isGet ? "get" : "wait");
-      w->timeoutMs = std::min(w->timeoutMs, kMaxWaitMs);
+      w->keys = std::move(req.keys);
+      w->timeoutMs = req.number;
       if (server_.allPresent(*w))
         return send(Writer().raw(w->isGet ? data[w->keys[0]] : std::string()).frame(kReplyOk));
       w->session = shared_from_this();
@@ -396,8 +367,6 @@ void TcpStoreServer::Impl::Session::handleRequest(uint8_t op) {
       server_.addWaiter(w);
       return;
     }
-    default:
-      return reject("unknown opcode " + hexByte(op), Code::kProtocolError);
   }
 }
 
