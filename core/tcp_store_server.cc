@@ -30,7 +30,11 @@ using std::chrono::milliseconds;
 
 constexpr auto kAuthDeadline = std::chrono::seconds(10);
 constexpr auto kRejectFlushDeadline = std::chrono::seconds(2);
-constexpr size_t kMaxPendingAuth = 1024;  // unauthenticated connections at once
+// Unauthenticated connections at once. At the limit a new connection evicts
+// the oldest unauthenticated one: a real client answers the challenge within
+// a round trip, so only an idle (or hostile) connection is ever that old, and
+// a flood of them cannot keep a late rank out until their deadlines pass.
+constexpr size_t kMaxPendingAuth = 1024;
 
 std::string errorFrame(Code code, const std::string& message) {
   return Writer().u32(static_cast<uint32_t>(code)).raw(message).frame(kReplyError);
@@ -120,6 +124,8 @@ class TcpStoreServer::Impl {
   int port_ = 0;
   bool stopping_ = false;
   size_t pendingAuth_ = 0;
+  std::list<Session*> pendingOrder_;  // unauthenticated sessions, oldest first
+  uint64_t evicted_ = 0;              // unauthenticated connections dropped for newer ones
   std::unordered_map<std::string, std::string> data_;
   std::list<std::shared_ptr<Waiter>> waiters_;
   std::unordered_set<std::shared_ptr<Session>> sessions_;
@@ -167,6 +173,18 @@ class TcpStoreServer::Impl::Session : public std::enable_shared_from_this<Sessio
   bool rejecting_ = false;
   bool closed_ = false;
   std::shared_ptr<Waiter> waiter_;
+  std::list<Session*>::iterator pendingIt_;  // valid while countedPending_
+  Clock::time_point startedAt_ = Clock::now();
+
+ public:
+  void stopCountingPending() {
+    if (!countedPending_) return;
+    countedPending_ = false;
+    --server_.pendingAuth_;
+    server_.pendingOrder_.erase(pendingIt_);
+  }
+  const std::string& peer() const { return peer_; }
+  Clock::duration age() const { return Clock::now() - startedAt_; }
 };
 
 void TcpStoreServer::Impl::Session::start() {
@@ -180,6 +198,7 @@ void TcpStoreServer::Impl::Session::start() {
   nonce_ = nonce.take();
   countedPending_ = true;
   ++server_.pendingAuth_;
+  pendingIt_ = server_.pendingOrder_.insert(server_.pendingOrder_.end(), this);
   auto self = shared_from_this();
   timer_.expires_after(kAuthDeadline);
   timer_.async_wait([self](const error_code& ec) {
@@ -195,10 +214,7 @@ void TcpStoreServer::Impl::Session::close() {
   if (closed_) return;
   auto self = shared_from_this();  // keeps *this alive until we return
   closed_ = true;
-  if (countedPending_) {
-    countedPending_ = false;
-    --server_.pendingAuth_;
-  }
+  stopCountingPending();
   error_code ignored;
   socket_.shutdown(tcp::socket::shutdown_both, ignored);
   socket_.close(ignored);
@@ -322,10 +338,7 @@ void TcpStoreServer::Impl::Session::handleAuth() {
   if (!constantTimeEqual(body_, authMac(server_.secret_, nonce_)))
     return reject("bad HMAC (wrong HORA_SECRET?)", Code::kAuthError);
   authed_ = true;
-  if (countedPending_) {
-    countedPending_ = false;
-    --server_.pendingAuth_;
-  }
+  stopCountingPending();
   timer_.cancel();
   HORA_LOG(server_.logger_, kDebug) << "store client " << peer_ << " authenticated";
   send(Writer().frame(kAuthOk));
@@ -439,16 +452,21 @@ void TcpStoreServer::Impl::accept() {
     tcp::endpoint ep = socket.remote_endpoint(e2);
     std::string peer = e2 ? std::string("<unknown peer>") : formatEndpoint(ep);
     setCloseOnExec(socket.native_handle());
-    if (pendingAuth_ >= kMaxPendingAuth) {
-      HORA_LOG(logger_, kWarning) << "rejected store client " << peer << ": too many ("
-                                  << pendingAuth_ << ") connections still authenticating";
-      socket.close(e2);
-    } else {
-      socket.set_option(tcp::no_delay(true), e2);
-      auto session = std::make_shared<Session>(*this, std::move(socket), peer);
-      sessions_.insert(session);
-      session->start();
+    if (pendingAuth_ >= kMaxPendingAuth && !pendingOrder_.empty()) {
+      Session* oldest = pendingOrder_.front();
+      // The first eviction and every 1,000th after it, so a flood cannot flood the log.
+      if (evicted_++ % 1000 == 0)
+        HORA_LOG(logger_, kWarning)
+            << "store has " << pendingAuth_ << " connections that have not authenticated (port "
+            << "scan or stray clients?): dropping the oldest, " << oldest->peer() << " (idle "
+            << std::chrono::duration_cast<milliseconds>(oldest->age()).count() << " ms), for "
+            << peer << "; " << evicted_ << " dropped so far";
+      oldest->close();
     }
+    socket.set_option(tcp::no_delay(true), e2);
+    auto session = std::make_shared<Session>(*this, std::move(socket), peer);
+    sessions_.insert(session);
+    session->start();
     accept();
   });
 }
