@@ -15,7 +15,7 @@ using asio::ip::tcp;
 using SteadyClock = std::chrono::steady_clock;
 
 namespace {
-constexpr uint32_t kMaxFrameBytes = 64u << 20;
+constexpr uint32_t kMaxFrameBytes = kMaxControlFrameBytes;
 constexpr char kHelloMagic[] = "hora-ctrl-v1";
 
 std::string randomToken() {
@@ -59,6 +59,26 @@ bool runUntil(asio::io_context& io, const std::function<bool()>& done,
   return true;
 }
 }  // namespace
+
+Status parseFrameHeader(const char hdr[5], uint32_t* payloadLen, FrameType* type) {
+  uint32_t len = 0;
+  std::memcpy(&len, hdr, 4);
+  uint8_t t = static_cast<uint8_t>(hdr[4]);
+  if (len < 1 || len > kMaxFrameBytes || t < 1 || t > static_cast<uint8_t>(FrameType::kGoodbye))
+    return protocolError("type " + std::to_string(t) + ", length " + std::to_string(len) +
+                         ": is a different program or hora version talking to this port?");
+  *payloadLen = len - 1;
+  *type = static_cast<FrameType>(t);
+  return Status::ok();
+}
+
+Status parseHello(const std::string& payload, Hello* out) {
+  ByteReader rd(payload);
+  HORA_RETURN_IF_ERROR(rd.str(&out->magic, "magic", 64));
+  HORA_RETURN_IF_ERROR(rd.i32(&out->rank, "rank"));
+  HORA_RETURN_IF_ERROR(rd.str(&out->token, "token", 256));
+  return Status::ok();
+}
 
 const char* frameTypeName(FrameType t) {
   switch (t) {
@@ -191,14 +211,12 @@ Status ControlPlane::rendezvousCoordinator(Store& store) {
                              [this, weak, p](boost::system::error_code rec2, size_t) {
                                auto st4 = weak.lock();
                                if (rec2 || !st4 || !st4->open) return;
-                               ByteReader rd(p->body);
-                               std::string magic, tok;
-                               int32_t rank = -1;
-                               Status s = rd.str(&magic, "magic", 64);
-                               if (s.isOk()) s = rd.i32(&rank, "rank");
-                               if (s.isOk()) s = rd.str(&tok, "token", 256);
+                               Hello hello;
+                               Status s = parseHello(p->body, &hello);
+                               const std::string& tok = hello.token;
+                               int32_t rank = hello.rank;
                                std::string why;
-                               if (!s.isOk() || magic != kHelloMagic)
+                               if (!s.isOk() || hello.magic != kHelloMagic)
                                  why = "malformed hello";
                                else if (tok != st4->token)
                                  why = "wrong session token";
@@ -362,15 +380,13 @@ void ControlPlane::readHeader(std::shared_ptr<Peer> p) {
           return;
         }
         uint32_t len = 0;
-        std::memcpy(&len, p->hdr, 4);
-        uint8_t type = static_cast<uint8_t>(p->hdr[4]);
-        if (len < 1 || len > kMaxFrameBytes || type < 1 || type > 8) {
-          lose(p, protocolError("malformed control frame from " + peerName(p->rank) + " (type " +
-                                std::to_string(type) + ", length " + std::to_string(len) +
-                                "): is a different program or hora version talking to this port?"));
+        FrameType type;
+        Status s = parseFrameHeader(p->hdr, &len, &type);
+        if (!s.isOk()) {
+          lose(p, s.withContext("malformed control frame from " + peerName(p->rank)));
           return;
         }
-        readBody(p, len - 1);
+        readBody(p, len);
       });
 }
 

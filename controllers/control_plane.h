@@ -124,4 +124,18 @@ class ControlPlane {
 
 const char* frameTypeName(FrameType t);
 
+// The frame codec's two parsers of bytes from the network, standalone so they
+// can be tested and fuzzed. A frame is [u32 length = 1 + payload][u8 type][payload].
+constexpr uint32_t kMaxControlFrameBytes = 64u << 20;
+// Checks a frame header: known type, 1 <= length <= kMaxControlFrameBytes;
+// sets *payloadLen (length - 1) and *type. kProtocolError otherwise.
+Status parseFrameHeader(const char hdr[5], uint32_t* payloadLen, FrameType* type);
+// A hello's payload: str magic (<= 64 bytes), i32 rank, str token (<= 256 bytes).
+struct Hello {
+  std::string magic;
+  int32_t rank = -1;
+  std::string token;
+};
+Status parseHello(const std::string& payload, Hello* out);
+
 }  // namespace hora

@@ -18,7 +18,8 @@ std::string rankList(const std::vector<int>& ranks) {
 // Renders "rank 2 has X, rank 0 has Y" grouping ranks with equal values.
 std::string describeDisagreement(const std::vector<std::pair<int, std::string>>& values) {
   std::vector<std::pair<std::string, std::vector<int>>> groups;
-  for (const auto& [rank, v] : values) {
+  for (const auto& [rank, value] : values) {
+    const std::string& v = value;  // clang 14 cannot capture a structured binding
     auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.first == v; });
     if (it == groups.end())
       groups.push_back({v, {rank}});

@@ -25,6 +25,27 @@ uint64_t fnvv(uint64_t h, const T& v) {
   return fnv(h, &v, sizeof(v));
 }
 
+// What one entry takes at least on the wire: a count passes only if that many
+// entries could fit in what is left, so a corrupt count cannot make the
+// decoder allocate more than a small multiple of the message's size.
+constexpr size_t kMinRequestBytes =
+    4 + 4 * 1 + 4 + 4 + 8 + 8 + 4 + 4 + 4;  // empty name/shape/splits
+constexpr size_t kMinHitBytes = 12;
+constexpr size_t kMinItemBytes = 4;  // a cache bit
+// Entries (requests, hits, response items over all groups) in one list: far
+// above any real cycle, low enough that a 64 MiB frame of cache bits cannot
+// cost gigabytes of ResponseItems.
+constexpr size_t kMaxListEntries = size_t{1} << 18;
+
+Status countCheck(size_t n, size_t minBytes, size_t remaining, const char* what) {
+  if (n > kMaxListEntries)
+    return protocolError(std::string(what) + " " + std::to_string(n) + " exceeds the limit of " +
+                         std::to_string(kMaxListEntries));
+  if (n * minBytes > remaining)
+    return protocolError(std::string(what) + " " + std::to_string(n) + " exceeds message");
+  return Status::ok();
+}
+
 Status enumCheck(uint8_t v, uint8_t count, const char* what) {
   if (v >= count)
     return protocolError(std::string("invalid ") + what + " value " + std::to_string(v));
@@ -187,13 +208,11 @@ Status decode(const std::string& bytes, RequestList* out) {
   HORA_RETURN_IF_ERROR(header(rd, kRequestListTag, "request list"));
   uint32_t n = 0;
   HORA_RETURN_IF_ERROR(rd.u32(&n, "request count"));
-  if (n > rd.remaining())
-    return protocolError("request count " + std::to_string(n) + " exceeds message");
+  HORA_RETURN_IF_ERROR(countCheck(n, kMinRequestBytes, rd.remaining(), "request count"));
   out->requests.resize(n);
   for (auto& r : out->requests) HORA_RETURN_IF_ERROR(decodeRequest(rd, &r));
   HORA_RETURN_IF_ERROR(rd.u32(&n, "cache hit count"));
-  if (static_cast<size_t>(n) * 12 > rd.remaining())
-    return protocolError("cache hit count " + std::to_string(n) + " exceeds message");
+  HORA_RETURN_IF_ERROR(countCheck(n, kMinHitBytes, rd.remaining(), "cache hit count"));
   out->hits.resize(n);
   for (auto& h : out->hits) {
     HORA_RETURN_IF_ERROR(rd.u32(&h.bit, "cache hit bit"));
@@ -223,14 +242,17 @@ Status decode(const std::string& bytes, ResponseList* out) {
   HORA_RETURN_IF_ERROR(header(rd, kResponseListTag, "response list"));
   uint32_t ng = 0;
   HORA_RETURN_IF_ERROR(rd.u32(&ng, "group count"));
-  if (ng > rd.remaining())
-    return protocolError("group count " + std::to_string(ng) + " exceeds message");
+  // A group is at least its size field (and then one item, checked below).
+  HORA_RETURN_IF_ERROR(countCheck(ng, 4, rd.remaining(), "group count"));
   out->groups.resize(ng);
+  size_t items = 0;
   for (auto& g : out->groups) {
     uint32_t ni = 0;
     HORA_RETURN_IF_ERROR(rd.u32(&ni, "group size"));
-    if (ni == 0 || static_cast<size_t>(ni) * 4 > rd.remaining())
-      return protocolError("group size " + std::to_string(ni) + " invalid");
+    if (ni == 0) return protocolError("group size 0 invalid");
+    items += ni;
+    HORA_RETURN_IF_ERROR(countCheck(items, 0, 0, "response item count"));
+    HORA_RETURN_IF_ERROR(countCheck(ni, kMinItemBytes, rd.remaining(), "group size"));
     g.items.resize(ni);
     for (auto& it : g.items) {
       HORA_RETURN_IF_ERROR(rd.i32(&it.cacheBit, "cache bit"));

@@ -187,10 +187,11 @@ Status TcpStoreClient::handshake(Connection& conn, Clock::time_point deadline) {
   Reply r;
   HORA_RETURN_IF_ERROR(readReply(conn, deadline, &r));
   auto serverError = [&](const Reply& reply) {
-    Reader rd(reply.payload);
-    uint32_t code = 0;
-    rd.u32(&code);
-    return std::make_pair(static_cast<Code>(code), rd.rest());
+    Code code = Code::kProtocolError;
+    std::string message;
+    if (!parseErrorReply(reply.payload, &code, &message))
+      message = "malformed error reply (" + std::to_string(reply.payload.size()) + " bytes)";
+    return std::make_pair(code, message);
   };
   if (r.op == kReplyError)  // e.g. too many connections authenticating: retry
     return Status(Code::kRemoteError, serverError(r).second);
@@ -264,11 +265,11 @@ Result<TcpStoreClient::Reply> TcpStoreClient::call(const std::string& frame,
       return timeoutError(reply.payload);
     case kReplyError: {
       // The connection is dropped: after a rejection the server closes it.
-      Reader rd(reply.payload);
-      uint32_t code = 0;
-      if (!rd.u32(&code) || code == 0 || code > static_cast<uint32_t>(kLastCode))
+      Code code = Code::kProtocolError;
+      std::string message;
+      if (!parseErrorReply(reply.payload, &code, &message))
         return protocolError("store " + what + ": malformed error reply from " + address_);
-      return Status(static_cast<Code>(code), rd.rest());
+      return Status(code, message);
     }
     default:
       return protocolError("store " + what + ": unexpected reply opcode " + hexByte(reply.op) +

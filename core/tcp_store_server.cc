@@ -30,7 +30,11 @@ using std::chrono::milliseconds;
 
 constexpr auto kAuthDeadline = std::chrono::seconds(10);
 constexpr auto kRejectFlushDeadline = std::chrono::seconds(2);
-constexpr size_t kMaxPendingAuth = 1024;  // unauthenticated connections at once
+// Unauthenticated connections at once. At the limit a new connection evicts
+// the oldest unauthenticated one: a real client answers the challenge within
+// a round trip, so only an idle (or hostile) connection is ever that old, and
+// a flood of them cannot keep a late rank out until their deadlines pass.
+constexpr size_t kMaxPendingAuth = 1024;
 
 std::string errorFrame(Code code, const std::string& message) {
   return Writer().u32(static_cast<uint32_t>(code)).raw(message).frame(kReplyError);
@@ -120,6 +124,8 @@ class TcpStoreServer::Impl {
   int port_ = 0;
   bool stopping_ = false;
   size_t pendingAuth_ = 0;
+  std::list<Session*> pendingOrder_;  // unauthenticated sessions, oldest first
+  uint64_t evicted_ = 0;              // unauthenticated connections dropped for newer ones
   std::unordered_map<std::string, std::string> data_;
   std::list<std::shared_ptr<Waiter>> waiters_;
   std::unordered_set<std::shared_ptr<Session>> sessions_;
@@ -167,6 +173,18 @@ class TcpStoreServer::Impl::Session : public std::enable_shared_from_this<Sessio
   bool rejecting_ = false;
   bool closed_ = false;
   std::shared_ptr<Waiter> waiter_;
+  std::list<Session*>::iterator pendingIt_;  // valid while countedPending_
+  Clock::time_point startedAt_ = Clock::now();
+
+ public:
+  void stopCountingPending() {
+    if (!countedPending_) return;
+    countedPending_ = false;
+    --server_.pendingAuth_;
+    server_.pendingOrder_.erase(pendingIt_);
+  }
+  const std::string& peer() const { return peer_; }
+  Clock::duration age() const { return Clock::now() - startedAt_; }
 };
 
 void TcpStoreServer::Impl::Session::start() {
@@ -180,6 +198,7 @@ void TcpStoreServer::Impl::Session::start() {
   nonce_ = nonce.take();
   countedPending_ = true;
   ++server_.pendingAuth_;
+  pendingIt_ = server_.pendingOrder_.insert(server_.pendingOrder_.end(), this);
   auto self = shared_from_this();
   timer_.expires_after(kAuthDeadline);
   timer_.async_wait([self](const error_code& ec) {
@@ -195,10 +214,7 @@ void TcpStoreServer::Impl::Session::close() {
   if (closed_) return;
   auto self = shared_from_this();  // keeps *this alive until we return
   closed_ = true;
-  if (countedPending_) {
-    countedPending_ = false;
-    --server_.pendingAuth_;
-  }
+  stopCountingPending();
   error_code ignored;
   socket_.shutdown(tcp::socket::shutdown_both, ignored);
   socket_.close(ignored);
@@ -322,72 +338,40 @@ void TcpStoreServer::Impl::Session::handleAuth() {
   if (!constantTimeEqual(body_, authMac(server_.secret_, nonce_)))
     return reject("bad HMAC (wrong HORA_SECRET?)", Code::kAuthError);
   authed_ = true;
-  if (countedPending_) {
-    countedPending_ = false;
-    --server_.pendingAuth_;
-  }
+  stopCountingPending();
   timer_.cancel();
   HORA_LOG(server_.logger_, kDebug) << "store client " << peer_ << " authenticated";
   send(Writer().frame(kAuthOk));
 }
 
 void TcpStoreServer::Impl::Session::handleRequest(uint8_t op) {
-  Reader r(body_);
-  std::string why;
-  std::string key;
-  auto malformed = [&](const char* name) {
-    if (why.empty()) why = "trailing bytes";
-    reject(std::string("malformed ") + name + " request: " + why, Code::kProtocolError);
-  };
+  Request req;
+  std::string why = parseRequest(op, body_, &req);
+  if (!why.empty()) return reject(why, Code::kProtocolError);
   auto& data = server_.data_;
   switch (op) {
-    case kSet: {
-      std::string value;
-      if (!r.str(&key, kMaxKey, "key", &why) || !r.str(&value, kMaxValue, "value", &why) ||
-          !r.done())
-        return malformed("set");
-      data[key] = std::move(value);
+    case kSet:
+      data[req.keys[0]] = std::move(req.value);
       send(Writer().frame(kReplyOk));
-      server_.serveWaiters(key);
+      server_.serveWaiters(req.keys[0]);
       return;
-    }
     case kAdd: {
-      uint64_t raw = 0;
-      if (!r.str(&key, kMaxKey, "key", &why) || !r.u64(&raw) || !r.done()) return malformed("add");
-      auto next = server_.applyAdd(key, static_cast<int64_t>(raw));
+      auto next = server_.applyAdd(req.keys[0], static_cast<int64_t>(req.number));
       if (!next.isOk()) return send(errorFrame(next.status().code(), next.status().message()));
       send(Writer().u64(static_cast<uint64_t>(next.value())).frame(kReplyOk));
-      server_.serveWaiters(key);
+      server_.serveWaiters(req.keys[0]);
       return;
     }
     case kCheck:
-      if (!r.str(&key, kMaxKey, "key", &why) || !r.done()) return malformed("check");
-      return send(Writer().u8(data.count(key) ? 1 : 0).frame(kReplyOk));
+      return send(Writer().u8(data.count(req.keys[0]) ? 1 : 0).frame(kReplyOk));
     case kRemove:
-      if (!r.str(&key, kMaxKey, "key", &why) || !r.done()) return malformed("remove");
-      data.erase(key);
+      data.erase(req.keys[0]);
       return send(Writer().frame(kReplyOk));
-    case kGet:
-    case kWait: {
+    default: {  // kGet, kWait (parseRequest accepts nothing else)
       auto w = std::make_shared<Waiter>(server_.io_);
       w->isGet = op == kGet;
-      if (w->isGet) {
-        if (!r.str(&key, kMaxKey, "key", &why)) return malformed("get");
-        w->keys.push_back(key);
-      } else {
-        uint32_t n = 0;
-        if (!r.u32(&n)) return malformed("wait");
-        if (n > kMaxWaitKeys) {
-          why = std::to_string(n) + " keys exceed the limit of " + std::to_string(kMaxWaitKeys);
-          return malformed("wait");
-        }
-        for (uint32_t i = 0; i < n; ++i) {
-          if (!r.str(&key, kMaxKey, "key", &why)) return malformed("wait");
-          w->keys.push_back(key);
-        }
-      }
-      if (!r.u64(&w->timeoutMs) || !r.done()) return malformed(w->isGet ? "get" : "wait");
-      w->timeoutMs = std::min(w->timeoutMs, kMaxWaitMs);
+      w->keys = std::move(req.keys);
+      w->timeoutMs = req.number;
       if (server_.allPresent(*w))
         return send(Writer().raw(w->isGet ? data[w->keys[0]] : std::string()).frame(kReplyOk));
       w->session = shared_from_this();
@@ -396,8 +380,6 @@ void TcpStoreServer::Impl::Session::handleRequest(uint8_t op) {
       server_.addWaiter(w);
       return;
     }
-    default:
-      return reject("unknown opcode " + hexByte(op), Code::kProtocolError);
   }
 }
 
@@ -470,16 +452,21 @@ void TcpStoreServer::Impl::accept() {
     tcp::endpoint ep = socket.remote_endpoint(e2);
     std::string peer = e2 ? std::string("<unknown peer>") : formatEndpoint(ep);
     setCloseOnExec(socket.native_handle());
-    if (pendingAuth_ >= kMaxPendingAuth) {
-      HORA_LOG(logger_, kWarning) << "rejected store client " << peer << ": too many ("
-                                  << pendingAuth_ << ") connections still authenticating";
-      socket.close(e2);
-    } else {
-      socket.set_option(tcp::no_delay(true), e2);
-      auto session = std::make_shared<Session>(*this, std::move(socket), peer);
-      sessions_.insert(session);
-      session->start();
+    if (pendingAuth_ >= kMaxPendingAuth && !pendingOrder_.empty()) {
+      Session* oldest = pendingOrder_.front();
+      // The first eviction and every 1,000th after it, so a flood cannot flood the log.
+      if (evicted_++ % 1000 == 0)
+        HORA_LOG(logger_, kWarning)
+            << "store has " << pendingAuth_ << " connections that have not authenticated (port "
+            << "scan or stray clients?): dropping the oldest, " << oldest->peer() << " (idle "
+            << std::chrono::duration_cast<milliseconds>(oldest->age()).count() << " ms), for "
+            << peer << "; " << evicted_ << " dropped so far";
+      oldest->close();
     }
+    socket.set_option(tcp::no_delay(true), e2);
+    auto session = std::make_shared<Session>(*this, std::move(socket), peer);
+    sessions_.insert(session);
+    session->start();
     accept();
   });
 }

@@ -10,11 +10,13 @@
 
 #include <fcntl.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/hmac.h"
 #include "core/status.h"
@@ -167,6 +169,77 @@ inline std::string decodeHeader(const std::array<unsigned char, kHeaderSize>& h,
   out->op = h[2];
   out->length = (uint32_t(h[4]) << 24) | (uint32_t(h[5]) << 16) | (uint32_t(h[6]) << 8) | h[7];
   return "";
+}
+
+// One request's payload, parsed (the server's half of the codec).
+struct Request {
+  uint8_t op = 0;
+  std::vector<std::string> keys;  // one key, except kWait: n keys
+  std::string value;              // kSet
+  uint64_t number = 0;            // kAdd: the delta; kGet/kWait: timeoutMs (clamped to kMaxWaitMs)
+};
+
+// Parses the payload of a request frame with opcode `op`. Returns "" when it is
+// well formed, else the reason ("malformed set request: ..."); never reads
+// past `body` and never allocates more than a bounded multiple of its size.
+inline std::string parseRequest(uint8_t op, const std::string& body, Request* out) {
+  Reader r(body);
+  std::string why;
+  out->op = op;
+  out->keys.clear();
+  auto malformed = [&](const char* name) {
+    if (why.empty()) why = "trailing bytes";
+    return std::string("malformed ") + name + " request: " + why;
+  };
+  auto oneKey = [&]() {
+    out->keys.emplace_back();
+    return r.str(&out->keys.back(), kMaxKey, "key", &why);
+  };
+  switch (op) {
+    case kSet:
+      if (!oneKey() || !r.str(&out->value, kMaxValue, "value", &why) || !r.done())
+        return malformed("set");
+      return "";
+    case kAdd:
+      if (!oneKey() || !r.u64(&out->number) || !r.done()) return malformed("add");
+      return "";
+    case kCheck:
+      if (!oneKey() || !r.done()) return malformed("check");
+      return "";
+    case kRemove:
+      if (!oneKey() || !r.done()) return malformed("remove");
+      return "";
+    case kGet:
+      if (!oneKey() || !r.u64(&out->number) || !r.done()) return malformed("get");
+      out->number = std::min(out->number, kMaxWaitMs);
+      return "";
+    case kWait: {
+      uint32_t n = 0;
+      if (!r.u32(&n)) return malformed("wait");
+      if (n > kMaxWaitKeys) {
+        why = std::to_string(n) + " keys exceed the limit of " + std::to_string(kMaxWaitKeys);
+        return malformed("wait");
+      }
+      for (uint32_t i = 0; i < n; ++i)
+        if (!oneKey()) return malformed("wait");
+      if (!r.u64(&out->number) || !r.done()) return malformed("wait");
+      out->number = std::min(out->number, kMaxWaitMs);
+      return "";
+    }
+    default:
+      return "unknown opcode " + hexByte(op);
+  }
+}
+
+// The payload of a kReplyError frame: u32 code (a hora::Code) + message.
+// Returns false for a malformed one (short, or a code out of range).
+inline bool parseErrorReply(const std::string& payload, Code* code, std::string* message) {
+  Reader rd(payload);
+  uint32_t raw = 0;
+  if (!rd.u32(&raw) || raw == 0 || raw > static_cast<uint32_t>(kLastCode)) return false;
+  *code = static_cast<Code>(raw);
+  *message = rd.rest();
+  return true;
 }
 
 inline std::string authMac(const std::string& secret, const std::string& nonce) {

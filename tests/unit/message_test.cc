@@ -372,6 +372,38 @@ TEST(MessageRoundTripTest, EmptyGroupIsRejected) {
   EXPECT_NE(s.message().find("group size 0"), std::string::npos) << s.message();
 }
 
+// Found by tests/fuzz/fuzz_message.cc's review: a count was checked against the
+// bytes left (one byte per entry), so a 64 MiB frame could make a rank
+// allocate gigabytes of Requests or ResponseItems before failing.
+TEST(MessageRoundTripTest, CountsAreBoundedByEncodedSizeAndLimit) {
+  {
+    // 1,000 requests claimed in 1,000 bytes: fewer than 44 bytes each cannot be.
+    ByteWriter w;
+    w.u8(0x51);
+    w.u8(kWireVersion);
+    w.u32(1000);
+    w.buffer().append(1000, '\0');
+    RequestList out;
+    Status s = decode(w.take(), &out);
+    EXPECT_EQ(s.code(), Code::kProtocolError);
+    EXPECT_NE(s.message().find("request count 1000 exceeds message"), std::string::npos)
+        << s.message();
+  }
+  {
+    // Cache bits are 4 bytes each, but no list holds more than 2^18 items.
+    ResponseList in;
+    in.groups.resize(2);
+    in.groups[0].items.resize(1 << 17, ResponseItem{1, Response{}});
+    in.groups[1].items.resize((1 << 17) + 1, ResponseItem{1, Response{}});
+    ResponseList out;
+    Status s = decode(encode(in), &out);
+    EXPECT_EQ(s.code(), Code::kProtocolError);
+    EXPECT_NE(s.message().find("exceeds the limit of 262144"), std::string::npos) << s.message();
+    in.groups[1].items.pop_back();
+    EXPECT_TRUE(decode(encode(in), &out).isOk());
+  }
+}
+
 TEST(MessageRoundTripTest, FieldHelpersRoundTrip) {
   ByteWriter w;
   encodeRequest(w, fullRequest());
