@@ -14,18 +14,22 @@ const std::vector<ParamSpec>& paramRegistry() {
   // leaves off (0) and hora turns on: a silent hang costs more than an error.
   static const std::vector<ParamSpec> kRegistry = {
       {"HORA_RANK", ParamType::kInt, "-1",
-       "Global rank of this process (-1: from OMPI_/PMI_/SLURM_ variables, else 0)."},
+       "Global rank of this process (-1: from OMPI_/PMI_/SLURM_ variables, then torchrun's RANK "
+       "(first under torchrun itself); else 0). docs/install.md lists the launchers."},
       {"HORA_SIZE", ParamType::kInt, "-1",
-       "Number of ranks in the job (-1: from the MPI/Slurm environment, else 1)."},
+       "Number of ranks in the job (-1: from the MPI/Slurm environment or torchrun's WORLD_SIZE, "
+       "else 1; hora_init fails if launcher variables describe a larger job)."},
       {"HORA_LOCAL_RANK", ParamType::kInt, "-1",
        "Rank among the processes on this host (-1: derived)."},
       {"HORA_LOCAL_SIZE", ParamType::kInt, "-1", "Number of processes on this host (-1: derived)."},
       {"HORA_CROSS_RANK", ParamType::kInt, "-1", "Index of this host among hosts (-1: derived)."},
       {"HORA_CROSS_SIZE", ParamType::kInt, "-1", "Number of hosts (-1: derived)."},
       {"HORA_STORE_ADDR", ParamType::kString, "",
-       "Host or IP of the rendezvous store. Unset with size>1: error. Rank 0 hosts the store there "
-       "unless HORA_STORE_EXTERNAL=1."},
-      {"HORA_STORE_PORT", ParamType::kInt, "29500", "TCP port of the rendezvous store."},
+       "Host or IP of the rendezvous store. Unset with size>1: torchrun's MASTER_ADDR, else error. "
+       "Rank 0 hosts the store there unless HORA_STORE_EXTERNAL=1."},
+      {"HORA_STORE_PORT", ParamType::kInt, "29500",
+       "TCP port of the rendezvous store. Unset, with the store at MASTER_ADDR: MASTER_PORT+1 "
+       "(torchrun's own store holds MASTER_PORT)."},
       {"HORA_STORE_EXTERNAL", ParamType::kBool, "0",
        "1: a launcher already serves the store; rank 0 does not host one."},
       {"HORA_SECRET", ParamType::kString, "",

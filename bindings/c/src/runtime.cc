@@ -25,17 +25,66 @@ int envInt(const char* name, int fallback) {
   return (*end == '\0') ? static_cast<int>(x) : fallback;
 }
 
-// First of: explicit config, HORA_* parameter, launcher/MPI/Slurm variables.
-int pick(int configured, const Params& p, const char* horaName,
-         std::initializer_list<const char*> others) {
-  if (configured >= 0) return configured;
+// A value and the variable it came from ("" when none: the default applies).
+struct Picked {
+  int value = -1;
+  std::string from;
+};
+
+// First of: explicit config, HORA_* parameter, launcher variables in order.
+Picked pick(int configured, const Params& p, const char* horaName,
+            const std::vector<const char*>& others) {
+  if (configured >= 0) return {configured, "hora_config_t"};
   int64_t v = p.getInt(horaName);
-  if (v >= 0) return static_cast<int>(v);
+  if (v >= 0) return {static_cast<int>(v), horaName};
   for (const char* o : others) {
     int x = envInt(o, -1);
-    if (x >= 0) return x;
+    if (x >= 0) return {x, o};
   }
-  return -1;
+  return {};
+}
+
+// The launcher variables hora reads or checks, named in identity errors.
+constexpr const char* kLauncherVars[] = {"OMPI_COMM_WORLD_RANK",
+                                         "OMPI_COMM_WORLD_SIZE",
+                                         "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                         "PMI_RANK",
+                                         "PMI_SIZE",
+                                         "PMIX_RANK",
+                                         "MPI_LOCALNRANKS",
+                                         "SLURM_PROCID",
+                                         "SLURM_NTASKS",
+                                         "RANK",
+                                         "WORLD_SIZE",
+                                         "LOCAL_RANK",
+                                         "LOCAL_WORLD_SIZE",
+                                         "GROUP_RANK",
+                                         "GROUP_WORLD_SIZE",
+                                         "JOB_COMPLETION_INDEX"};
+
+// "NAME=value, ..." for the launcher variables set in this environment.
+std::string launcherVarsSeen() {
+  std::string out;
+  for (const char* v : kLauncherVars) {
+    const char* x = std::getenv(v);
+    if (!x) continue;
+    if (!out.empty()) out += ", ";
+    out += std::string(v) + "=" + x;
+  }
+  return out.empty() ? "none" : out;
+}
+
+// True when some launcher variable says this process is one of several: a
+// rank above 0, or a (local) world size above 1.
+bool environmentSaysMultiProcess() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", "RANK",
+                        "LOCAL_RANK", "GROUP_RANK", "JOB_COMPLETION_INDEX"})
+    if (envInt(v, -1) > 0) return true;
+  for (const char* v :
+       {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_SIZE", "MPI_LOCALNRANKS",
+        "SLURM_NTASKS", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE"})
+    if (envInt(v, -1) > 1) return true;
+  return false;
 }
 
 std::string hostName() {
@@ -51,22 +100,85 @@ bool isLoopback(const std::string& a) {
 }  // namespace
 
 Status Runtime::resolveIdentity(const hora_config_t& c) {
-  id_.rank =
-      pick(c.rank, params_, "HORA_RANK", {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"});
-  id_.size =
-      pick(c.size, params_, "HORA_SIZE", {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"});
-  if (id_.rank < 0) id_.rank = 0;
-  if (id_.size < 0) id_.size = 1;
+  // Launchers nest innermost-first: mpirun inside a Slurm allocation sets both
+  // OMPI_ and SLURM_ variables, and the OMPI_ ones describe this process. So
+  // do torchrun's workers under srun (torchrun marks them with
+  // TORCHELASTIC_RUN_ID); without that mark (Kubeflow's PyTorchJob, a script
+  // that sets RANK/WORLD_SIZE) torchrun's names are the last fallback.
+  const char* runId = std::getenv("TORCHELASTIC_RUN_ID");
+  const bool underTorchrun = runId && *runId;
+  auto order = [&](std::initializer_list<const char*> launchers, const char* torchrunName) {
+    std::vector<const char*> names;
+    if (underTorchrun) names.push_back(torchrunName);
+    names.insert(names.end(), launchers.begin(), launchers.end());
+    if (!underTorchrun) names.push_back(torchrunName);
+    return names;
+  };
+  auto pickFrom = [&](int configured, const char* horaName, const std::vector<const char*>& names) {
+    return pick(configured, params_, horaName, names);
+  };
+  const Picked rank = pickFrom(c.rank, "HORA_RANK",
+                               order({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, "RANK"));
+  const Picked size =
+      pickFrom(c.size, "HORA_SIZE",
+               order({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, "WORLD_SIZE"));
+  if (size.from.empty() && environmentSaysMultiProcess())
+    return invalidArgument(
+        "hora_init found no world size but the environment describes a job of several processes "
+        "(launcher variables seen: " +
+        launcherVarsSeen() +
+        "); refusing to run as a job of one. Set HORA_RANK and HORA_SIZE (or the launcher's "
+        "RANK/WORLD_SIZE pair), or start the job with horarun");
+  if (rank.from.empty() && size.value > 1)
+    return invalidArgument(
+        "hora_init found a world size of " + std::to_string(size.value) + " (from " + size.from +
+        ") but no rank for this process (launcher variables seen: " + launcherVarsSeen() +
+        "); set HORA_RANK (or the launcher's matching rank variable)");
+  id_.rank = rank.from.empty() ? 0 : rank.value;
+  id_.size = size.from.empty() ? 1 : size.value;
   if (id_.size < 1 || id_.rank >= id_.size)
-    return invalidArgument("rank " + std::to_string(id_.rank) + " is out of range for size " +
-                           std::to_string(id_.size) + " (check HORA_RANK/HORA_SIZE or the config)");
-  id_.localRank = pick(c.local_rank, params_, "HORA_LOCAL_RANK",
-                       {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"});
-  id_.localSize = pick(c.local_size, params_, "HORA_LOCAL_SIZE",
-                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"});
-  id_.crossRank = pick(c.cross_rank, params_, "HORA_CROSS_RANK", {});
-  id_.crossSize = pick(c.cross_size, params_, "HORA_CROSS_SIZE", {});
+    return invalidArgument(
+        "rank " + std::to_string(id_.rank) +
+        (rank.from.empty() ? std::string() : " (from " + rank.from + ")") +
+        " is out of range for size " + std::to_string(id_.size) +
+        (size.from.empty() ? std::string(" (default)") : " (from " + size.from + ")") +
+        "; check HORA_RANK/HORA_SIZE or the config (launcher variables seen: " +
+        launcherVarsSeen() + ")");
+  id_.localRank = pickFrom(c.local_rank, "HORA_LOCAL_RANK",
+                           order({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"},
+                                 "LOCAL_RANK"))
+                      .value;
+  id_.localSize =
+      pickFrom(c.local_size, "HORA_LOCAL_SIZE",
+               order({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}, "LOCAL_WORLD_SIZE"))
+          .value;
+  // torchrun's node index and node count; derived from host names otherwise.
+  id_.crossRank =
+      pickFrom(c.cross_rank, "HORA_CROSS_RANK",
+               underTorchrun ? std::vector<const char*>{"GROUP_RANK"} : std::vector<const char*>{})
+          .value;
+  id_.crossSize = pickFrom(c.cross_size, "HORA_CROSS_SIZE",
+                           underTorchrun ? std::vector<const char*>{"GROUP_WORLD_SIZE"}
+                                         : std::vector<const char*>{})
+                      .value;
   return Status::ok();
+}
+
+void Runtime::resolveStore(const hora_config_t& c) {
+  const Params& p = params_;
+  storeAddr_ = c.store_addr ? c.store_addr : p.getString("HORA_STORE_ADDR");
+  storeFrom_ = c.store_addr ? "hora_config_t" : "HORA_STORE_ADDR";
+  storePort_ = c.store_port > 0 ? c.store_port : static_cast<int>(p.getInt("HORA_STORE_PORT"));
+  const char* master = std::getenv("MASTER_ADDR");
+  if (!storeAddr_.empty() || id_.size <= 1 || !master || !*master) return;
+  // torchrun / PyTorchJob: rank 0 hosts hora's store on the master's host. Not
+  // on MASTER_PORT itself: torchrun's own TCPStore listens there.
+  storeAddr_ = master;
+  storeFrom_ = "MASTER_ADDR";
+  const int masterPort = envInt("MASTER_PORT", -1);
+  if (c.store_port <= 0 && !p.isSet("HORA_STORE_PORT") && masterPort > 0 &&
+      masterPort + kTorchrunStorePortOffset <= 65535)
+    storePort_ = masterPort + kTorchrunStorePortOffset;
 }
 
 Result<std::string> Runtime::waitForMember(const std::string& key, int rank,
@@ -127,9 +239,8 @@ Status Runtime::deriveTopology(bool needLocal, bool needCross, const std::string
 
 Status Runtime::joinStore(const hora_config_t& c, const std::string& host) {
   const Params& p = params_;
-  const std::string storeAddr = c.store_addr ? c.store_addr : p.getString("HORA_STORE_ADDR");
-  const int storePort =
-      c.store_port > 0 ? c.store_port : static_cast<int>(p.getInt("HORA_STORE_PORT"));
+  const std::string& storeAddr = storeAddr_;
+  const int storePort = storePort_;
   const bool external =
       c.store_external >= 0 ? c.store_external != 0 : p.getBool("HORA_STORE_EXTERNAL");
   std::string secret;
@@ -165,15 +276,17 @@ Status Runtime::joinStore(const hora_config_t& c, const std::string& host) {
   if (storeAddr.empty())
     return invalidArgument(who + " of " + std::to_string(id_.size) +
                            ": HORA_STORE_ADDR is not set; set it (and HORA_STORE_PORT) to the "
-                           "address where rank 0 or the launcher serves the rendezvous store, or "
-                           "start the job with horarun");
+                           "address where rank 0 or the launcher serves the rendezvous store (or "
+                           "MASTER_ADDR/MASTER_PORT as torchrun does), or start the job with "
+                           "horarun");
   const bool hostHere = id_.rank == 0 && !external;
   if (hostHere) {
     auto server = TcpStoreServer::start(storeAddr, storePort, secret, logger_);
     if (!server.isOk())
       return server.status().withContext("rank 0 could not host the rendezvous store at " +
-                                         storeAddr + ":" + std::to_string(storePort) +
-                                         " (port in use by another job? set HORA_STORE_PORT)");
+                                         storeAddr + ":" + std::to_string(storePort) + " (from " +
+                                         storeFrom_ +
+                                         "; port in use by another job? set HORA_STORE_PORT)");
     server_ = server.take();
   }
   const auto deadline = Clock::now() + setOpts_.startTimeout;
@@ -274,6 +387,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   rt->params_ = params.take();
   const Params& p = rt->params_;
   HORA_RETURN_IF_ERROR(rt->resolveIdentity(c));
+  rt->resolveStore(c);
   const Identity& id = rt->id_;
 
   LogLevel level = LogLevel::kWarning;
@@ -341,7 +455,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   rt->elastic_ = c.elastic >= 0 ? c.elastic != 0 : p.getBool("HORA_ELASTIC");
   so.elastic = rt->elastic_;
   std::string host = c.hostname ? c.hostname : p.getString("HORA_HOSTNAME");
-  const std::string storeAddr = c.store_addr ? c.store_addr : p.getString("HORA_STORE_ADDR");
+  const std::string& storeAddr = rt->storeAddr_;
   if (host.empty()) host = (storeAddr.empty() || isLoopback(storeAddr)) ? "127.0.0.1" : hostName();
   so.hostname = host;
   HORA_RETURN_IF_ERROR(rt->joinStore(c, host));

@@ -23,6 +23,11 @@
 
 namespace hora {
 
+// Under torchrun's environment (no HORA_STORE_ADDR/PORT), hora's store
+// listens on MASTER_PORT + this offset on MASTER_ADDR: MASTER_PORT itself is
+// torchrun's (or the user's) TCPStore.
+constexpr int kTorchrunStorePortOffset = 1;
+
 struct Identity {
   int rank = 0, size = 1, localRank = 0, localSize = 1, crossRank = 0, crossSize = 1;
 };
@@ -49,7 +54,13 @@ class Runtime {
 
  private:
   Runtime() = default;
+  // Rank, size, local and cross ranks: explicit config, then HORA_*, then
+  // the launcher's variables (Open MPI, MPICH/PMI, Slurm, torchrun); refuses
+  // a world of one when the environment says the job is larger.
   Status resolveIdentity(const hora_config_t& c);
+  // The store's address and port: explicit config, HORA_STORE_ADDR/PORT, else
+  // torchrun's MASTER_ADDR with MASTER_PORT + kTorchrunStorePortOffset.
+  void resolveStore(const hora_config_t& c);
   Status deriveTopology(bool needLocal, bool needCross, const std::string& host);
   // The store's get for a key member `rank` publishes at start-up.
   Result<std::string> waitForMember(const std::string& key, int rank,
@@ -69,6 +80,9 @@ class Runtime {
   int64_t epoch_ = 1;
   bool elastic_ = false;
   std::string workerId_;
+  std::string storeAddr_;  // empty: none configured (size 1 uses a memory store)
+  int storePort_ = 0;
+  std::string storeFrom_;  // where storeAddr_ came from, for error messages
   std::shared_ptr<ProcessSet> global_;
   std::mutex mu_;  // guards sets_, setCounters_
   std::vector<std::shared_ptr<ProcessSet>> sets_;

@@ -4,8 +4,13 @@ Nothing here knows about frameworks: tensors cross as DLPack ``DLTensor``
 structs (see ``_dlpack.py``). Where the library is looked for, first match wins:
 
 1. ``HORA_LIBRARY``: a path to ``libhora.so`` (or the directory holding it);
-2. the build tree this package sits in: ``<repo>/build/bindings/c/libhora.so``;
-3. the system: ``ctypes.util.find_library("hora")``, then ``libhora.so.0``.
+2. a copy inside the package (``hora/libhora.so.0``, as a wheel may carry it);
+3. the build tree this package sits in: ``<repo>/build/bindings/c/libhora.so``;
+4. the install prefix of this package (``pip install`` put it in
+   ``<prefix>/lib/python3.X/site-packages``: ``<prefix>/lib``) and of this
+   interpreter (``sys.prefix``, ``sys.base_prefix``), in ``lib`` and Debian's
+   ``lib/<multiarch>``: where ``cmake --install --prefix <prefix>`` puts libhora;
+5. the system: ``ctypes.util.find_library("hora")``, then ``libhora.so.0``.
 
 ctypes.CDLL releases the GIL for the duration of every call, so a thread
 blocked in ``hora_wait`` does not stop other Python threads.
@@ -13,6 +18,8 @@ blocked in ``hora_wait`` does not stop other Python threads.
 import ctypes
 import ctypes.util
 import os
+import sys
+import sysconfig
 import threading
 
 from . import _dlpack
@@ -155,8 +162,21 @@ def _candidates():
         yield os.path.join(env, "libhora.so") if os.path.isdir(env) else env
         return  # an explicit choice is not second-guessed
     here = os.path.dirname(os.path.abspath(__file__))
+    yield os.path.join(here, "libhora.so.0")
     repo = os.path.normpath(os.path.join(here, "..", "..", ".."))
     yield os.path.join(repo, "build", "bindings", "c", "libhora.so")
+    multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+    seen = set()
+    # <prefix>/lib/python3.X/site-packages/hora -> <prefix>/lib (also Debian's
+    # <prefix>/lib/python3/dist-packages/hora).
+    for libdir in (os.path.normpath(os.path.join(here, "..", "..", "..")),
+                   os.path.join(sys.prefix, "lib"), os.path.join(sys.base_prefix, "lib")):
+        for d in (libdir, os.path.join(libdir, multiarch) if multiarch else None):
+            if d and d not in seen:
+                seen.add(d)
+                path = os.path.join(d, "libhora.so.0")
+                if os.path.exists(path):
+                    yield path
     found = ctypes.util.find_library("hora")
     if found:
         yield found
@@ -193,7 +213,9 @@ def library():
             _lib, _lib_path = lib, path
             return lib
         raise ImportError("hora: cannot load libhora; tried: " + "; ".join(tried) +
-                          ". Build it (scripts/build.sh) or set HORA_LIBRARY=/path/to/libhora.so")
+                          ". Build it (scripts/build.sh), install it (cmake --install build --prefix <prefix>, "
+                          "the prefix pip installs into), or set HORA_LIBRARY=/path/to/libhora.so "
+                          "(docs/install.md)")
 
 
 def has_symbol(name):
