@@ -38,6 +38,31 @@ def _write_atomically(path, text):
     os.replace(tmp, path)  # horarun re-reads the file every second: never show it half written
 
 
+def _run_changing_hosts(cmd, env, hosts, trigger, new_hosts, timeout=110):
+    """Runs horarun `cmd`; once a line matches `trigger` (training runs),
+    rewrites the discovery file `hosts` to `new_hosts`; returns (rc, output)."""
+    deadline = time.time() + timeout
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    # extend() over the pipe appends line by line as they come.
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        while not any(re.search(trigger, l) for l in list(lines)):
+            assert proc.poll() is None, "job ended before training:\n" + "".join(lines)[-6000:]
+            assert time.time() < deadline, "no progress line in time:\n" + "".join(lines)[-6000:]
+            time.sleep(0.1)
+        _write_atomically(hosts, new_hosts)
+        proc.wait(timeout=max(1, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        reader.join(5)
+        pytest.fail("elastic example did not finish in time:\n" + "".join(lines)[-6000:])
+    reader.join(10)
+    return proc.returncode, "".join(lines)
+
+
 @pytest.mark.skipif(not _READY, reason=_WHY or "elastic runtime not ready")
 def test_example_grows_from_2_to_3_workers(tmp_path):
     hosts = str(tmp_path / "hosts.txt")
@@ -48,28 +73,9 @@ def test_example_grows_from_2_to_3_workers(tmp_path):
            "--blacklist-cooldown-range", "0", "0",
            PYTHON, EXAMPLE, "--epochs", "3", "--num-samples", "2048", "--batches-per-commit", "2",
            "--log-interval", "4", "--batch-sleep", "0.15"]
-    deadline = time.time() + 110
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    lines = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    # extend() over the pipe appends line by line as they come.
-    reader.start()
-    try:
-        # Grow once both first workers train (a progress line at size 2).
-        while not any(re.search(r"size 2 worker \S+ epoch \d+ batch", l) for l in list(lines)):
-            assert proc.poll() is None, "job ended before training:\n" + "".join(lines)[-6000:]
-            assert time.time() < deadline, "no progress line in time:\n" + "".join(lines)[-6000:]
-            time.sleep(0.1)
-        _write_atomically(hosts, "localhost:3\n")
-        proc.wait(timeout=max(1, deadline - time.time()))
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        reader.join(5)
-        pytest.fail("elastic example did not finish in time:\n" + "".join(lines)[-6000:])
-    reader.join(10)
-    out = "".join(lines)
-    assert proc.returncode == 0, "horarun exit %d:\n%s" % (proc.returncode, out[-6000:])
+    # Grow once both first workers train (a progress line at size 2).
+    rc, out = _run_changing_hosts(cmd, env, hosts, r"size 2 worker \S+ epoch \d+ batch", "localhost:3\n")
+    assert rc == 0, "horarun exit %d:\n%s" % (rc, out[-6000:])
     done = re.findall(r"\[(w\d+)\]<stdout>: DONE rank=\d+ size=(\d+) .*checksum=([0-9a-f]+)", out)
     assert len(done) == 3, "expected three workers to finish:\n" + out[-6000:]
     assert {d[0] for d in done} == {"w0", "w1", "w2"}, out[-6000:]
@@ -114,26 +120,8 @@ def test_example_shrinks_when_discovery_offers_fewer_slots(tmp_path):
     cmd = [HORARUN, "-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-file", hosts,
            PYTHON, EXAMPLE, "--epochs", "2", "--num-samples", "1536", "--batches-per-commit", "2",
            "--log-interval", "4", "--batch-sleep", "0.1"]
-    deadline = time.time() + 110
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    lines = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
-    try:
-        while not any(re.search(r"size 3 worker \S+ epoch \d+ batch", l) for l in list(lines)):
-            assert proc.poll() is None, "job ended before training:\n" + "".join(lines)[-6000:]
-            assert time.time() < deadline, "no progress line in time:\n" + "".join(lines)[-6000:]
-            time.sleep(0.1)
-        _write_atomically(hosts, "localhost:2\n")
-        proc.wait(timeout=max(1, deadline - time.time()))
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        reader.join(5)
-        pytest.fail("elastic example did not finish in time:\n" + "".join(lines)[-6000:])
-    reader.join(10)
-    out = "".join(lines)
-    assert proc.returncode == 0, "horarun exit %d:\n%s" % (proc.returncode, out[-6000:])
+    rc, out = _run_changing_hosts(cmd, env, hosts, r"size 3 worker \S+ epoch \d+ batch", "localhost:2\n")
+    assert rc == 0, "horarun exit %d:\n%s" % (rc, out[-6000:])
     assert "w2 on localhost stopped" in out or "worker w2 on localhost stopped" in out, out[-6000:]
     done = re.findall(r"\[(w\d+)\]<stdout>: DONE rank=\d+ size=(\d+) .*checksum=([0-9a-f]+)", out)
     assert {d[0] for d in done} == {"w0", "w1"}, "expected w0 and w1 to finish:\n" + out[-6000:]
