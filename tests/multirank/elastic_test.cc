@@ -214,8 +214,7 @@ TEST(Elastic, MemberLostBetweenFormationAndStartUpFailsFastThenReformsWithoutIt)
   int32_t port = 0;
   ASSERT_EQ(hora_store_server_port(server, &port), HORA_SUCCESS);
   auto publish = [&](const std::string& key, const std::string& value) {
-    ASSERT_EQ(hora_store_server_set(server, key.c_str(), value.data(), value.size()),
-              HORA_SUCCESS);
+    ASSERT_EQ(hora_store_server_set(server, key.c_str(), value.data(), value.size()), HORA_SUCCESS);
   };
   publish("hora/el/min_np", "1");
   const std::vector<std::string> ids = {"w0", "w1"};
@@ -240,8 +239,8 @@ TEST(Elastic, MemberLostBetweenFormationAndStartUpFailsFastThenReformsWithoutIt)
   // A newcomer arrived for epoch 1 with the members' settings...
   int32_t major = 0, minor = 0, patch = 0;
   hora_get_version(&major, &minor, &patch);
-  const std::string settings = "hora-" + std::to_string(major) + "." + std::to_string(minor) +
-                               "." + std::to_string(patch) +
+  const std::string settings = "hora-" + std::to_string(major) + "." + std::to_string(minor) + "." +
+                               std::to_string(patch) +
                                ",HORA_CACHE_CAPACITY=1024,HORA_GLOO_ALGORITHM=auto,"
                                "HORA_GPU_BACKEND=auto";
   int64_t t = 0;

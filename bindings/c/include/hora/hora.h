@@ -100,9 +100,9 @@ typedef struct hora_config {
   double start_timeout_s;
   const char* log_level; /* NULL: HORA_LOG_LEVEL */
   /* Since 0.3: elastic mode (docs/elastic.md). */
-  int32_t elastic;           /* -1: HORA_ELASTIC; 1: lost members -> HORA_ERR_MEMBERSHIP */
-  const char* worker_id;     /* NULL: HORA_WORKER_ID; stable id of this process in the job */
-  int32_t elastic_newcomer;  /* -1: HORA_ELASTIC_NEWCOMER; 1: join the next epoch */
+  int32_t elastic;          /* -1: HORA_ELASTIC; 1: lost members -> HORA_ERR_MEMBERSHIP */
+  const char* worker_id;    /* NULL: HORA_WORKER_ID; stable id of this process in the job */
+  int32_t elastic_newcomer; /* -1: HORA_ELASTIC_NEWCOMER; 1: join the next epoch */
 } hora_config_t;
 
 HORA_API void hora_config_init(hora_config_t* config);
