@@ -239,8 +239,8 @@ TEST(Elastic, MemberLostBetweenFormationAndStartUpFailsFastThenReformsWithoutIt)
   // A newcomer arrived for epoch 1 with the members' settings...
   int32_t major = 0, minor = 0, patch = 0;
   hora_get_version(&major, &minor, &patch);
-  const std::string settings = "hora-" + std::to_string(major) + "." + std::to_string(minor) + "." +
-                               std::to_string(patch) +
+  const std::string settings = "hora_version=" + std::to_string(major) + "." +
+                               std::to_string(minor) + "." + std::to_string(patch) +
                                ",HORA_CACHE_CAPACITY=1024,HORA_GLOO_ALGORITHM=auto,"
                                "HORA_GPU_BACKEND=auto";
   int64_t t = 0;

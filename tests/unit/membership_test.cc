@@ -184,13 +184,13 @@ TEST_F(MembershipTest, ANewcomerWithOtherSettingsIsRefusedAndTheMembersGoOn) {
   initialEpoch(2);
   ASSERT_TRUE(store_->set("live", "3").isOk());
   auto stranger = request("w7", -1, -1);
-  stranger.settings = "hora-0.2.0,HORA_CACHE_CAPACITY=1024";
+  stranger.settings = "hora_version=0.2.0,HORA_CACHE_CAPACITY=1024";
   auto n = form(stranger);
   std::this_thread::sleep_for(50ms);
   std::vector<std::future<Result<Membership>>> members;
   for (int r = 0; r < 2; ++r) {
     auto req = request("w" + std::to_string(r), 0, r);
-    req.settings = "hora-0.3.0,HORA_CACHE_CAPACITY=1024";
+    req.settings = "hora_version=0.3.0,HORA_CACHE_CAPACITY=1024";
     members.push_back(form(req));
   }
   for (auto& f : members) {
@@ -201,8 +201,8 @@ TEST_F(MembershipTest, ANewcomerWithOtherSettingsIsRefusedAndTheMembersGoOn) {
   auto refused = n.get();
   ASSERT_FALSE(refused.isOk());
   EXPECT_EQ(refused.status().code(), Code::kInvalidArgument);
-  EXPECT_NE(refused.status().message().find("hora-0.2.0"), std::string::npos);
-  EXPECT_NE(refused.status().message().find("hora-0.3.0"), std::string::npos);
+  EXPECT_NE(refused.status().message().find("hora_version=0.2.0"), std::string::npos);
+  EXPECT_NE(refused.status().message().find("hora_version=0.3.0"), std::string::npos);
 }
 
 TEST_F(MembershipTest, NoMemberComingBoundsANewcomersWait) {

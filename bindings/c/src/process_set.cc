@@ -9,6 +9,22 @@
 
 namespace hora {
 
+SharedSettings sharedSettings(const SetOptions& o) {
+  // Settings that change how a rank pairs its collectives with the others'.
+  // (The shm settings are agreed by the shm set-up itself, which falls back
+  // to Gloo.)
+  return {
+      {"hora version", std::to_string(HORA_VERSION_MAJOR) + "." +
+                           std::to_string(HORA_VERSION_MINOR) + "." +
+                           std::to_string(HORA_VERSION_PATCH)},
+      // The response cache only works if every rank applies the same
+      // operations to a cache of the same capacity.
+      {"HORA_CACHE_CAPACITY", std::to_string(o.cacheCapacity)},
+      {"HORA_GLOO_ALGORITHM", glooAlgorithmName(o.glooAlgorithm)},
+      {"HORA_GPU_BACKEND", gpuBackendName(o.gpu.backend)},
+  };
+}
+
 ProcessSet::ProcessSet(std::string name, std::vector<int> globalRanks, int rank, SetOptions options)
     : name_(std::move(name)),
       globalRanks_(std::move(globalRanks)),
@@ -32,20 +48,9 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   const SetOptions& o = ps->opts_;
   const Logger& logger = o.logger;
 
-  // Settings that change how a rank pairs its collectives with the others'
-  // must be equal on every member: compared before anything connects, so a
-  // difference fails every member at once with both values named. (The shm
-  // settings are agreed by the shm set-up itself, which falls back to Gloo.)
-  const SharedSettings shared = {
-      {"hora version", std::to_string(HORA_VERSION_MAJOR) + "." +
-                           std::to_string(HORA_VERSION_MINOR) + "." +
-                           std::to_string(HORA_VERSION_PATCH)},
-      // The response cache only works if every rank applies the same
-      // operations to a cache of the same capacity.
-      {"HORA_CACHE_CAPACITY", std::to_string(o.cacheCapacity)},
-      {"HORA_GLOO_ALGORITHM", glooAlgorithmName(o.glooAlgorithm)},
-      {"HORA_GPU_BACKEND", gpuBackendName(o.gpu.backend)},
-  };
+  // Compared before anything connects, so a difference fails every member
+  // at once with both values named.
+  const SharedSettings shared = sharedSettings(o);
   HORA_RETURN_IF_ERROR(agreeOnSettings(*store, rank, globalRanks, shared, o.startTimeout, name));
 
   // Control plane.

@@ -25,6 +25,7 @@
 
 #include "controllers/control_plane.h"
 #include "controllers/set_controller.h"
+#include "controllers/settings_agreement.h"
 #include "core/backend.h"
 #include "core/clock.h"
 #include "core/group_queue.h"
@@ -59,6 +60,10 @@ struct SetOptions {
   GpuPathOptions gpu;
   Logger logger;
 };
+
+// The settings every member of a set must share (checked at set-up; elastic
+// formation checks a newcomer's against the members' with the same list).
+SharedSettings sharedSettings(const SetOptions& options);
 
 class ProcessSet {
  public:

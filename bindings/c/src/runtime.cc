@@ -10,8 +10,6 @@
 #include <thread>
 
 #include "core/memory_store.h"
-#include "hora/version.h"
-#include "ops/gloo/gloo_backend.h"
 
 namespace hora {
 
@@ -353,13 +351,11 @@ Status Runtime::formElasticEpoch(const hora_config_t& c, const std::string& host
     auto it = std::find(members.begin(), members.end(), workerId_);
     req.lastRank = it == members.end() ? -1 : static_cast<int>(it - members.begin());
   }
-  // What every process set compares at set-up (process_set.cc), checked
-  // here already so that a mismatched newcomer is refused alone.
-  req.settings = "hora-" + std::to_string(HORA_VERSION_MAJOR) + "." +
-                 std::to_string(HORA_VERSION_MINOR) + "." + std::to_string(HORA_VERSION_PATCH) +
-                 ",HORA_CACHE_CAPACITY=" + std::to_string(setOpts_.cacheCapacity) +
-                 ",HORA_GLOO_ALGORITHM=" + glooAlgorithmName(setOpts_.glooAlgorithm) +
-                 ",HORA_GPU_BACKEND=" + gpuBackendName(setOpts_.gpu.backend);
+  // What every process set compares at set-up, checked here already so that
+  // a mismatched newcomer is refused alone. Tickets are space-separated.
+  for (const auto& [name, value] : sharedSettings(setOpts_))
+    req.settings += (req.settings.empty() ? "" : ",") + name + "=" + value;
+  std::replace(req.settings.begin(), req.settings.end(), ' ', '_');
   req.timeout = Seconds(params_.getFloat("HORA_ELASTIC_TIMEOUT_S"));
   req.settle = std::chrono::milliseconds(params_.getInt("HORA_ELASTIC_SETTLE_MS"));
   if (req.timeout.count() <= 0 || req.settle.count() < 0)
