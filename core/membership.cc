@@ -1,6 +1,7 @@
 #include "core/membership.h"
 
 #include <algorithm>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -67,21 +68,28 @@ Status lead(Store& el, int64_t target, const FormRequest& req, Clock::time_point
   const std::vector<std::string> previous = membersOf(el, target - 1);
   auto lastChange = Clock::now();
   int64_t seen = 0;
+  std::map<int64_t, Ticket> tickets;  // by number; workerId empty when unreadable
   auto minNp = readInt(el, "min_np", 1);
   if (!minNp.isOk()) return minNp.status();
   for (;;) {
     auto n = el.add(r + "arrivals", 0);
     if (!n.isOk()) return n.status();
     if (n.value() != seen) seen = n.value(), lastChange = Clock::now();
-    // Who is here and alive.
-    std::vector<std::string> arrived;
+    // Who is here and alive. A ticket never changes once written: each is
+    // read once (one an arrival died before writing stays missing).
     for (int64_t t = 1; t <= seen; ++t) {
+      if (tickets.count(t)) continue;
       auto v = el.check(r + "ticket/" + std::to_string(t));
       if (!v.isOk()) return v.status();
       if (!v.value()) continue;
-      Ticket tk;
       auto text = el.get(r + "ticket/" + std::to_string(t), milliseconds(1000));
-      if (!text.isOk() || !parseTicket(text.value(), &tk)) continue;
+      Ticket tk;
+      if (!text.isOk() || !parseTicket(text.value(), &tk)) tk.workerId.clear();
+      tickets[t] = tk;
+    }
+    std::vector<std::string> arrived;
+    for (const auto& [t, tk] : tickets) {
+      if (tk.workerId.empty()) continue;
       auto dead = isDead(el, tk.workerId);
       if (!dead.isOk()) return dead.status();
       if (!dead.value()) arrived.push_back(tk.workerId);
