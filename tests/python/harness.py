@@ -242,3 +242,21 @@ def run_job(fn, size, *args, timeout=60.0, extra_env=None, per_rank_env=None, ex
         raise RankFailure("%s%s\n%s" % ("deadline passed; " if timed_out else "", "; ".join(bad),
                                         "\n".join("--- rank %d\n%s" % (i, l[-4000:]) for i, l in enumerate(logs))))
     return results, logs
+
+
+HORARUN = os.path.join(REPO, "build", "launcher", "horarun")
+
+
+def elastic_ready():
+    """(True, "") when the loaded libhora has the elastic calls and horarun is
+    built, else (False, why): the skip reason of the elastic tests under
+    horarun."""
+    try:
+        from hora import _lib
+        if not _lib.has_symbol("hora_reform"):
+            return False, "libhora has no hora_reform"
+    except ImportError as e:
+        return False, "libhora not loadable: %s" % e
+    if not os.access(HORARUN, os.X_OK):
+        return False, "horarun not built (%s)" % HORARUN
+    return True, ""

@@ -10,25 +10,12 @@ import time
 
 import pytest
 
-from harness import PYTHON, REPO
+from harness import HORARUN, PYTHON, REPO, elastic_ready
 
-HORARUN = os.path.join(REPO, "build", "launcher", "horarun")
 EXAMPLE = os.path.join(REPO, "examples", "elastic_train.py")
 
 
-def _ready():
-    try:
-        from hora import _lib
-        if not _lib.has_symbol("hora_reform"):
-            return False, "libhora has no hora_reform"
-    except ImportError as e:
-        return False, "libhora not loadable: %s" % e
-    if not os.access(HORARUN, os.X_OK):
-        return False, "horarun not built (%s)" % HORARUN
-    return True, ""
-
-
-_READY, _WHY = _ready()
+_READY, _WHY = elastic_ready()
 
 
 def _write_atomically(path, text):

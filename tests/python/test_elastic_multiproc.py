@@ -1,10 +1,9 @@
 """Elastic jobs under horarun (docs/elastic.md): a rank dies mid-training and the
 survivors re-form and finish from the last commit.
 
-A sketch waiting for the C side: it skips until libhora exports hora_reform
-and horarun accepts --min-np (issue 12). The training script is the
-docs/elastic.md example shape; every survivor prints its final size and a
-checksum of its model, which must agree."""
+It skips only when libhora lacks the elastic calls or horarun is not built.
+The training script is the docs/elastic.md example shape; every survivor
+prints its final size and a checksum of its model, which must agree."""
 import os
 import re
 import subprocess
@@ -12,9 +11,8 @@ import sys
 
 import pytest
 
-from harness import PYTHON, REPO
+from harness import HORARUN, PYTHON, REPO, elastic_ready
 
-HORARUN = os.path.join(REPO, "build", "launcher", "horarun")
 
 _SCRIPT = r'''
 import os, sys, zlib
@@ -57,22 +55,7 @@ hvd.shutdown()
 '''
 
 
-def _elastic_ready():
-    try:
-        from hora import _lib
-        if not _lib.has_symbol("hora_reform"):
-            return False, "libhora has no hora_reform yet"
-    except ImportError as e:
-        return False, "libhora not loadable: %s" % e
-    if not os.access(HORARUN, os.X_OK):
-        return False, "horarun not built (%s)" % HORARUN
-    out = subprocess.run([HORARUN, "--help"], capture_output=True, text=True, timeout=30)
-    if "--min-np" not in out.stdout + out.stderr:
-        return False, "horarun has no --min-np yet"
-    return True, ""
-
-
-_READY, _WHY = _elastic_ready()
+_READY, _WHY = elastic_ready()
 
 
 @pytest.mark.skipif(not _READY, reason=_WHY or "elastic runtime not ready")
