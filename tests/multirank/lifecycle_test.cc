@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -39,8 +40,24 @@ struct Resources {
   int fds = 0, threads = 0, shmFiles = 0;
 };
 
+// Only this process's segments count: under `ctest -j` another test's ranks
+// create and remove theirs at the same time.
 Resources sample() {
-  return {countEntries("/proc/self/fd"), countEntries("/proc/self/task"), countEntries("/dev/shm")};
+  const std::string mine = "hora-" + std::to_string(::getpid()) + "-";
+  return {countEntries("/proc/self/fd"), countEntries("/proc/self/task"),
+          countEntries("/dev/shm", mine)};
+}
+
+// A joined thread can stay listed in /proc/self/task for a moment (the kernel
+// wakes the joiner before it reaps the task), more so on a loaded machine:
+// sample again until the counts are back to `base` or a few seconds passed.
+Resources settledSample(const Resources& base) {
+  Resources now = sample();
+  for (int i = 0; i < 100 && (now.fds > base.fds || now.threads > base.threads); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    now = sample();
+  }
+  return now;
 }
 
 // One checked allreduce: every rank contributes rank + 1 + cycle.
@@ -117,7 +134,7 @@ void reinitThreads(int size, int cycles, bool external) {
   runCycles(size, 0, 1, port, external, &failures);
   const Resources base = sample();
   runCycles(size, 1, cycles - 1, port, external, &failures);
-  const Resources end = sample();
+  const Resources end = settledSample(base);
   for (int r = 0; r < size; ++r) EXPECT_EQ(failures[r], "") << "rank " << r;
   EXPECT_EQ(end.fds, base.fds) << "file descriptors leaked over " << cycles << " runtimes";
   EXPECT_EQ(end.threads, base.threads) << "threads leaked over " << cycles << " runtimes";
@@ -150,7 +167,7 @@ TEST(Lifecycle, ReinitFiftyTimesProcesses) {
           CHILD_CHECK(ok, "cycle %d: %s", cycle, why.c_str());
           if (cycle == 0) base = sample();
         }
-        const Resources end = sample();
+        const Resources end = settledSample(base);
         CHILD_CHECK(
             end.fds == base.fds && end.threads == base.threads && end.shmFiles <= base.shmFiles,
             "leak over 50 runtimes: fds %d -> %d, threads %d -> %d, /dev/shm %d -> %d", base.fds,
