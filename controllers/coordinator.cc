@@ -1,6 +1,7 @@
 #include "controllers/coordinator.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <sstream>
 
 namespace hora {
@@ -181,19 +182,24 @@ Status Coordinator::onRequests(int rank, const RequestList& list, Clock::time_po
     }
     p.byRank[rank] = std::move(r);
     ++p.count;
-    markReadyIfComplete(it->first);
+    const Clock::time_point first = p.first;
+    const std::string name = it->first;
+    // This rank completed the tensor: the others waited for it since the first arrival.
+    if (markReadyIfComplete(it->first) && opts_.size > 1 && opts_.telemetry)
+      opts_.telemetry->lastArrival(rank, now - first, name);
   }
   return Status::ok();
 }
 
-void Coordinator::markReadyIfComplete(const std::string& name) {
+bool Coordinator::markReadyIfComplete(const std::string& name) {
   auto it = table_.find(name);
-  if (it == table_.end()) return;
+  if (it == table_.end()) return false;
   Pending& p = it->second;
   for (int r = 0; r < opts_.size; ++r)
-    if (!p.byRank[r] && !joined_[r]) return;
+    if (!p.byRank[r] && !joined_[r]) return false;
   ready_.push_back(constructResponse(name, p));
   table_.erase(it);
+  return true;
 }
 
 Response Coordinator::constructResponse(const std::string& name, Pending& p) {
@@ -452,6 +458,80 @@ std::string Coordinator::pendingSummary(size_t maxNames) const {
     s += "\"" + name + "\" missing on ranks " + rankList(missingRanks(p));
   }
   return std::to_string(table_.size()) + " tensors pending: " + s;
+}
+
+std::string Coordinator::hangReport(Clock::time_point now, size_t maxTensors) const {
+  if (table_.empty()) return "";
+  // Oldest first: the first tensor nobody can get past is the cause.
+  std::vector<const std::pair<const std::string, Pending>*> pending;
+  for (const auto& kv : table_) pending.push_back(&kv);
+  std::sort(pending.begin(), pending.end(),
+            [](const auto* a, const auto* b) { return a->second.first < b->second.first; });
+  auto secs = [now](Clock::time_point t) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f s", Seconds(now - t).count());
+    return std::string(buf);
+  };
+  auto kindOf = [](const Pending& p) {
+    for (const auto& o : p.byRank)
+      if (o) return std::string(collectiveName(o->kind));
+    return std::string("?");
+  };
+  std::string out = "hora hang report for process set " + opts_.setName + " (" +
+                    std::to_string(opts_.size) + " ranks), written by its coordinator (rank " +
+                    std::to_string(global(0)) + "): " + std::to_string(table_.size()) +
+                    " tensors pending\n\nBy rank:\n";
+  for (int r = 0; r < opts_.size; ++r) {
+    std::string waits, never;
+    size_t nw = 0, nn = 0;
+    for (const auto* kv : pending) {
+      const Pending& p = kv->second;
+      const std::string t = kindOf(p) + " \"" + kv->first + "\"";
+      if (p.byRank[r]) {
+        if (nw++ < 3) waits += (waits.empty() ? "" : ", ") + t;
+      } else if (!joined_[r]) {
+        if (nn++ < 3)
+          never += (never.empty() ? "" : ", ") + t + " (others waiting " + secs(p.first) + ")";
+      }
+    }
+    out += "  rank " + std::to_string(global(r)) + ": ";
+    if (joined_[r]) out += "joined (contributes nothing until the others join); ";
+    if (nw)
+      out +=
+          "stuck waiting in " + waits + (nw > 3 ? " and " + std::to_string(nw - 3) + " more" : "");
+    if (nw && nn) out += "; ";
+    if (nn)
+      out +=
+          "never submitted " + never + (nn > 3 ? " and " + std::to_string(nn - 3) + " more" : "");
+    if (!nw && !nn) out += "nothing pending";
+    out += "\n";
+  }
+  out += "\nBy tensor (oldest first):\n";
+  size_t n = 0;
+  for (const auto* kv : pending) {
+    if (n++ == maxTensors) {
+      out += "  ... " + std::to_string(pending.size() - maxTensors) + " more\n";
+      break;
+    }
+    const Pending& p = kv->second;
+    std::vector<int> have;
+    const Request* any = nullptr;
+    for (int r = 0; r < opts_.size; ++r)
+      if (p.byRank[r]) {
+        have.push_back(global(r));
+        if (!any) any = &*p.byRank[r];
+      }
+    out += "  " + (any ? any->describe() : kv->first) + ": waiting " + secs(p.first) +
+           "; submitted by ranks " + rankList(have) + "; missing on ranks " +
+           rankList(missingRanks(p)) + "\n";
+  }
+  const auto& oldest = pending.front()->second;
+  out += "\nLikely cause: ranks " + rankList(missingRanks(oldest)) + " never submitted \"" +
+         pending.front()->first +
+         "\", the oldest pending tensor: look at their stack (py-spy dump, gdb) and flight "
+         "recorder dumps for what they do instead (rank-dependent control flow, uneven data: "
+         "use join, a slow or stuck data loader).\n";
+  return out;
 }
 
 std::vector<std::vector<Response>> planFusion(std::deque<Response> ready, int64_t thresholdBytes) {

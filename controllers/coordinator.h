@@ -39,6 +39,7 @@
 #include "core/message.h"
 #include "core/response_cache.h"
 #include "core/status.h"
+#include "core/telemetry.h"
 
 namespace hora {
 
@@ -50,6 +51,8 @@ struct CoordinatorOptions {
   std::string setName = "global";
   // Set rank -> global rank, for messages (empty: identity).
   std::vector<int> globalRanks;
+  // Who submits each tensor last (straggler ranking); null in unit tests.
+  Telemetry* telemetry = nullptr;
 };
 
 class Coordinator {
@@ -80,6 +83,12 @@ class Coordinator {
   // when a rank is lost or the job shuts down).
   std::string pendingSummary(size_t maxNames = 8) const;
 
+  // The cross-rank hang report: for every rank, the pending tensors it
+  // submitted (and so waits in) and those it never submitted; for every
+  // pending tensor, who submitted it and who is missing; "" when nothing is
+  // pending. Plain text, read without any tool.
+  std::string hangReport(Clock::time_point now, size_t maxTensors = 50) const;
+
  private:
   struct Pending {
     std::vector<std::optional<Request>> byRank;
@@ -87,7 +96,8 @@ class Coordinator {
     Clock::time_point first;
     bool warned = false;
   };
-  void markReadyIfComplete(const std::string& name);
+  // True when it became ready.
+  bool markReadyIfComplete(const std::string& name);
   Response constructResponse(const std::string& name, Pending& p);
   std::vector<int> missingRanks(const Pending& p) const;  // global ranks
   int global(int setRank) const {

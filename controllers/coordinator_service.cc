@@ -113,7 +113,24 @@ void CoordinatorService::maybeEmit(bool force) {
 
 void CoordinatorService::stallTick() {
   if (health_.broken() || client_->stopping()) return;
-  for (const auto& w : coordinator_.inspectStalls(Clock::now())) HORA_LOG(logger_, kWarning) << w;
+  const Clock::time_point now = Clock::now();
+  const std::string report = coordinator_.hangReport(now);
+  const std::vector<std::string> warnings = coordinator_.inspectStalls(now);
+  for (const auto& w : warnings) HORA_LOG(logger_, kWarning) << w;
+  if (!warnings.empty() && opts_.coordinator.telemetry) {
+    // The cross-rank report, taken before the stall check failed anything,
+    // and this rank's flight recorder beside it.
+    Telemetry& t = *opts_.coordinator.telemetry;
+    auto path = t.dumpText("hang-report", report);
+    auto flight = t.dumpFlight("stall warning (see the hang report beside this file)");
+    if (path.isOk())
+      HORA_LOG(logger_, kWarning) << "hang report: " << path.value()
+                                  << (flight.isOk() ? "; flight recorder: " + flight.value() : "");
+    else
+      HORA_LOG(logger_, kWarning) << "could not write the hang report: " << path.status().message()
+                                  << "\n"
+                                  << report;
+  }
   maybeEmit(false);
   const Seconds warn = opts_.coordinator.stallWarning;
   const Seconds shut =

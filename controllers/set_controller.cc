@@ -20,7 +20,8 @@ SetController::SetController(SetControllerOptions options, ControlPlane& cp,
       queue_(queue),
       logger_(std::move(logger)),
       cache_(static_cast<size_t>(std::max(0, opts_.cacheCapacity))),
-      settleTimer_(cp.io()) {
+      settleTimer_(cp.io()),
+      telemetryTimer_(cp.io()) {
   link_->attach(this);
   health_.addListener([this](const Status& why, bool tellPeers) { onBroken(why, tellPeers); });
   // A data-plane failure the control plane does not name within the grace
@@ -47,6 +48,9 @@ void SetController::start() {
   cbs.onPeerLost = [this](int peer, Status why) { onPeerLost(peer, std::move(why)); };
   cp_.start(std::move(cbs));
   link_->start();
+  if (opts_.dumpRequests) dumpRequestsSeen_ = opts_.dumpRequests->load();
+  lastMetrics_ = Clock::now();
+  if (opts_.telemetry) telemetryTick();
   thread_ = std::thread([this] {
     threadId_ = std::this_thread::get_id();
     cp_.run();
@@ -94,6 +98,7 @@ Status SetController::enqueue(std::vector<EntryPtr> entries) {
     }
     for (auto& e : entries) {
       e->request.rank = opts_.rank;
+      if (opts_.telemetry) opts_.telemetry->submitted(*e);
       table_[e->request.name] = e;
       inbox_.push_back(e);
     }
@@ -118,6 +123,7 @@ void SetController::drainInbox() {
                                r.kind == CollectiveKind::kBroadcast ||
                                r.kind == CollectiveKind::kReducescatter;
     const int32_t bit = cacheableKind ? cache_.lookup(r.name, r.signature()) : -1;
+    if (opts_.telemetry) opts_.telemetry->sent(*e, bit >= 0);
     if (bit >= 0) {
       const uint64_t sig = r.signature();
       list.hits.push_back(CacheHit{static_cast<uint32_t>(bit), sig});
@@ -141,6 +147,7 @@ void SetController::onNacks(const std::vector<CacheHit>& hits) {
 
 void SetController::onResponses(const ResponseList& list) {
   if (health_.broken()) return;
+  if (opts_.telemetry) opts_.telemetry->cycle();
   for (const auto& g : list.groups) {
     std::vector<Response> resolved;
     resolved.reserve(g.items.size());
@@ -286,11 +293,13 @@ void SetController::queueGroup(std::vector<Response> responses) {
   }
   HORA_CHECK(g.entries.size() == responses.size());
   g.responses = std::move(responses);
+  if (opts_.telemetry) opts_.telemetry->agreed(g);
   // Barrier/join/error groups need no data plane: complete them right here
   // when nothing is queued ahead (one thread hand-off less). Collectives
   // always go to the executor so this thread keeps heartbeats and loss
   // detection running while they wait on peers.
   if (!needsDataPlane(g) && !stopping_ && queue_.tryBeginInline()) {
+    if (opts_.telemetry) opts_.telemetry->inlineDone(g);
     completeWithoutDataPlane(g, opts_.globalRanks);
     queue_.endInline();
     return;
@@ -314,7 +323,69 @@ void SetController::onPeerLost(int peer, Status why) {
 
 void SetController::failSet(Status why, bool tellPeers) { health_.fail(std::move(why), tellPeers); }
 
+void SetController::dumpFlight(const std::string& why) {
+  if (!opts_.telemetry || opts_.telemetry->options().flightEntries == 0) return;
+  auto path = opts_.telemetry->dumpFlight(why);
+  if (path.isOk())
+    HORA_LOG(logger_, kWarning) << "flight recorder of set " << opts_.setName << " written to "
+                                << path.value() << " (" << why << ")";
+  else
+    HORA_LOG(logger_, kWarning) << "flight recorder not written: " << path.status().message();
+}
+
+void SetController::telemetryTick() {
+  const Clock::time_point now = Clock::now();
+  Telemetry& t = *opts_.telemetry;
+  if (opts_.dumpRequests) {
+    const uint64_t n = opts_.dumpRequests->load();
+    if (n != dumpRequestsSeen_) {
+      dumpRequestsSeen_ = n;
+      dumpFlight("SIGUSR1");
+    }
+  }
+  if (opts_.metricsInterval.count() > 0 && now - lastMetrics_ >= opts_.metricsInterval) {
+    lastMetrics_ = now;
+    const MetricsSnapshot m = t.snapshot();
+    if (logger_.level() != LogLevel::kOff)
+      logger_.log(std::max(LogLevel::kInfo, logger_.level()), metricsSummaryLine(m));
+    if (!opts_.prometheusDir.empty()) {
+      auto path = t.dumpPrometheus(opts_.prometheusDir, metricsPrometheus(m));
+      if (!path.isOk())
+        HORA_LOG(logger_, kWarning) << "metrics file not written: " << path.status().message();
+    }
+  }
+  // This rank's own view of a stall (the coordinator writes the cross-rank
+  // report): one dump per tensor that waits past the warning time.
+  if (opts_.stallWarning.count() > 0) {
+    using std::chrono::duration_cast;
+    using std::chrono::nanoseconds;
+    const int64_t limit = duration_cast<nanoseconds>(now.time_since_epoch()).count() -
+                          duration_cast<nanoseconds>(opts_.stallWarning).count();
+    uint64_t stalled = 0;
+    {
+      std::lock_guard<std::mutex> lk(tableMu_);
+      for (const auto& kv : table_)
+        if (kv.second->trace.submitNs > 0 && kv.second->trace.submitNs < limit &&
+            kv.second->trace.seq > stallDumpedSeq_)
+          stalled = std::max(stalled, kv.second->trace.seq);
+    }
+    if (stalled) {
+      stallDumpedSeq_ = stalled;
+      dumpFlight("stall warning: a tensor of this rank has waited over " +
+                 std::to_string(static_cast<int>(opts_.stallWarning.count())) +
+                 " s for the other ranks");
+    }
+  }
+  t.flushTimeline();
+  telemetryTimer_.expires_after(std::chrono::milliseconds(100));
+  telemetryTimer_.async_wait([this](boost::system::error_code ec) {
+    if (!ec && !stopping_) telemetryTick();
+  });
+}
+
 void SetController::onBroken(const Status& why, bool tellPeers) {
+  // What this rank was doing when the set failed, for the post-mortem.
+  dumpFlight("the process set failed: " + why.message());
   if (tellPeers && size() > 1) {
     // Failures found off the control thread (the executor's) reach the
     // peers through it.

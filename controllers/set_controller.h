@@ -42,6 +42,7 @@
 #include "core/logging.h"
 #include "core/response_cache.h"
 #include "core/set_health.h"
+#include "core/telemetry.h"
 
 namespace hora {
 
@@ -50,6 +51,17 @@ struct SetControllerOptions {
   int rank = 0;                  // within the set
   std::vector<int> globalRanks;  // set rank -> global rank
   int cacheCapacity = 1024;
+  // Observability (core/telemetry.h); null in unit tests that do not need it.
+  Telemetry* telemetry = nullptr;
+  // The telemetry tick on the control thread: a metrics line every
+  // metricsInterval (0 = never), <prometheusDir>/hora-<set>-rank<R>.prom
+  // rewritten as often ("" = none), a flight dump when *dumpRequests moves
+  // (SIGUSR1, counted by the C layer) or when a tensor of this rank waits
+  // longer than stallWarning (once per stalled tensor).
+  Seconds metricsInterval{0};
+  std::string prometheusDir;
+  const std::atomic<uint64_t>* dumpRequests = nullptr;
+  Seconds stallWarning{60};
 };
 
 class SetController : public CoordinatorLink::Client {
@@ -98,6 +110,9 @@ class SetController : public CoordinatorLink::Client {
   Status claimEntries(const std::vector<Response>& responses, AgreedGroup* group);
   void queueGroup(std::vector<Response> responses);
   EntryPtr takeEntry(const std::string& name);
+  // Periodic observability work (see SetControllerOptions); control thread.
+  void telemetryTick();
+  void dumpFlight(const std::string& why);
   int size() const { return static_cast<int>(opts_.globalRanks.size()); }
   int myGlobalRank() const { return opts_.globalRanks[opts_.rank]; }
 
@@ -112,6 +127,10 @@ class SetController : public CoordinatorLink::Client {
   ResponseCache cache_;
   std::unordered_map<uint64_t, Request> sentAsHits_;  // for nack resends
   boost::asio::steady_timer settleTimer_;
+  boost::asio::steady_timer telemetryTimer_;
+  Clock::time_point lastMetrics_{};
+  uint64_t dumpRequestsSeen_ = 0;
+  uint64_t stallDumpedSeq_ = 0;  // the last stalled entry dumped for
 
   std::mutex tableMu_;  // guards table_, inbox_
   std::unordered_map<std::string, EntryPtr> table_;

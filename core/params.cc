@@ -108,6 +108,34 @@ const std::vector<ParamSpec>& paramRegistry() {
        "auto|nccl|gloo"},
       {"HORA_LOG_LEVEL", ParamType::kString, "warning",
        "trace, debug, info, warning, error or off.", "trace|debug|info|warning|error|off"},
+      {"HORA_FLIGHT_RECORDER_ENTRIES", ParamType::kInt, "1024",
+       "Collectives each rank keeps in its flight recorder (a fixed ring, always on; 0 turns it "
+       "off). Dumped on a failure, a stall warning and SIGUSR1."},
+      {"HORA_FLIGHT_RECORDER_DIR", ParamType::kString, "",
+       "Where flight recorder dumps and hang reports go (default: /tmp/hora-<uid>; horarun sets "
+       "one folder per job)."},
+      {"HORA_FLIGHT_RECORDER_SIGUSR1", ParamType::kBool, "1",
+       "Dump every process set's flight recorder on SIGUSR1 (installed only when the process "
+       "has no SIGUSR1 handler of its own)."},
+      {"HORA_METRICS_INTERVAL_S", ParamType::kFloat, "0",
+       "Seconds between one-line metrics summaries in the log (and rewrites of the Prometheus "
+       "file); 0 = never."},
+      {"HORA_METRICS_PROMETHEUS_DIR", ParamType::kString, "",
+       "Folder for hora-<set>-rank<R>.prom (Prometheus text format, for a node exporter's "
+       "textfile collector), rewritten every HORA_METRICS_INTERVAL_S (10 s if that is 0)."},
+      {"HORA_TIMELINE", ParamType::kString, "",
+       "Record a timeline (Chrome trace JSON: Perfetto, chrome://tracing) of every rank into this "
+       "file from the start (hora_timeline_start / hvd.start_timeline at run time)."},
+      {"HORA_TIMELINE_MARK_CYCLES", ParamType::kBool, "0",
+       "Mark every negotiation cycle (response list applied) in the timeline."},
+      {"HORA_TIMELINE_MAX_MB", ParamType::kInt, "1024",
+       "Megabytes of timeline each rank writes at most; later events are dropped with a note."},
+      {"HORA_TIMELINE_BUFFER_EVENTS", ParamType::kInt, "65536",
+       "Timeline events a rank buffers between writes (every 100 ms); more are dropped with a "
+       "note."},
+      {"HORA_STRAGGLER_WINDOW", ParamType::kInt, "256",
+       "Tensors the straggler ranking looks back over (who submitted last, and how long the "
+       "others waited)."},
   };
   return kRegistry;
 }
@@ -186,8 +214,9 @@ const std::vector<HorovodAlias>& horovodAliases() {
        "seconds (Horovod's launcher reads it; hora's ranks do)"},
       {"HOROVOD_ELASTIC", "HORA_ELASTIC", asBool, "elastic mode; needs horarun's store"},
       {"HOROVOD_ELASTIC_TIMEOUT", "HORA_ELASTIC_TIMEOUT_S", nullptr, "seconds in both"},
-      {"HOROVOD_TIMELINE", nullptr, nullptr, "hora has no timeline yet: nothing is written"},
-      {"HOROVOD_TIMELINE_MARK_CYCLES", nullptr, nullptr, "hora has no timeline yet"},
+      {"HOROVOD_TIMELINE", "HORA_TIMELINE", nullptr,
+       "a file path in both; hora's trace holds every rank's events"},
+      {"HOROVOD_TIMELINE_MARK_CYCLES", "HORA_TIMELINE_MARK_CYCLES", nullptr, "0/1 in both"},
       {"HOROVOD_AUTOTUNE", nullptr, nullptr,
        "hora has no autotuner: set HORA_FUSION_THRESHOLD_BYTES and HORA_CYCLE_TIME_MS"},
       {"HOROVOD_AUTOTUNE_LOG", nullptr, nullptr, "hora has no autotuner"},

@@ -54,6 +54,15 @@ class RequestSink {
   virtual void completeEntry(const Status& status) = 0;
 };
 
+// Where the entry's flight record is and when it passed each stage (Clock
+// nanoseconds), written by the thread of each stage (core/telemetry.h).
+struct EntryTrace {
+  uint64_t seq = 0;
+  int64_t submitNs = 0;
+  int64_t agreedNs = 0;
+  bool cacheHit = false;
+};
+
 struct TensorEntry {
   Request request;  // what is negotiated (name, kind, dtype, shape, ...)
   const void* in = nullptr;
@@ -61,6 +70,7 @@ struct TensorEntry {
   void* readyEvent = nullptr;  // GPU: the framework's event hora's stream waits for
   std::shared_ptr<RequestSink> sink;
   std::atomic<bool> completed{false};
+  EntryTrace trace;
 
   // The first call wins; later ones (a failure racing the result) are no-ops.
   void complete(const Status& status) {

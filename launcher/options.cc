@@ -74,7 +74,9 @@ const char kUsage[] =
     "  --gloo, --disable-cache, --mpi-threads-disable, --log-without-timestamp,\n"
     "  --no-hierarchical-allreduce, --no-hierarchical-allgather, --no-torus-allreduce,\n"
     "  --num-nccl-streams 1         accepted with a note: hora already behaves so\n"
-    "  --timeline-filename, --autotune, --hierarchical-allreduce, --mpi, --mpi-args, ...\n"
+    "  --timeline-filename FILE     HORA_TIMELINE (one Chrome trace of every rank)\n"
+    "  --timeline-mark-cycles       HORA_TIMELINE_MARK_CYCLES=1\n"
+    "  --autotune, --hierarchical-allreduce, --mpi, --mpi-args, ...\n"
     "                               refused: \"not supported by hora: ...\"\n";
 
 // Decimal only: strtod alone would also take "nan", "inf" and hex floats,
@@ -263,8 +265,6 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
     const char* why;
   };
   static const Refused kRefused[] = {
-      {"--timeline-filename", "hora has no timeline yet; nothing would be written"},
-      {"--timeline-mark-cycles", "hora has no timeline yet"},
       {"--autotune",
        "hora has no autotuner; set --fusion-threshold-mb and --cycle-time-ms instead"},
       {"--autotune-log-file", "hora has no autotuner"},
@@ -384,6 +384,19 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
       addEnv(o, "HORA_LOG_LEVEL", level);
     } else if (a == "--no-stall-check") {
       addEnv(o, "HORA_STALL_CHECK", "0");
+    } else if (a == "--timeline-filename") {
+      // One trace for the whole job (docs/observability.md); relative to
+      // horarun's folder, which remote ranks do not share.
+      if (!value(a, &v)) return false;
+      if (v.empty()) {
+        *error = a + ": the file name is empty";
+        return false;
+      }
+      char cwd[4096];
+      if (v[0] != '/' && ::getcwd(cwd, sizeof cwd)) v = std::string(cwd) + "/" + v;
+      addEnv(o, "HORA_TIMELINE", v);
+    } else if (a == "--timeline-mark-cycles") {
+      addEnv(o, "HORA_TIMELINE_MARK_CYCLES", "1");
     } else if (a == "--network-interfaces") {
       // horovodrun's plural form: a comma-separated set; hora binds to one interface.
       if (!value(a, &v)) return false;

@@ -13,6 +13,7 @@
 #include "core/logging.h"
 #include "core/set_health.h"
 #include "core/status.h"
+#include "core/telemetry.h"
 
 namespace hora {
 
@@ -22,6 +23,7 @@ struct ExecContext {
   std::vector<int> globalRanks;  // set rank -> global rank
   Backend* backend = nullptr;    // the set's CPU data plane (shm + Gloo, or Gloo)
   SetHealth* health = nullptr;
+  Telemetry* telemetry = nullptr;  // null in tests that do not need it
   Logger logger;
   // Bounds every wait of the data plane (HORA_PEER_TIMEOUT_S).
   std::chrono::milliseconds peerTimeout{30000};

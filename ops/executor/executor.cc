@@ -40,12 +40,21 @@ void Executor::run() {
 void Executor::execute(AgreedGroup& g) {
   HORA_CHECK(!g.responses.empty() && g.entries.size() == g.responses.size())
       << g.entries.size() << " entries for " << g.responses.size() << " responses";
-  if (!needsDataPlane(g)) return completeWithoutDataPlane(g, ctx_.globalRanks);
+  if (!needsDataPlane(g)) {
+    if (ctx_.telemetry) ctx_.telemetry->inlineDone(g);
+    return completeWithoutDataPlane(g, ctx_.globalRanks);
+  }
   // A collective before this one failed on the data plane and the set's
   // status is not final yet: this one cannot run either (its peers are
   // failing too), and it reports whatever that status becomes.
-  if (ctx_.health->suspected()) return fail(g, Status(Code::kRemoteError, "the data plane failed"));
+  if (ctx_.health->suspected()) {
+    const Status s(Code::kRemoteError, "the data plane failed");
+    if (ctx_.telemetry) ctx_.telemetry->finished(g, s, "-", false);
+    return fail(g, s);
+  }
   const Response& first = g.responses.front();
+  const bool onGpu = first.device.kind == DeviceKind::kCuda;
+  if (ctx_.telemetry) ctx_.telemetry->started(g);
   CollectivePath& path =
       first.device.kind == DeviceKind::kCuda ? static_cast<CollectivePath&>(gpu_) : cpu_;
   TensorEntry* e = g.entries[0].get();
@@ -70,6 +79,12 @@ void Executor::execute(AgreedGroup& g) {
       s = internalError("unexpected response kind " + std::to_string(static_cast<int>(first.kind)));
       break;
   }
+  if (ctx_.telemetry)
+    ctx_.telemetry->finished(g, s.isOk() ? outputLost : s,
+                             onGpu          ? gpu_.planeName()
+                             : ctx_.backend ? ctx_.backend->name()
+                                            : "cpu",
+                             onGpu);
   if (!s.isOk()) return fail(g, s);
   complete(g, outputLost);
 }

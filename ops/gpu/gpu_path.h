@@ -66,6 +66,8 @@ class GpuPath : public CollectivePath, public DeviceMemory {
 
   // After the executor stopped.
   void release();
+  // The data plane the last group went through, for telemetry.
+  const char* planeName() const { return comm_ && !sharedGpu_ ? "nccl" : "gpu-staged"; }
 
  private:
   // Resources (gpu_path.cc).

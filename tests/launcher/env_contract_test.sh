@@ -27,9 +27,10 @@ for r in 0 1 2; do
   port=$(v $r HORA_STORE_PORT)
   [ "$port" -gt 0 ] 2>/dev/null || fail "rank $r: bad store port '$port'"
 done
-# Unsupported tuning flags are refused, not silently ignored.
-"$HORARUN" -np 1 --timeline-filename /tmp/x "$PROBE" env >/dev/null 2>"$WORK/timeline.err" && fail "--timeline-filename accepted"
-expect_grep "no timeline" "$WORK/timeline.err" "--timeline-filename refusal not explained"
+# horovodrun's timeline flags become HORA_TIMELINE*.
+"$HORARUN" -np 1 --timeline-filename "$WORK/t.json" --timeline-mark-cycles "$PROBE" env >"$WORK/timeline.out" 2>&1 || fail "--timeline-filename refused"
+expect_grep "HORA_TIMELINE=$WORK/t.json" "$WORK/timeline.out" "--timeline-filename did not set HORA_TIMELINE"
+expect_grep "HORA_TIMELINE_MARK_CYCLES=1" "$WORK/timeline.out" "--timeline-mark-cycles did not set HORA_TIMELINE_MARK_CYCLES"
 # So are horovodrun's flags hora has no answer for; its no-op flags are accepted with a note.
 "$HORARUN" -np 1 --autotune "$PROBE" env >/dev/null 2>"$WORK/autotune.err" && fail "--autotune accepted"
 expect_grep "not supported by hora: --autotune" "$WORK/autotune.err" "--autotune refusal not explained"

@@ -374,7 +374,7 @@ def test_membership_pending_outside_elastic_mode(hvd):
 
 @pytest.mark.skipif(_lib_has("hora_epoch"), reason="the loaded libhora has hora_epoch")
 def test_epoch_on_old_library_says_what_to_do(hvd):
-    with pytest.raises(NotImplementedError, match="hora_epoch.*predates elastic support.*HORA_LIBRARY"):
+    with pytest.raises(NotImplementedError, match="hora_epoch.*is older than this Python package.*HORA_LIBRARY"):
         hvd.epoch()
 
 

@@ -214,8 +214,7 @@ TEST_F(OptionsTest, EveryValueFlagAtTheEndNeedsAValue) {
     SCOPED_TRACE(flag);
     EXPECT_EQ(parseError({"-np", "2", flag}), std::string(flag) + " needs a value");
   }
-  // --timeline-filename is refused before its value is looked at.
-  EXPECT_TRUE(contains(parseError({"-np", "2", "--timeline-filename"}), "no timeline"));
+  EXPECT_EQ(parseError({"-np", "2", "--timeline-filename"}), "--timeline-filename needs a value");
 }
 
 TEST_F(OptionsTest, AValueMayLookLikeAFlag) {
@@ -361,10 +360,18 @@ TEST_F(OptionsTest, TuningFlagsRefuseBadNumbers) {
   }
 }
 
-TEST_F(OptionsTest, TimelineIsRefused) {
-  EXPECT_EQ(parseError({"-np", "1", "--timeline-filename", "t.json", "c"}),
-            "not supported by hora: --timeline-filename (hora has no timeline yet; nothing would "
-            "be written)");
+TEST_F(OptionsTest, TimelineFlagsSetTheParameters) {
+  Parsed p =
+      parse({"-np", "1", "--timeline-filename", "/tmp/t.json", "--timeline-mark-cycles", "c"});
+  ASSERT_TRUE(p.ok) << p.error;
+  EXPECT_EQ(p.env()["HORA_TIMELINE"], "/tmp/t.json");
+  EXPECT_EQ(p.env()["HORA_TIMELINE_MARK_CYCLES"], "1");
+  // A relative name is horarun's folder's: the ranks may run elsewhere.
+  Parsed rel = parse({"-np", "1", "--timeline-filename", "t.json", "c"});
+  ASSERT_TRUE(rel.ok) << rel.error;
+  EXPECT_EQ(rel.env()["HORA_TIMELINE"].front(), '/');
+  EXPECT_EQ(parseError({"-np", "1", "--timeline-filename", "", "c"}),
+            "--timeline-filename: the file name is empty");
 }
 
 TEST_F(OptionsTest, LaterSettingsOfAParameterWin) {
@@ -636,7 +643,7 @@ TEST_F(ElasticOptionsTest, ResetLimitIsPassedToTheWorkers) {
 TEST_F(OptionsTest, HorovodrunFlagsHoraHasNoAnswerForAreRefused) {
   // clang-format off
   const char* const kRefused[] = {
-      "--timeline-filename", "--timeline-mark-cycles", "--autotune", "--autotune-log-file",
+      "--autotune", "--autotune-log-file",
       "--autotune-warmup-samples", "--autotune-steps-per-sample",
       "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise",
       "--hierarchical-allreduce", "--hierarchical-allgather", "--torus-allreduce", "--mpi",

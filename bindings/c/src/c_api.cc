@@ -723,4 +723,92 @@ HORA_API hora_status_t hora_request_free(hora_request_t r) {
   });
 }
 
+namespace {
+
+hora_status_t copyOut(const std::string& text, const char* fn, char* buf, size_t bytes,
+                      size_t* needed) {
+  if (needed) *needed = text.size() + 1;
+  if (!buf) {
+    if (!needed) return fail(Code::kInvalidArgument, std::string(fn) + ": buf and needed are NULL");
+    return HORA_SUCCESS;
+  }
+  if (bytes < text.size() + 1)
+    return fail(Code::kInvalidArgument, std::string(fn) + ": buffer of " + std::to_string(bytes) +
+                                            " bytes is too small; " +
+                                            std::to_string(text.size() + 1) + " needed");
+  std::memcpy(buf, text.c_str(), text.size() + 1);
+  return HORA_SUCCESS;
+}
+
+}  // namespace
+
+HORA_API hora_status_t hora_metrics_snapshot(hora_runtime_t h, hora_process_set_t ps,
+                                             int32_t format, char* buf, size_t bytes,
+                                             size_t* needed) {
+  const char* fn = "hora_metrics_snapshot";
+  return guarded(fn, [&]() -> hora_status_t {
+    RuntimeRef ref;
+    if (hora_status_t s = acquire(h, fn, &ref)) return s;
+    std::shared_ptr<hora::ProcessSet> set;
+    if (hora_status_t s = resolveSet(h, ps, fn, &set)) return s;
+    const hora::Telemetry& t = set->telemetry();
+    std::string text;
+    switch (format) {
+      case HORA_METRICS_JSON:
+        text = hora::metricsJson(t.snapshot());
+        break;
+      case HORA_METRICS_PROMETHEUS:
+        text = hora::metricsPrometheus(t.snapshot());
+        break;
+      case HORA_METRICS_FLIGHT_RECORDER:
+        text = t.flightText("asked for with hora_metrics_snapshot");
+        break;
+      default:
+        return fail(Code::kInvalidArgument, std::string(fn) + ": unknown format " +
+                                                std::to_string(format) +
+                                                " (HORA_METRICS_JSON, _PROMETHEUS or "
+                                                "_FLIGHT_RECORDER)");
+    }
+    return copyOut(text, fn, buf, bytes, needed);
+  });
+}
+
+HORA_API hora_status_t hora_flight_recorder_dump(hora_runtime_t h, hora_process_set_t ps,
+                                                 const char* reason, char* buf, size_t bytes,
+                                                 size_t* needed) {
+  const char* fn = "hora_flight_recorder_dump";
+  return guarded(fn, [&]() -> hora_status_t {
+    RuntimeRef ref;
+    if (hora_status_t s = acquire(h, fn, &ref)) return s;
+    std::shared_ptr<hora::ProcessSet> set;
+    if (hora_status_t s = resolveSet(h, ps, fn, &set)) return s;
+    auto path = set->telemetry().dumpFlight(reason ? reason : "asked for by the program");
+    if (!path.isOk()) return setError(path.status());
+    return copyOut(path.value(), fn, buf, bytes, needed);
+  });
+}
+
+HORA_API hora_status_t hora_timeline_start(hora_runtime_t h, const char* path,
+                                           int32_t mark_cycles) {
+  const char* fn = "hora_timeline_start";
+  return guarded(fn, [&]() -> hora_status_t {
+    RuntimeRef ref;
+    if (hora_status_t s = acquire(h, fn, &ref)) return s;
+    if (!path || !*path) return fail(Code::kInvalidArgument, std::string(fn) + ": path is empty");
+    Status s = ref.rt->timeline().start(path, mark_cycles != 0);
+    return s.isOk() ? HORA_SUCCESS : setError(s);
+  });
+}
+
+HORA_API hora_status_t hora_timeline_stop(hora_runtime_t h) {
+  const char* fn = "hora_timeline_stop";
+  return guarded(fn, [&]() -> hora_status_t {
+    RuntimeRef ref;
+    if (hora_status_t s = acquire(h, fn, &ref)) return s;
+    if (!ref.rt->timeline().stop())
+      return fail(Code::kInvalidUsage, std::string(fn) + ": no timeline is being recorded");
+    return HORA_SUCCESS;
+  });
+}
+
 }  // extern "C"

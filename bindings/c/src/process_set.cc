@@ -107,6 +107,17 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
     if (why.code() != Code::kShutDown) backend->abort();
   });
 
+  TelemetryOptions to;
+  to.setName = name;
+  to.setRank = rank;
+  to.globalRanks = globalRanks;
+  to.flightEntries = o.flightEntries;
+  to.stragglerWindow = o.stragglerWindow;
+  to.dumpDir = o.dumpDir;
+  to.host = o.hostname;
+  to.timeline = o.timeline;
+  ps->telemetry_ = std::make_unique<Telemetry>(std::move(to));
+
   // Control thread.
   std::unique_ptr<CoordinatorLink> link;
   if (rank == 0) {
@@ -117,6 +128,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
     co.coordinator.stallShutdown = o.stallShutdown;
     co.coordinator.setName = name;
     co.coordinator.globalRanks = globalRanks;
+    co.coordinator.telemetry = ps->telemetry_.get();
     co.cacheCapacity = o.cacheCapacity;
     co.cycleTime = o.cycleTime;
     link = std::make_unique<CoordinatorService>(co, *ps->cp_, ps->health_, ps->queue_, logger);
@@ -128,6 +140,11 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   sco.rank = rank;
   sco.globalRanks = globalRanks;
   sco.cacheCapacity = o.cacheCapacity;
+  sco.telemetry = ps->telemetry_.get();
+  sco.metricsInterval = o.metricsInterval;
+  sco.prometheusDir = o.prometheusDir;
+  sco.dumpRequests = o.dumpRequests;
+  sco.stallWarning = o.stallWarning;
   ps->controller_ = std::make_unique<SetController>(sco, *ps->cp_, std::move(link), ps->health_,
                                                     ps->queue_, logger);
 
@@ -140,6 +157,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   ctx.health = &ps->health_;
   ctx.logger = logger;
   ctx.peerTimeout = o.peerTimeout;
+  ctx.telemetry = ps->telemetry_.get();
   ps->executor_ = std::make_unique<Executor>(std::move(ctx), ps->queue_, o.gpu);
 
   ps->controller_->start();

@@ -18,6 +18,7 @@
 // request fails with the recorded status, which names the lost rank.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -32,6 +33,7 @@
 #include "core/logging.h"
 #include "core/set_health.h"
 #include "core/store.h"
+#include "core/telemetry.h"
 #include "ops/executor/executor.h"
 #include "ops/gloo/gloo_backend.h"
 
@@ -59,6 +61,14 @@ struct SetOptions {
   // HORA_GPU_BACKEND and this process's local rank.
   GpuPathOptions gpu;
   Logger logger;
+  // Observability (core/telemetry.h, SetControllerOptions).
+  size_t flightEntries = 1024;
+  size_t stragglerWindow = 256;
+  std::string dumpDir;
+  Seconds metricsInterval{0};
+  std::string prometheusDir;
+  const std::atomic<uint64_t>* dumpRequests = nullptr;  // SIGUSR1 count (c_api)
+  std::shared_ptr<Timeline> timeline;                   // the runtime's
 };
 
 // The settings every member of a set must share (checked at set-up; elastic
@@ -89,6 +99,7 @@ class ProcessSet {
   int size() const { return static_cast<int>(globalRanks_.size()); }
   int globalRank(int setRank) const { return globalRanks_[setRank]; }
   const std::string& name() const { return name_; }
+  const Telemetry& telemetry() const { return *telemetry_; }
 
  private:
   ProcessSet(std::string name, std::vector<int> globalRanks, int rank, SetOptions options);
@@ -97,6 +108,8 @@ class ProcessSet {
   const std::vector<int> globalRanks_;
   const int rank_;
   const SetOptions opts_;
+  // Outlives the threads that report into it.
+  std::unique_ptr<Telemetry> telemetry_;
   // Destroyed in reverse order: the threads' owners first.
   std::unique_ptr<ControlPlane> cp_;
   std::unique_ptr<Backend> backend_;

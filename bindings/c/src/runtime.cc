@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "core/memory_store.h"
+#include "dump_signal.h"
 
 namespace hora {
 
@@ -447,6 +448,22 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   so.shmChunkBytes = p.getInt("HORA_SHM_CHUNK_BYTES");
   so.shmMinBytes = p.getInt("HORA_SHM_MIN_BYTES");
   so.gpu.plugin = std::make_shared<GpuPlugin>(p.getString("HORA_GPU_PLUGIN"));
+  const int64_t flight = p.getInt("HORA_FLIGHT_RECORDER_ENTRIES");
+  const int64_t window = p.getInt("HORA_STRAGGLER_WINDOW");
+  const double metricsS = p.getFloat("HORA_METRICS_INTERVAL_S");
+  if (flight < 0 || flight > (1 << 24) || window < 1 || window > (1 << 24) || metricsS < 0)
+    return invalidArgument(
+        "HORA_FLIGHT_RECORDER_ENTRIES must be 0..16777216, HORA_STRAGGLER_WINDOW 1..16777216 and "
+        "HORA_METRICS_INTERVAL_S not negative (got " +
+        std::to_string(flight) + ", " + std::to_string(window) + ", " + std::to_string(metricsS) +
+        ")");
+  so.flightEntries = static_cast<size_t>(flight);
+  so.stragglerWindow = static_cast<size_t>(window);
+  so.dumpDir = p.getString("HORA_FLIGHT_RECORDER_DIR");
+  if (so.dumpDir.empty()) so.dumpDir = "/tmp/hora-" + std::to_string(::getuid());
+  so.prometheusDir = p.getString("HORA_METRICS_PROMETHEUS_DIR");
+  so.metricsInterval = Seconds(metricsS > 0 ? metricsS : so.prometheusDir.empty() ? 0 : 10);
+  so.dumpRequests = p.getBool("HORA_FLIGHT_RECORDER_SIGUSR1") ? dumpSignalCounter() : nullptr;
 
   rt->elastic_ = c.elastic >= 0 ? c.elastic != 0 : p.getBool("HORA_ELASTIC");
   so.elastic = rt->elastic_;
@@ -469,6 +486,30 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   } else {
     if (needLocal) rt->id_.localRank = id.rank, rt->id_.localSize = id.size;
     if (needCross) rt->id_.crossRank = 0, rt->id_.crossSize = 1;
+  }
+
+  // The timeline exists from the start (hora_timeline_start may start it
+  // later); HORA_TIMELINE starts it now. Observability never fails training:
+  // an unwritable path is a warning.
+  TimelineOptions tlo;
+  tlo.rank = rt->id_.rank;
+  tlo.host = host == "127.0.0.1" ? hostName() : host;
+  const int64_t tlMb = p.getInt("HORA_TIMELINE_MAX_MB");
+  const int64_t tlEvents = p.getInt("HORA_TIMELINE_BUFFER_EVENTS");
+  if (tlMb < 1 || tlMb > (int64_t{1} << 30) || tlEvents < 1 || tlEvents > (1 << 26))
+    return invalidArgument(
+        "HORA_TIMELINE_MAX_MB must be 1..2^30 and HORA_TIMELINE_BUFFER_EVENTS "
+        "1..2^26 (got " +
+        std::to_string(tlMb) + ", " + std::to_string(tlEvents) + ")");
+  tlo.maxBytes = tlMb << 20;
+  tlo.bufferEvents = static_cast<size_t>(tlEvents);
+  rt->timeline_ = std::make_shared<Timeline>(tlo);
+  so.timeline = rt->timeline_;
+  if (const std::string& tl = p.getString("HORA_TIMELINE"); !tl.empty()) {
+    Status s = rt->timeline_->start(tl, p.getBool("HORA_TIMELINE_MARK_CYCLES"));
+    if (!s.isOk())
+      HORA_LOG(rt->logger_, kWarning)
+          << s.message() << " (HORA_TIMELINE); training goes on without a timeline";
   }
 
   so.gpu.localRank = rt->id_.localRank;
@@ -523,6 +564,7 @@ void Runtime::shutdown() {
     s->shutdown("hora_shutdown was called on rank " + std::to_string(id_.rank) +
                 " with this request pending");
   global_.reset();
+  if (timeline_) timeline_->stop();
   store_.reset();
   server_.reset();
 }

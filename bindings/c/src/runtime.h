@@ -18,6 +18,7 @@
 #include "core/params.h"
 #include "core/store.h"
 #include "core/tcp_store.h"
+#include "core/timeline.h"
 #include "hora/hora.h"
 #include "process_set.h"
 
@@ -51,6 +52,7 @@ class Runtime {
   void destroySet(const std::shared_ptr<ProcessSet>& set);
   void shutdown();
   const Logger& logger() const { return logger_; }
+  Timeline& timeline() { return *timeline_; }
 
  private:
   Runtime() = default;
@@ -84,7 +86,8 @@ class Runtime {
   int storePort_ = 0;
   std::string storeFrom_;  // where storeAddr_ came from, for error messages
   std::shared_ptr<ProcessSet> global_;
-  std::mutex mu_;  // guards sets_, setCounters_
+  std::shared_ptr<Timeline> timeline_;  // shared with the sets' telemetry
+  std::mutex mu_;                       // guards sets_, setCounters_
   std::vector<std::shared_ptr<ProcessSet>> sets_;
   std::map<std::string, int> setCounters_;
 };

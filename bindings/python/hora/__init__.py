@@ -12,11 +12,12 @@ is not compiled against any framework version.
 secret), the same contract as the C library (README).
 """
 from .basics import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_process_set, barrier,  # noqa: F401
-                     cross_rank, cross_size, epoch, global_process_set, init, is_initialized, join, library_info,
-                     local_rank, local_size, poll, rank, remove_process_set, shutdown, size, synchronize)
+                     cross_rank, cross_size, dump_flight_recorder, epoch, global_process_set, init, is_initialized,
+                     join, library_info, local_rank, local_size, metrics, poll, rank, remove_process_set, shutdown,
+                     size, synchronize)
 from .exceptions import (HoraError, HoraInternalError, HoraInvalidArgumentError, HoraInvalidUsageError,  # noqa: F401
                          HoraMembershipError, HoraMismatchError, HoraNotInitializedError, HoraNotSupportedError,
                          HoraRemoteError, HoraResetLimitError, HoraShutDownError, HoraTimeoutError,
                          HorovodInternalError, HostsUpdatedInterrupt)
 
-__version__ = "0.3.0"  # the version of libhora it is released with (CMakeLists.txt)
+__version__ = "0.4.0"  # the version of libhora it is released with (CMakeLists.txt)

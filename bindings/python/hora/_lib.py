@@ -43,6 +43,11 @@ ERR_PROTOCOL = 13
 ERR_INTERNAL = 14
 ERR_MEMBERSHIP = 15
 
+# hora_metrics_format_t (hora.h).
+METRICS_JSON = 0
+METRICS_PROMETHEUS = 1
+METRICS_FLIGHT_RECORDER = 2
+
 # Reduce ops (hora.h).
 OP_SUM = 0
 OP_AVERAGE = 1
@@ -149,6 +154,13 @@ _OPTIONAL_PROTOTYPES = [
     ("hora_epoch", _S, [_c_p, ctypes.POINTER(ctypes.c_int64)]),
     ("hora_membership_pending", _S, [_c_p, ctypes.POINTER(ctypes.c_int32)]),
     ("hora_reform", _S, [ctypes.POINTER(_c_p)]),
+    # Observability (0.4, docs/observability.md).
+    ("hora_metrics_snapshot", _S, [_c_p, _c_p, ctypes.c_int32, ctypes.c_char_p, ctypes.c_size_t,
+                                   ctypes.POINTER(ctypes.c_size_t)]),
+    ("hora_timeline_start", _S, [_c_p, ctypes.c_char_p, ctypes.c_int32]),
+    ("hora_timeline_stop", _S, [_c_p]),
+    ("hora_flight_recorder_dump", _S, [_c_p, _c_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+                                       ctypes.POINTER(ctypes.c_size_t)]),
 ]
 
 _lock = threading.Lock()

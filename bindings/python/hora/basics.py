@@ -184,8 +184,8 @@ def _elastic_call(fn_name, what):
     lib = _lib.library()
     if not hasattr(lib, fn_name):
         raise HoraNotSupportedError(
-            "hora: %s needs %s, which the loaded libhora (%s) does not export: it predates elastic "
-            "support (docs/elastic.md). Rebuild libhora from this source tree or point HORA_LIBRARY at a "
+            "hora: %s needs %s, which the loaded libhora (%s) does not export: it is older than "
+            "this Python package. Rebuild libhora from this source tree or point HORA_LIBRARY at a "
             "newer one." % (what, fn_name, _lib.library_path()), 10)
     return getattr(lib, fn_name)
 
@@ -621,3 +621,63 @@ def join(device=-1):
 def library_info():
     """Path and version of the loaded libhora."""
     return {"path": _lib.library_path(), "version": "%d.%d.%d" % _lib.version(), "pid": os.getpid()}
+
+
+def _text_call(fn_name, what, *args):
+    """Calls a hora_* function that writes text (buf NULL first for the size)."""
+    fn = _elastic_call(fn_name, what)
+    needed = ctypes.c_size_t(0)
+    _lib.check(fn(*args, None, 0, ctypes.byref(needed)), fn_name)
+    buf = ctypes.create_string_buffer(needed.value)
+    _lib.check(fn(*args, buf, needed.value, ctypes.byref(needed)), fn_name)
+    return buf.value.decode("utf-8", "replace")
+
+
+def _set_handle(process_set):
+    if process_set is None or process_set._is_global():
+        return None
+    if process_set._handle is None:
+        raise ValueError("hora: this rank is not in %r" % process_set)
+    return process_set._handle
+
+
+def metrics(process_set=None, format="dict"):
+    """This rank's always-on metrics for a process set (default: the global set).
+
+    ``format``: "dict" (parsed JSON: counts and bytes per collective, time in
+    negotiation, queue and data plane, fusion, cache hits, errors, and on the
+    set's lowest rank the straggler ranking: ``stragglers`` ordered by how long
+    the others waited for each rank), "json", "prometheus" (text exposition
+    format) or "flight" (the flight recorder as a table)."""
+    import json
+    rt = _require_runtime()
+    formats = {"dict": _lib.METRICS_JSON, "json": _lib.METRICS_JSON,
+               "prometheus": _lib.METRICS_PROMETHEUS, "flight": _lib.METRICS_FLIGHT_RECORDER}
+    if format not in formats:
+        raise ValueError("hora.metrics: format must be one of %s, not %r" % (sorted(formats), format))
+    text = _text_call("hora_metrics_snapshot", "hora.metrics()", rt, _set_handle(process_set), formats[format])
+    return json.loads(text) if format == "dict" else text
+
+
+def dump_flight_recorder(reason=None, process_set=None):
+    """Writes this rank's flight recorder (its last HORA_FLIGHT_RECORDER_ENTRIES
+    collectives) to HORA_FLIGHT_RECORDER_DIR now; returns the file's path."""
+    rt = _require_runtime()
+    why = (reason or "hora.dump_flight_recorder()").encode()
+    return _text_call("hora_flight_recorder_dump", "hora.dump_flight_recorder()", rt, _set_handle(process_set),
+                      why)
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Starts this rank's timeline into ``file_path`` (docs/observability.md); every rank
+    calls it with the same path, rank 0 creates the file and the others append to it."""
+    rt = _require_runtime()
+    path = os.path.abspath(os.fspath(file_path))
+    _lib.check(_elastic_call("hora_timeline_start", "start_timeline()")(rt, path.encode(), 1 if mark_cycles else 0),
+               "hora_timeline_start")
+
+
+def stop_timeline():
+    """Flushes and stops the timeline started with start_timeline (or HORA_TIMELINE)."""
+    rt = _require_runtime()
+    _lib.check(_elastic_call("hora_timeline_stop", "stop_timeline()")(rt), "hora_timeline_stop")

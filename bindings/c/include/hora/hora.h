@@ -279,6 +279,38 @@ HORA_API hora_status_t hora_request_join_last_rank(hora_request_t request, int32
  * freed once hora is done with it). */
 HORA_API hora_status_t hora_request_free(hora_request_t request);
 
+/* ---- observability (docs/observability.md) ----
+ * Always on: per process set counters, the straggler ranking (on the set's
+ * lowest rank, which sees who submits last) and a flight recorder of the last
+ * HORA_FLIGHT_RECORDER_ENTRIES collectives. Text out: buf NULL asks only for
+ * *needed (bytes including the NUL; needed may be NULL otherwise); a buf
+ * smaller than that fails with HORA_ERR_INVALID_ARGUMENT and sets *needed. */
+typedef enum {
+  HORA_METRICS_JSON = 0,            /* one JSON object */
+  HORA_METRICS_PROMETHEUS = 1,      /* Prometheus text exposition format */
+  HORA_METRICS_FLIGHT_RECORDER = 2, /* the flight recorder as a text table */
+} hora_metrics_format_t;
+/* A snapshot of `set`'s metrics (NULL: the global set), from any thread. */
+HORA_API hora_status_t hora_metrics_snapshot(hora_runtime_t runtime, hora_process_set_t set,
+                                             int32_t format, char* buf, size_t buf_bytes,
+                                             size_t* needed);
+/* Writes `set`'s flight recorder to HORA_FLIGHT_RECORDER_DIR now (reason is
+ * written into it; NULL allowed) and puts the file's path in buf as above. */
+HORA_API hora_status_t hora_flight_recorder_dump(hora_runtime_t runtime, hora_process_set_t set,
+                                                 const char* reason, char* buf, size_t buf_bytes,
+                                                 size_t* needed);
+
+/* Starts recording this rank's timeline into `path` (Chrome trace JSON, for
+ * Perfetto or chrome://tracing), as HORA_TIMELINE does at init. Call it on
+ * every rank with the same path: rank 0 creates the file, the others append
+ * to it (one file for the job on one host or a shared file system).
+ * mark_cycles != 0 marks each negotiation cycle. HORA_ERR_INVALID_USAGE if
+ * already recording, HORA_ERR_SYSTEM if the file cannot be opened. */
+HORA_API hora_status_t hora_timeline_start(hora_runtime_t runtime, const char* path,
+                                           int32_t mark_cycles);
+/* Writes what is buffered and stops; HORA_ERR_INVALID_USAGE if not recording. */
+HORA_API hora_status_t hora_timeline_stop(hora_runtime_t runtime);
+
 /* ---- rendezvous store server (for launchers) ----
  * A launcher (horarun) hosts the job's rendezvous store itself, so no rank
  * has to, and starts the ranks with HORA_STORE_EXTERNAL=1. The server

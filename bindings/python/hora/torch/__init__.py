@@ -10,7 +10,7 @@ from ..basics import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_p
                       init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
                       mpi_threads_supported, nccl_built, poll, rank, remove_process_set, rocm_built, shutdown, size,
                       synchronize)
-from ..basics import epoch  # noqa: F401
+from ..basics import dump_flight_recorder, epoch, metrics  # noqa: F401
 from ..exceptions import (HoraError, HoraInternalError, HoraInvalidArgumentError, HoraMembershipError,  # noqa: F401
                           HoraMismatchError, HoraRemoteError, HoraShutDownError, HoraTimeoutError,
                           HorovodInternalError, HostsUpdatedInterrupt)
@@ -34,8 +34,13 @@ __version__ = _hora_version + "+hora"
 
 
 def start_timeline(file_path, mark_cycles=False):
-    raise NotImplementedError("hora has no timeline yet")
+    """Records a timeline of every rank into ``file_path`` (Chrome trace JSON: open it in
+    ui.perfetto.dev or chrome://tracing). Call it on every rank, as with Horovod."""
+    from ..basics import start_timeline as _start
+    _start(file_path, mark_cycles)
 
 
 def stop_timeline():
-    raise NotImplementedError("hora has no timeline yet")
+    """Writes what is buffered and stops the timeline."""
+    from ..basics import stop_timeline as _stop
+    _stop()
