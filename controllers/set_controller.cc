@@ -384,8 +384,11 @@ void SetController::telemetryTick() {
 }
 
 void SetController::onBroken(const Status& why, bool tellPeers) {
-  // What this rank was doing when the set failed, for the post-mortem.
-  dumpFlight("the process set failed: " + why.message());
+  // What this rank was doing when the set failed, for the post-mortem; a
+  // peer that shut down cleanly while this rank waits for nothing is the
+  // normal end of a job, not a failure.
+  if (why.code() != Code::kShutDown || (opts_.telemetry && opts_.telemetry->inFlight() > 0))
+    dumpFlight("the process set failed: " + why.message());
   if (tellPeers && size() > 1) {
     // Failures found off the control thread (the executor's) reach the
     // peers through it.
@@ -405,7 +408,10 @@ void SetController::failPending(const Status& why) {
     table_.clear();
     inbox_.clear();
   }
-  for (auto& e : victims) e->complete(entryFailure(*e, myGlobalRank(), why));
+  for (auto& e : victims) {
+    if (opts_.telemetry && !e->completed) opts_.telemetry->abandoned(*e, why);
+    e->complete(entryFailure(*e, myGlobalRank(), why));
+  }
 }
 
 bool SetController::beginShutdown() { return !stopping_.exchange(true); }

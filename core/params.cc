@@ -108,6 +108,9 @@ const std::vector<ParamSpec>& paramRegistry() {
        "auto|nccl|gloo"},
       {"HORA_LOG_LEVEL", ParamType::kString, "warning",
        "trace, debug, info, warning, error or off.", "trace|debug|info|warning|error|off"},
+      {"HORA_TELEMETRY", ParamType::kBool, "1",
+       "0 turns metrics, the straggler ranking, the flight recorder and the timeline off (for "
+       "measuring what they cost: bench/observability_overhead.sh)."},
       {"HORA_FLIGHT_RECORDER_ENTRIES", ParamType::kInt, "1024",
        "Collectives each rank keeps in its flight recorder (a fixed ring, always on; 0 turns it "
        "off). Dumped on a failure, a stall warning and SIGUSR1."},

@@ -211,6 +211,12 @@ void Telemetry::inlineDone(const AgreedGroup& g) {
   }
 }
 
+void Telemetry::abandoned(const TensorEntry& e, const Status& why) {
+  relaxedAdd(finishedCount_, 1);
+  relaxedAdd(errors_, 1);
+  record(e, FlightState::kFailed, nowNs(), 0, nullptr, static_cast<int32_t>(why.code()));
+}
+
 void Telemetry::started(const AgreedGroup& g) {
   const int64_t now = nowNs();
   int64_t agreedAt = 0;
@@ -305,6 +311,11 @@ void Telemetry::lastArrival(int setRank, Clock::duration waited, const std::stri
   arrivals_.push_back(
       {global, std::chrono::duration_cast<std::chrono::nanoseconds>(waited).count()});
   while (arrivals_.size() > std::max<size_t>(1, opts_.stragglerWindow)) arrivals_.pop_front();
+}
+
+uint64_t Telemetry::inFlight() const {
+  const uint64_t sub = load(submittedCount_), fin = load(finishedCount_);
+  return sub > fin ? sub - fin : 0;
 }
 
 MetricsSnapshot Telemetry::snapshot() const {
@@ -405,7 +416,7 @@ Result<std::string> Telemetry::dumpText(const std::string& stem, const std::stri
   return writeAtomically(opts_.dumpDir.empty() ? "." : opts_.dumpDir,
                          "hora-" + stem + "-" + opts_.setName + "-rank" +
                              std::to_string(myGlobal()) + "-pid" + std::to_string(::getpid()) +
-                             ".txt",
+                             "-" + std::to_string(dumps_.fetch_add(1) + 1) + ".txt",
                          text, "HORA_FLIGHT_RECORDER_DIR");
 }
 

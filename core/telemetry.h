@@ -110,6 +110,9 @@ class Telemetry {
   void agreed(const AgreedGroup& g);
   // Control thread: a barrier/join/error group completed without the data plane.
   void inlineDone(const AgreedGroup& g);
+  // Any thread: an entry failed before every rank agreed to it (set broken,
+  // shut down, refused locally).
+  void abandoned(const TensorEntry& e, const Status& why);
   // Executor thread, around one group on the data plane.
   // `plane`: the data plane it ran on (known once it ran: the GPU path picks
   // NCCL or staging at its first group).
@@ -124,12 +127,15 @@ class Telemetry {
   void flushTimeline();
 
   MetricsSnapshot snapshot() const;
+  // Submitted and not yet finished on this rank.
+  uint64_t inFlight() const;
   // The ring, oldest first, as a table a person reads without any tool.
   std::string flightText(const std::string& reason) const;
-  // Writes flightText() to <dumpDir>/hora-flight-<set>-rank<R>-<pid>.txt
-  // (overwritten by the next dump of this set); returns the path.
+  // Writes flightText() to <dumpDir>/hora-flight-<set>-rank<R>-pid<P>-<n>.txt
+  // (n counts this set's dumps: a failure never hides the stall before it);
+  // returns the path.
   Result<std::string> dumpFlight(const std::string& reason) const;
-  // Writes `text` to <dumpDir>/hora-<stem>-<set>-rank<R>-pid<P>.txt; returns the path.
+  // Writes `text` to <dumpDir>/hora-<stem>-<set>-rank<R>-pid<P>-<n>.txt; returns the path.
   Result<std::string> dumpText(const std::string& stem, const std::string& text) const;
   // Rewrites <dir>/hora-<set>-rank<R>.prom (for a node exporter's textfile
   // collector) with `text`, atomically; returns the path.
@@ -152,6 +158,7 @@ class Telemetry {
   std::atomic<uint64_t> negotiationNs_{0}, queueNs_{0}, dataPlaneNs_{0};
   std::atomic<uint64_t> cpuGroups_{0}, gpuGroups_{0};
   std::atomic<uint64_t> submittedCount_{0}, finishedCount_{0};
+  mutable std::atomic<uint64_t> dumps_{0};
 
   mutable std::mutex ringMu_;  // guards ring_, nextSeq_
   std::vector<FlightRecord> ring_;

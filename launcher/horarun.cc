@@ -9,6 +9,7 @@
 //      mode the Job asks for each worker's LaunchSpec as it starts it (planFor)
 //      and publishes the hora/el/ keys through hora_store_server_set;
 //   5. the store is stopped.
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <set>
 #include <string>
@@ -67,6 +69,50 @@ bool makeDir(const std::string& path, std::string* error) {
     if (i < path.size()) cur.push_back(path[i]);
   }
   return true;
+}
+
+// The job's folder for flight recorder dumps and hang reports
+// (docs/observability.md): HORA_FLIGHT_RECORDER_DIR when the user set one
+// (-x or horarun's environment; "" = keep hora's default), else a new folder
+// per job, so a failed job's dumps are in one place horarun can name.
+std::string dumpDirFor(const EnvList& env, bool* chosen) {
+  *chosen = false;
+  for (auto it = env.rbegin(); it != env.rend(); ++it)
+    if (it->first == "HORA_FLIGHT_RECORDER_DIR") return it->second;
+  if (const char* d = std::getenv("HORA_FLIGHT_RECORDER_DIR")) return d;
+  const char* tmp = std::getenv("TMPDIR");
+  char stamp[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
+  *chosen = true;
+  return std::string(tmp && *tmp ? tmp : "/tmp") + "/hora-" + std::to_string(::getuid()) +
+         "/job-" + stamp + "-" + std::to_string(::getpid());
+}
+
+// After a failed job: where its dumps are (on this host; a remote rank's are
+// in the same folder on its host).
+void reportDumps(const std::string& dir, bool chosen, int status) {
+  std::vector<std::string> files;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      const std::string n = e->d_name;
+      if (n.rfind("hora-", 0) == 0 && n.size() > 4 && n.compare(n.size() - 4, 4, ".txt") == 0)
+        files.push_back(n);
+    }
+    closedir(d);
+  }
+  std::sort(files.begin(), files.end());
+  if (status != 0 && !files.empty()) {
+    std::string list;
+    for (size_t i = 0; i < files.size() && i < 8; ++i) list += "\n  " + files[i];
+    if (files.size() > 8) list += "\n  ... " + std::to_string(files.size() - 8) + " more";
+    std::fprintf(stderr,
+                 "horarun: flight recorder dumps and hang reports of this job are in %s "
+                 "(remote ranks': the same folder on their hosts):%s\n",
+                 dir.c_str(), list.c_str());
+  } else if (chosen && files.empty()) {
+    ::rmdir(dir.c_str());  // nothing to look at: leave no empty folder behind
+  }
 }
 
 // HORA_* and HOROVOD_* variables set in horarun's own environment (HORA_LOG_LEVEL, ...),
@@ -202,6 +248,8 @@ int realMain(int argc, char** argv) {
   char cwd[4096] = {0};
   if (!getcwd(cwd, sizeof(cwd) - 1)) cwd[0] = '\0';
   const EnvList inherited = inheritedHoraVariables();
+  bool dumpDirChosen = false;
+  const std::string dumpDir = dumpDirFor(opt.env, &dumpDirChosen);
   std::set<std::string> remoteNames;
   // The plan of one worker on `host`. slot: its ranks (static mode, and elastic mode's first
   // batch); null for an elastic newcomer, which gets no rank (docs/elastic.md). id: the
@@ -261,6 +309,7 @@ int realMain(int argc, char** argv) {
         {"HORA_STORE_EXTERNAL", "1"},   {"HORA_HOSTNAME", hostname},
         {"HORA_SECRET", secret},        {"HORA_SECRET_FILE", ""},
     };
+    if (dumpDirChosen) common.push_back({"HORA_FLIGHT_RECORDER_DIR", dumpDir});
     identity.insert(identity.end(), common.begin(), common.end());
     spec.env.insert(spec.env.end(), identity.begin(), identity.end());
     if (!outputDir.empty()) {
@@ -336,6 +385,7 @@ int realMain(int argc, char** argv) {
     status = job.run();
   }
   hora_store_server_stop(store);
+  if (!dumpDir.empty()) reportDumps(dumpDir, dumpDirChosen, status);
   return status;
 }
 

@@ -201,6 +201,8 @@ static int do_env(void) {
                                 "HORA_STALL_SHUTDOWN_TIME_S",
                                 "HORA_STALL_CHECK",
                                 "HORA_PEER_TIMEOUT_S",
+                                "HORA_TIMELINE",
+                                "HORA_TIMELINE_MARK_CYCLES",
                                 "PROBE_EXTRA"};
   for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); ++k) {
     const char* v = getenv(names[k]);

@@ -247,7 +247,7 @@ TEST(Observability, SigusrOneDumpsTheFlightRecorder) {
         CHILD_CHECK(waitAndFree(allreduce(rt, "u.0", &in, &out, &shape)) == HORA_SUCCESS, "u.0");
         ::kill(::getpid(), SIGUSR1);
         const std::string mine = "hora-flight-global-rank" + std::to_string(rank) + "-pid" +
-                                 std::to_string(::getpid()) + ".txt";
+                                 std::to_string(::getpid()) + "-1.txt";
         bool seen = false;
         for (int i = 0; i < 100 && !seen; ++i) {
           std::this_thread::sleep_for(std::chrono::milliseconds(20));

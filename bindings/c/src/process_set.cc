@@ -111,7 +111,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   to.setName = name;
   to.setRank = rank;
   to.globalRanks = globalRanks;
-  to.flightEntries = o.flightEntries;
+  to.flightEntries = o.telemetry ? o.flightEntries : 0;
   to.stragglerWindow = o.stragglerWindow;
   to.dumpDir = o.dumpDir;
   to.host = o.hostname;
@@ -128,7 +128,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
     co.coordinator.stallShutdown = o.stallShutdown;
     co.coordinator.setName = name;
     co.coordinator.globalRanks = globalRanks;
-    co.coordinator.telemetry = ps->telemetry_.get();
+    co.coordinator.telemetry = o.telemetry ? ps->telemetry_.get() : nullptr;
     co.cacheCapacity = o.cacheCapacity;
     co.cycleTime = o.cycleTime;
     link = std::make_unique<CoordinatorService>(co, *ps->cp_, ps->health_, ps->queue_, logger);
@@ -140,7 +140,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   sco.rank = rank;
   sco.globalRanks = globalRanks;
   sco.cacheCapacity = o.cacheCapacity;
-  sco.telemetry = ps->telemetry_.get();
+  sco.telemetry = o.telemetry ? ps->telemetry_.get() : nullptr;
   sco.metricsInterval = o.metricsInterval;
   sco.prometheusDir = o.prometheusDir;
   sco.dumpRequests = o.dumpRequests;
@@ -157,7 +157,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   ctx.health = &ps->health_;
   ctx.logger = logger;
   ctx.peerTimeout = o.peerTimeout;
-  ctx.telemetry = ps->telemetry_.get();
+  ctx.telemetry = o.telemetry ? ps->telemetry_.get() : nullptr;
   ps->executor_ = std::make_unique<Executor>(std::move(ctx), ps->queue_, o.gpu);
 
   ps->controller_->start();

@@ -61,7 +61,9 @@ struct SetOptions {
   // HORA_GPU_BACKEND and this process's local rank.
   GpuPathOptions gpu;
   Logger logger;
-  // Observability (core/telemetry.h, SetControllerOptions).
+  // Observability (core/telemetry.h, SetControllerOptions); off: the
+  // threads report nothing (snapshots stay empty).
+  bool telemetry = true;
   size_t flightEntries = 1024;
   size_t stragglerWindow = 256;
   std::string dumpDir;

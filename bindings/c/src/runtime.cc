@@ -457,6 +457,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
         "HORA_METRICS_INTERVAL_S not negative (got " +
         std::to_string(flight) + ", " + std::to_string(window) + ", " + std::to_string(metricsS) +
         ")");
+  so.telemetry = p.getBool("HORA_TELEMETRY");
   so.flightEntries = static_cast<size_t>(flight);
   so.stragglerWindow = static_cast<size_t>(window);
   so.dumpDir = p.getString("HORA_FLIGHT_RECORDER_DIR");
