@@ -36,7 +36,7 @@ namespace horarun {
 namespace {
 
 int usageError(const std::string& msg) {
-  std::fprintf(stderr, "horarun: %s\n(horarun --help shows the usage)\n", msg.c_str());
+  std::fprintf(stderr, "horarun: %s\n(horarun --help shows the usage)\n", oneLine(msg).c_str());
   return 2;
 }
 

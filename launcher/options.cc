@@ -247,7 +247,38 @@ bool isEnvName(const std::string& name) {
   return true;
 }
 
+std::string oneLine(const std::string& text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+bool parse(int argc, char** argv, Options* o, std::string* error);
+
+}  // namespace
+
 bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
+  if (parse(argc, argv, o, error)) return true;
+  // Arguments are echoed in the message: a newline in one must not split it.
+  *error = oneLine(*error);
+  return false;
+}
+
+namespace {
+
+bool parse(int argc, char** argv, Options* o, std::string* error) {
   if (const char* s = std::getenv("HORARUN_SSH_COMMAND")) o->sshCommand = s;
   // HORARUN_START_TIMEOUT_S is checked after the flags: --start-timeout overrides it.
   const char* startTimeoutEnv = std::getenv("HORARUN_START_TIMEOUT_S");
@@ -559,6 +590,8 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
   addEnv(o, "HORA_START_TIMEOUT_S", formatNumber(o->startTimeoutS));
   return true;
 }
+
+}  // namespace
 
 std::vector<std::string> remoteShellFor(const Options& opt, const std::string& host) {
   std::vector<std::string> words;

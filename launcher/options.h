@@ -60,6 +60,9 @@ struct Options {
 // flag, the value and what is allowed), an unusable -x, inconsistent flags.
 bool parseOptions(int argc, char** argv, Options* out, std::string* error);
 const char* usageText();
+// `text` with control characters escaped (\n, \x1b), for a one-line message
+// that echoes user input.
+std::string oneLine(const std::string& text);
 // Whether `name` can be given to workers as a variable: a shell name
 // ([A-Za-z_][A-Za-z0-9_]*), since remote workers get `export NAME=...` lines.
 bool isEnvName(const std::string& name);

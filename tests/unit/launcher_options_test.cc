@@ -305,6 +305,16 @@ TEST_F(OptionsTest, UnknownFlagsAreRefused) {
   }
 }
 
+// Was a bug (found by tests/fuzz/fuzz_options.cc): arguments are echoed in errors, and one
+// holding a newline or an escape sequence split the message or reached the terminal raw.
+TEST_F(OptionsTest, ErrorsStayOnOneLine) {
+  EXPECT_EQ(parseError({"-np", "1", "--bo\ngus", "c"}),
+            "unknown option '--bo\\ngus' (horarun --help lists them)");
+  EXPECT_EQ(parseError({"-np", "2\x1b[31m", "c"}),
+            "-np expects an integer from 1 to 1048576, got '2\\x1b[31m'");
+  EXPECT_EQ(oneLine("a\tb\x7f\xc3\xa9"), "a\\x09b\\x7f\xc3\xa9");  // UTF-8 kept
+}
+
 TEST_F(OptionsTest, HostsAndHostfileAreExclusive) {
   EXPECT_EQ(parseError({"-np", "2", "-H", "a:2", "--hostfile", "f", "c"}),
             "give either -H or --hostfile, not both");
@@ -394,9 +404,9 @@ TEST_F(OptionsTest, ExportNeedsAVariableName) {
   for (const char* bad : {"A B=1", "1A=2", "A;touch x=1", "A-B=1", "$A=1", "A\nB=1", "É=1"}) {
     SCOPED_TRACE(bad);
     const std::string v = bad;
-    EXPECT_EQ(
-        parseError({"-np", "1", "--env", v, "c"}),
-        "--env '" + v + "': '" + v.substr(0, v.find('=')) + "' is not a variable name" + rule);
+    EXPECT_EQ(parseError({"-np", "1", "--env", v, "c"}),
+              oneLine("--env '" + v + "': '" + v.substr(0, v.find('=')) +
+                      "' is not a variable name" + rule));
   }
   // NAME= exports an empty value; a missing operand names the flag.
   EXPECT_EQ(parseOk({"-np", "1", "-x", "_A1=", "c"}).env().at("_A1"), "");
