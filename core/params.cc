@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -310,7 +311,8 @@ Status validate(const ParamSpec& spec, const std::string& value) {
       char* end = nullptr;
       errno = 0;
       double v = std::strtod(value.c_str(), &end);
-      if (value.empty() || errno != 0 || *end != '\0' || v != v) return bad("a number");
+      // Not nan or inf (strtod reads both): every use converts to a duration.
+      if (value.empty() || errno != 0 || *end != '\0' || !std::isfinite(v)) return bad("a number");
       break;
     }
     case ParamType::kBool:

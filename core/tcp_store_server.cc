@@ -35,16 +35,30 @@ constexpr auto kRejectFlushDeadline = std::chrono::seconds(2);
 // a round trip, so only an idle (or hostile) connection is ever that old, and
 // a flood of them cannot keep a late rank out until their deadlines pass.
 constexpr size_t kMaxPendingAuth = 1024;
+// Unauthenticated connections from one address at once. At this limit a new
+// connection from that address evicts that address's oldest one, so a single
+// flooding address churns only its own connections: it can never fill the
+// 1,024 above and push out another host's client mid-handshake. 128 is far
+// above what real clients need (each rank authenticates within a round trip;
+// one evicted mid-handshake reconnects), even when hundreds of local ranks
+// start at once from 127.0.0.1. (An IPv6 host owning a whole prefix has many
+// addresses; the global limit still bounds it.)
+constexpr size_t kMaxPendingAuthPerAddress = 128;
 
 std::string errorFrame(Code code, const std::string& message) {
   return Writer().u32(static_cast<uint32_t>(code)).raw(message).frame(kReplyError);
 }
 
-std::string formatEndpoint(const tcp::endpoint& ep) {
+// The peer's address without the port (IPv4-mapped IPv6 as IPv4).
+std::string formatAddress(const tcp::endpoint& ep) {
   asio::ip::address a = ep.address();
   if (a.is_v6() && a.to_v6().is_v4_mapped())
     a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
-  return hostPort(a.to_string(), ep.port());
+  return a.to_string();
+}
+
+std::string formatEndpoint(const tcp::endpoint& ep) {
+  return hostPort(formatAddress(ep), ep.port());
 }
 
 }  // namespace
@@ -125,7 +139,10 @@ class TcpStoreServer::Impl {
   bool stopping_ = false;
   size_t pendingAuth_ = 0;
   std::list<Session*> pendingOrder_;  // unauthenticated sessions, oldest first
-  uint64_t evicted_ = 0;              // unauthenticated connections dropped for newer ones
+  // The same per peer address (no entry for an address with none).
+  std::unordered_map<std::string, std::list<Session*>> pendingByAddress_;
+  uint64_t evicted_ = 0;             // unauthenticated connections dropped at kMaxPendingAuth
+  uint64_t evictedSameAddress_ = 0;  // ... at kMaxPendingAuthPerAddress
   std::unordered_map<std::string, std::string> data_;
   std::list<std::shared_ptr<Waiter>> waiters_;
   std::unordered_set<std::shared_ptr<Session>> sessions_;
@@ -133,8 +150,12 @@ class TcpStoreServer::Impl {
 
 class TcpStoreServer::Impl::Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(Impl& server, tcp::socket socket, std::string peer)
-      : server_(server), socket_(std::move(socket)), timer_(server.io_), peer_(std::move(peer)) {}
+  Session(Impl& server, tcp::socket socket, std::string peer, std::string address)
+      : server_(server),
+        socket_(std::move(socket)),
+        timer_(server.io_),
+        peer_(std::move(peer)),
+        address_(std::move(address)) {}
 
   void start();
   void close();
@@ -161,6 +182,7 @@ class TcpStoreServer::Impl::Session : public std::enable_shared_from_this<Sessio
   tcp::socket socket_;
   asio::steady_timer timer_;  // authentication deadline, then the reject flush deadline
   std::string peer_;
+  std::string address_;  // peer_ without the port: the key of pendingByAddress_
   std::string nonce_;
   std::array<unsigned char, kHeaderSize> header_{};
   uint8_t op_ = 0;
@@ -173,7 +195,8 @@ class TcpStoreServer::Impl::Session : public std::enable_shared_from_this<Sessio
   bool rejecting_ = false;
   bool closed_ = false;
   std::shared_ptr<Waiter> waiter_;
-  std::list<Session*>::iterator pendingIt_;  // valid while countedPending_
+  // Valid while countedPending_: this session in pendingOrder_ and in its address's list.
+  std::list<Session*>::iterator pendingIt_, pendingByAddressIt_;
   Clock::time_point startedAt_ = Clock::now();
 
  public:
@@ -182,6 +205,9 @@ class TcpStoreServer::Impl::Session : public std::enable_shared_from_this<Sessio
     countedPending_ = false;
     --server_.pendingAuth_;
     server_.pendingOrder_.erase(pendingIt_);
+    auto mine = server_.pendingByAddress_.find(address_);
+    mine->second.erase(pendingByAddressIt_);
+    if (mine->second.empty()) server_.pendingByAddress_.erase(mine);
   }
   const std::string& peer() const { return peer_; }
   Clock::duration age() const { return Clock::now() - startedAt_; }
@@ -199,6 +225,8 @@ void TcpStoreServer::Impl::Session::start() {
   countedPending_ = true;
   ++server_.pendingAuth_;
   pendingIt_ = server_.pendingOrder_.insert(server_.pendingOrder_.end(), this);
+  auto& sameAddress = server_.pendingByAddress_[address_];
+  pendingByAddressIt_ = sameAddress.insert(sameAddress.end(), this);
   auto self = shared_from_this();
   timer_.expires_after(kAuthDeadline);
   timer_.async_wait([self](const error_code& ec) {
@@ -451,8 +479,24 @@ void TcpStoreServer::Impl::accept() {
     error_code e2;
     tcp::endpoint ep = socket.remote_endpoint(e2);
     std::string peer = e2 ? std::string("<unknown peer>") : formatEndpoint(ep);
+    std::string address = e2 ? peer : formatAddress(ep);
     setCloseOnExec(socket.native_handle());
-    if (pendingAuth_ >= kMaxPendingAuth && !pendingOrder_.empty()) {
+    auto sameAddress = pendingByAddress_.find(address);
+    if (sameAddress != pendingByAddress_.end() &&
+        sameAddress->second.size() >= kMaxPendingAuthPerAddress) {
+      // This address is at its own limit: make room among its connections, not
+      // among everyone's (the global eviction below would pick the oldest of all).
+      Session* oldest = sameAddress->second.front();
+      if (evictedSameAddress_++ % 1000 == 0)
+        HORA_LOG(logger_, kWarning)
+            << "store has " << sameAddress->second.size() << " connections from " << address
+            << " that have not authenticated (port scan or stray clients?): dropping its oldest, "
+            << oldest->peer() << " (idle "
+            << std::chrono::duration_cast<milliseconds>(oldest->age()).count() << " ms), for "
+            << peer << "; " << evictedSameAddress_ << " dropped so far for a newer one from "
+            << "the same address";
+      oldest->close();
+    } else if (pendingAuth_ >= kMaxPendingAuth && !pendingOrder_.empty()) {
       Session* oldest = pendingOrder_.front();
       // The first eviction and every 1,000th after it, so a flood cannot flood the log.
       if (evicted_++ % 1000 == 0)
@@ -464,7 +508,7 @@ void TcpStoreServer::Impl::accept() {
       oldest->close();
     }
     socket.set_option(tcp::no_delay(true), e2);
-    auto session = std::make_shared<Session>(*this, std::move(socket), peer);
+    auto session = std::make_shared<Session>(*this, std::move(socket), peer, address);
     sessions_.insert(session);
     session->start();
     accept();

@@ -38,7 +38,7 @@ namespace horarun {
 namespace {
 
 int usageError(const std::string& msg) {
-  std::fprintf(stderr, "horarun: %s\n(horarun --help shows the usage)\n", msg.c_str());
+  std::fprintf(stderr, "horarun: %s\n(horarun --help shows the usage)\n", oneLine(msg).c_str());
   return 2;
 }
 
@@ -128,7 +128,8 @@ EnvList inheritedHoraVariables() {
   for (char** e = environ; e && *e; ++e) {
     std::string kv = *e;
     auto eq = kv.find('=');
-    if (eq == std::string::npos) continue;
+    // Remote workers get `export NAME=...` lines: only shell names travel.
+    if (eq == std::string::npos || !isEnvName(kv.substr(0, eq))) continue;
     // Horovod's tuning variables travel too (the ranks honour them, docs/params.md);
     // its identity and rendezvous variables would describe another job.
     if (kv.rfind("HOROVOD_", 0) == 0) {
@@ -171,18 +172,17 @@ int realMain(int argc, char** argv) {
           "plugin libhora_cuda.so when built\n");
     return 0;
   }
-  for (const auto& note : opt.notes) std::fprintf(stderr, "horarun: %s\n", note.c_str());
-
   std::vector<HostSpec> hosts;
   if (!opt.hosts.empty()) {
-    if (!parseHostList(opt.hosts, &hosts, &error)) return usageError(error);
+    if (!parseHostList(opt.hosts, &hosts, &error, &opt.notes)) return usageError(error);
   } else if (!opt.hostfile.empty()) {
-    if (!parseHostfile(opt.hostfile, &hosts, &error)) return usageError(error);
+    if (!parseHostfile(opt.hostfile, &hosts, &error, &opt.notes)) return usageError(error);
   } else if (!opt.elastic) {
     hosts.push_back({"localhost", opt.np});
   } else if (opt.discoveryScript.empty() && opt.discoveryFile.empty()) {
     hosts.push_back({"localhost", opt.maxNp > 0 ? opt.maxNp : opt.np});  // --elastic alone
   }
+  for (const auto& note : opt.notes) std::fprintf(stderr, "horarun: %s\n", note.c_str());
   const bool discovering = !opt.discoveryScript.empty() || !opt.discoveryFile.empty();
   std::vector<Slot> slots;
   if (!opt.elastic) {

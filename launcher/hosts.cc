@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -14,6 +15,8 @@
 namespace horarun {
 
 namespace {
+
+constexpr int kMaxSlotsPerEntry = 999999;  // six digits
 
 bool parseSlots(const std::string& text, int* out) {
   if (text.empty() || text.size() > 6) return false;
@@ -47,25 +50,83 @@ bool parseHostEntry(const std::string& entry, HostSpec* out, std::string* error)
   return true;
 }
 
+// The host list being built: a host named again gets its slots added to its
+// first entry (see hosts.h), and each repeated host is noted once.
+class HostMerger {
+ public:
+  explicit HostMerger(std::vector<HostSpec>* out) : out_(out) {}
+
+  // `line`: the hostfile line `h` is on (0 for -H); `where` prefixes an error.
+  bool add(const HostSpec& h, int line, const std::string& where, std::string* error) {
+    auto found = index_.find(h.name);
+    if (found == index_.end()) {
+      index_[h.name] = out_->size();
+      out_->push_back(h);
+    } else {
+      HostSpec& first = (*out_)[found->second];
+      if (first.slots > kMaxSlotsPerEntry - h.slots) {
+        *error = where + "host '" + h.name +
+                 "' is listed again and its slots add up to more than " +
+                 std::to_string(kMaxSlotsPerEntry);
+        return false;
+      }
+      first.slots += h.slots;
+    }
+    parts_[h.name].push_back({h.slots, line});
+    return true;
+  }
+
+  // "SOURCE: host 'a' is listed 2 times (lines 1, 3): its slots are added up, 2+2 = 4".
+  void note(const std::string& source, std::vector<std::string>* notes) const {
+    if (!notes) return;
+    for (const auto& h : *out_) {
+      auto it = parts_.find(h.name);
+      if (it == parts_.end() || it->second.size() < 2) continue;
+      std::string sum, lines;
+      for (const Part& p : it->second) {
+        sum += (sum.empty() ? "" : "+") + std::to_string(p.slots);
+        if (p.line > 0) lines += (lines.empty() ? "" : ", ") + std::to_string(p.line);
+      }
+      notes->push_back(source + ": host '" + h.name + "' is listed " +
+                       std::to_string(it->second.size()) + " times" +
+                       (lines.empty() ? "" : " (lines " + lines + ")") +
+                       ": its slots are added up, " + sum + " = " + std::to_string(h.slots));
+    }
+  }
+
+ private:
+  struct Part {
+    int slots;
+    int line;
+  };
+  std::vector<HostSpec>* out_;
+  std::map<std::string, size_t> index_;  // name -> its entry in *out_
+  std::map<std::string, std::vector<Part>> parts_;
+};
+
 }  // namespace
 
-bool parseHostList(const std::string& text, std::vector<HostSpec>* out, std::string* error) {
+bool parseHostList(const std::string& text, std::vector<HostSpec>* out, std::string* error,
+                   std::vector<std::string>* notes) {
   std::stringstream ss(text);
   std::string entry;
+  HostMerger merged(out);
   while (std::getline(ss, entry, ',')) {
     if (entry.empty()) continue;
     HostSpec h;
     if (!parseHostEntry(entry, &h, error)) return false;
-    out->push_back(h);
+    if (!merged.add(h, 0, "-H entry '" + entry + "': ", error)) return false;
   }
   if (out->empty()) {
     *error = "-H '" + text + "' names no hosts";
     return false;
   }
+  merged.note("-H", notes);
   return true;
 }
 
-bool parseHostfile(const std::string& path, std::vector<HostSpec>* out, std::string* error) {
+bool parseHostfile(const std::string& path, std::vector<HostSpec>* out, std::string* error,
+                   std::vector<std::string>* notes) {
   std::ifstream f(path);
   if (!f) {
     *error = "cannot read hostfile '" + path + "'";
@@ -73,6 +134,7 @@ bool parseHostfile(const std::string& path, std::vector<HostSpec>* out, std::str
   }
   std::string line;
   int lineNo = 0;
+  HostMerger merged(out);
   while (std::getline(f, line)) {
     ++lineNo;
     line = line.substr(0, line.find('#'));
@@ -90,18 +152,19 @@ bool parseHostfile(const std::string& path, std::vector<HostSpec>* out, std::str
       *error = where + "expected 'host slots=N', got '" + word + "'";
       return false;
     }
-    out->push_back(h);
+    if (!merged.add(h, lineNo, where, error)) return false;
   }
   if (out->empty()) {
     *error = "hostfile '" + path + "' names no hosts";
     return false;
   }
+  merged.note("hostfile '" + path + "'", notes);
   return true;
 }
 
 bool assignSlots(const std::vector<HostSpec>& hosts, int np, std::vector<Slot>* out,
                  std::string* error) {
-  int total = 0;
+  int64_t total = 0;  // many hosts of 999999 slots overflow an int
   for (const auto& h : hosts) total += h.slots;
   if (np < 1 || total < np) {
     *error = "-np " + std::to_string(np) + " needs " + std::to_string(np) +
@@ -124,18 +187,13 @@ bool assignSlots(const std::vector<HostSpec>& hosts, int np, std::vector<Slot>* 
     }
     perHost.push_back(n);
   }
-  // Cross rank: among the hosts having local rank l, in host order.
-  for (auto& s : *out) {
-    int crossRank = 0, crossSize = 0;
-    for (size_t h = 0; h < perHost.size(); ++h) {
-      if (perHost[h] > s.localRank) {
-        if (static_cast<int>(h) < s.hostIndex) ++crossRank;
-        ++crossSize;
-      }
-    }
-    s.crossRank = crossRank;
-    s.crossSize = crossSize;
-  }
+  // Cross rank: among the hosts having local rank l, in host order. One pass
+  // (ranks are in host order), not ranks x hosts: a million ranks on a
+  // hundred thousand hosts must not take minutes.
+  std::vector<int> hostsWithLocal(
+      perHost.empty() ? 0 : *std::max_element(perHost.begin(), perHost.end()));
+  for (auto& s : *out) s.crossRank = hostsWithLocal[s.localRank]++;
+  for (auto& s : *out) s.crossSize = hostsWithLocal[s.localRank];
   return true;
 }
 

@@ -28,11 +28,21 @@ struct Slot {
   std::string host;
 };
 
-// "a:2,b:4,c" (slots default to 1). False with *error on a malformed entry.
-bool parseHostList(const std::string& text, std::vector<HostSpec>* out, std::string* error);
+// A host named more than once (`-H a:2,b:1,a:2`, or on two hostfile lines) is
+// one host with the slots added up (a:4, then b), in the place it was first
+// named; a note per such host goes to *notes (when given) for horarun to print.
+// Two entries of one machine would otherwise both get local rank 0, and pick
+// the same GPU. (Names are compared as written: localhost and 127.0.0.1 stay
+// two hosts.) launcher/README.md compares this with horovodrun.
+
+// "a:2,b:4,c" (slots default to 1). False with *error on a malformed entry, or
+// when a repeated host's slots add up to more than 999999.
+bool parseHostList(const std::string& text, std::vector<HostSpec>* out, std::string* error,
+                   std::vector<std::string>* notes = nullptr);
 // One host per line: "name [slots=N]" ("name:N" also accepted); '#' starts a
 // comment. False with *error naming the file and line.
-bool parseHostfile(const std::string& path, std::vector<HostSpec>* out, std::string* error);
+bool parseHostfile(const std::string& path, std::vector<HostSpec>* out, std::string* error,
+                   std::vector<std::string>* notes = nullptr);
 // Assigns np ranks to the hosts' slots in order; hosts left without ranks are
 // dropped. False when the hosts have fewer than np slots in total.
 bool assignSlots(const std::vector<HostSpec>& hosts, int np, std::vector<Slot>* out,

@@ -107,6 +107,44 @@ std::string formatNumber(double d) {
   return buf;
 }
 
+// What a numeric flag accepts. Every flag has an upper bound, so that no value
+// overflows where it is used: an int (ranks, slots, ports), or a duration
+// converted to nanoseconds (1e9 s is about 31 years; 1e18 ns fits in int64).
+struct Range {
+  double lo, hi;
+  bool fraction;  // else whole numbers only
+  const char* unit = nullptr;
+};
+
+constexpr double kMaxSeconds = 1e9;
+constexpr Range kRanks{1, kMaxNp, false};
+constexpr Range kSeconds{0, kMaxSeconds, true, "seconds"};
+// Timeouts where 0 makes no sense: at least a millisecond, the unit the ranks
+// count them in (a smaller one would reach them as 0).
+constexpr Range kTimeoutSeconds{0.001, kMaxSeconds, true, "seconds"};
+
+// "an integer from 1 to 1048576", "a number of seconds from 0.001 to 1000000000".
+std::string describe(const Range& r) {
+  return std::string(r.fraction ? "a number" : "an integer") +
+         (r.unit ? std::string(" of ") + r.unit : std::string()) + " from " + formatNumber(r.lo) +
+         " to " + formatNumber(r.hi);
+}
+
+// Reads `text` as a number within `r`; false with *error naming `what` (the
+// flag or variable), the text and what is allowed.
+bool parseNumber(const std::string& what, const std::string& text, const Range& r, double* out,
+                 std::string* error) {
+  if (isNumber(text, r.fraction)) {
+    const double v = std::strtod(text.c_str(), nullptr);
+    if (v >= r.lo && v <= r.hi) {
+      *out = v;
+      return true;
+    }
+  }
+  *error = what + " expects " + describe(r) + ", got '" + text + "'";
+  return false;
+}
+
 void addEnv(Options* o, const std::string& name, const std::string& value) {
   for (auto& kv : o->env)
     if (kv.first == name) {
@@ -179,14 +217,6 @@ bool validateElastic(Options* o, std::string* error) {
              (o->maxNp > 0 ? std::to_string(o->maxNp) : std::string("(unbounded)"));
     return false;
   }
-  if (o->slotsPerHost < 1) {
-    *error = "--slots must be at least 1";
-    return false;
-  }
-  if (o->elasticTimeoutS <= 0) {
-    *error = "--elastic-timeout must be positive (seconds)";
-    return false;
-  }
   if (script) {
     struct stat st;
     if (stat(o->discoveryScript.c_str(), &st) != 0) {
@@ -212,9 +242,49 @@ bool validateElastic(Options* o, std::string* error) {
 
 const char* usageText() { return kUsage; }
 
+bool isEnvName(const std::string& name) {
+  if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) return false;
+  for (char c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+  return true;
+}
+
+std::string oneLine(const std::string& text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+bool parse(int argc, char** argv, Options* o, std::string* error);
+
+}  // namespace
+
 bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
+  if (parse(argc, argv, o, error)) return true;
+  // Arguments are echoed in the message: a newline in one must not split it.
+  *error = oneLine(*error);
+  return false;
+}
+
+namespace {
+
+bool parse(int argc, char** argv, Options* o, std::string* error) {
   if (const char* s = std::getenv("HORARUN_SSH_COMMAND")) o->sshCommand = s;
-  if (const char* s = std::getenv("HORARUN_START_TIMEOUT_S")) o->startTimeoutS = std::atof(s);
+  // HORARUN_START_TIMEOUT_S is checked after the flags: --start-timeout overrides it.
+  const char* startTimeoutEnv = std::getenv("HORARUN_START_TIMEOUT_S");
+  bool startTimeoutGiven = false;
   int i = 1;
   // "--flag=value": the value of the flag being parsed, consumed by value().
   std::string inlineValue;
@@ -232,32 +302,35 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
     *out = argv[++i];
     return true;
   };
-  auto number = [&](const std::string& flag, bool fraction, double* out) {
+  auto number = [&](const std::string& flag, const Range& r, double* out) {
     std::string v;
-    if (!value(flag, &v)) return false;
-    if (!isNumber(v, fraction) || std::strtod(v.c_str(), nullptr) < 0) {
-      *error = flag + " expects a non-negative " + (fraction ? "number" : "integer") + ", got '" +
-               v + "'";
-      return false;
-    }
-    *out = std::strtod(v.c_str(), nullptr);
+    return value(flag, &v) && parseNumber(flag, v, r, out, error);
+  };
+  auto integer = [&](const std::string& flag, const Range& r, int* out) {
+    double d = 0;
+    if (!number(flag, r, &d)) return false;
+    *out = static_cast<int>(d);  // r.hi fits an int
     return true;
   };
-  // Tuning flag -> parameter, with a scale factor (MiB -> bytes).
+  // Tuning flag -> parameter, with a scale factor (MiB -> bytes) and the range
+  // the runtime can use (HORA_CACHE_CAPACITY is read as an int; bytes as int64).
   struct Tuning {
     const char* flag;
     const char* param;
     double scale;
-    bool fraction;
+    Range range;
   };
   static const Tuning kTuning[] = {
-      {"--fusion-threshold-mb", "HORA_FUSION_THRESHOLD_BYTES", 1048576.0, true},
-      {"--cycle-time-ms", "HORA_CYCLE_TIME_MS", 1, true},
-      {"--cache-capacity", "HORA_CACHE_CAPACITY", 1, false},
-      {"--stall-check-warning-time-seconds", "HORA_STALL_WARNING_TIME_S", 1, true},
-      {"--stall-check-shutdown-time-seconds", "HORA_STALL_SHUTDOWN_TIME_S", 1, true},
-      {"--peer-timeout-seconds", "HORA_PEER_TIMEOUT_S", 1, true},
-      {"--gloo-timeout-seconds", "HORA_PEER_TIMEOUT_S", 1, true},
+      {"--fusion-threshold-mb",
+       "HORA_FUSION_THRESHOLD_BYTES",
+       1048576.0,
+       {0, 8796093022207.0, true, "MiB"}},  // below 2^43 MiB = 2^63 bytes
+      {"--cycle-time-ms", "HORA_CYCLE_TIME_MS", 1, {0, kMaxSeconds, true, "ms"}},
+      {"--cache-capacity", "HORA_CACHE_CAPACITY", 1, {0, 2147483647.0, false}},
+      {"--stall-check-warning-time-seconds", "HORA_STALL_WARNING_TIME_S", 1, kSeconds},
+      {"--stall-check-shutdown-time-seconds", "HORA_STALL_SHUTDOWN_TIME_S", 1, kSeconds},
+      {"--peer-timeout-seconds", "HORA_PEER_TIMEOUT_S", 1, kTimeoutSeconds},
+      {"--gloo-timeout-seconds", "HORA_PEER_TIMEOUT_S", 1, kTimeoutSeconds},
   };
   // horovodrun flags hora has no answer for: refused, naming why and what to do.
   struct Refused {
@@ -322,7 +395,7 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
     bool handled = false;
     for (const auto& t : kTuning) {
       if (a != t.flag) continue;
-      if (!number(a, t.fraction, &d)) return false;
+      if (!number(a, t.range, &d)) return false;
       addEnv(o, t.param,
              t.scale != 1 ? std::to_string(static_cast<long long>(d * t.scale)) : formatNumber(d));
       handled = true;
@@ -346,15 +419,13 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
       continue;
     }
     if (a == "-np" || a == "--num-proc") {
-      if (!number(a, false, &d)) return false;
-      o->np = static_cast<int>(d);
+      if (!integer(a, kRanks, &o->np)) return false;
     } else if (a == "-H" || a == "--hosts") {
       if (!value(a, &o->hosts)) return false;
     } else if (a == "--hostfile" || a == "-hostfile") {
       if (!value(a, &o->hostfile)) return false;
     } else if (a == "-p" || a == "--ssh-port") {
-      if (!number(a, false, &d)) return false;
-      o->sshPort = static_cast<int>(d);
+      if (!integer(a, {1, 65535, false}, &o->sshPort)) return false;
     } else if (a == "-i" || a == "--ssh-identity-file") {
       if (!value(a, &o->sshIdentityFile)) return false;
     } else if (a == "--ssh-command") {
@@ -364,9 +435,10 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
     } else if (a == "--output-filename") {
       if (!value(a, &o->outputDir)) return false;
     } else if (a == "--start-timeout") {
-      if (!number(a, true, &o->startTimeoutS)) return false;
+      if (!number(a, kTimeoutSeconds, &o->startTimeoutS)) return false;
+      startTimeoutGiven = true;
     } else if (a == "--grace-seconds") {
-      if (!number(a, true, &o->graceS)) return false;
+      if (!number(a, kSeconds, &o->graceS)) return false;
     } else if (a == "--log-level") {
       // hora's levels, or horovodrun's (TRACE..FATAL; hora's nearest to FATAL is error).
       if (!value(a, &v)) return false;
@@ -409,7 +481,7 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
     } else if (a == "--tcp") {
       addEnv(o, "NCCL_IB_DISABLE", "1");  // what horovodrun --tcp sets
     } else if (a == "--num-nccl-streams") {
-      if (!number(a, false, &d)) return false;
+      if (!number(a, {0, 2147483647.0, false}, &d)) return false;
       if (d != 1) {
         *error = "not supported by hora: " + a + " " + formatNumber(d) +
                  " (hora uses one NCCL stream per process set; drop the flag)";
@@ -419,34 +491,34 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
     } else if (a == "-cb" || a == "--check-build") {
       o->checkBuild = true;
     } else if (a == "-x" || a == "--env") {
+      // NAME=VALUE (VALUE may be empty), or NAME: its value here.
       if (!value(a, &v)) return false;
-      auto eq = v.find('=');
+      const auto eq = v.find('=');
+      const std::string name = v.substr(0, eq);
+      if (!isEnvName(name)) {
+        *error = a + " '" + v + "': " +
+                 (name.empty() ? std::string("the variable name is empty")
+                               : "'" + name + "' is not a variable name") +
+                 " (expected NAME=VALUE or NAME; a name is letters, digits and '_', not starting "
+                 "with a digit)";
+        return false;
+      }
       if (eq == std::string::npos) {
-        const char* cur = std::getenv(v.c_str());
+        const char* cur = std::getenv(name.c_str());
         if (!cur) {
           *error = "-x " + v + ": not set in horarun's environment (use -x NAME=VALUE)";
           return false;
         }
-        addEnv(o, v, cur);
+        addEnv(o, name, cur);
       } else {
-        addEnv(o, v.substr(0, eq), v.substr(eq + 1));
+        addEnv(o, name, v.substr(eq + 1));
       }
     } else if (a == "--min-np" || a == "--min-num-proc") {
-      if (!number(a, false, &d)) return false;
-      o->minNp = static_cast<int>(d);
+      if (!integer(a, kRanks, &o->minNp)) return false;
       o->elastic = true;
-      if (o->minNp < 1) {
-        *error = a + " must be at least 1";
-        return false;
-      }
     } else if (a == "--max-np" || a == "--max-num-proc") {
-      if (!number(a, false, &d)) return false;
-      o->maxNp = static_cast<int>(d);
+      if (!integer(a, kRanks, &o->maxNp)) return false;
       o->elastic = true;
-      if (o->maxNp < 1) {
-        *error = a + " must be at least 1";
-        return false;
-      }
     } else if (a == "--host-discovery-script") {
       if (!value(a, &o->discoveryScript)) return false;
       o->elastic = true;
@@ -454,17 +526,12 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
       if (!value(a, &o->discoveryFile)) return false;
       o->elastic = true;
     } else if (a == "--slots" || a == "--slots-per-host") {
-      if (!number(a, false, &d)) return false;
-      o->slotsPerHost = static_cast<int>(d);
+      // 65536: the most a discovery line may give a host (elastic.h).
+      if (!integer(a, {1, 65536, false}, &o->slotsPerHost)) return false;
     } else if (a == "--elastic-timeout") {
-      if (!number(a, true, &o->elasticTimeoutS)) return false;
+      if (!number(a, kTimeoutSeconds, &o->elasticTimeoutS)) return false;
     } else if (a == "--reset-limit") {
-      if (!number(a, false, &d)) return false;
-      if (d < 0 || d > 1e9) {
-        *error = "--reset-limit must be a whole number >= 0";
-        return false;
-      }
-      o->resetLimit = static_cast<int>(d);
+      if (!integer(a, {0, 1e9, false}, &o->resetLimit)) return false;
     } else if (a == "--blacklist-cooldown-range") {
       // Two values: "LO HI", or "--blacklist-cooldown-range=LO,HI".
       std::string lo, hi;
@@ -482,13 +549,13 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
       } else {
         lo = argv[++i], hi = argv[++i];
       }
-      if (!isNumber(lo, true) || !isNumber(hi, true) || std::strtod(lo.c_str(), nullptr) < 0 ||
-          std::strtod(hi.c_str(), nullptr) < std::strtod(lo.c_str(), nullptr)) {
+      if (!parseNumber(a + " LO", lo, kSeconds, &o->cooldownLowS, error) ||
+          !parseNumber(a + " HI", hi, kSeconds, &o->cooldownHighS, error))
+        return false;
+      if (o->cooldownHighS < o->cooldownLowS) {
         *error = a + " expects seconds LO HI with 0 <= LO <= HI, got '" + lo + "' '" + hi + "'";
         return false;
       }
-      o->cooldownLowS = std::strtod(lo.c_str(), nullptr);
-      o->cooldownHighS = std::strtod(hi.c_str(), nullptr);
     } else if (a == "--elastic") {
       o->elastic = true;
     } else if (a == "--check") {
@@ -529,13 +596,15 @@ bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
     *error = "-np N (N >= 1) is required";
     return false;
   }
-  if (o->startTimeoutS <= 0) {
-    *error = "--start-timeout must be positive";
+  if (startTimeoutEnv && !startTimeoutGiven &&
+      !parseNumber("HORARUN_START_TIMEOUT_S (horarun's environment)", startTimeoutEnv,
+                   kTimeoutSeconds, &o->startTimeoutS, error))
     return false;
-  }
-  addEnv(o, "HORA_START_TIMEOUT_S", std::to_string(o->startTimeoutS));
+  addEnv(o, "HORA_START_TIMEOUT_S", formatNumber(o->startTimeoutS));
   return true;
 }
+
+}  // namespace
 
 std::vector<std::string> remoteShellFor(const Options& opt, const std::string& host) {
   std::vector<std::string> words;

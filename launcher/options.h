@@ -13,6 +13,10 @@
 
 namespace horarun {
 
+// The most ranks horarun starts (-np, --min-np, --max-np): far above any real
+// job, and low enough that sums of ranks and slots never overflow an int.
+constexpr int kMaxNp = 1 << 20;
+
 struct Options {
   int np = 0;
   std::string hosts;     // -H
@@ -51,9 +55,17 @@ struct Options {
   double cooldownLowS = 1, cooldownHighS = 600;
 };
 
-// Parses argv. False with *error (a one-line message) on bad usage.
+// Parses argv. False with *error (a one-line message) on bad usage: an unknown
+// flag, a missing value, a number out of its range (the message names the
+// flag, the value and what is allowed), an unusable -x, inconsistent flags.
 bool parseOptions(int argc, char** argv, Options* out, std::string* error);
 const char* usageText();
+// `text` with control characters escaped (\n, \x1b), for a one-line message
+// that echoes user input.
+std::string oneLine(const std::string& text);
+// Whether `name` can be given to workers as a variable: a shell name
+// ([A-Za-z_][A-Za-z0-9_]*), since remote workers get `export NAME=...` lines.
+bool isEnvName(const std::string& name);
 // The remote shell as argv tokens for one host (template expanded).
 std::vector<std::string> remoteShellFor(const Options& opt, const std::string& host);
 

@@ -58,7 +58,7 @@ refused() {  # refused PATTERN ARGS...
 }
 refused "is not an executable file" --min-np 1 --host-discovery-script "$D/not_executable.sh"
 refused "No such file or directory" --min-np 1 --host-discovery-script "$D/missing.sh"
-refused "--min-np must be at least 1" --min-np 0 --host-discovery-file "$D/hosts"
+refused "--min-np expects an integer from 1 to 1048576, got '0'" --min-np 0 --host-discovery-file "$D/hosts"
 refused "--min-np 3 is larger than --max-np 2" --min-np 3 --max-np 2 --host-discovery-script "$D/small.sh"
 refused "-np 1 must lie between --min-np 2 and --max-np 4" -np 1 --min-np 2 --max-np 4 --host-discovery-script "$D/small.sh"
 refused "give one source of hosts" -H localhost:2 --min-np 1 --host-discovery-script "$D/small.sh"

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -111,12 +112,49 @@ TEST(HostListTest, BadNamesAreRejectedNamingTheEntry) {
   EXPECT_TRUE(contains(error, "' b:4'")) << error;
 }
 
-TEST(HostListTest, RepeatedHostsStayDistinctEntries) {
-  // Not merged and not refused: see AssignSlotsTest.RepeatedHostGetsLocalRankZeroTwice.
+// Was a bug: a host named twice was two hosts, so two ranks on one machine both got local
+// rank 0 (and picked the same GPU). Now its slots are added up, in its first place, with a note.
+TEST(HostListTest, RepeatedHostsAreMergedWithANote) {
+  std::vector<HostSpec> hosts;
+  std::vector<std::string> notes;
+  std::string error;
+  ASSERT_TRUE(parseHostList("a:2,b,a:3,c:1,b,a", &hosts, &error, &notes)) << error;
+  EXPECT_EQ(pairs(hosts), (Pairs{{"a", 6}, {"b", 2}, {"c", 1}}));
+  EXPECT_EQ(notes, (std::vector<std::string>{
+                       "-H: host 'a' is listed 3 times: its slots are added up, 2+3+1 = 6",
+                       "-H: host 'b' is listed 2 times: its slots are added up, 1+1 = 2"}));
+  // The example; and no note without a repetition, nor without a place for notes.
+  hosts.clear(), notes.clear();
+  ASSERT_TRUE(parseHostList("host1:2,host1:2", &hosts, &error, &notes)) << error;
+  EXPECT_EQ(pairs(hosts), (Pairs{{"host1", 4}}));
+  EXPECT_EQ(notes.size(), 1u);
+  hosts.clear(), notes.clear();
+  ASSERT_TRUE(parseHostList("a:2,b:2", &hosts, &error, &notes)) << error;
+  EXPECT_TRUE(notes.empty());
+  hosts.clear();
+  ASSERT_TRUE(parseHostList("a,a", &hosts, &error)) << error;
+  EXPECT_EQ(pairs(hosts), (Pairs{{"a", 2}}));
+}
+
+TEST(HostListTest, MergedSlotsHaveTheSameLimitAsOneEntry) {
   std::vector<HostSpec> hosts;
   std::string error;
-  ASSERT_TRUE(parseHostList("a:1,a:1", &hosts, &error)) << error;
-  EXPECT_EQ(pairs(hosts), (Pairs{{"a", 1}, {"a", 1}}));
+  ASSERT_TRUE(parseHostList("a:999998,a:1", &hosts, &error)) << error;
+  EXPECT_EQ(pairs(hosts), (Pairs{{"a", 999999}}));
+  hosts.clear();
+  EXPECT_FALSE(parseHostList("a:999999,a:1", &hosts, &error));
+  EXPECT_EQ(error,
+            "-H entry 'a:1': host 'a' is listed again and its slots add up to more than 999999");
+}
+
+// Names are compared as written; two names of one machine stay two hosts.
+TEST(HostListTest, DifferentNamesOfOneMachineAreNotMerged) {
+  std::vector<HostSpec> hosts;
+  std::vector<std::string> notes;
+  std::string error;
+  ASSERT_TRUE(parseHostList("localhost:1,127.0.0.1:1", &hosts, &error, &notes)) << error;
+  EXPECT_EQ(pairs(hosts), (Pairs{{"localhost", 1}, {"127.0.0.1", 1}}));
+  EXPECT_TRUE(notes.empty());
 }
 
 // ---- hostfiles ----
@@ -165,6 +203,22 @@ TEST_F(HostfileTest, LastSlotsWins) {
   std::string error;
   ASSERT_TRUE(parseHostfile(path, &hosts, &error)) << error;
   EXPECT_EQ(pairs(hosts), (Pairs{{"a", 3}, {"b", 5}}));
+}
+
+TEST_F(HostfileTest, RepeatedHostsAreMergedNamingTheLines) {
+  std::string path = write("hosts", "a slots=2\nb slots=1\n# a again\na:4\na slots=1\n");
+  std::vector<HostSpec> hosts;
+  std::vector<std::string> notes;
+  std::string error;
+  ASSERT_TRUE(parseHostfile(path, &hosts, &error, &notes)) << error;
+  EXPECT_EQ(pairs(hosts), (Pairs{{"a", 7}, {"b", 1}}));
+  EXPECT_EQ(notes, (std::vector<std::string>{"hostfile '" + path +
+                                             "': host 'a' is listed 3 times (lines 1, 4, 5): its "
+                                             "slots are added up, 2+4+1 = 7"}));
+  std::string big = write("big", "a slots=999999\na\n");
+  hosts.clear();
+  EXPECT_FALSE(parseHostfile(big, &hosts, &error));
+  EXPECT_EQ(error, big + ":2: host 'a' is listed again and its slots add up to more than 999999");
 }
 
 TEST_F(HostfileTest, BadLinesNameTheFileAndLine) {
@@ -343,9 +397,9 @@ TEST(AssignSlotsTest, ReplacesPreviousContents) {
   EXPECT_EQ(slots.size(), 2u);
 }
 
-// Documents today's behaviour: a host named twice is two hosts, so two ranks on one machine
-// both get local rank 0 (and would pick the same GPU). horarun neither merges nor refuses it.
-TEST(AssignSlotsTest, RepeatedHostGetsLocalRankZeroTwice) {
+// Was a bug: a host named twice was two hosts, both ranks got local rank 0 and a cross size of
+// 2 on one machine. Merged, it is one host with two local ranks.
+TEST(AssignSlotsTest, RepeatedHostGetsDistinctLocalRanks) {
   std::vector<HostSpec> hosts;
   std::string error;
   ASSERT_TRUE(parseHostList("a:1,a:1", &hosts, &error)) << error;
@@ -353,9 +407,30 @@ TEST(AssignSlotsTest, RepeatedHostGetsLocalRankZeroTwice) {
   ASSERT_TRUE(assignSlots(hosts, 2, &slots, &error)) << error;
   expectSlots(slots, 2,
               {
-                  {0, 0, 1, 0, 2, 0, "a"},
-                  {1, 0, 1, 1, 2, 1, "a"},
+                  {0, 0, 2, 0, 1, 0, "a"},
+                  {1, 1, 2, 0, 1, 0, "a"},
               });
+}
+
+// Was a bug: the slots were summed in an int (3,000 hosts of 999,999 slots overflowed it) and
+// cross ranks took ranks x hosts steps (a million ranks on 100,000 hosts: minutes).
+TEST(AssignSlotsTest, TheLargestJobsAreCountedRightAndQuickly) {
+  std::vector<HostSpec> big(3000, HostSpec{"h", 999999});
+  std::vector<Slot> slots;
+  std::string error;
+  ASSERT_TRUE(assignSlots(big, 1 << 20, &slots, &error)) << error;
+  EXPECT_EQ(slots.size(), 1u << 20);
+  EXPECT_EQ(slots.back().localRank, (1 << 20) - 999999 - 1);
+  EXPECT_EQ(slots.back().crossRank, 1);
+  EXPECT_EQ(slots.back().crossSize, 2);
+  std::vector<HostSpec> many;
+  for (int h = 0; h < 100000; ++h) many.push_back({"h" + std::to_string(h), 10});
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(assignSlots(many, 1000000, &slots, &error)) << error;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_EQ(slots.back().crossRank, 99999);
+  EXPECT_EQ(slots.back().crossSize, 100000);
+  EXPECT_EQ(slots.back().localSize, 10);
 }
 
 // Invariants over random host lists, against a direct restatement of horovodrun's rules.

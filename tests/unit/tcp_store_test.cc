@@ -52,11 +52,18 @@ int unusedPort() {
 // reads time out after 3 s so a server bug fails the test instead of hanging.
 class RawPeer {
  public:
-  explicit RawPeer(int port) {
+  // `from`: the loopback address to connect from (any 127.x.y.z), else the default.
+  explicit RawPeer(int port, const char* from = nullptr) {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     timeval tv{3, 0};
     ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     ::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    if (from) {
+      sockaddr_in local{};
+      local.sin_family = AF_INET;
+      ::inet_pton(AF_INET, from, &local.sin_addr);
+      if (::bind(fd_, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0) return;
+    }
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -91,8 +98,17 @@ class RawPeer {
   }
   // Runs the handshake by hand; returns the server's answer opcode.
   int authenticate(const std::string& secret) {
-    std::string hdr, nonce, reply;
-    if (!recvExact(8, &hdr) || hdr[2] != 0x01 || !recvExact(32, &nonce)) return -1;
+    std::string nonce;
+    if (!readChallenge(&nonce)) return -1;
+    return answerChallenge(secret, nonce);
+  }
+  // The handshake's two halves, for a client that is slow to answer.
+  bool readChallenge(std::string* nonce) {
+    std::string hdr;
+    return recvExact(8, &hdr) && hdr[2] == 0x01 && recvExact(32, nonce);
+  }
+  int answerChallenge(const std::string& secret, const std::string& nonce) {
+    std::string reply;
     std::string mac = hmacSha256(secret, "hora-store-v1" + nonce);
     if (!send(header(0x02, 32) + mac)) return -1;
     if (!recvExact(8, &reply)) return -1;
@@ -440,10 +456,13 @@ TEST_F(TcpStoreTest, FloodOfIdleConnectionsDoesNotDelayAClient) {
     ::setrlimit(RLIMIT_NOFILE, &lim);
     if (lim.rlim_cur < 2 * kIdle + 200) GTEST_SKIP() << "needs " << 2 * kIdle + 200 << " fds";
   }
+  // From 10 addresses, 110 each: under the per-address limit (128), so the global one acts
+  // (OneAddressCannotEvictAnotherAddresssHandshake floods from one address).
   std::vector<std::unique_ptr<RawPeer>> idle;
   for (size_t i = 0; i < kIdle; ++i) {
-    idle.push_back(std::make_unique<RawPeer>(server_->port()));
-    ASSERT_TRUE(idle.back()->connected()) << "idle connection " << i;
+    const std::string from = "127.0.1." + std::to_string(1 + i % 10);
+    idle.push_back(std::make_unique<RawPeer>(server_->port(), from.c_str()));
+    ASSERT_TRUE(idle.back()->connected()) << "idle connection " << i << " from " << from;
   }
   std::this_thread::sleep_for(200ms);  // let the server accept them all
   auto start = Clock::now();
@@ -456,6 +475,60 @@ TEST_F(TcpStoreTest, FloodOfIdleConnectionsDoesNotDelayAClient) {
   // each got its challenge frame.
   std::string challenge;
   EXPECT_TRUE(idle.back()->recvExact(8 + 32, &challenge));
+}
+
+// Issue 14: a flood from one address evicted other hosts' clients mid-handshake. At the global
+// limit the oldest unauthenticated connection of all is dropped, and the flood's own ones are
+// always newer, so a client that had its challenge but not yet answered (a slow host) lost its
+// connection to 1,024 idle ones from elsewhere. Now one address is held to 128 unauthenticated
+// connections, making room among its own: the slow client, from another address, answers
+// after the flood and is let in.
+TEST_F(TcpStoreTest, OneAddressCannotEvictAnotherAddresssHandshake) {
+  rlimit lim{};
+  ::getrlimit(RLIMIT_NOFILE, &lim);
+  const size_t kFlood = 1100;  // past the server's 1,024 pending-authentication limit
+  if (lim.rlim_cur < kFlood + 400) {
+    lim.rlim_cur = std::min<rlim_t>(lim.rlim_max, kFlood + 400);
+    ::setrlimit(RLIMIT_NOFILE, &lim);
+    if (lim.rlim_cur < kFlood + 400) GTEST_SKIP() << "needs " << kFlood + 400 << " fds";
+  }
+  RawPeer slow(server_->port(), "127.0.0.2");
+  if (!slow.connected()) GTEST_SKIP() << "cannot connect from 127.0.0.2";
+  std::string nonce;
+  ASSERT_TRUE(slow.readChallenge(&nonce));
+  std::vector<std::unique_ptr<RawPeer>> flood;
+  for (size_t i = 0; i < kFlood; ++i) {
+    flood.push_back(std::make_unique<RawPeer>(server_->port(), "127.0.0.1"));
+    ASSERT_TRUE(flood.back()->connected()) << "flood connection " << i;
+  }
+  std::this_thread::sleep_for(200ms);  // let the server accept them all
+  EXPECT_EQ(slow.answerChallenge(kSecret, nonce), 0x03) << "the slow client was evicted";
+  // The flood made room among its own connections: its oldest are closed, its newest served.
+  EXPECT_TRUE(flood.front()->closedByServer());
+  std::string challenge;
+  EXPECT_TRUE(flood.back()->recvExact(8 + 32, &challenge));
+  // A real client from the flooding address still gets in.
+  auto start = Clock::now();
+  expectServerHealthy();
+  EXPECT_LT(elapsedMs(start), 1000);
+}
+
+// The per-address count follows connections that authenticate or leave: after a flood is gone,
+// the same address can hold as many unauthenticated connections as before.
+TEST_F(TcpStoreTest, PerAddressLimitFollowsConnectionsThatAuthenticateOrLeave) {
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    std::vector<std::unique_ptr<RawPeer>> peers;
+    std::vector<std::string> nonces(120);
+    for (size_t i = 0; i < nonces.size(); ++i) {
+      peers.push_back(std::make_unique<RawPeer>(server_->port(), "127.0.0.3"));
+      ASSERT_TRUE(peers.back()->readChallenge(&nonces[i])) << "connection " << i;
+    }
+    // Under the limit of 128 nobody is evicted; half of them authenticate, the rest leave.
+    for (size_t i = 0; i < peers.size(); i += 2)
+      EXPECT_EQ(peers[i]->answerChallenge(kSecret, nonces[i]), 0x03) << "connection " << i;
+  }
+  expectServerHealthy();
 }
 
 TEST_F(TcpStoreTest, ConnectToNothingTimesOutNamingAddress) {
