@@ -98,6 +98,11 @@ void Executor::complete(AgreedGroup& g, const Status& outputLost) {
 
 void Executor::fail(AgreedGroup& g, const Status& why) {
   const int me = ctx_.myGlobalRank();
+  // The post-mortem is written before anyone learns of the failure: a
+  // program that exits on the error it gets would leave none otherwise.
+  if (ctx_.telemetry && ctx_.telemetry->options().flightEntries > 0)
+    (void)ctx_.telemetry->dumpFlight("a collective failed on rank " + std::to_string(me) + ": " +
+                                     why.message());
   if (ctx_.health->suspected()) {
     // The data plane failed: the entries get the set's final status (the
     // lost peer, named by the control thread) when there is one.

@@ -16,10 +16,12 @@ wait $hr
 expect_grep "flight recorder dumps and hang reports of this job are in $TMPDIR/hora-$(id -u)/job-" "$WORK/job.err" "horarun did not name the dump folder"
 dir=$(sed -nE 's/.*hang reports of this job are in ([^ ]+) .*/\1/p' "$WORK/job.err")
 [ -d "$dir" ] || fail "named folder $dir is not there"
-f=$(ls "$dir"/hora-flight-global-rank0-pid*.txt 2>/dev/null | head -1)
-[ -n "$f" ] || fail "no flight recorder dump of rank 0 in $dir: $(ls "$dir")"
-expect_grep "why: the process set failed" "$f" "rank 0's dump does not say why"
-expect_grep "rank 2" "$f" "rank 0's dump does not name the lost rank"
+# The survivor that notices first dumps before horarun stops the others
+# (one stopped by horarun's SIGTERM before it noticed writes none).
+f=$(ls "$dir"/hora-flight-global-rank[01]-pid*.txt 2>/dev/null | head -1)
+[ -n "$f" ] || fail "no flight recorder dump of a survivor in $dir: $(ls "$dir")"
+expect_grep "why: (the process set failed|a collective failed)" "$f" "the dump does not say why"
+expect_grep "rank 2" "$f" "the dump does not name the lost rank"
 # A clean job: no folder left.
 "$HORARUN" -np 2 "$PROBE" train 20 >"$WORK/ok.out" 2>"$WORK/ok.err" || fail "clean job failed: $(cat "$WORK/ok.err")"
 left=$(ls -d "$TMPDIR"/hora-$(id -u)/job-* | grep -vc "^$dir$")
