@@ -1,6 +1,7 @@
 #include "core/timeline.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -84,6 +85,9 @@ Status Timeline::start(const std::string& path, bool markCycles) {
   dropped_ = 0;
   markCycles_ = markCycles;
   active_ = true;
+  // The opening bracket goes first, before any rank's events: the others
+  // write nothing until the file holds something (flush()).
+  if (opts_.rank == 0) writeLocked("[\n");
   return Status::ok();
 }
 
@@ -146,11 +150,16 @@ void Timeline::writeLocked(const std::string& text) {
 void Timeline::flush() {
   std::lock_guard<std::mutex> lk(mu_);
   if (fd_ < 0 || (!active_ && buffer_.empty())) return;
+  // A rank other than 0 may start before rank 0 created the file: it keeps
+  // its events (bounded) until rank 0's "[" is there.
+  if (opts_.rank != 0 && written_ == 0) {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || st.st_size == 0) return;
+  }
   std::string out;
   const std::string pid = std::to_string(opts_.rank);
   if (!headerDone_) {
     headerDone_ = true;
-    if (opts_.rank == 0) out += "[\n";
     out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + pid +
            ",\"args\":{\"name\":\"rank " + pid + " (" + escape(opts_.host) + ")\"}},\n";
     out += "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":" + pid +

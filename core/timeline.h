@@ -9,11 +9,14 @@
 // One file for every rank: each rank appends its events to the same path
 // with O_APPEND, one write(2) per batch of whole lines, so batches of
 // different ranks never interleave mid-line (on one host, or a shared file
-// system). Rank 0 creates the file and writes the opening "[": the JSON Array
-// Format tolerates the trailing comma and missing "]" of a file still being
-// written or of a job that died. Timestamps are the wall clock (CLOCK_REALTIME)
-// in microseconds: identical across processes of one host, NTP-aligned
-// across hosts.
+// system). Rank 0 creates the file and writes the opening "[" at start; the
+// others append only once the file holds something. The JSON Array Format
+// tolerates the trailing comma and missing "]" of a file still being written
+// or of a job that died. Start it on every rank at the same point (init, or
+// after the same collective): a rank that starts before rank 0 truncates the
+// file of an earlier run would lose what it appended to it. Timestamps are the wall clock
+// (CLOCK_REALTIME) in microseconds: identical across processes of one host, NTP-aligned across
+// hosts.
 //
 // Bounded: at most HORA_TIMELINE_BUFFER_EVENTS unflushed events (more are
 // dropped and counted) and HORA_TIMELINE_MAX_MB written by this rank; past

@@ -5,6 +5,10 @@
 #include "core/telemetry.h"
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <fstream>
+#include <sstream>
 
 #include "controllers/coordinator.h"
 
@@ -198,6 +202,77 @@ TEST(CoordinatorHangReport, TheLastArrivalFeedsTheStragglerRanking) {
   ASSERT_EQ(m.stragglers.size(), 1u);
   EXPECT_EQ(m.stragglers[0].rank, 2);
   EXPECT_NEAR(m.stragglers[0].waitMs, 30, 1e-6);
+}
+
+}  // namespace
+}  // namespace hora
+
+namespace hora {
+namespace {
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Rank 1 starts (and has events) before rank 0 created the file: nothing of
+// rank 1 goes out until rank 0's "[" is there, so the file always opens with it.
+TEST(Timeline, OtherRanksWaitForRankZerosOpeningBracket) {
+  char dir[] = "/tmp/hora-tl-unit-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/t.json";
+  TimelineOptions o1;
+  o1.rank = 1;
+  Timeline r1(o1);
+  ASSERT_TRUE(r1.start(path, false).isOk());
+  r1.record(TimelineLane::kDataPlane, "early", "allreduce", 1000, 2000);
+  r1.flush();
+  EXPECT_EQ(slurp(path), "");
+  TimelineOptions o0;
+  o0.rank = 0;
+  Timeline r0(o0);
+  ASSERT_TRUE(r0.start(path, true).isOk());
+  r1.flush();
+  r0.record(TimelineLane::kMarkers, "cycle", "cycle", 1500, 0);
+  r0.flush();
+  const std::string text = slurp(path);
+  EXPECT_EQ(text.rfind("[\n", 0), 0u) << text;
+  EXPECT_NE(text.find("\"name\":\"early\",\"cat\":\"allreduce\",\"ph\":\"X\""), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("\"ph\":\"i\""), std::string::npos) << text;
+  // A second start is refused naming the file; stop twice says so.
+  Status again = r0.start(path, false);
+  EXPECT_EQ(again.code(), Code::kInvalidUsage);
+  EXPECT_NE(again.message().find(path), std::string::npos);
+  EXPECT_TRUE(r0.stop());
+  EXPECT_FALSE(r0.stop());
+  EXPECT_FALSE(r0.start("/proc/nope/t.json", false).isOk());
+}
+
+// Past HORA_TIMELINE_MAX_MB nothing more is written but one note.
+TEST(Timeline, SizeLimitDropsWithOneNote) {
+  char dir[] = "/tmp/hora-tl-unit-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/t.json";
+  TimelineOptions o;
+  o.maxBytes = 2000;
+  Timeline t(o);
+  ASSERT_TRUE(t.start(path, false).isOk());
+  for (int round = 0; round < 5; ++round) {
+    for (int i = 0; i < 50; ++i)
+      t.record(TimelineLane::kDataPlane, "t" + std::to_string(i), "allreduce", 1000, 2000);
+    t.flush();
+  }
+  const std::string text = slurp(path);
+  EXPECT_LT(text.size(), 2000u + 16000u);
+  size_t notes = 0;
+  for (size_t at = text.find("events dropped"); at != std::string::npos;
+       at = text.find("events dropped", at + 1))
+    ++notes;
+  EXPECT_EQ(notes, 1u) << text;
+  EXPECT_NE(text.find("HORA_TIMELINE_MAX_MB reached"), std::string::npos);
 }
 
 }  // namespace
