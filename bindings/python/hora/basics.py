@@ -628,9 +628,16 @@ def _text_call(fn_name, what, *args):
     fn = _elastic_call(fn_name, what)
     needed = ctypes.c_size_t(0)
     _lib.check(fn(*args, None, 0, ctypes.byref(needed)), fn_name)
-    buf = ctypes.create_string_buffer(needed.value)
-    _lib.check(fn(*args, buf, needed.value, ctypes.byref(needed)), fn_name)
-    return buf.value.decode("utf-8", "replace")
+    # Counters move between the two calls, so the text may have grown: retry
+    # with the size the library reports (it sets needed even when refusing).
+    for _ in range(8):
+        size = needed.value + 256
+        buf = ctypes.create_string_buffer(size)
+        status = fn(*args, buf, size, ctypes.byref(needed))
+        if status != _lib.ERR_INVALID_ARGUMENT or needed.value <= size:
+            _lib.check(status, fn_name)
+            return buf.value.decode("utf-8", "replace")
+    _lib.check(status, fn_name)
 
 
 def _set_handle(process_set):

@@ -284,7 +284,9 @@ HORA_API hora_status_t hora_request_free(hora_request_t request);
  * lowest rank, which sees who submits last) and a flight recorder of the last
  * HORA_FLIGHT_RECORDER_ENTRIES collectives. Text out: buf NULL asks only for
  * *needed (bytes including the NUL; needed may be NULL otherwise); a buf
- * smaller than that fails with HORA_ERR_INVALID_ARGUMENT and sets *needed. */
+ * smaller than that fails with HORA_ERR_INVALID_ARGUMENT and sets *needed.
+ * Counters move between calls, so the text can grow after a size query:
+ * allocate a little more, or call again with the *needed it reports. */
 typedef enum {
   HORA_METRICS_JSON = 0,            /* one JSON object */
   HORA_METRICS_PROMETHEUS = 1,      /* Prometheus text exposition format */
