@@ -302,7 +302,10 @@ def render(trace, out, start_ms, end_ms, title, dpi):
             y0, y1 = min(ks) - 0.45, max(ks) + 0.45
         else:
             y0, y1 = row_of[(pid, tid)] - 0.45, row_of[(pid, tid)] + 0.45
-        ax.vlines(to_ms(ts), y0, y1, colors=icolour[name], linewidth=0.7, zorder=4)
+        # Not antialiased: a 1-pixel tick blended into its background would come out
+        # as a pale line of neither colour.
+        ax.vlines(to_ms(ts), y0, y1, colors=icolour[name], linewidth=1.6 if name == "stall" else 0.8,
+                  antialiased=False, zorder=4)
 
     ax.set_yticks(range(n))
     ax.set_yticklabels([trace.row_label(*r) for r in trace.rows], fontsize=8)
