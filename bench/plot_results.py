@@ -258,12 +258,16 @@ def render(sweep, out, title, metric):
         ratio_lines += 1
     axr.axhline(1.0, color="#888888", linewidth=0.8, zorder=1)
     axr.set_yscale("log")
-    # Ratios mostly lie within a decade or two of 1: plain numbers read better than 4x10^0,
-    # and minor ticks (2, 3, 5...) get labels only when there are few of them.
-    plain = FuncFormatter(lambda y, _: "%g" % float("%.2g" % y))
-    axr.yaxis.set_major_formatter(plain)
+    # Ratios mostly lie within a decade or two of 1: plain numbers (0.5, 1, 2, 5) read better
+    # than log ticks like 4x10^0; finer steps only when the range is narrow.
     lo, hi = axr.get_ylim()
-    axr.yaxis.set_minor_formatter(plain if hi / lo < 30 else NullFormatter())
+    for mantissas in ((1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)):
+        ticks = [m * 10.0 ** e for e in range(-4, 5) for m in mantissas if lo <= m * 10.0 ** e <= hi]
+        if len(ticks) >= 4:
+            break
+    axr.yaxis.set_major_locator(FixedLocator(ticks))
+    axr.yaxis.set_major_formatter(FuncFormatter(lambda y, _: "%g" % float("%.3g" % y)))
+    axr.yaxis.set_minor_formatter(NullFormatter())
     axr.set_ylabel("hora / peer (>1: hora faster)")
     axr.set_xlabel("message size")
     axr.grid(True, which="major", color="#dddddd", linewidth=0.6)
