@@ -257,6 +257,8 @@ def render(trace, out, start_ms, end_ms, title, dpi):
     hi = trace.t0 + end_ms * 1000.0 if end_ms is not None else trace.t1
     if hi <= lo:  # a trace that is one instant, or a window of width 0
         hi = lo + 1.0
+    if end_ms is None:  # a little room after the last span's end, so it does not look cut off
+        hi += (hi - lo) * 0.01
     view_ms = (hi - lo) / 1000.0
     to_ms = lambda us: (us - trace.t0) / 1000.0  # noqa: E731
 
@@ -266,10 +268,12 @@ def render(trace, out, start_ms, end_ms, title, dpi):
     fig, ax = plt.subplots(figsize=(14, height))
 
     # Alternate shading per rank, so that a rank's lanes read as one group.
+    rank_rows = {}  # pid -> (first row, last row); rows are sorted by pid
+    for k, r in enumerate(trace.rows):
+        rank_rows[r[0]] = (rank_rows.get(r[0], (k, k))[0], k)
     for k, pid in enumerate(trace.ranks):
         if k % 2:
-            ks = [row_of[r] for r in trace.rows if r[0] == pid]
-            ax.axhspan(min(ks) - 0.5, max(ks) + 0.5, color="#f2f2f2", zorder=0)
+            ax.axhspan(rank_rows[pid][0] - 0.5, rank_rows[pid][1] + 0.5, color="#f2f2f2", zorder=0)
 
     spans = [s for s in trace.spans if s[2] + s[3] >= lo and s[2] <= hi]
     colours = _category_colours({s[5] for s in spans})
@@ -294,17 +298,22 @@ def render(trace, out, start_ms, end_ms, title, dpi):
     icolour = {}
     for k, name in enumerate(instant_names):
         icolour[name] = INSTANT_COLOURS.get(name, palette[k % len(palette)])
+    ticks = {}  # name -> ([x], [y0], [y1]): one vlines call per name, not per instant
     for pid, tid, ts, name, scope in instants:
         if scope == "g":
             y0, y1 = -0.5, n - 0.5
         elif scope == "p":
-            ks = [row_of[r] for r in trace.rows if r[0] == pid]
-            y0, y1 = min(ks) - 0.45, max(ks) + 0.45
+            y0, y1 = rank_rows[pid][0] - 0.45, rank_rows[pid][1] + 0.45
         else:
             y0, y1 = row_of[(pid, tid)] - 0.45, row_of[(pid, tid)] + 0.45
+        xs, y0s, y1s = ticks.setdefault(name, ([], [], []))
+        xs.append(to_ms(ts))
+        y0s.append(y0)
+        y1s.append(y1)
+    for name, (xs, y0s, y1s) in ticks.items():
         # Not antialiased: a 1-pixel tick blended into its background would come out
         # as a pale line of neither colour.
-        ax.vlines(to_ms(ts), y0, y1, colors=icolour[name], linewidth=1.6 if name == "stall" else 0.8,
+        ax.vlines(xs, y0s, y1s, colors=icolour[name], linewidth=1.6 if name == "stall" else 0.8,
                   antialiased=False, zorder=4)
 
     ax.set_yticks(range(n))
