@@ -8,15 +8,17 @@ and any peer a later hora-bench adds as <peer>_busbw), log-log axes.
 
     bench/run_bench.sh -np 2 | tee /tmp/run.txt
     /usr/bin/python3 bench/plot_results.py /tmp/run.txt [--out busbw.png]
-        [--title TEXT] [--date YYYY-MM-DD]
+        [--title TEXT] [--date YYYY-MM-DD] [--stat mean|median]
     bench/run_bench.sh -np 2 --json /tmp/hb.json && bench/plot_results.py /tmp/hb.json
     bench/run_bench.sh -np 2 | bench/plot_results.py - --out busbw.png
 
 Input: run_bench.sh's (rank 0's) stdout, of which only the
 "RESULT section=allreduce ..." lines are read, or hora-bench's --json file;
 "-" reads stdin. A size measured more than once (several runs concatenated)
-is drawn at its median. With one rank busbw is 0 by definition, so algbw is
-drawn instead. The date in the title is the input file's modification date
+is drawn at its median. Bandwidths come from the mean time per allreduce, as
+in the bench's table, or with --stat median from the median time (steadier on
+a busy machine). With one rank busbw is 0 by definition, so algbw is drawn
+instead. The date in the title is the input file's modification date
 (today for stdin) unless --date is given.
 
 Prints one summary line. Exit status: 0 = PNG written; 2 = unreadable input,
@@ -87,7 +89,7 @@ def _num(where, key, text, integer=False):
     return v
 
 
-def parse_result_lines(text, name):
+def parse_result_lines(text, stat):
     """run_bench.sh output: 'RESULT section=allreduce np=2 bytes=... hora_busbw=... ring_us=...'."""
     sweep = Sweep()
     for lineno, line in enumerate(text.splitlines(), 1):
@@ -114,9 +116,12 @@ def parse_result_lines(text, name):
                 continue
             busbw = _num(where, peer + "_busbw", fields[peer + "_busbw"])
             # busbw is printed with 4 decimals, which rounds small sizes to 0.0000 GB/s; the
-            # mean time has 5-6 digits there, so both bandwidths are recomputed from it as
+            # time has 5-6 digits there, so both bandwidths are recomputed from it as
             # hora-bench defines them (algbw = size/time, busbw = algbw * 2(n-1)/n).
-            us = _num(where, peer + "_us", fields[peer + "_us"]) if peer + "_us" in fields else None
+            key = peer + ("_us" if stat == "mean" else "_med_us")
+            if stat == "median" and key not in fields:
+                raise InputError("%s: no %s= for --stat median" % (where, key))
+            us = _num(where, key, fields[key]) if key in fields else None
             algbw = nbytes / us / 1e3 if us and us > 0 else float("nan")
             if us and us > 0:
                 busbw = algbw * 2 * (np_ - 1) / np_
@@ -125,7 +130,7 @@ def parse_result_lines(text, name):
     return sweep
 
 
-def parse_json(doc, name):
+def parse_json(doc, stat):
     """hora-bench --json: {"np": N, "results": [{"section": "allreduce", "bytes": B,
     "hora": {"busbw_GBps": ...}, "ring": {...}, ...}, ...]}."""
     if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
@@ -147,11 +152,16 @@ def parse_json(doc, name):
             if not isinstance(val, dict) or "busbw_GBps" not in val:
                 continue
             vals = []
-            for key in ("busbw_GBps", "algbw_GBps"):
+            for key in ("busbw_GBps", "algbw_GBps", "mean_us" if stat == "mean" else "median_us"):
                 v = val.get(key, float("nan"))
                 if isinstance(v, bool) or not isinstance(v, (int, float)):
                     raise InputError("%s.%s.%s must be a number, got %s" % (where, peer, key, json.dumps(v)))
                 vals.append(float(v))
+            if vals[2] > 0:  # from the time, as hora-bench computes them (the only way for medians)
+                vals[1] = nbytes / vals[2] / 1e3
+                vals[0] = vals[1] * 2 * (np_ - 1) / np_
+            elif stat == "median":
+                raise InputError("%s.%s: no median_us for --stat median" % (where, peer))
             wrong = val.get("wrong", 0)
             if not isinstance(wrong, int) or isinstance(wrong, bool):
                 raise InputError("%s.%s.wrong must be an integer, got %s" % (where, peer, json.dumps(wrong)))
@@ -159,8 +169,9 @@ def parse_json(doc, name):
     return sweep
 
 
-def load(path):
-    """Returns (sweep, date) from a run_bench.sh output file, a --json file, or stdin ("-")."""
+def load(path, stat="mean"):
+    """Returns (sweep, date) from a run_bench.sh output file, a --json file, or stdin ("-");
+    bandwidths from the mean or the median time per allreduce (stat)."""
     try:
         if path == "-":
             raw = sys.stdin.buffer.read()
@@ -182,9 +193,9 @@ def load(path):
             doc = json.loads(text)
         except json.JSONDecodeError as e:
             raise InputError("invalid JSON at line %d column %d: %s" % (e.lineno, e.colno, e.msg))
-        sweep = parse_json(doc, path)
+        sweep = parse_json(doc, stat)
     else:
-        sweep = parse_result_lines(text, path)
+        sweep = parse_result_lines(text, stat)
     if not sweep.points:
         raise InputError("no allreduce sweep results (no \"RESULT section=allreduce\" lines, or a --json "
                          "file without allreduce results): is this run_bench.sh output with the sweep "
@@ -294,6 +305,9 @@ def main(argv=None):
     ap.add_argument("--out", help="PNG to write (default: the input's name with .png; required for stdin)")
     ap.add_argument("--title", help="figure title (default: what, world size and date)")
     ap.add_argument("--date", help="date for the title (default: the input file's modification date)")
+    ap.add_argument("--stat", choices=("mean", "median"), default="mean",
+                    help="time per allreduce the bandwidths come from (default mean, as in the "
+                         "bench's table; median ignores the scheduling outliers of a busy machine)")
     args = ap.parse_args(argv)
     prog = "plot_results.py"
     if args.input == "-" and not args.out:
@@ -304,7 +318,7 @@ def main(argv=None):
         print("%s: --out would overwrite the input %s" % (prog, args.input), file=sys.stderr)
         return 2
     try:
-        sweep, date = load(args.input)
+        sweep, date = load(args.input, args.stat)
     except InputError as e:
         print("%s: %s: %s" % (prog, "stdin" if args.input == "-" else args.input, e), file=sys.stderr)
         return 2
@@ -326,6 +340,7 @@ def main(argv=None):
             metric, sweep.np, "" if sweep.np == 1 else "s", args.date or date.isoformat())
         extras = [x for x in ("hora " + sweep.version if sweep.version else "",
                               "--quick" if sweep.quick else "",
+                              "median times" if args.stat == "median" else "",
                               "median of %d runs" % repeats if repeats > 1 else "") if x]
         if extras:
             title += " (" + ", ".join(extras) + ")"
