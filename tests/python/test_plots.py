@@ -182,6 +182,9 @@ def test_plot_results_from_run_output(tmp_path):
     assert "np=2" in p.stdout and "6 sizes" in p.stdout and "raw Gloo ring" in p.stdout, p.stdout
     w, h = png_size(out)
     assert 600 <= w <= 3000 and 500 <= h <= 3000, (w, h)
+    p = run(PLOT, src, "--out", tmp_path / "median.png", "--stat", "median")
+    assert p.returncode == 0, p.stderr
+    png_size(tmp_path / "median.png")
 
 
 def test_plot_results_from_json(tmp_path):
