@@ -6,7 +6,9 @@
 #        scripts/install_deps.sh --mpi    also Open MPI (openmpi-bin, ~15 packages), for
 #                                         tests/launcher/mpirun_test.sh (skipped without it)
 #        scripts/install_deps.sh --python also Debian's python3-torch, python3-numpy and
-#                                         python3-pytest for the Python binding (tests/python)
+#                                         python3-pytest for the Python binding (tests/python),
+#                                         and python3-matplotlib for the plotting scripts
+#                                         (scripts/render_timeline.py, bench/plot_results.py)
 set -euo pipefail
 
 # iproute2: `ip netns` for the multi-host launcher test.
@@ -15,7 +17,7 @@ PACKAGES=(cmake ninja-build g++ make pkg-config libgloo-dev libboost-dev libgtes
 for arg in "$@"; do
   case "$arg" in
     --mpi) PACKAGES+=(openmpi-bin) ;;
-    --python) PACKAGES+=(python3-torch python3-numpy python3-pytest) ;;
+    --python) PACKAGES+=(python3-torch python3-numpy python3-pytest python3-matplotlib) ;;
     *) echo "install_deps.sh: unknown option '$arg' (--mpi, --python)" >&2; exit 2 ;;
   esac
 done
