@@ -121,6 +121,7 @@ void CoordinatorService::stallTick() {
     // The cross-rank report, taken before the stall check failed anything,
     // and this rank's flight recorder beside it.
     Telemetry& t = *opts_.coordinator.telemetry;
+    for (const auto& w : warnings) t.stall(w);
     auto path = t.dumpText("hang-report", report);
     auto flight = t.dumpFlight("stall warning (see the hang report beside this file)");
     if (path.isOk())

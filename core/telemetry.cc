@@ -230,8 +230,8 @@ void Telemetry::started(const AgreedGroup& g) {
     tl->record(TimelineLane::kQueue, groupLabel(g), "queue", agreedAt, now);
 }
 
-void Telemetry::finished(const AgreedGroup& g, const Status& s, const std::string& plane,
-                         bool gpu) {
+void Telemetry::finished(const AgreedGroup& g, const Status& s, const std::string& plane, bool gpu,
+                         int64_t packNs, int64_t unpackNs) {
   const int64_t now = nowNs();
   relaxedAdd(gpu ? gpuGroups_ : cpuGroups_, 1);
   int64_t startNs = 0;
@@ -272,7 +272,8 @@ void Telemetry::finished(const AgreedGroup& g, const Status& s, const std::strin
                collectiveName(static_cast<CollectiveKind>(g.responses[0].kind)), startNs, now,
                "{\"tensors\":[\"" + names + "\"],\"count\":" + std::to_string(g.responses.size()) +
                    ",\"bytes\":" + std::to_string(bytes) + ",\"plane\":\"" + jsonEscape(plane) +
-                   "\",\"status\":\"" + codeName(s.code()) + "\"}");
+                   "\",\"status\":\"" + codeName(s.code()) + "\"}",
+               packNs, unpackNs);
   }
 }
 
@@ -290,6 +291,12 @@ std::string Telemetry::groupLabel(const AgreedGroup& g) {
 void Telemetry::cycle() {
   Timeline* tl = timelineOn();
   if (tl && tl->markCycles()) tl->record(TimelineLane::kMarkers, "cycle", "cycle", nowNs(), 0);
+}
+
+void Telemetry::stall(const std::string& warning) {
+  if (Timeline* tl = timelineOn())
+    tl->record(TimelineLane::kMarkers, "stall warning", "stall", nowNs(), 0,
+               "{\"warning\":\"" + jsonEscape(warning) + "\"}");
 }
 
 void Telemetry::flushTimeline() {

@@ -117,12 +117,18 @@ class Telemetry {
   // `plane`: the data plane it ran on (known once it ran: the GPU path picks
   // NCCL or staging at its first group).
   void started(const AgreedGroup& g);
-  void finished(const AgreedGroup& g, const Status& s, const std::string& plane, bool gpu);
+  // packNs/unpackNs: time spent copying into and out of the data plane's
+  // memory, summed over ranges (the backends interleave it with the network);
+  // negative = not measured.
+  void finished(const AgreedGroup& g, const Status& s, const std::string& plane, bool gpu,
+                int64_t packNs = -1, int64_t unpackNs = -1);
   // Coordinator (set rank 0's control thread): `setRank` completed a tensor
   // the others had been waiting for since `waited` ago.
   void lastArrival(int setRank, Clock::duration waited, const std::string& tensor);
   // Control thread: a response list was applied (a timeline cycle marker).
   void cycle();
+  // Coordinator: a stall warning (a timeline marker carrying its text).
+  void stall(const std::string& warning);
   // Control thread tick: writes the timeline's buffered events.
   void flushTimeline();
 

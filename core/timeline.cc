@@ -4,8 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 
@@ -118,7 +120,8 @@ uint32_t Timeline::intern(const std::string& s) {
 }
 
 void Timeline::record(TimelineLane lane, const std::string& name, const char* category,
-                      int64_t startNs, int64_t endNs, const std::string& detail) {
+                      int64_t startNs, int64_t endNs, const std::string& detail, int64_t packNs,
+                      int64_t unpackNs) {
   if (!active()) return;
   std::lock_guard<std::mutex> lk(mu_);
   if (fd_ < 0) return;
@@ -126,8 +129,11 @@ void Timeline::record(TimelineLane lane, const std::string& name, const char* ca
     dropped_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  buffer_.push_back(
-      Event{startNs, endNs, intern(name), detail.empty() ? 0 : intern(detail) + 1, category, lane});
+  auto us = [](int64_t ns) {
+    return ns < 0 ? -1 : static_cast<int32_t>(std::min<int64_t>(ns / 1000, INT32_MAX));
+  };
+  buffer_.push_back(Event{startNs, endNs, intern(name), detail.empty() ? 0 : intern(detail) + 1,
+                          category, us(packNs), us(unpackNs), lane});
 }
 
 void Timeline::writeLocked(const std::string& text) {
@@ -181,7 +187,15 @@ void Timeline::flush() {
       out += std::string("\"ph\":\"i\",\"s\":\"t\",\"ts\":") + num;
     }
     out += ",\"pid\":" + pid + ",\"tid\":" + std::to_string(static_cast<int>(e.lane));
-    if (e.detail) out += ",\"args\":" + strings_[e.detail - 1];
+    if (e.detail) {
+      const std::string& d = strings_[e.detail - 1];
+      if (e.packUs >= 0 && d.size() > 1 && d.back() == '}')
+        out += ",\"args\":" + d.substr(0, d.size() - 1) +
+               ",\"pack_us\":" + std::to_string(e.packUs) +
+               ",\"unpack_us\":" + std::to_string(e.unpackUs) + "}";
+      else
+        out += ",\"args\":" + d;
+    }
     out += "},\n";
   }
   buffer_.clear();

@@ -64,20 +64,24 @@ class Timeline {
 
   // A span [startNs, endNs] (Clock nanoseconds) or, with endNs == 0, an
   // instant; `detail` becomes the event's args ("" none; else a JSON object).
+  // packNs/unpackNs (>= 0) join the args as pack_us/unpack_us; kept as
+  // numbers so that a detail repeated every step is interned once.
   void record(TimelineLane lane, const std::string& name, const char* category, int64_t startNs,
-              int64_t endNs, const std::string& detail = "");
+              int64_t endNs, const std::string& detail = "", int64_t packNs = -1,
+              int64_t unpackNs = -1);
   // Writes the buffered events; control thread (any set's tick).
   void flush();
 
   uint64_t dropped() const { return dropped_.load(); }
 
  private:
-  struct Event {  // 40 bytes
+  struct Event {  // 48 bytes
     int64_t startNs;
     int64_t endNs;
     uint32_t name;
     uint32_t detail;
-    const char* category;  // a literal
+    const char* category;      // a literal
+    int32_t packUs, unpackUs;  // -1: none
     TimelineLane lane;
   };
   uint32_t intern(const std::string& s);  // under mu_

@@ -24,8 +24,25 @@ Status CpuPath::allreduce(const std::vector<Response>& group, const std::vector<
   // Every rank takes the same path for a group (chosen from the response,
   // never from whether this rank has an entry): both end in
   // allreduceGather, whose algorithm depends only on the element count.
+  packNs_ = 0;
+  unpackNs_ = 0;
   return group.size() == 1 ? allreduceOne(group.front(), es[0].get()) : allreduceFused(group, es);
 }
+
+namespace {
+
+// Adds the time `fn` takes to `sum` (only while telemetry is on: a clock read
+// per range otherwise costs for nothing).
+template <typename F>
+void timed(bool on, std::atomic<int64_t>& sum, F&& fn) {
+  if (!on) return fn();
+  const auto t0 = Clock::now();
+  fn();
+  sum.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count(),
+                std::memory_order_relaxed);
+}
+
+}  // namespace
 
 Status CpuPath::allreduceOne(const Response& r, TensorEntry* e) {
   // One tensor is reduced where it lies: the output buffer is the staging
@@ -46,27 +63,32 @@ Status CpuPath::allreduceOne(const Response& r, TensorEntry* e) {
   } else {  // joined, and the backend packs into its own memory
     data = nullptr;
   }
+  const bool on = ctx_.telemetry != nullptr;
   auto pack = [&](size_t lo, size_t hi, void* dst) {
-    char* d = static_cast<char*>(dst);
-    if (!e) {
-      fillIdentity(dt, x.op, d, hi - lo);
-      return;
-    }
-    const char* src = static_cast<const char*>(e->in) + lo * esz;
-    if (src != d) {
-      scaleCopy(dt, d, src, hi - lo, x.pre);
-    } else if (x.pre != 1.0) {
-      scaleInPlace(dt, d, hi - lo, x.pre);
-    }
+    timed(on, packNs_, [&] {
+      char* d = static_cast<char*>(dst);
+      if (!e) {
+        fillIdentity(dt, x.op, d, hi - lo);
+        return;
+      }
+      const char* src = static_cast<const char*>(e->in) + lo * esz;
+      if (src != d) {
+        scaleCopy(dt, d, src, hi - lo, x.pre);
+      } else if (x.pre != 1.0) {
+        scaleInPlace(dt, d, hi - lo, x.pre);
+      }
+    });
   };
   auto unpack = [&](size_t lo, size_t hi, const void* src) {
     if (!e) return;
-    char* d = data + lo * esz;
-    if (src != d) {
-      scaleCopy(dt, d, src, hi - lo, x.post);
-    } else if (x.post != 1.0) {
-      scaleInPlace(dt, d, hi - lo, x.post);
-    }
+    timed(on, unpackNs_, [&] {
+      char* d = data + lo * esz;
+      if (src != d) {
+        scaleCopy(dt, d, src, hi - lo, x.post);
+      } else if (x.post != 1.0) {
+        scaleInPlace(dt, d, hi - lo, x.post);
+      }
+    });
   };
   Status s = be.allreduceGather(data, n, dt, x.op, pack, unpack);
   return s.isOk() ? s : dataPlaneFailure(ctx_, s, describe("allreduce", r));
@@ -105,22 +127,27 @@ Status CpuPath::allreduceFused(const std::vector<Response>& group,
   // The backend packs and unpacks range by range while it waits for the
   // network (GlooBackend's ring, dst/src inside buf), straight into and out
   // of shared memory (ShmBackend), or all at once around its allreduce.
+  const bool on = ctx_.telemetry != nullptr;
   auto pack = [&](size_t lo, size_t hi, void* dst) {
-    char* d = static_cast<char*>(dst);
-    forPieces(lo, hi, [&](size_t i, size_t off, size_t n, size_t at) {
-      char* to = d + (at - lo) * esz;
-      if (es[i])
-        scaleCopy(dt, to, static_cast<const char*>(es[i]->in) + off * esz, n, x.pre);
-      else  // this rank joined: contribute the identity
-        fillIdentity(dt, x.op, to, n);
+    timed(on, packNs_, [&] {
+      char* d = static_cast<char*>(dst);
+      forPieces(lo, hi, [&](size_t i, size_t off, size_t n, size_t at) {
+        char* to = d + (at - lo) * esz;
+        if (es[i])
+          scaleCopy(dt, to, static_cast<const char*>(es[i]->in) + off * esz, n, x.pre);
+        else  // this rank joined: contribute the identity
+          fillIdentity(dt, x.op, to, n);
+      });
     });
   };
   auto unpack = [&](size_t lo, size_t hi, const void* src) {
-    const char* from0 = static_cast<const char*>(src);
-    forPieces(lo, hi, [&](size_t i, size_t off, size_t n, size_t at) {
-      if (es[i])
-        scaleCopy(dt, static_cast<char*>(es[i]->out) + off * esz, from0 + (at - lo) * esz, n,
-                  x.post);
+    timed(on, unpackNs_, [&] {
+      const char* from0 = static_cast<const char*>(src);
+      forPieces(lo, hi, [&](size_t i, size_t off, size_t n, size_t at) {
+        if (es[i])
+          scaleCopy(dt, static_cast<char*>(es[i]->out) + off * esz, from0 + (at - lo) * esz, n,
+                    x.post);
+      });
     });
   };
   Status s = be.allreduceGather(buf, total, dt, x.op, pack, unpack);

@@ -5,6 +5,8 @@
 // the contract.
 #pragma once
 
+#include <atomic>
+
 #include "core/host_buffer.h"
 #include "ops/executor/collective_path.h"
 #include "ops/executor/exec_context.h"
@@ -21,6 +23,14 @@ class CpuPath : public CollectivePath {
   Status alltoall(const Response& r, TensorEntry* e, Status* outputLost) override;
   Status reducescatter(const Response& r, TensorEntry* e, Status* outputLost) override;
 
+  // Time the last allreduce spent packing into and unpacking out of the data
+  // plane's memory (core/telemetry.h's timeline). Backends interleave both
+  // with the network waits, range by range, so these are sums, not spans.
+  struct Phases {
+    int64_t packNs = 0, unpackNs = 0;
+  };
+  Phases lastPhases() const { return {packNs_.load(), unpackNs_.load()}; }
+
  private:
   Status allreduceOne(const Response& r, TensorEntry* e);
   Status allreduceFused(const std::vector<Response>& group, const std::vector<EntryPtr>& es);
@@ -28,6 +38,8 @@ class CpuPath : public CollectivePath {
   const ExecContext& ctx_;
   // Pre-touched and grown geometrically, so nothing on the hot path allocates.
   HostBuffer fusion_;
+  // Atomic: a backend may call pack/unpack from a thread of its own.
+  std::atomic<int64_t> packNs_{0}, unpackNs_{0};
 };
 
 }  // namespace hora

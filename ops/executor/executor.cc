@@ -79,12 +79,15 @@ void Executor::execute(AgreedGroup& g) {
       s = internalError("unexpected response kind " + std::to_string(static_cast<int>(first.kind)));
       break;
   }
-  if (ctx_.telemetry)
+  if (ctx_.telemetry) {
+    const bool cpuAllreduce = !onGpu && first.kind == ResponseKind::kAllreduce;
+    const CpuPath::Phases ph = cpuAllreduce ? cpu_.lastPhases() : CpuPath::Phases{-1, -1};
     ctx_.telemetry->finished(g, s.isOk() ? outputLost : s,
                              onGpu          ? gpu_.planeName()
                              : ctx_.backend ? ctx_.backend->name()
                                             : "cpu",
-                             onGpu);
+                             onGpu, ph.packNs, ph.unpackNs);
+  }
   if (!s.isOk()) return fail(g, s);
   complete(g, outputLost);
 }

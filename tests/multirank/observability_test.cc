@@ -174,6 +174,7 @@ TEST(Observability, HangReportNamesTheMissingRankAndTensor) {
   const std::string dir = tempDir("hang");
   ASSERT_FALSE(dir.empty());
   setenv("HORA_FLIGHT_RECORDER_DIR", dir.c_str(), 1);
+  setenv("HORA_TIMELINE", (dir + "/trace.json").c_str(), 1);
   runThreads(
       3,
       [&](int rank, hora_runtime_t rt) {
@@ -189,6 +190,13 @@ TEST(Observability, HangReportNamesTheMissingRankAndTensor) {
         c.stall_shutdown_time_s = 60;
       });
   unsetenv("HORA_FLIGHT_RECORDER_DIR");
+  unsetenv("HORA_TIMELINE");
+  // The timeline marks the stall, naming the missing rank.
+  const std::string trace = readFile(dir + "/trace.json");
+  EXPECT_EQ(trace.rfind("[\n", 0), 0u);
+  EXPECT_NE(trace.find("\"name\":\"stall warning\",\"cat\":\"stall\""), std::string::npos)
+      << trace.substr(0, 2000);
+  EXPECT_NE(trace.find("missing on ranks 2"), std::string::npos);
   const auto reports = filesIn(dir, "hora-hang-report-global-rank0-");
   ASSERT_EQ(reports.size(), 1u) << "no hang report in " << dir;
   const std::string report = readFile(reports[0]);

@@ -56,6 +56,8 @@ def test_timeline_holds_every_rank_and_the_expected_events():
         assert sum(e["args"]["count"] for e in data) == 24
         assert all(e["args"]["status"] == "ok" and e["args"]["plane"] for e in data)
         assert all(e["dur"] >= 0 and e["tid"] == 2 for e in data)
+        # pack and unpack, summed over the ranges the backend interleaves with the network
+        assert all(0 <= e["args"]["pack_us"] and 0 <= e["args"]["unpack_us"] for e in data)
         assert any("fused" in e["name"] for e in data) or len(data) == 24
         cycles = [e for e in events if e.get("ph") == "i" and e["name"] == "cycle" and e["pid"] == rank]
         assert cycles, "mark_cycles=True but no cycle markers on rank %d" % rank
