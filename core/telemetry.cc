@@ -31,23 +31,6 @@ int64_t entryBytes(const TensorEntry& e) {
 void relaxedAdd(std::atomic<uint64_t>& a, uint64_t v) { a.fetch_add(v, std::memory_order_relaxed); }
 uint64_t load(const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); }
 
-std::string jsonEscape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
 // Prometheus label values escape backslash, quote and newline.
 std::string labelEscape(const std::string& s) {
   std::string out;

@@ -22,7 +22,22 @@ int64_t wallMinusSteady() {
   return wall - steady;
 }
 
-std::string escape(const std::string& s) {
+const char* laneName(int lane) {
+  switch (lane) {
+    case 0:
+      return "negotiation";
+    case 1:
+      return "queued";
+    case 2:
+      return "data plane";
+    default:
+      return "markers";
+  }
+}
+
+}  // namespace
+
+std::string jsonEscape(const std::string& s) {
   std::string out;
   out.reserve(s.size());
   for (char c : s) {
@@ -39,21 +54,6 @@ std::string escape(const std::string& s) {
   }
   return out;
 }
-
-const char* laneName(int lane) {
-  switch (lane) {
-    case 0:
-      return "negotiation";
-    case 1:
-      return "queued";
-    case 2:
-      return "data plane";
-    default:
-      return "markers";
-  }
-}
-
-}  // namespace
 
 Timeline::Timeline(TimelineOptions options)
     : opts_(std::move(options)), wallMinusSteadyNs_(wallMinusSteady()) {}
@@ -167,7 +167,7 @@ void Timeline::flush() {
   if (!headerDone_) {
     headerDone_ = true;
     out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + pid +
-           ",\"args\":{\"name\":\"rank " + pid + " (" + escape(opts_.host) + ")\"}},\n";
+           ",\"args\":{\"name\":\"rank " + pid + " (" + jsonEscape(opts_.host) + ")\"}},\n";
     out += "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":" + pid +
            ",\"args\":{\"sort_index\":" + pid + "}},\n";
     for (int lane = 0; lane < 4; ++lane)
@@ -177,7 +177,7 @@ void Timeline::flush() {
   }
   char num[64];
   for (const Event& e : buffer_) {
-    out += "{\"name\":\"" + escape(strings_[e.name]) + "\",\"cat\":\"" + e.category + "\",";
+    out += "{\"name\":\"" + jsonEscape(strings_[e.name]) + "\",\"cat\":\"" + e.category + "\",";
     std::snprintf(num, sizeof num, "%.3f", (e.startNs + wallMinusSteadyNs_) / 1e3);
     if (e.endNs > 0) {
       out += std::string("\"ph\":\"X\",\"ts\":") + num;

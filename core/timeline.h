@@ -38,6 +38,10 @@
 
 namespace hora {
 
+// `s` as the inside of a JSON string (quotes, backslashes, control characters
+// escaped); also what core/telemetry.cc writes its JSON with.
+std::string jsonEscape(const std::string& s);
+
 enum class TimelineLane : uint8_t { kNegotiation = 0, kQueue = 1, kDataPlane = 2, kMarkers = 3 };
 
 struct TimelineOptions {
