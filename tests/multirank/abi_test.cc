@@ -1,7 +1,9 @@
 // Bad input through the C ABI: every misuse returns an error status with a
 // message on the calling thread, crashes nothing, and leaves the runtime
 // working. Also the process-mode sweep (ranks as forked processes).
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -41,6 +43,32 @@ TEST(Abi, CallsWithoutARuntime) {
   int32_t ma, mi, pa;
   hora_get_version(&ma, &mi, &pa);
   EXPECT_EQ(ma, HORA_VERSION_MAJOR);
+}
+
+// Finite but huge times and capacities are refused naming the value, never
+// wrapped or overflowed into a duration (issue 14).
+TEST(Abi, HugeTimesAndCapacitiesAreRefusedNotWrapped) {
+  hora_config_t c;
+  hora_config_init(&c);
+  c.rank = 0;
+  c.size = 1;
+  c.log_level = "off";
+  hora_runtime_t rt = nullptr;
+  c.peer_timeout_s = 1e300;
+  EXPECT_ERR(hora_init(&c, &rt), HORA_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hora_last_error_message()).find("at most 1e9 s"), std::string::npos)
+      << hora_last_error_message();
+  c.peer_timeout_s = -1;
+  c.cycle_time_ms = 1e300;
+  EXPECT_ERR(hora_init(&c, &rt), HORA_ERR_INVALID_ARGUMENT);
+  c.cycle_time_ms = -1;
+  setenv("HORA_CACHE_CAPACITY", "4294967296", 1);
+  EXPECT_ERR(hora_init(&c, &rt), HORA_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hora_last_error_message()).find("4294967296"), std::string::npos)
+      << hora_last_error_message();
+  unsetenv("HORA_CACHE_CAPACITY");
+  ASSERT_EQ(hora_init(&c, &rt), HORA_SUCCESS) << hora_last_error_message();
+  EXPECT_EQ(hora_shutdown(rt), HORA_SUCCESS);
 }
 
 TEST(Abi, BadArgumentsAreRejectedAndNothingElseIsDisturbed) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -359,10 +360,11 @@ Status Runtime::formElasticEpoch(const hora_config_t& c, const std::string& host
   std::replace(req.settings.begin(), req.settings.end(), ' ', '_');
   req.timeout = Seconds(params_.getFloat("HORA_ELASTIC_TIMEOUT_S"));
   req.settle = std::chrono::milliseconds(params_.getInt("HORA_ELASTIC_SETTLE_MS"));
-  if (req.timeout.count() <= 0 || req.settle.count() < 0)
+  if (req.timeout.count() <= 0 || req.timeout.count() > 1e9 || req.settle.count() < 0 ||
+      req.settle.count() > int64_t{1000000000} * 1000)
     return invalidArgument(
-        "HORA_ELASTIC_TIMEOUT_S must be positive and HORA_ELASTIC_SETTLE_MS "
-        "not negative");
+        "HORA_ELASTIC_TIMEOUT_S must be positive and at most 1e9, HORA_ELASTIC_SETTLE_MS "
+        "not negative and at most 1e12");
   auto m = formEpoch(el, req, logger_);
   if (!m.isOk()) return m.status();
   setOpts_.workerIds = m.value().workers;
@@ -415,12 +417,28 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   const double peerTimeoutS = num(c.peer_timeout_s, p.getFloat("HORA_PEER_TIMEOUT_S"));
   const double startTimeoutS = num(c.start_timeout_s, p.getFloat("HORA_START_TIMEOUT_S"));
   int64_t heartbeatMs = p.getInt("HORA_HEARTBEAT_INTERVAL_MS");
+  // Finite but huge values would overflow the durations they become
+  // (undefined behaviour); a billion seconds (~31 years) is "never" enough.
+  constexpr double kMaxSeconds = 1e9;
+  const int64_t cacheRaw =
+      c.cache_capacity >= 0 ? c.cache_capacity : p.getInt("HORA_CACHE_CAPACITY");
+  if (cycleTimeMs > kMaxSeconds * 1000 || stallWarningS > kMaxSeconds ||
+      stallShutdownS > kMaxSeconds || peerTimeoutS > kMaxSeconds || startTimeoutS > kMaxSeconds ||
+      heartbeatMs > kMaxSeconds * 1000 || cacheRaw > INT32_MAX || cacheRaw < INT32_MIN)
+    return invalidArgument(
+        "a time is too large or the cache capacity does not fit: times must be at most 1e9 s "
+        "(HORA_CYCLE_TIME_MS " +
+        std::to_string(cycleTimeMs) + ", HORA_STALL_WARNING_TIME_S " +
+        std::to_string(stallWarningS) + ", HORA_STALL_SHUTDOWN_TIME_S " +
+        std::to_string(stallShutdownS) + ", HORA_PEER_TIMEOUT_S " + std::to_string(peerTimeoutS) +
+        ", HORA_START_TIMEOUT_S " + std::to_string(startTimeoutS) +
+        ", HORA_HEARTBEAT_INTERVAL_MS " + std::to_string(heartbeatMs) +
+        ") and HORA_CACHE_CAPACITY at most 2147483647 (got " + std::to_string(cacheRaw) + ")");
   SetOptions& so = rt->setOpts_;
   so.logger = rt->logger_;
   so.fusionThresholdBytes = c.fusion_threshold_bytes >= 0 ? c.fusion_threshold_bytes
                                                           : p.getInt("HORA_FUSION_THRESHOLD_BYTES");
-  so.cacheCapacity =
-      c.cache_capacity >= 0 ? c.cache_capacity : static_cast<int>(p.getInt("HORA_CACHE_CAPACITY"));
+  so.cacheCapacity = static_cast<int>(cacheRaw);
   if (so.cacheCapacity < 0 || so.fusionThresholdBytes < 0 || stallWarningS < 0 ||
       stallShutdownS < 0)
     return invalidArgument(
@@ -451,10 +469,11 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   const int64_t flight = p.getInt("HORA_FLIGHT_RECORDER_ENTRIES");
   const int64_t window = p.getInt("HORA_STRAGGLER_WINDOW");
   const double metricsS = p.getFloat("HORA_METRICS_INTERVAL_S");
-  if (flight < 0 || flight > (1 << 24) || window < 1 || window > (1 << 24) || metricsS < 0)
+  if (flight < 0 || flight > (1 << 24) || window < 1 || window > (1 << 24) || metricsS < 0 ||
+      metricsS > kMaxSeconds)
     return invalidArgument(
         "HORA_FLIGHT_RECORDER_ENTRIES must be 0..16777216, HORA_STRAGGLER_WINDOW 1..16777216 and "
-        "HORA_METRICS_INTERVAL_S not negative (got " +
+        "HORA_METRICS_INTERVAL_S 0..1e9 (got " +
         std::to_string(flight) + ", " + std::to_string(window) + ", " + std::to_string(metricsS) +
         ")");
   so.telemetry = p.getBool("HORA_TELEMETRY");
