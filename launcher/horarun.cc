@@ -85,8 +85,8 @@ std::string dumpDirFor(const EnvList& env, bool* chosen) {
   const std::time_t now = std::time(nullptr);
   std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
   *chosen = true;
-  return std::string(tmp && *tmp ? tmp : "/tmp") + "/hora-" + std::to_string(::getuid()) +
-         "/job-" + stamp + "-" + std::to_string(::getpid());
+  return std::string(tmp && *tmp ? tmp : "/tmp") + "/hora-" + std::to_string(::getuid()) + "/job-" +
+         stamp + "-" + std::to_string(::getpid());
 }
 
 // After a failed job: where its dumps are (on this host; a remote rank's are
