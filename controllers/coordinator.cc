@@ -182,24 +182,25 @@ Status Coordinator::onRequests(int rank, const RequestList& list, Clock::time_po
     }
     p.byRank[rank] = std::move(r);
     ++p.count;
-    const Clock::time_point first = p.first;
-    const std::string name = it->first;
     // This rank completed the tensor: the others waited for it since the first arrival.
-    if (markReadyIfComplete(it->first) && opts_.size > 1 && opts_.telemetry)
-      opts_.telemetry->lastArrival(rank, now - first, name);
+    if (opts_.telemetry && opts_.size > 1 && complete(p))
+      opts_.telemetry->lastArrival(rank, now - p.first, it->first);
+    markReadyIfComplete(it->first);
   }
   return Status::ok();
 }
 
-bool Coordinator::markReadyIfComplete(const std::string& name) {
-  auto it = table_.find(name);
-  if (it == table_.end()) return false;
-  Pending& p = it->second;
+bool Coordinator::complete(const Pending& p) const {
   for (int r = 0; r < opts_.size; ++r)
     if (!p.byRank[r] && !joined_[r]) return false;
-  ready_.push_back(constructResponse(name, p));
-  table_.erase(it);
   return true;
+}
+
+void Coordinator::markReadyIfComplete(const std::string& name) {
+  auto it = table_.find(name);
+  if (it == table_.end() || !complete(it->second)) return;
+  ready_.push_back(constructResponse(name, it->second));
+  table_.erase(it);
 }
 
 Response Coordinator::constructResponse(const std::string& name, Pending& p) {

@@ -96,8 +96,9 @@ class Coordinator {
     Clock::time_point first;
     bool warned = false;
   };
-  // True when it became ready.
-  bool markReadyIfComplete(const std::string& name);
+  // Every rank that has not joined has submitted it.
+  bool complete(const Pending& p) const;
+  void markReadyIfComplete(const std::string& name);
   Response constructResponse(const std::string& name, Pending& p);
   std::vector<int> missingRanks(const Pending& p) const;  // global ranks
   int global(int setRank) const {

@@ -149,12 +149,12 @@ void Telemetry::submitted(TensorEntry& e) {
   r.agreedNs = r.startNs = r.endNs = 0;
 }
 
-void Telemetry::sent(const TensorEntry& e, bool cacheHit) {
+void Telemetry::sent(TensorEntry& e, bool cacheHit) {
   const CollectiveKind k = e.request.kind;
   if (k == CollectiveKind::kAllreduce || k == CollectiveKind::kBroadcast ||
       k == CollectiveKind::kReducescatter)
     relaxedAdd(cacheHit ? cacheHits_ : cacheMisses_, 1);
-  const_cast<TensorEntry&>(e).trace.cacheHit = cacheHit;
+  e.trace.cacheHit = cacheHit;
   record(e, FlightState::kSent, 0);
 }
 

@@ -7,11 +7,12 @@
 //    groups it completes itself; on set rank 0, lastArrival() from the
 //    coordinator (who submitted a tensor last, and how long the others waited);
 //  - the executor thread: started() and finished() around each group;
-//  - any thread: snapshot(), flightText(), prometheusText(), dumpFlight().
+//  - any thread: snapshot(), flightText(), dumpFlight(); metricsJson() and
+//    metricsPrometheus() format a snapshot.
 //
 // Cost: counters are relaxed atomics; the flight recorder is a fixed ring of
-// HORA_FLIGHT_RECORDER_ENTRIES records under one mutex, touched four times per
-// tensor (submit, agree, start, end), never resized. A tensor's record is found
+// HORA_FLIGHT_RECORDER_ENTRIES records under one mutex, touched at each stage
+// of a tensor (submit, send, agree, start, end), never resized. A tensor's record is found
 // again through TensorEntry::trace.seq; a record the ring has overwritten since
 // is simply not updated.
 //
@@ -105,7 +106,7 @@ class Telemetry {
   // Framework thread, under the set's table lock (so seq order is submit order).
   void submitted(TensorEntry& e);
   // Control thread: sent as a cache hit or in full.
-  void sent(const TensorEntry& e, bool cacheHit);
+  void sent(TensorEntry& e, bool cacheHit);
   // Control thread: a group every rank agreed to, entries claimed.
   void agreed(const AgreedGroup& g);
   // Control thread: a barrier/join/error group completed without the data plane.
