@@ -98,6 +98,15 @@ const std::vector<ParamSpec>& paramRegistry() {
        "of 64)."},
       {"HORA_SHM_MIN_BYTES", ParamType::kInt, "0",
        "Allreduce payloads smaller than this go through Gloo even when shared memory is on."},
+      {"HORA_P2P_RING_BYTES", ParamType::kInt, "1048576",
+       "Point-to-point (send/recv) ring per sending peer in each rank's shared-memory inbox (a "
+       "power of two, at least 4096); created on a set's first send or receive."},
+      {"HORA_P2P_EAGER_BYTES", ParamType::kInt, "65536",
+       "Point-to-point messages up to this size travel with their header and are buffered by "
+       "the receiver if it has not posted the receive yet; larger ones wait for it."},
+      {"HORA_P2P_SPIN_US", ParamType::kInt, "50",
+       "Microseconds a thread waiting on a send or receive polls before it sleeps (latency "
+       "against CPU use)."},
       {"HORA_GPU_PLUGIN", ParamType::kString, "",
        "Path of the GPU plugin (libhora_cuda.so); empty: next to libhora, then the build tree, "
        "then the loader's search path. Loaded only when a GPU tensor appears."},

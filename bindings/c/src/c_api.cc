@@ -234,6 +234,22 @@ void plainOptions(hora_options_t* o) {
   o->prescale = o->postscale = 1.0;
 }
 
+// The prologue of the point-to-point entry points: the catch-all, the
+// request out-parameter, a live runtime and the process set.
+hora_status_t p2pCall(const char* fn, hora_runtime_t h, const hora_options_t* options,
+                      const std::vector<hora::capi::P2pArg>& ops, hora_request_t* request) {
+  return guarded(fn, [&]() -> hora_status_t {
+    if (!request) return fail(Code::kInvalidArgument, std::string(fn) + ": request is NULL");
+    *request = nullptr;
+    RuntimeRef ref;
+    if (hora_status_t s = acquire(h, fn, &ref)) return s;
+    hora_options_t o = readOptions(options);
+    std::shared_ptr<hora::ProcessSet> set;
+    if (hora_status_t s = resolveSet(h, o.process_set, fn, &set)) return s;
+    return hora::capi::submitP2p(fn, *set, o, ops, request);
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -625,6 +641,49 @@ HORA_API hora_status_t hora_join_async(hora_runtime_t h, const hora_options_t* o
                         });
 }
 
+HORA_API hora_status_t hora_send_async(hora_runtime_t h, const DLTensor* tensor, int32_t peer,
+                                       int64_t tag, const hora_options_t* options,
+                                       hora_request_t* request) {
+  if (!tensor) {
+    hora::capi::clearError();
+    if (request) *request = nullptr;
+    return fail(Code::kInvalidArgument, "hora_send_async: tensor is NULL");
+  }
+  return p2pCall("hora_send_async", h, options, {{true, peer, tag, tensor}}, request);
+}
+
+HORA_API hora_status_t hora_recv_async(hora_runtime_t h, DLTensor* tensor, int32_t peer,
+                                       int64_t tag, const hora_options_t* options,
+                                       hora_request_t* request) {
+  return p2pCall("hora_recv_async", h, options, {{false, peer, tag, tensor}}, request);
+}
+
+HORA_API hora_status_t hora_p2p_batch_async(hora_runtime_t h, int32_t n, const hora_p2p_op_t* ops,
+                                            const hora_options_t* options,
+                                            hora_request_t* request) {
+  return guarded("hora_p2p_batch_async", [&]() -> hora_status_t {
+    if (request) *request = nullptr;
+    if (n <= 0 || n > (1 << 20) || !ops)
+      return fail(Code::kInvalidArgument,
+                  "hora_p2p_batch_async: need 1..1048576 operations and a non-NULL ops (got n=" +
+                      std::to_string(n) + ")");
+    std::vector<hora::capi::P2pArg> args;
+    for (int32_t i = 0; i < n; ++i) {
+      const hora_p2p_op_t& op = ops[i];
+      if (op.struct_size < sizeof(hora_p2p_op_t) ||
+          (op.kind != HORA_P2P_SEND && op.kind != HORA_P2P_RECV) || !op.tensor)
+        return fail(Code::kInvalidArgument,
+                    "hora_p2p_batch_async: ops[" + std::to_string(i) +
+                        "] needs struct_size = sizeof(hora_p2p_op_t), kind HORA_P2P_SEND or "
+                        "HORA_P2P_RECV and a tensor (got struct_size " +
+                        std::to_string(op.struct_size) + ", kind " + std::to_string(op.kind) +
+                        ")");
+      args.push_back({op.kind == HORA_P2P_SEND, op.peer, op.tag, op.tensor});
+    }
+    return p2pCall("hora_p2p_batch_async", h, options, args, request);
+  });
+}
+
 HORA_API hora_status_t hora_test(hora_request_t r, int32_t* done) {
   return guarded("hora_test", [&]() -> hora_status_t {
     if (!r || r->magic != hora::kRequestMagic || !done)
@@ -640,9 +699,22 @@ HORA_API hora_status_t hora_wait(hora_request_t r, double timeout_s) {
   return guarded("hora_wait", [&]() -> hora_status_t {
     if (!r || r->magic != hora::kRequestMagic)
       return fail(Code::kInvalidArgument, "hora_wait: invalid request handle");
+    if (timeout_s != timeout_s) return fail(Code::kInvalidArgument, "hora_wait: timeout is NaN");
+    if (const auto& p2p = r->state->p2p) {
+      // Poll the engine for a moment: a reply a few microseconds away is
+      // worth more than a sleep and a wake-up.
+      const auto until = hora::Clock::now() + std::chrono::microseconds(p2p->spinUs());
+      for (;;) {
+        {
+          std::lock_guard<std::mutex> lk(r->state->mu);
+          if (r->state->done) break;
+        }
+        if (hora::Clock::now() >= until) break;
+        if (!p2p->drive()) std::this_thread::yield();
+      }
+    }
     std::unique_lock<std::mutex> lk(r->state->mu);
     auto isDone = [&] { return r->state->done; };
-    if (timeout_s != timeout_s) return fail(Code::kInvalidArgument, "hora_wait: timeout is NaN");
     if (timeout_s < 0 || timeout_s > 1e9) {  // negative or absurdly large: wait forever
       r->state->cv.wait(lk, isDone);
     } else if (!r->state->cv.wait_for(lk,

@@ -74,4 +74,15 @@ Status checkAllreduceArgs(ProcessSet& set, const DLTensor* in, const DLTensor* o
                           const hora_options_t& o, const std::string& where, TensorInfo* ti,
                           TensorInfo* to);
 
+// One send or receive of a point-to-point call, as the C ABI received it.
+struct P2pArg {
+  bool send = true;
+  int32_t peer = 0;
+  int64_t tag = 0;
+  const DLTensor* tensor = nullptr;  // receive: NULL = allocate
+};
+// Checks every operation, creates the request and posts them all (or none).
+hora_status_t submitP2p(const char* fn, ProcessSet& set, const hora_options_t& o,
+                        const std::vector<P2pArg>& ops, hora_request_t* request);
+
 }  // namespace hora::capi

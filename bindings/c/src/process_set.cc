@@ -4,6 +4,7 @@
 
 #include "controllers/coordinator_service.h"
 #include "controllers/settings_agreement.h"
+#include "core/host_identity.h"
 #include "hora/version.h"
 #include "ops/shm/shm_backend.h"
 
@@ -107,6 +108,30 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
     if (why.code() != Code::kShutDown) backend->abort();
   });
 
+  // Point-to-point: nothing is created until the first send or receive.
+  P2pEngineOptions po;
+  po.setName = name;
+  po.rank = rank;
+  po.globalRanks = globalRanks;
+  po.store = std::make_shared<PrefixStore>(store, "p2p");
+  po.hostId = hostIdentity();
+  po.ringBytes = static_cast<uint64_t>(o.p2pRingBytes);
+  po.eagerBytes = static_cast<uint64_t>(o.p2pEagerBytes);
+  po.spinUs = o.p2pSpinUs;
+  po.stallWarning = o.stallWarning;
+  po.stallShutdown = o.stallShutdown;
+  po.logger = logger;
+  SetHealth* health = &ps->health_;
+  po.onFatal = [health](const Status& why) { health->fail(why, true); };
+  ps->p2p_ = std::make_shared<P2pEngine>(std::move(po));
+  P2pEngine* p2p = ps->p2p_.get();
+  // A peer's goodbye breaks the set for collectives, which need everyone;
+  // sends and receives between the remaining ranks go on (the engine sees
+  // that peer's inbox closed and fails only what waits for it).
+  ps->health_.addListener([p2p](const Status& why, bool) {
+    if (why.code() != Code::kShutDown) p2p->fail(why);
+  });
+
   TelemetryOptions to;
   to.setName = name;
   to.setRank = rank;
@@ -192,6 +217,7 @@ void ProcessSet::shutdown(const std::string& reason) {
     controller_->flush(deadline);
     queue_.waitIdle(deadline);
   }
+  p2p_->shutdown(reason);
   controller_->failPending(why);
   if (running) controller_->closeGracefully(deadline);
   controller_->stop();

@@ -36,6 +36,7 @@
 #include "core/telemetry.h"
 #include "ops/executor/executor.h"
 #include "ops/gloo/gloo_backend.h"
+#include "ops/p2p/p2p_engine.h"
 
 namespace hora {
 
@@ -54,6 +55,10 @@ struct SetOptions {
   bool shm = true;
   int64_t shmChunkBytes = 4 << 20;
   int64_t shmMinBytes = 0;
+  // Point-to-point (ops/p2p/p2p_engine.h).
+  int64_t p2pRingBytes = 1 << 20;
+  int64_t p2pEagerBytes = 64 << 10;
+  int p2pSpinUs = 50;
   // Elastic mode: member-caused failures are kMembership (SetHealth).
   bool elastic = false;
   std::vector<std::string> workerIds;  // global rank -> worker id (elastic mode)
@@ -102,6 +107,9 @@ class ProcessSet {
   int globalRank(int setRank) const { return globalRanks_[setRank]; }
   const std::string& name() const { return name_; }
   const Telemetry& telemetry() const { return *telemetry_; }
+  // Sends and receives (any framework thread); shared with the requests
+  // whose waiters drive its progress.
+  const std::shared_ptr<P2pEngine>& p2p() const { return p2p_; }
 
  private:
   ProcessSet(std::string name, std::vector<int> globalRanks, int rank, SetOptions options);
@@ -118,6 +126,7 @@ class ProcessSet {
   SetHealth health_;
   GroupQueue queue_;
   std::unique_ptr<SetController> controller_;
+  std::shared_ptr<P2pEngine> p2p_;
   std::unique_ptr<Executor> executor_;
   std::mutex shutdownMu_;  // serializes shutdown()
 };

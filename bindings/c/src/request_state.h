@@ -25,6 +25,7 @@
 
 #include "core/status.h"
 #include "core/tensor_entry.h"
+#include "ops/p2p/p2p_engine.h"
 #include "hora/hora.h"
 
 namespace hora {
@@ -45,6 +46,10 @@ struct RequestState : RequestSink {
   hora_alloc_t alloc = nullptr;
   void* allocUser = nullptr;
   DLDataType dlType{kDLUInt, 8, 1};  // the input's, echoed into allocated outputs
+  bool dlTypeFromOutput = false;     // a receive without a buffer: the message's dtype
+  // Point-to-point requests: a waiter polls the engine's progress itself
+  // before it sleeps (hora_wait), which saves a thread hand-off per message.
+  std::shared_ptr<P2pEngine> p2p;
 
   // Results written by the executor before completion, read after.
   std::vector<int64_t> outShape;

@@ -465,6 +465,18 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   so.shm = p.getBool("HORA_SHM");
   so.shmChunkBytes = p.getInt("HORA_SHM_CHUNK_BYTES");
   so.shmMinBytes = p.getInt("HORA_SHM_MIN_BYTES");
+  so.p2pRingBytes = p.getInt("HORA_P2P_RING_BYTES");
+  so.p2pEagerBytes = p.getInt("HORA_P2P_EAGER_BYTES");
+  const int64_t spinUs = p.getInt("HORA_P2P_SPIN_US");
+  if (so.p2pRingBytes < 4096 || so.p2pRingBytes > (int64_t(1) << 34) ||
+      (so.p2pRingBytes & (so.p2pRingBytes - 1)) != 0 || so.p2pEagerBytes < 0 ||
+      so.p2pEagerBytes > so.p2pRingBytes || spinUs < 0 || spinUs > 1000000)
+    return invalidArgument(
+        "HORA_P2P_RING_BYTES must be a power of two in 4096..2^34, HORA_P2P_EAGER_BYTES 0.."
+        "HORA_P2P_RING_BYTES and HORA_P2P_SPIN_US 0..1000000 (got " +
+        std::to_string(so.p2pRingBytes) + ", " + std::to_string(so.p2pEagerBytes) + ", " +
+        std::to_string(spinUs) + ")");
+  so.p2pSpinUs = static_cast<int>(spinUs);
   so.gpu.plugin = std::make_shared<GpuPlugin>(p.getString("HORA_GPU_PLUGIN"));
   const int64_t flight = p.getInt("HORA_FLIGHT_RECORDER_ENTRIES");
   const int64_t window = p.getInt("HORA_STRAGGLER_WINDOW");

@@ -257,6 +257,46 @@ HORA_API hora_status_t hora_barrier_async(hora_runtime_t runtime, const hora_opt
 HORA_API hora_status_t hora_join_async(hora_runtime_t runtime, const hora_options_t* options,
                                        hora_request_t* request);
 
+/* ---- point-to-point (docs/p2p.md) ----
+ * Between two ranks of one process set (options->process_set; NULL: the
+ * global set); `peer` is a rank within that set, never the caller itself.
+ * Matching: a receive takes the first message from its peer with its tag
+ * that no earlier receive took (MPI's non-overtaking order per sender and
+ * tag; no wildcards). Messages with different tags may be received in any
+ * order. A send completes once the receiver has matched and accepted it
+ * (its data is then delivered or being delivered): a send and a receive
+ * whose dtype or element count differ both fail with HORA_ERR_MISMATCH
+ * naming both, and no byte lands in the receive buffer. Two ranks that
+ * send to each other must post the receives before waiting on the sends
+ * (hora_p2p_batch_async does that). CPU tensors; both ranks on one host
+ * (ranks on different hosts get HORA_ERR_NOT_SUPPORTED). A peer lost, a
+ * stall past HORA_STALL_SHUTDOWN_TIME_S or a malformed frame breaks the set
+ * as for collectives; HORA_STALL_WARNING_TIME_S logs a stalled send or
+ * receive with its peer and tag. options->name, op, scales and root are
+ * not used; callback and alloc are. */
+HORA_API hora_status_t hora_send_async(hora_runtime_t runtime, const DLTensor* tensor, int32_t peer,
+                                       int64_t tag, const hora_options_t* options,
+                                       hora_request_t* request);
+/* tensor NULL: the message decides the shape and dtype; the buffer comes from
+ * options->alloc or is library-owned (hora_request_output). */
+HORA_API hora_status_t hora_recv_async(hora_runtime_t runtime, DLTensor* tensor, int32_t peer,
+                                       int64_t tag, const hora_options_t* options,
+                                       hora_request_t* request);
+typedef enum { HORA_P2P_SEND = 0, HORA_P2P_RECV = 1 } hora_p2p_kind_t;
+typedef struct hora_p2p_op {
+  uint32_t struct_size; /* sizeof(hora_p2p_op_t) */
+  int32_t kind;         /* hora_p2p_kind_t */
+  int32_t peer;
+  int64_t tag;
+  DLTensor* tensor; /* never NULL here: receives in a batch have buffers */
+} hora_p2p_op_t;
+/* Posts n sends and receives at once (all or none), completed as one
+ * request: what pipeline schedules exchange between neighbours. */
+HORA_API hora_status_t hora_p2p_batch_async(hora_runtime_t runtime, int32_t n,
+                                            const hora_p2p_op_t* ops,
+                                            const hora_options_t* options,
+                                            hora_request_t* request);
+
 /* ---- requests ---- */
 /* *done = 1 when finished. Returns the request's final status when done
  * (message in hora_last_error_message), HORA_SUCCESS while running. */

@@ -1,0 +1,79 @@
+// The point-to-point half of the C ABI (hora_send_async, hora_recv_async,
+// hora_p2p_batch_async): argument checks and the request, on the calling
+// framework thread; the engine (ops/p2p/p2p_engine.h) does the rest.
+#include <string>
+#include <vector>
+
+#include "c_api_internal.h"
+#include "process_set.h"
+#include "request_state.h"
+
+namespace hora::capi {
+
+hora_status_t submitP2p(const char* fn, ProcessSet& set, const hora_options_t& o,
+                        const std::vector<P2pArg>& args, hora_request_t* request) {
+  const int me = set.globalRank(set.rank());
+  auto st = std::make_shared<RequestState>();
+  std::vector<P2pOp> ops;
+  ops.reserve(args.size());
+  for (const P2pArg& a : args) {
+    const std::string where = std::string(fn) + ": " + (a.send ? "send to" : "recv from") +
+                              " rank " + std::to_string(a.peer) + " (tag " +
+                              std::to_string(a.tag) + ") in process set " + set.name() +
+                              " on rank " + std::to_string(me) + ", tensor";
+    if (a.peer < 0 || a.peer >= set.size())
+      return fail(Code::kInvalidArgument, where.substr(0, where.size() - 8) + ": peer " +
+                                              std::to_string(a.peer) + " is not a rank of the " +
+                                              "set (size " + std::to_string(set.size()) + ")");
+    P2pOp op;
+    op.kind = a.send ? P2pOp::kSend : P2pOp::kRecv;
+    op.peer = a.peer;
+    op.tag = a.tag;
+    op.sink = st;
+    if (!a.send && !a.tensor) {
+      if (args.size() != 1)
+        return fail(Code::kInvalidArgument,
+                    where + " is NULL: receives in a batch need their buffers (a receive "
+                            "without one is hora_recv_async)");
+      op.allocate = true;
+      st->dlTypeFromOutput = true;
+    } else {
+      TensorInfo ti;
+      Status s = checkTensor(a.tensor, where, &ti);
+      if (!s.isOk()) return setError(s);
+      if (ti.device.kind != DeviceKind::kCpu)
+        return fail(Code::kNotSupported,
+                    where + " is in GPU memory: point-to-point serves CPU tensors for now; copy "
+                            "it to host memory first (tensor.cpu() in PyTorch)");
+      if (ti.shape.size() > static_cast<size_t>(kP2pMaxDims))
+        return fail(Code::kInvalidArgument,
+                    where + " has " + std::to_string(ti.shape.size()) + " dimensions; " +
+                        "point-to-point messages carry at most " + std::to_string(kP2pMaxDims) +
+                        " (reshape it)");
+      op.dtype = ti.dtype;
+      op.shape = ti.shape;
+      op.data = ti.data;
+      op.bytes = static_cast<size_t>(ti.count) * dataTypeSize(ti.dtype);
+      st->dlType = a.tensor->dtype;
+    }
+    ops.push_back(std::move(op));
+  }
+  st->remaining = static_cast<int>(ops.size());
+  st->callback = o.callback;
+  st->callbackUser = o.callback_user;
+  st->alloc = o.alloc;
+  st->allocUser = o.alloc_user;
+  st->p2p = set.p2p();
+  auto* h = new hora_request_s();
+  h->state = st;
+  st->handle = h;
+  Status s = set.p2p()->post(std::move(ops));
+  if (!s.isOk()) {
+    delete h;
+    return setError(s.withContext(fn));
+  }
+  *request = h;
+  return HORA_SUCCESS;
+}
+
+}  // namespace hora::capi

@@ -1,0 +1,793 @@
+#include "ops/p2p/p2p_engine.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <sstream>
+
+namespace hora {
+namespace {
+
+constexpr uint32_t kFrameMagic = 0x68327032;  // "h2p2"
+
+enum FrameKind : uint8_t { kMessage = 1, kAccept = 2, kReject = 3, kPayload = 4 };
+enum RejectReason : int32_t { kReasonMismatch = 1, kReasonAlloc = 2 };
+
+}  // namespace
+
+// What travels before every payload, in the sender's byte order (both ends
+// share a host).
+struct P2pEngine::Frame {
+  uint32_t magic = kFrameMagic;
+  uint8_t kind = 0;
+  uint8_t dtype = 0;
+  uint8_t ndim = 0;
+  uint8_t eager = 0;
+  uint64_t seq = 0;
+  int64_t tag = 0;
+  uint64_t bytes = 0;
+  int64_t shape[kP2pMaxDims] = {};
+  int32_t reason = 0;
+  uint8_t pad[28] = {};
+};
+
+namespace {
+
+std::string shapeText(DataType dt, const int64_t* shape, int ndim) {
+  return describeTensor(dt, std::vector<int64_t>(shape, shape + ndim));
+}
+
+std::string randomHex() {
+  std::random_device rd;
+  std::ostringstream os;
+  os << std::hex << rd() << rd();
+  return os.str();
+}
+
+}  // namespace
+
+struct P2pEngine::Op {
+  P2pOp p;
+  uint64_t seq = 0;
+  Clock::time_point posted;
+  bool warned = false;
+  bool done = false;
+};
+
+// A message that arrived before its receive was posted.
+struct P2pEngine::Unexpected {
+  Frame h;
+  std::vector<char> payload;  // eager messages only
+  bool complete = false;      // the whole eager payload is here
+};
+
+struct P2pEngine::OutFrame {
+  Frame h;
+  const char* payload = nullptr;
+  size_t payloadBytes = 0;
+  size_t done = 0;  // bytes of header + payload written
+  OpPtr completes;  // a send that completes once this frame is written
+};
+
+struct P2pEngine::Peer {
+  int rank = 0;
+  std::unique_ptr<P2pInbox> out;  // the peer's inbox; we write ring[our rank]
+  bool wanted = false;            // some operation needs the connection
+  Clock::time_point nextCheck{};
+  uint64_t nextSeq = 0;
+  std::deque<OutFrame> outq;
+  // Inbound, from our inbox's ring[rank].
+  Frame cur;
+  size_t curGot = 0;
+  bool inPayload = false;
+  char* payloadDst = nullptr;  // null: discard
+  size_t payloadLeft = 0;
+  OpPtr payloadOp;                               // a receive completed by this payload
+  std::list<Unexpected>::iterator payloadInto;   // or the unexpected message it fills
+  bool payloadIntoValid = false;
+  std::list<Unexpected> unexpected;
+  std::deque<OpPtr> recvs;           // posted, not matched
+  std::map<uint64_t, OpPtr> sends;   // message written, awaiting accept or reject
+  std::map<uint64_t, OpPtr> large;   // receives accepted, awaiting kPayload
+  bool largePayload = false;  // the payload in flight is a kPayload's
+  Status peerFailure;          // later operations with this peer fail with it
+};
+
+P2pEngine::P2pEngine(P2pEngineOptions options) : opts_(std::move(options)) {
+  static_assert(sizeof(Frame) == 128, "frames are 128 bytes on the wire");
+  const int n = static_cast<int>(opts_.globalRanks.size());
+  for (int r = 0; r < n; ++r) {
+    peers_.push_back(std::make_unique<Peer>());
+    peers_.back()->rank = r;
+  }
+}
+
+P2pEngine::~P2pEngine() { shutdown("the process set was destroyed"); }
+
+std::string P2pEngine::rankText(int setRank) const {
+  std::string s = "rank " + std::to_string(setRank);
+  if (opts_.globalRanks[setRank] != setRank)
+    s += " (global " + std::to_string(opts_.globalRanks[setRank]) + ")";
+  return s;
+}
+
+std::string P2pEngine::describe(const Op& op) const {
+  std::ostringstream os;
+  os << (op.p.kind == P2pOp::kSend ? "send of " : "recv of ")
+     << (op.p.allocate ? "a tensor of any shape" : describeTensor(op.p.dtype, op.p.shape))
+     << (op.p.kind == P2pOp::kSend ? " to " : " from ") << rankText(op.p.peer) << " (tag "
+     << op.p.tag << ") in process set " << opts_.setName << " on " << rankText(opts_.rank);
+  return os.str();
+}
+
+Status P2pEngine::post(std::vector<P2pOp> ops) {
+  const int n = static_cast<int>(peers_.size());
+  for (const auto& o : ops) {
+    if (o.peer < 0 || o.peer >= n)
+      return invalidArgument("point-to-point " + std::string(o.kind == P2pOp::kSend ? "send" : "recv") +
+                             ": peer " + std::to_string(o.peer) + " is not a rank of process set " +
+                             opts_.setName + " (size " + std::to_string(n) + ")");
+    if (o.peer == opts_.rank)
+      return invalidArgument("point-to-point " + std::string(o.kind == P2pOp::kSend ? "send" : "recv") +
+                             " on " + rankText(opts_.rank) + " names itself as the peer; send to " +
+                             "and receive from other ranks of the set");
+    if (!o.sink) return internalError("point-to-point operation without a request");
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!failed_.isOk()) return failed_;
+    if (stopping_)
+      return Status(Code::kShutDown, "process set " + opts_.setName + " is shutting down");
+    const auto now = Clock::now();
+    for (auto& o : ops) {
+      auto op = std::make_shared<Op>();
+      op->p = std::move(o);
+      op->posted = now;
+      incoming_.push_back(std::move(op));
+      ++live_;
+    }
+    if (!threadStarted_) {
+      threadStarted_ = true;
+      thread_ = std::thread([this] { run(); });
+    }
+  }
+  // Make progress right here when nobody else is (the common case for a
+  // small send): no thread hand-off on the way out.
+  drive();
+  wake();
+  return Status();
+}
+
+void P2pEngine::wake() {
+  std::lock_guard<std::mutex> lk(wakeMu_);
+  ++wakeups_;
+  wakeCv_.notify_one();
+  if (P2pInbox* in = inboxPtr_.load(std::memory_order_acquire)) in->ring();
+}
+
+bool P2pEngine::drive() {
+  std::vector<std::pair<OpPtr, Status>> done;
+  bool moved = false;
+  {
+    std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+    if (!lk.owns_lock()) return false;
+    moved = progressLocked(Clock::now());
+    done.swap(completions_);
+  }
+  for (auto& d : done) d.first->p.sink->completeEntry(d.second);
+  std::vector<Status> fatal;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    fatal.swap(fatal_);
+  }
+  for (auto& s : fatal)
+    if (opts_.onFatal) opts_.onFatal(s);
+  return moved;
+}
+
+size_t P2pEngine::pending() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return live_;
+}
+
+void P2pEngine::complete(const OpPtr& op, const Status& s) {
+  if (op->done) return;
+  op->done = true;
+  --live_;
+  completions_.emplace_back(op, s.isOk() ? s : s.withContext(describe(*op)));
+}
+
+Status P2pEngine::ensureInbox() {
+  if (inbox_) return Status();
+  sweepDeadP2pInboxes(opts_.dir);
+  const std::string name = "hora-" + std::to_string(::getpid()) + "-p2p-" + randomHex();
+  auto in = P2pInbox::create(opts_.dir, name, static_cast<uint32_t>(peers_.size()),
+                             opts_.ringBytes);
+  if (!in.isOk()) return in.status();
+  inbox_ = in.take();
+  inboxPtr_.store(inbox_.get(), std::memory_order_release);
+  std::string value = name + "\n" + opts_.hostId + "\n" + std::to_string(::getpid());
+  Status s = opts_.store->set("p2p/inbox/" + std::to_string(opts_.rank), value);
+  if (!s.isOk()) return s.withContext("publishing this rank's point-to-point inbox");
+  return Status();
+}
+
+bool P2pEngine::connect(Peer& p, Clock::time_point now) {
+  if (p.out) return true;
+  if (now < p.nextCheck) return false;
+  p.nextCheck = now + std::chrono::milliseconds(2);
+  const std::string key = "p2p/inbox/" + std::to_string(p.rank);
+  auto has = opts_.store->check(key);
+  if (!has.isOk()) {
+    fatalLocked(has.status().withContext("looking up " + rankText(p.rank) + "'s point-to-point inbox"));
+    return false;
+  }
+  if (!has.value()) return false;  // the peer has not posted its first operation yet
+  auto v = opts_.store->get(key, std::chrono::milliseconds(5000));
+  if (!v.isOk()) {
+    fatalLocked(v.status().withContext("reading " + rankText(p.rank) + "'s point-to-point inbox"));
+    return false;
+  }
+  std::istringstream is(v.value());
+  std::string name, host, pid;
+  std::getline(is, name);
+  std::getline(is, host);
+  std::getline(is, pid);
+  if (host != opts_.hostId) {
+    failPeerLocked(p, Status(Code::kNotSupported,
+                             "point-to-point between ranks on different hosts is not implemented "
+                             "yet: " + rankText(opts_.rank) + " and " + rankText(p.rank) +
+                             " do not share a host (docs/p2p.md); place pipeline neighbours on "
+                             "one host"));
+    return false;
+  }
+  auto in = P2pInbox::open(opts_.dir, name);
+  if (!in.isOk()) {
+    fatalLocked(in.status().withContext("connecting to " + rankText(p.rank)));
+    return false;
+  }
+  if (in.value()->rings() != peers_.size()) {
+    fatalLocked(protocolError(rankText(p.rank) + "'s point-to-point inbox has " +
+                              std::to_string(in.value()->rings()) + " rings for a set of " +
+                              std::to_string(peers_.size())));
+    return false;
+  }
+  p.out = in.take();
+  return true;
+}
+
+void P2pEngine::takeIncoming() {
+  for (auto& op : incoming_) {
+    Peer& p = *peers_[op->p.peer];
+    if (!p.peerFailure.isOk()) {
+      complete(op, p.peerFailure);
+      continue;
+    }
+    p.wanted = true;
+    if (op->p.kind == P2pOp::kSend) {
+      OutFrame f;
+      f.h.kind = kMessage;
+      f.h.dtype = static_cast<uint8_t>(op->p.dtype);
+      f.h.ndim = static_cast<uint8_t>(op->p.shape.size());
+      for (size_t i = 0; i < op->p.shape.size(); ++i) f.h.shape[i] = op->p.shape[i];
+      f.h.seq = op->seq = p.nextSeq++;
+      f.h.tag = op->p.tag;
+      f.h.bytes = op->p.bytes;
+      f.h.eager = op->p.bytes <= opts_.eagerBytes ? 1 : 0;
+      if (f.h.eager) {
+        f.payload = static_cast<const char*>(op->p.data);
+        f.payloadBytes = op->p.bytes;
+      }
+      p.sends[f.h.seq] = op;
+      p.outq.push_back(f);
+    } else {
+      // The first message with this tag that arrived unmatched, if any.
+      auto it = p.unexpected.begin();
+      for (; it != p.unexpected.end(); ++it)
+        if (it->h.tag == op->p.tag) break;
+      if (it != p.unexpected.end() && (it->complete || !it->h.eager)) {
+        Unexpected msg = std::move(*it);
+        p.unexpected.erase(it);
+        matchLocked(p, op, msg.h, msg.h.eager ? msg.payload.data() : nullptr);
+      } else {
+        p.recvs.push_back(op);  // matched on arrival (or when that message is complete)
+      }
+    }
+  }
+  incoming_.clear();
+}
+
+// A receive meets its message. `eagerData` holds the payload of an eager
+// message already here; null when the payload is still on its way (eager:
+// the caller streams it into the receive) or follows an accept (large).
+// Returns where an eager payload still on its way must go (null: discard).
+char* P2pEngine::matchLocked(Peer& p, const OpPtr& recv, const Frame& h, const char* eagerData) {
+  const DataType dt = static_cast<DataType>(h.dtype);
+  std::vector<int64_t> shape(h.shape, h.shape + h.ndim);
+  std::string why;
+  int32_t reason = 0;
+  if (recv->p.allocate) {
+    Device cpu;
+    auto mem = recv->p.sink->allocateOutput(shape, dt, cpu, nullptr);
+    if (!mem.isOk()) {
+      why = "allocating the receive buffer failed: " + mem.status().message();
+      reason = kReasonAlloc;
+    } else {
+      recv->p.data = mem.value();
+      recv->p.dtype = dt;
+      recv->p.shape = shape;
+      recv->p.bytes = h.bytes;
+    }
+  } else if (dt != recv->p.dtype || h.bytes != recv->p.bytes) {
+    why = "the message is " + shapeText(dt, h.shape, h.ndim) + " (" + std::to_string(h.bytes) +
+          " bytes) but the receive buffer is " + describeTensor(recv->p.dtype, recv->p.shape) +
+          " (" + std::to_string(recv->p.bytes) +
+          " bytes); post a buffer of the sender's dtype and element count, or receive without "
+          "a buffer to have one allocated";
+    reason = kReasonMismatch;
+  }
+  if (reason != 0) {
+    OutFrame f;
+    f.h.kind = kReject;
+    f.h.seq = h.seq;
+    f.h.tag = h.tag;
+    f.h.reason = reason;
+    f.h.dtype = static_cast<uint8_t>(recv->p.dtype);
+    f.h.ndim = static_cast<uint8_t>(std::min<size_t>(recv->p.shape.size(), kP2pMaxDims));
+    for (int i = 0; i < f.h.ndim; ++i) f.h.shape[i] = recv->p.shape[i];
+    f.h.bytes = recv->p.bytes;
+    p.outq.push_back(f);
+    complete(recv, Status(Code::kMismatch, why));
+    return nullptr;
+  }
+  if (!h.eager) {
+    p.large[h.seq] = recv;
+    OutFrame f;
+    f.h.kind = kAccept;
+    f.h.seq = h.seq;
+    f.h.tag = h.tag;
+    p.outq.push_back(f);
+    return nullptr;
+  }
+  if (eagerData || h.bytes == 0) {
+    if (h.bytes) std::memcpy(recv->p.data, eagerData, h.bytes);
+    acceptEagerLocked(p, recv, h);
+    return nullptr;
+  }
+  return static_cast<char*>(recv->p.data);
+}
+
+void P2pEngine::acceptEagerLocked(Peer& p, const OpPtr& recv, const Frame& h) {
+  OutFrame f;
+  f.h.kind = kAccept;
+  f.h.seq = h.seq;
+  f.h.tag = h.tag;
+  p.outq.push_back(f);
+  complete(recv, Status());
+}
+
+bool P2pEngine::pumpOut(Peer& p, Clock::time_point now) {
+  if (p.outq.empty()) return false;
+  if (!connect(p, now)) return false;
+  bool moved = false;
+  const uint32_t ring = static_cast<uint32_t>(opts_.rank);
+  while (!p.outq.empty()) {
+    OutFrame& f = p.outq.front();
+    const size_t total = sizeof(Frame) + f.payloadBytes;
+    while (f.done < total) {
+      size_t n;
+      if (f.done < sizeof(Frame))
+        n = p.out->write(ring, reinterpret_cast<const char*>(&f.h) + f.done, sizeof(Frame) - f.done);
+      else
+        n = p.out->write(ring, f.payload + (f.done - sizeof(Frame)), total - f.done);
+      if (n == 0) break;
+      f.done += n;
+      moved = true;
+    }
+    if (f.done < total) break;  // the ring is full: the peer reads, then we go on
+    if (f.completes) complete(f.completes, Status());
+    p.outq.pop_front();
+  }
+  if (moved) p.out->ring();
+  return moved;
+}
+
+bool P2pEngine::pumpIn(Peer& p) {
+  const uint32_t ring = static_cast<uint32_t>(p.rank);
+  bool moved = false;
+  for (;;) {
+    if (p.inPayload) {
+      const size_t n = inbox_->read(ring, p.payloadDst, p.payloadLeft);
+      if (n == 0) break;
+      moved = true;
+      p.payloadLeft -= n;
+      if (p.payloadDst) p.payloadDst += n;
+      if (p.payloadLeft > 0) continue;
+      p.inPayload = false;
+      finishPayloadLocked(p);
+      continue;
+    }
+    const size_t n =
+        inbox_->read(ring, reinterpret_cast<char*>(&p.cur) + p.curGot, sizeof(Frame) - p.curGot);
+    if (n == 0) break;
+    moved = true;
+    p.curGot += n;
+    if (p.curGot < sizeof(Frame)) continue;
+    p.curGot = 0;
+    if (!onFrameLocked(p)) return true;  // the stream is broken; the set fails
+  }
+  if (moved && p.out) p.out->ring();  // room for a sender blocked on a full ring
+  return moved;
+}
+
+bool P2pEngine::onFrameLocked(Peer& p) {
+  const Frame& h = p.cur;
+  const bool known = h.kind >= kMessage && h.kind <= kPayload;
+  size_t elem = 0;
+  bool ok = h.magic == kFrameMagic && known && h.ndim <= kP2pMaxDims;
+  if (ok && h.kind == kMessage) {
+    ok = h.dtype <= static_cast<uint8_t>(DataType::kBool);
+    if (ok) elem = dataTypeSize(static_cast<DataType>(h.dtype));
+    uint64_t count = 1;
+    for (int i = 0; ok && i < h.ndim; ++i) {
+      ok = h.shape[i] >= 0 &&
+           (h.shape[i] == 0 || count <= UINT64_MAX / static_cast<uint64_t>(h.shape[i]));
+      if (ok) count *= static_cast<uint64_t>(h.shape[i]);
+    }
+    ok = ok && elem != 0 && count <= UINT64_MAX / elem && count * elem == h.bytes;
+  }
+  if (!ok) {
+    fatalLocked(protocolError("malformed point-to-point frame from " + rankText(p.rank) + " to " +
+                              rankText(opts_.rank) + " in process set " + opts_.setName +
+                              " (kind " + std::to_string(h.kind) + ", " + std::to_string(h.bytes) +
+                              " bytes): a different hora version or memory corruption"));
+    return false;
+  }
+  switch (h.kind) {
+    case kMessage: {
+      OpPtr recv;
+      for (auto it = p.recvs.begin(); it != p.recvs.end(); ++it)
+        if ((*it)->p.tag == h.tag) {
+          recv = *it;
+          p.recvs.erase(it);
+          break;
+        }
+      if (recv) {
+        char* dst = matchLocked(p, recv, h, nullptr);
+        if (h.eager && h.bytes > 0) {
+          p.inPayload = true;
+          p.payloadDst = dst;
+          p.payloadLeft = h.bytes;
+          p.payloadOp = dst ? recv : nullptr;
+          p.payloadIntoValid = false;
+        }
+      } else {
+        p.unexpected.emplace_back();
+        Unexpected& u = p.unexpected.back();
+        u.h = h;
+        u.complete = !h.eager || h.bytes == 0;
+        if (h.eager && h.bytes > 0) {
+          u.payload.resize(h.bytes);
+          p.inPayload = true;
+          p.payloadDst = u.payload.data();
+          p.payloadLeft = h.bytes;
+          p.payloadOp = nullptr;
+          p.payloadInto = std::prev(p.unexpected.end());
+          p.payloadIntoValid = true;
+        }
+      }
+      break;
+    }
+    case kAccept: {
+      auto it = p.sends.find(h.seq);
+      if (it == p.sends.end()) break;  // failed meanwhile
+      OpPtr send = it->second;
+      p.sends.erase(it);
+      if (send->p.bytes <= opts_.eagerBytes) {
+        complete(send, Status());
+      } else {
+        OutFrame f;
+        f.h.kind = kPayload;
+        f.h.seq = h.seq;
+        f.h.tag = send->p.tag;
+        f.h.bytes = send->p.bytes;
+        f.payload = static_cast<const char*>(send->p.data);
+        f.payloadBytes = send->p.bytes;
+        f.completes = send;
+        p.outq.push_back(f);
+      }
+      break;
+    }
+    case kReject: {
+      auto it = p.sends.find(h.seq);
+      if (it == p.sends.end()) break;
+      OpPtr send = it->second;
+      p.sends.erase(it);
+      const DataType rdt =
+          h.dtype <= static_cast<uint8_t>(DataType::kBool) ? static_cast<DataType>(h.dtype)
+                                                           : DataType::kUint8;
+      std::string why =
+          h.reason == kReasonMismatch
+              ? rankText(p.rank) + "'s matching receive expected " +
+                    shapeText(rdt, h.shape, h.ndim) + " (" + std::to_string(h.bytes) +
+                    " bytes) but this rank sent " + describeTensor(send->p.dtype, send->p.shape) +
+                    " (" + std::to_string(send->p.bytes) +
+                    " bytes); send and receive the same dtype and element count"
+              : rankText(p.rank) + " could not allocate a buffer for this message";
+      complete(send, Status(Code::kMismatch, why));
+      break;
+    }
+    case kPayload: {
+      auto it = p.large.find(h.seq);
+      OpPtr recv;
+      if (it != p.large.end()) {
+        recv = it->second;
+        p.large.erase(it);
+      }
+      if (recv && recv->p.bytes != h.bytes) {
+        fatalLocked(protocolError("point-to-point payload from " + rankText(p.rank) + " has " +
+                                  std::to_string(h.bytes) + " bytes, its message announced " +
+                                  std::to_string(recv->p.bytes)));
+        return false;
+      }
+      if (h.bytes == 0) {
+        if (recv) complete(recv, Status());
+        break;
+      }
+      p.inPayload = true;
+      p.payloadDst = recv ? static_cast<char*>(recv->p.data) : nullptr;
+      p.payloadLeft = h.bytes;
+      p.payloadOp = recv;
+      p.payloadIntoValid = false;
+      p.largePayload = true;
+      break;
+    }
+  }
+  return true;
+}
+
+void P2pEngine::finishPayloadLocked(Peer& p) {
+  if (p.payloadIntoValid) {
+    p.payloadIntoValid = false;
+    Unexpected& u = *p.payloadInto;
+    u.complete = true;
+    // A receive posted while this message was arriving waits for it.
+    for (auto it = p.recvs.begin(); it != p.recvs.end(); ++it)
+      if ((*it)->p.tag == u.h.tag) {
+        OpPtr recv = *it;
+        p.recvs.erase(it);
+        Unexpected msg = std::move(u);
+        p.unexpected.erase(p.payloadInto);
+        matchLocked(p, recv, msg.h, msg.payload.data());
+        break;
+      }
+  } else if (p.payloadOp) {
+    OpPtr recv = std::move(p.payloadOp);
+    if (p.largePayload)
+      complete(recv, Status());
+    else
+      acceptEagerLocked(p, recv, p.cur);
+  }
+  p.payloadOp = nullptr;
+  p.largePayload = false;
+}
+
+void P2pEngine::failPeerLocked(Peer& p, const Status& why) {
+  if (p.payloadOp) complete(p.payloadOp, why);
+  p.payloadOp = nullptr;
+  for (auto& op : p.recvs) complete(op, why);
+  for (auto& kv : p.sends) complete(kv.second, why);
+  for (auto& kv : p.large) complete(kv.second, why);
+  for (auto& f : p.outq)
+    if (f.completes) complete(f.completes, why);
+  p.recvs.clear();
+  p.sends.clear();
+  p.large.clear();
+  // Frames not yet started can go; a started one would desynchronize the
+  // stream, so a peer that fails mid-frame fails the whole engine instead.
+  p.outq.clear();
+  p.unexpected.clear();
+  p.peerFailure = why;
+}
+
+void P2pEngine::fatalLocked(const Status& why) {
+  fatal_.push_back(why);
+  failAllLocked(why);
+}
+
+void P2pEngine::failAllLocked(const Status& why) {
+  if (failed_.isOk()) failed_ = why;
+  for (auto& op : incoming_) complete(op, why);
+  incoming_.clear();
+  for (auto& p : peers_) {
+    failPeerLocked(*p, why);
+    p->inPayload = false;
+    p->payloadOp = nullptr;
+  }
+}
+
+void P2pEngine::checkLocked(Clock::time_point now) {
+  if (now < nextCheck_) return;
+  nextCheck_ = now + std::chrono::milliseconds(500);
+  for (auto& pp : peers_) {
+    Peer& p = *pp;
+    const bool waiting = !p.recvs.empty() || !p.sends.empty() || !p.large.empty() ||
+                         !p.outq.empty() || p.inPayload;
+    if (!waiting) continue;
+    // A peer that shut down: what it has not sent by now never comes (its
+    // inbound bytes were drained before this check).
+    if (p.out && p.out->header().closed.value.load(std::memory_order_acquire) != 0 &&
+        !p.inPayload && p.curGot == 0 && inbox_->readable(static_cast<uint32_t>(p.rank)) == 0) {
+      failPeerLocked(p, Status(Code::kShutDown, rankText(p.rank) + " of process set " +
+                                                    opts_.setName +
+                                                    " shut down (hora_shutdown) while this "
+                                                    "operation waited for it"));
+      p.peerFailure = Status();  // a later runtime of that rank is another story
+      continue;
+    }
+    // A peer whose process is gone: its frames will never come.
+    if (p.out && p.out->ownerPid() != ::getpid() && ::kill(p.out->ownerPid(), 0) != 0 &&
+        errno == ESRCH) {
+      fatalLocked(Status(Code::kRemoteError,
+                         rankText(p.rank) + " of process set " + opts_.setName + " (pid " +
+                             std::to_string(p.out->ownerPid()) +
+                             ") exited during point-to-point communication with " +
+                             rankText(opts_.rank) + "; check that rank's output for the cause"));
+      return;
+    }
+  }
+  std::vector<OpPtr> all;
+  for (auto& pp : peers_) {
+    for (auto& op : pp->recvs) all.push_back(op);
+    for (auto& kv : pp->sends) all.push_back(kv.second);
+    for (auto& kv : pp->large) all.push_back(kv.second);
+    for (auto& f : pp->outq)
+      if (f.completes) all.push_back(f.completes);
+  }
+  for (auto& op : all) {
+    if (op->done) continue;
+    const auto waited = std::chrono::duration_cast<Seconds>(now - op->posted);
+    const bool isRecv = op->p.kind == P2pOp::kRecv;
+    const std::string hint =
+        rankText(op->p.peer) + (isRecv ? " has not sent a message" : " has not posted a receive") +
+        " with tag " + std::to_string(op->p.tag) + " to match it; check that every send has a "
+        "receive on the peer with the same tag (and that the peer is not blocked in an earlier "
+        "send to this rank)";
+    if (opts_.stallShutdown.count() > 0 && waited >= opts_.stallShutdown) {
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%.1f", waited.count());
+      fatalLocked(timeoutError(describe(*op) + " waited " + secs +
+                               " s (HORA_STALL_SHUTDOWN_TIME_S): " + hint));
+      return;
+    }
+    if (opts_.stallWarning.count() > 0 && waited >= opts_.stallWarning && !op->warned) {
+      op->warned = true;
+      HORA_LOG(opts_.logger, kWarning)
+          << "stall: " << describe(*op) << " has waited " << int(waited.count()) << " s: " << hint;
+    }
+  }
+}
+
+bool P2pEngine::progressLocked(Clock::time_point now) {
+  if (!failed_.isOk() || stopping_) return false;
+  bool moved = false;
+  if (!incoming_.empty()) {
+    Status s = ensureInbox();
+    if (!s.isOk()) {
+      fatalLocked(s.withContext("process set " + opts_.setName + ": point-to-point set-up"));
+      return true;
+    }
+    takeIncoming();
+    moved = true;
+  }
+  if (!inbox_) return moved;
+  for (auto& p : peers_) {
+    if (!failed_.isOk()) return true;
+    if (!p->wanted && inbox_->readable(static_cast<uint32_t>(p->rank)) == 0) continue;
+    p->wanted = true;
+    moved |= pumpIn(*p);
+    if (!failed_.isOk()) return true;
+    moved |= pumpOut(*p, now);
+  }
+  checkLocked(now);
+  return moved;
+}
+
+bool P2pEngine::hasWorkLocked() {
+  if (!incoming_.empty()) return true;
+  if (!inbox_) return false;
+  for (auto& p : peers_) {
+    if (inbox_->readable(static_cast<uint32_t>(p->rank)) > 0) return true;
+    // A full ring is no work: the reader rings our doorbell when it frees room.
+    if (!p->outq.empty() && p->out && p->out->writable(static_cast<uint32_t>(opts_.rank)) > 0)
+      return true;
+  }
+  return false;
+}
+
+void P2pEngine::run() {
+  auto lastMove = Clock::now();
+  while (!stop_.load(std::memory_order_acquire)) {
+    const bool moved = drive();
+    const auto now = Clock::now();
+    if (moved) {
+      lastMove = now;
+      continue;
+    }
+    if (now - lastMove < std::chrono::microseconds(opts_.spinUs)) {
+      std::this_thread::yield();
+      continue;
+    }
+    // Sleep until a peer rings the doorbell, a framework thread posts, or a
+    // short timeout (connections being made, stall checks).
+    P2pInbox* in = inboxPtr_.load(std::memory_order_acquire);
+    bool connecting = false, busy = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (auto& p : peers_)
+        if (!p->outq.empty()) {
+          if (!p->out) connecting = true;
+          busy = true;
+        }
+      if (!incoming_.empty()) busy = true;
+    }
+    const int timeoutMs = connecting ? 2 : (busy ? 5 : 50);
+    if (in) {
+      auto& h = in->header();
+      const uint32_t bell = h.doorbell.value.load(std::memory_order_seq_cst);
+      h.sleeping.value.store(1, std::memory_order_seq_cst);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      bool work;
+      {
+        std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+        work = !lk.owns_lock() || hasWorkLocked();
+      }
+      if (!work && !stop_.load()) shmFutexWait(h.doorbell.value, bell, timeoutMs);
+      h.sleeping.value.store(0, std::memory_order_relaxed);
+    } else {
+      std::unique_lock<std::mutex> lk(wakeMu_);
+      const uint64_t seen = wakeups_;
+      wakeCv_.wait_for(lk, std::chrono::milliseconds(timeoutMs),
+                       [&] { return wakeups_ != seen || stop_.load(); });
+    }
+    lastMove = Clock::now() - std::chrono::microseconds(opts_.spinUs);
+  }
+}
+
+void P2pEngine::fail(const Status& why) {
+  std::vector<std::pair<OpPtr, Status>> done;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    failAllLocked(why);
+    done.swap(completions_);
+  }
+  for (auto& d : done) d.first->p.sink->completeEntry(d.second);
+}
+
+void P2pEngine::shutdown(const std::string& reason) {
+  std::thread t;
+  std::vector<std::pair<OpPtr, Status>> done;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    failAllLocked(Status(Code::kShutDown, reason + " with this point-to-point operation pending"));
+    stopping_ = true;
+    done.swap(completions_);
+    t = std::move(thread_);
+  }
+  stop_.store(true, std::memory_order_release);
+  wake();
+  if (t.joinable()) t.join();
+  for (auto& d : done) d.first->p.sink->completeEntry(d.second);
+  std::lock_guard<std::mutex> lk(mu_);
+  if (inbox_) {
+    inbox_->header().closed.value.store(1, std::memory_order_release);
+    inbox_->unlink();
+  }
+}
+
+}  // namespace hora

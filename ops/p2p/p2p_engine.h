@@ -1,0 +1,162 @@
+// P2pEngine: point-to-point send and receive between two ranks of one
+// process set (docs/p2p.md), beside the set's negotiated collectives.
+//
+// Sends and receives do not go through the coordinator: a message is
+// matched by the receiver, by (sender, tag) in the order each side posted
+// them (MPI's non-overtaking rule, no wildcards). Each ordered pair of ranks
+// has a byte stream (today a ring in the receiver's shared-memory inbox,
+// ops/p2p/p2p_inbox.h, so both ranks must share a host) carrying frames:
+//  - kMessage: seq, tag, dtype, shape; up to HORA_P2P_EAGER_BYTES its
+//    payload follows at once (buffered by the receiver if no receive is
+//    posted yet), above that the payload waits for the receiver's accept;
+//  - kAccept / kReject: the receiver matched the message and its buffer
+//    agrees (or not: dtype or element count differ, or allocation failed);
+//  - kPayload: the payload of an accepted large message.
+// A send completes when the receiver accepted it (and, for a large one,
+// once its payload is written), so a mismatch fails both sides with both
+// descriptions and never writes a byte into the wrong buffer.
+//
+// Threads: post() from any framework thread; progress is made by whoever
+// holds the engine's lock: the engine's own progress thread (started on the
+// first post, asleep on the inbox doorbell when there is nothing to do) or a
+// framework thread waiting on a request (drive()). fail() from any thread
+// (the set's health listener); shutdown() from the set's owner.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/logging.h"
+#include "core/status.h"
+#include "core/store.h"
+#include "core/tensor_entry.h"
+#include "core/types.h"
+#include "ops/p2p/p2p_inbox.h"
+
+namespace hora {
+
+constexpr int kP2pMaxDims = 8;
+
+// One send or receive. A receive with data == nullptr and allocate set
+// gets its buffer from sink->allocateOutput once the message's shape is
+// known ("size negotiated").
+struct P2pOp {
+  enum Kind : uint8_t { kSend, kRecv };
+  Kind kind = kSend;
+  int peer = 0;  // set rank
+  int64_t tag = 0;
+  DataType dtype = DataType::kFloat32;
+  std::vector<int64_t> shape;  // send: the tensor's; recv: the buffer's
+  void* data = nullptr;        // send: read; recv: written
+  size_t bytes = 0;
+  bool allocate = false;
+  std::shared_ptr<RequestSink> sink;  // completeEntry() once
+};
+
+struct P2pEngineOptions {
+  std::string setName;
+  int rank = 0;                 // in the set
+  std::vector<int> globalRanks;  // set rank -> global rank
+  std::shared_ptr<Store> store;  // the set's, for inbox names
+  std::string hostId;            // core/host_identity
+  std::string dir = "/dev/shm";
+  uint64_t ringBytes = 1 << 20;
+  uint64_t eagerBytes = 64 << 10;
+  Seconds stallWarning{60};   // 0 = no warning
+  Seconds stallShutdown{0};   // 0 = never
+  int spinUs = 50;  // how long drive() callers and the thread poll before sleeping
+  Logger logger;
+  // Breaks the set (SetHealth::fail, telling the peers): a peer's process
+  // is gone, a frame is malformed, or an operation passed the stall
+  // shutdown. Called without the engine's lock; the set's listener then
+  // calls fail().
+  std::function<void(const Status&)> onFatal;
+};
+
+class P2pEngine {
+ public:
+  explicit P2pEngine(P2pEngineOptions options);
+  ~P2pEngine();
+  P2pEngine(const P2pEngine&) = delete;
+  P2pEngine& operator=(const P2pEngine&) = delete;
+
+  // Queues the operations (all or none); they progress in the background.
+  // Fails at once when the engine has failed or shut down, or an op names a
+  // peer outside the set or this rank itself.
+  Status post(std::vector<P2pOp> ops);
+  // One round of progress if no other thread is making it; returns whether
+  // anything moved. For framework threads waiting on a request.
+  bool drive();
+  int spinUs() const { return opts_.spinUs; }
+
+  // Fails every pending and later operation with `why` (the set broke).
+  void fail(const Status& why);
+  // Fails what is pending with kShutDown, stops the thread, removes the inbox.
+  void shutdown(const std::string& reason);
+
+  // Operations posted and not completed (for tests and the stall report).
+  size_t pending() const;
+
+ private:
+  struct Frame;
+  struct Op;
+  struct Unexpected;
+  struct OutFrame;
+  struct Peer;
+  using OpPtr = std::shared_ptr<Op>;
+
+  void run();
+  void wake();
+  // All below: with mu_ held.
+  bool progressLocked(Clock::time_point now);
+  Status ensureInbox();
+  bool connect(Peer& p, Clock::time_point now);
+  void takeIncoming();
+  char* matchLocked(Peer& p, const OpPtr& recv, const Frame& h, const char* eagerData);
+  void acceptEagerLocked(Peer& p, const OpPtr& recv, const Frame& h);
+  bool pumpOut(Peer& p, Clock::time_point now);
+  bool pumpIn(Peer& p);
+  bool onFrameLocked(Peer& p);
+  void finishPayloadLocked(Peer& p);
+  void complete(const OpPtr& op, const Status& s);
+  void failPeerLocked(Peer& p, const Status& why);
+  void fatalLocked(const Status& why);
+  void failAllLocked(const Status& why);
+  void checkLocked(Clock::time_point now);
+  bool hasWorkLocked();
+  std::string describe(const Op& op) const;
+  std::string rankText(int setRank) const;
+
+  const P2pEngineOptions opts_;
+  mutable std::mutex mu_;  // everything below; held for a whole round of progress
+  std::unique_ptr<P2pInbox> inbox_;
+  std::atomic<P2pInbox*> inboxPtr_{nullptr};  // inbox_, for wake() without mu_
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::vector<OpPtr> incoming_;  // posted, not yet taken by progress
+  size_t live_ = 0;              // posted and not completed
+  std::vector<std::pair<OpPtr, Status>> completions_;  // run after mu_ is released
+  std::vector<Status> fatal_;                          // onFatal calls, likewise
+  Status failed_;  // set once; later posts fail with it
+  bool stopping_ = false;
+  bool threadStarted_ = false;
+  Clock::time_point nextCheck_{};
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  // Before the inbox exists the thread sleeps on this; after, on its doorbell.
+  std::mutex wakeMu_;
+  std::condition_variable wakeCv_;
+  uint64_t wakeups_ = 0;
+};
+
+}  // namespace hora
