@@ -107,6 +107,21 @@ class Config(ctypes.Structure):
     ]
 
 
+class P2pOp(ctypes.Structure):
+    """hora_p2p_op_t."""
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("kind", ctypes.c_int32),
+        ("peer", ctypes.c_int32),
+        ("tag", ctypes.c_int64),
+        ("tensor", _DLTensorP),
+    ]
+
+
+P2P_SEND = 0
+P2P_RECV = 1
+
+
 # (name, restype, argtypes); every status-returning function has restype c_int32.
 _S = ctypes.c_int32
 _PROTOTYPES = [
@@ -159,6 +174,13 @@ _OPTIONAL_PROTOTYPES = [
                                    ctypes.POINTER(ctypes.c_size_t)]),
     ("hora_timeline_start", _S, [_c_p, ctypes.c_char_p, ctypes.c_int32]),
     ("hora_timeline_stop", _S, [_c_p]),
+    # Point-to-point (0.5, docs/p2p.md).
+    ("hora_send_async", _S, [_c_p, _DLTensorP, ctypes.c_int32, ctypes.c_int64, ctypes.POINTER(Options),
+                             ctypes.POINTER(_c_p)]),
+    ("hora_recv_async", _S, [_c_p, _DLTensorP, ctypes.c_int32, ctypes.c_int64, ctypes.POINTER(Options),
+                             ctypes.POINTER(_c_p)]),
+    ("hora_p2p_batch_async", _S, [_c_p, ctypes.c_int32, ctypes.POINTER(P2pOp), ctypes.POINTER(Options),
+                                  ctypes.POINTER(_c_p)]),
     ("hora_flight_recorder_dump", _S, [_c_p, _c_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
                                        ctypes.POINTER(ctypes.c_size_t)]),
 ]

@@ -566,6 +566,57 @@ def submit_barrier(process_set=None, name=None):
     return _submit(_lib.library().hora_barrier_async, rt, ctypes.byref(o), keep=(nb,), what="hora_barrier_async")
 
 
+def _p2p_options(process_set, alloc=None):
+    o = _options(process_set, None)
+    _set_alloc(o, alloc)
+    return o
+
+
+def _require_p2p():
+    if not _lib.has_symbol("hora_send_async"):
+        raise HoraNotSupportedError("hora: this libhora (%s) has no point-to-point calls; it predates 0.5"
+                        % (_lib.library_path(),))
+
+
+def submit_send(ref, peer, tag=0, process_set=None, finish=None, keep=()):
+    """Sends ``ref`` to set rank ``peer`` (docs/p2p.md)."""
+    rt = _require_runtime()
+    _require_p2p()
+    o = _p2p_options(process_set)
+    return _submit(_lib.library().hora_send_async, rt, ref.pointer, int(peer), int(tag), ctypes.byref(o),
+                   keep=(ref, o, keep), finish=finish, what="hora_send_async")
+
+
+def submit_recv(ref, peer, tag=0, process_set=None, finish=None, keep=(), alloc=None):
+    """Receives into ``ref`` (None: the message decides the shape; the buffer
+    comes from ``alloc`` or is library-owned) from set rank ``peer``."""
+    rt = _require_runtime()
+    _require_p2p()
+    o = _p2p_options(process_set, alloc)
+    return _submit(_lib.library().hora_recv_async, rt, ref.pointer if ref is not None else None, int(peer),
+                   int(tag), ctypes.byref(o), keep=(ref, o, keep, alloc), finish=finish,
+                   what="hora_recv_async")
+
+
+def submit_p2p_batch(ops, process_set=None, finish=None, keep=()):
+    """Posts [(is_send, ref, peer, tag), ...] at once as one request."""
+    rt = _require_runtime()
+    _require_p2p()
+    n = len(ops)
+    if n == 0:
+        raise HoraInvalidArgumentError("hora: batch_isend_irecv needs at least one operation", 1)
+    arr = (_lib.P2pOp * n)()
+    for i, (is_send, ref, peer, tag) in enumerate(ops):
+        arr[i].struct_size = ctypes.sizeof(_lib.P2pOp)
+        arr[i].kind = _lib.P2P_SEND if is_send else _lib.P2P_RECV
+        arr[i].peer = int(peer)
+        arr[i].tag = int(tag)
+        arr[i].tensor = ref.pointer
+    o = _p2p_options(process_set)
+    return _submit(_lib.library().hora_p2p_batch_async, rt, n, arr, ctypes.byref(o),
+                   keep=(ops, arr, o, keep), finish=finish, what="hora_p2p_batch_async")
+
+
 def submit_join():
     rt = _require_runtime()
     o = _options(None, None)
