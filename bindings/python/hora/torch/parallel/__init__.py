@@ -1,0 +1,28 @@
+"""hora.torch.parallel: building blocks for model-parallel layouts, in pure
+Python over hora.torch's collectives and process sets.
+
+  grid(tp, pp, cp, dp, order)    the DP x PP x CP x TP process grid (Grid): this
+                                 rank's coordinates and the process sets of its
+                                 groups (grid.py)
+  tensor parallelism             Megatron-style conjugate collectives and layers:
+                                 ColumnParallelLinear, RowParallelLinear,
+                                 VocabParallelEmbedding, vocab_parallel_cross_entropy
+                                 (tensor_parallel.py)
+  context parallelism            attention over a sequence split across ranks:
+                                 context_parallel_attention,
+                                 ContextParallelSelfAttention, split_sequence,
+                                 gather_sequence (context_parallel.py)
+
+Every function takes a ``group`` (a hora.torch ProcessSet, e.g. ``grid.tp_group``;
+None = the global set). Reductions are SUMs, exact derivatives of the sum of
+the ranks' losses; groups of one rank cost nothing. Pipeline parallelism's
+point-to-point transfers are not here: Grid only provides its layout
+(pp_group, pp_next_rank, pp_prev_rank, is_first_stage, is_last_stage).
+"""
+from ._comm import all_gather, all_reduce, reduce_scatter, split  # noqa: F401
+from .context_parallel import (ContextParallelSelfAttention, context_parallel_attention, gather_sequence,  # noqa: F401
+                               sequence_offset, split_sequence)
+from .grid import Grid, grid, layout  # noqa: F401
+from .tensor_parallel import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,  # noqa: F401
+                              copy_to_region, gather_from_region, reduce_from_region, scatter_to_region,
+                              vocab_parallel_cross_entropy)
