@@ -84,6 +84,11 @@ def test_layout_formula_and_groups():
     assert (g.tp_ranks, g.pp_ranks, g.dp_ranks) == ([4, 5], [5, 7], [1, 5])
     assert g.all_groups("pp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert (g.pp_next_global_rank, g.pp_prev_global_rank, g.is_first_stage, g.is_last_stage) == (7, 7, True, False)
+    g = P.layout(8, 2, tp=2, pp=4)  # pipeline neighbours: rank 2 is stage 1 of [0, 2, 4, 6]
+    assert (g.pp_ranks, g.pp_rank, g.pp_next_rank, g.pp_prev_rank) == ([0, 2, 4, 6], 1, 2, 0)
+    assert (g.pp_next_global_rank, g.pp_prev_global_rank, g.is_first_stage, g.is_last_stage) == (4, 0, False, False)
+    g = P.layout(8, 7, tp=2, pp=4)  # the last stage's next wraps around to the first
+    assert (g.pp_rank, g.pp_next_global_rank, g.pp_prev_global_rank, g.is_last_stage) == (3, 1, 5, True)
     g = P.layout(8, 5, tp=2, cp=2, order="dp-tp-cp-pp")  # dp innermost now
     assert (g.dp_rank, g.tp_rank, g.cp_rank) == (1, 0, 1) and g.dp_ranks == [4, 5]
     with pytest.raises(ValueError, match=r"world size 6 is not divisible by tp\*pp\*cp = 4\*1\*1 = 4"):
@@ -101,11 +106,12 @@ def _b_grid(rank, size, tp, pp, cp, order):
         assert "world size %d is not divisible" % size in str(e), e
     else:
         raise AssertionError("grid(tp=3) on %d ranks did not raise" % size)
-    g = P.grid(tp=tp, pp=pp, cp=cp, order=order)
+    g = P.grid(tp=tp, pp=pp, cp=cp) if order is None else P.grid(tp=tp, pp=pp, cp=cp, order=order)
     try:
         dp = size // (tp * pp * cp)
         assert (g.rank, g.size, g.tp_size, g.pp_size, g.cp_size, g.dp_size) == (rank, size, tp, pp, cp, dp), g
-        if order == "tp-cp-pp-dp":
+        if order is None:  # the default: tp innermost, so consecutive ranks share a TP group
+            assert g.order == "tp-cp-pp-dp"
             assert rank == g.tp_rank + tp * (g.cp_rank + cp * (g.pp_rank + pp * g.dp_rank)), g
         for d in ("tp", "pp", "cp", "dp"):
             ps = getattr(g, d + "_group")
@@ -143,8 +149,8 @@ def _b_grid(rank, size, tp, pp, cp, order):
 
 
 @pytest.mark.parametrize("size,tp,pp,cp,order", [
-    (2, 2, 1, 1, "tp-cp-pp-dp"), (2, 1, 1, 1, "tp-cp-pp-dp"), (2, 1, 2, 1, "tp-cp-pp-dp"),
-    (4, 2, 1, 1, "tp-cp-pp-dp"), (4, 2, 2, 1, "tp-cp-pp-dp"), (4, 2, 1, 2, "tp-cp-pp-dp"),
+    (2, 2, 1, 1, None), (2, 1, 1, 1, None), (2, 1, 2, 1, None),
+    (4, 2, 1, 1, None), (4, 2, 2, 1, None), (4, 2, 1, 2, None), (4, 1, 4, 1, None),
     (4, 2, 1, 1, "dp-tp-cp-pp")])
 def test_grid(request, size, tp, pp, cp, order):
     coords = _pool(request, size).run(_b_grid, tp, pp, cp, order)
