@@ -22,6 +22,7 @@ Tolerances: fp32 rtol 1e-5 (the partial sums of a split matmul are added in
 another order than the reference's); bf16 a few 1e-2. Every comparison also
 checks that training moved the weights, so a no-op cannot pass.
 """
+import copy
 import math
 
 import pytest
@@ -439,6 +440,10 @@ def _b_tp_default_init(rank, size):
         _close(row.weight, lin2.weight[:, row.shard_slice], "row init", 0, 0)
         _close(row.bias, lin2.bias, "row bias init", 0, 0)
         _close(emb.weight, e.weight[emb.shard_slice], "embedding init", 0, 0)
+        twin = copy.deepcopy(col)  # a copy shares the process set (a communicator, not a value)
+        assert twin.group is g.tp_group and twin.weight is not col.weight
+        x = torch.randn(3, 8)
+        _close(twin(x), col(x), "deep copy's output", 0, 0)
         with pytest.raises(ValueError, match="not divisible by the tensor-parallel group size"):
             P.ColumnParallelLinear(8, 4 * size + 1, group=g.tp_group)
     finally:
