@@ -19,10 +19,16 @@ the ranks' losses; groups of one rank cost nothing. Pipeline parallelism's
 point-to-point transfers are not here: Grid only provides its layout
 (pp_group, pp_next_rank, pp_prev_rank, is_first_stage, is_last_stage).
 """
-from ._comm import all_gather, all_reduce, reduce_scatter, split  # noqa: F401
-from .context_parallel import (ContextParallelSelfAttention, context_parallel_attention, gather_sequence,  # noqa: F401
+from ._comm import all_gather, all_reduce, reduce_scatter, split
+from .context_parallel import (ContextParallelSelfAttention, context_parallel_attention, gather_sequence,
                                sequence_offset, split_sequence)
-from .grid import Grid, grid, layout  # noqa: F401
-from .tensor_parallel import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,  # noqa: F401
+from .grid import Grid, grid, layout
+from .tensor_parallel import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
                               copy_to_region, gather_from_region, reduce_from_region, scatter_to_region,
                               vocab_parallel_cross_entropy)
+
+__all__ = ["grid", "layout", "Grid",
+           "copy_to_region", "reduce_from_region", "scatter_to_region", "gather_from_region",
+           "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "vocab_parallel_cross_entropy",
+           "context_parallel_attention", "ContextParallelSelfAttention", "split_sequence", "gather_sequence",
+           "sequence_offset", "all_gather", "all_reduce", "reduce_scatter", "split"]

@@ -43,7 +43,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._comm import (all_reduce, all_reduce_max, copy_to_region, gather_from_region, group_rank, group_size,  # noqa: F401
+from ._comm import (all_reduce, all_reduce_max, copy_to_region, gather_from_region, group_rank, group_size,
                     reduce_from_region, scatter_to_region)
 
 __all__ = ["copy_to_region", "reduce_from_region", "scatter_to_region", "gather_from_region",
