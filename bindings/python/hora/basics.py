@@ -79,6 +79,15 @@ class ProcessSet:
         _lib.check(_lib.library().hora_process_set_rank(self._handle, ctypes.byref(out)))
         return out.value
 
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        # A set names one communicator of the running job, not a value: copies
+        # of a module that keeps one (copy.deepcopy(model), hora.torch.parallel's
+        # layers) must use the same set. Its ctypes handle could not be copied anyway.
+        return self
+
     def __repr__(self):
         if self._is_global():
             return "ProcessSet(global)"

@@ -27,6 +27,7 @@ from .optimizer import DistributedOptimizer  # noqa: F401
 from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send  # noqa: F401
 from .sync_batch_norm import SyncBatchNorm  # noqa: F401
 from . import elastic  # noqa: F401,E402  (hvd.elastic.run, hvd.elastic.TorchState; needs the names above)
+from . import parallel  # noqa: F401,E402  (model-parallel layouts: hvd.parallel.grid, tensor/context parallel)
 from .. import __version__ as _hora_version  # noqa: E402
 
 # horovod.torch has no __version__ (horovod.__version__ is Horovod's); this one
