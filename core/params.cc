@@ -104,6 +104,11 @@ const std::vector<ParamSpec>& paramRegistry() {
       {"HORA_P2P_EAGER_BYTES", ParamType::kInt, "65536",
        "Point-to-point messages up to this size travel with their header and are buffered by "
        "the receiver if it has not posted the receive yet; larger ones wait for it."},
+      {"HORA_P2P_TRANSPORT", ParamType::kString, "auto",
+       "Point-to-point between two ranks: auto (a shared-memory inbox when they share a host, else "
+       "a TCP connection), shm (shared memory only: ranks on different hosts cannot exchange) or "
+       "tcp (always TCP, also on one host).",
+       "auto|shm|tcp"},
       {"HORA_P2P_SPIN_US", ParamType::kInt, "50",
        "Microseconds a thread waiting on a send or receive polls before it sleeps (latency "
        "against CPU use)."},

@@ -1,6 +1,10 @@
 #include "ops/p2p/p2p_engine.h"
 
+#include "ops/p2p/p2p_socket.h"
+
+#include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,7 +18,7 @@ namespace {
 
 constexpr uint32_t kFrameMagic = 0x68327032;  // "h2p2"
 
-enum FrameKind : uint8_t { kMessage = 1, kAccept = 2, kReject = 3, kPayload = 4 };
+enum FrameKind : uint8_t { kMessage = 1, kAccept = 2, kReject = 3, kPayload = 4, kClose = 5 };
 enum RejectReason : int32_t { kReasonMismatch = 1, kReasonAlloc = 2 };
 
 }  // namespace
@@ -70,7 +74,11 @@ struct P2pEngine::OutFrame {
   const char* payload = nullptr;
   size_t payloadBytes = 0;
   size_t done = 0;  // bytes of header + payload written
-  OpPtr completes;  // a send that completes once this frame is written
+  // Completes once this frame is written: a large send with its payload, a
+  // receive with its accept or reject (so a receiver that returns and shuts
+  // down at once has still told the sender).
+  OpPtr completes;
+  Status completeWith;
 };
 
 struct P2pEngine::Peer {
@@ -94,6 +102,10 @@ struct P2pEngine::Peer {
   std::map<uint64_t, OpPtr> sends;   // message written, awaiting accept or reject
   std::map<uint64_t, OpPtr> large;   // receives accepted, awaiting kPayload
   bool largePayload = false;  // the payload in flight is a kPayload's
+  // TCP (a peer on another host): the connection, or that it will come.
+  int fd = -1;
+  bool awaitingAccept = false;
+  bool closedByPeer = false;  // its kClose arrived
   Status peerFailure;          // later operations with this peer fail with it
 };
 
@@ -167,6 +179,11 @@ void P2pEngine::wake() {
   ++wakeups_;
   wakeCv_.notify_one();
   if (P2pInbox* in = inboxPtr_.load(std::memory_order_acquire)) in->ring();
+  const int ev = wakeFd_.load(std::memory_order_acquire);
+  if (ev >= 0) {
+    uint64_t one = 1;
+    (void)!::write(ev, &one, sizeof one);
+  }
 }
 
 bool P2pEngine::drive() {
@@ -202,62 +219,154 @@ void P2pEngine::complete(const OpPtr& op, const Status& s) {
 }
 
 Status P2pEngine::ensureInbox() {
-  if (inbox_) return Status();
-  sweepDeadP2pInboxes(opts_.dir);
-  const std::string name = "hora-" + std::to_string(::getpid()) + "-p2p-" + randomHex();
-  auto in = P2pInbox::create(opts_.dir, name, static_cast<uint32_t>(peers_.size()),
-                             opts_.ringBytes);
-  if (!in.isOk()) return in.status();
-  inbox_ = in.take();
-  inboxPtr_.store(inbox_.get(), std::memory_order_release);
-  std::string value = name + "\n" + opts_.hostId + "\n" + std::to_string(::getpid());
+  if (inbox_ || listenFd_ >= 0) return Status();
+  std::string name = "-";
+  if (opts_.transport != "tcp") {
+    sweepDeadP2pInboxes(opts_.dir);
+    name = "hora-" + std::to_string(::getpid()) + "-p2p-" + randomHex();
+    auto in = P2pInbox::create(opts_.dir, name, static_cast<uint32_t>(peers_.size()),
+                               opts_.ringBytes);
+    if (!in.isOk()) return in.status();
+    inbox_ = in.take();
+    inboxPtr_.store(inbox_.get(), std::memory_order_release);
+  }
+  int port = 0;
+  if (opts_.transport != "shm") {
+    auto fd = p2pListen(opts_.hostname, &port);
+    if (!fd.isOk()) return fd.status();
+    listenFd_ = fd.value();
+    token_ = (randomHex() + randomHex() + randomHex() + randomHex()).substr(0, 31);
+    int ev = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (ev >= 0) wakeFd_.store(ev, std::memory_order_release);
+    scratch_.resize(64 << 10);
+  }
+  std::string value = name + "\n" + opts_.hostId + "\n" + std::to_string(::getpid()) + "\n" +
+                      opts_.hostname + "\n" + std::to_string(port) + "\n" + token_;
   Status s = opts_.store->set("p2p/inbox/" + std::to_string(opts_.rank), value);
-  if (!s.isOk()) return s.withContext("publishing this rank's point-to-point inbox");
+  if (!s.isOk()) return s.withContext("publishing this rank's point-to-point endpoint");
   return Status();
 }
 
 bool P2pEngine::connect(Peer& p, Clock::time_point now) {
-  if (p.out) return true;
-  if (now < p.nextCheck) return false;
+  if (p.out || p.fd >= 0) return true;
+  if (p.awaitingAccept || now < p.nextCheck) return false;
   p.nextCheck = now + std::chrono::milliseconds(2);
   const std::string key = "p2p/inbox/" + std::to_string(p.rank);
   auto has = opts_.store->check(key);
   if (!has.isOk()) {
-    fatalLocked(has.status().withContext("looking up " + rankText(p.rank) + "'s point-to-point inbox"));
+    fatalLocked(has.status().withContext("looking up " + rankText(p.rank) + "'s point-to-point endpoint"));
     return false;
   }
   if (!has.value()) return false;  // the peer has not posted its first operation yet
   auto v = opts_.store->get(key, std::chrono::milliseconds(5000));
   if (!v.isOk()) {
-    fatalLocked(v.status().withContext("reading " + rankText(p.rank) + "'s point-to-point inbox"));
+    fatalLocked(v.status().withContext("reading " + rankText(p.rank) + "'s point-to-point endpoint"));
     return false;
   }
   std::istringstream is(v.value());
-  std::string name, host, pid;
+  std::string name, host, pid, addr, port, token;
   std::getline(is, name);
   std::getline(is, host);
   std::getline(is, pid);
-  if (host != opts_.hostId) {
+  std::getline(is, addr);
+  std::getline(is, port);
+  std::getline(is, token);
+  const bool sameHost = host == opts_.hostId;
+  if (sameHost && name != "-" && inbox_) {
+    auto in = P2pInbox::open(opts_.dir, name);
+    if (!in.isOk()) {
+      fatalLocked(in.status().withContext("connecting to " + rankText(p.rank)));
+      return false;
+    }
+    if (in.value()->rings() != peers_.size()) {
+      fatalLocked(protocolError(rankText(p.rank) + "'s point-to-point inbox has " +
+                                std::to_string(in.value()->rings()) + " rings for a set of " +
+                                std::to_string(peers_.size())));
+      return false;
+    }
+    p.out = in.take();
+    return true;
+  }
+  if (listenFd_ < 0 || port.empty() || port == "0") {
     failPeerLocked(p, Status(Code::kNotSupported,
-                             "point-to-point between ranks on different hosts is not implemented "
-                             "yet: " + rankText(opts_.rank) + " and " + rankText(p.rank) +
-                             " do not share a host (docs/p2p.md); place pipeline neighbours on "
-                             "one host"));
+                             rankText(opts_.rank) + " and " + rankText(p.rank) +
+                                 " cannot reach each other for point-to-point: " +
+                                 (sameHost ? "one of them has no shared-memory inbox"
+                                           : "they are on different hosts") +
+                                 " and HORA_P2P_TRANSPORT=shm on one of them; use auto or tcp"));
     return false;
   }
-  auto in = P2pInbox::open(opts_.dir, name);
-  if (!in.isOk()) {
-    fatalLocked(in.status().withContext("connecting to " + rankText(p.rank)));
+  if (opts_.rank > p.rank) {  // the lower rank connects; its connection comes to acceptLocked
+    p.awaitingAccept = true;
     return false;
   }
-  if (in.value()->rings() != peers_.size()) {
-    fatalLocked(protocolError(rankText(p.rank) + "'s point-to-point inbox has " +
-                              std::to_string(in.value()->rings()) + " rings for a set of " +
-                              std::to_string(peers_.size())));
+  P2pHello hello{};
+  hello.magic = kP2pHelloMagic;
+  hello.rank = opts_.rank;
+  std::snprintf(hello.token, sizeof hello.token, "%s", token.c_str());
+  auto fd = p2pConnect(addr, std::atoi(port.c_str()), hello, 5000);
+  if (!fd.isOk()) {
+    fatalLocked(fd.status().withContext("connecting to " + rankText(p.rank) + " for point-to-point"));
     return false;
   }
-  p.out = in.take();
+  p.fd = fd.value();
   return true;
+}
+
+void P2pEngine::acceptLocked() {
+  for (;;) {
+    P2pHello hello{};
+    auto fd = p2pAccept(listenFd_, &hello, 2000);
+    if (!fd.isOk()) {
+      HORA_LOG(opts_.logger, kWarning) << "process set " << opts_.setName << ": " << fd.status().message();
+      continue;
+    }
+    if (fd.value() < 0) return;
+    hello.token[sizeof hello.token - 1] = 0;
+    const int r = hello.rank;
+    const bool ok = hello.magic == kP2pHelloMagic && token_ == hello.token && r >= 0 &&
+                    r < opts_.rank && peers_[r]->fd < 0;
+    if (!ok) {
+      HORA_LOG(opts_.logger, kWarning)
+          << "process set " << opts_.setName << ": refused a point-to-point connection that did not "
+          << "present this rank's token from the store (or came from an unexpected rank " << r << ")";
+      p2pClose(fd.value());
+      continue;
+    }
+    peers_[r]->fd = fd.value();
+    peers_[r]->awaitingAccept = false;
+  }
+}
+
+size_t P2pEngine::writeOut(Peer& p, const char* data, size_t n) {
+  if (p.fd < 0) return p.out->write(static_cast<uint32_t>(opts_.rank), data, n);
+  auto k = p2pSend(p.fd, data, n);
+  if (!k.isOk()) {
+    fatalLocked(Status(Code::kRemoteError, "point-to-point to " + rankText(p.rank) + " of process set " +
+                                               opts_.setName + ": " + k.status().message() +
+                                               "; its process probably exited"));
+    return 0;
+  }
+  return k.value();
+}
+
+size_t P2pEngine::readIn(Peer& p, void* data, size_t n) {
+  if (p.fd < 0) return inbox_ ? inbox_->read(static_cast<uint32_t>(p.rank), data, n) : 0;
+  if (!data) {
+    data = scratch_.data();
+    n = std::min(n, scratch_.size());
+  }
+  bool eof = false;
+  auto k = p2pRecv(p.fd, data, n, &eof);
+  if (!k.isOk() || (eof && !p.closedByPeer)) {
+    fatalLocked(Status(Code::kRemoteError,
+                       rankText(p.rank) + " of process set " + opts_.setName +
+                           " closed its point-to-point connection to " + rankText(opts_.rank) +
+                           (k.isOk() ? " without a goodbye" : ": " + k.status().message()) +
+                           ": its process exited or the network failed; check that rank's output"));
+    return 0;
+  }
+  return k.value();
 }
 
 void P2pEngine::takeIncoming() {
@@ -340,8 +449,9 @@ char* P2pEngine::matchLocked(Peer& p, const OpPtr& recv, const Frame& h, const c
     f.h.ndim = static_cast<uint8_t>(std::min<size_t>(recv->p.shape.size(), kP2pMaxDims));
     for (int i = 0; i < f.h.ndim; ++i) f.h.shape[i] = recv->p.shape[i];
     f.h.bytes = recv->p.bytes;
+    f.completes = recv;
+    f.completeWith = Status(Code::kMismatch, why);
     p.outq.push_back(f);
-    complete(recv, Status(Code::kMismatch, why));
     return nullptr;
   }
   if (!h.eager) {
@@ -366,42 +476,42 @@ void P2pEngine::acceptEagerLocked(Peer& p, const OpPtr& recv, const Frame& h) {
   f.h.kind = kAccept;
   f.h.seq = h.seq;
   f.h.tag = h.tag;
+  f.completes = recv;
   p.outq.push_back(f);
-  complete(recv, Status());
 }
 
 bool P2pEngine::pumpOut(Peer& p, Clock::time_point now) {
   if (p.outq.empty()) return false;
   if (!connect(p, now)) return false;
   bool moved = false;
-  const uint32_t ring = static_cast<uint32_t>(opts_.rank);
   while (!p.outq.empty()) {
     OutFrame& f = p.outq.front();
     const size_t total = sizeof(Frame) + f.payloadBytes;
     while (f.done < total) {
       size_t n;
       if (f.done < sizeof(Frame))
-        n = p.out->write(ring, reinterpret_cast<const char*>(&f.h) + f.done, sizeof(Frame) - f.done);
+        n = writeOut(p, reinterpret_cast<const char*>(&f.h) + f.done, sizeof(Frame) - f.done);
       else
-        n = p.out->write(ring, f.payload + (f.done - sizeof(Frame)), total - f.done);
+        n = writeOut(p, f.payload + (f.done - sizeof(Frame)), total - f.done);
+      if (!failed_.isOk()) return true;
       if (n == 0) break;
       f.done += n;
       moved = true;
     }
     if (f.done < total) break;  // the ring is full: the peer reads, then we go on
-    if (f.completes) complete(f.completes, Status());
+    if (f.completes) complete(f.completes, f.completeWith);
     p.outq.pop_front();
   }
-  if (moved) p.out->ring();
+  if (moved && p.out) p.out->ring();
   return moved;
 }
 
 bool P2pEngine::pumpIn(Peer& p) {
-  const uint32_t ring = static_cast<uint32_t>(p.rank);
   bool moved = false;
   for (;;) {
     if (p.inPayload) {
-      const size_t n = inbox_->read(ring, p.payloadDst, p.payloadLeft);
+      const size_t n = readIn(p, p.payloadDst, p.payloadLeft);
+      if (!failed_.isOk()) return true;
       if (n == 0) break;
       moved = true;
       p.payloadLeft -= n;
@@ -411,8 +521,8 @@ bool P2pEngine::pumpIn(Peer& p) {
       finishPayloadLocked(p);
       continue;
     }
-    const size_t n =
-        inbox_->read(ring, reinterpret_cast<char*>(&p.cur) + p.curGot, sizeof(Frame) - p.curGot);
+    const size_t n = readIn(p, reinterpret_cast<char*>(&p.cur) + p.curGot, sizeof(Frame) - p.curGot);
+    if (!failed_.isOk()) return true;
     if (n == 0) break;
     moved = true;
     p.curGot += n;
@@ -426,7 +536,7 @@ bool P2pEngine::pumpIn(Peer& p) {
 
 bool P2pEngine::onFrameLocked(Peer& p) {
   const Frame& h = p.cur;
-  const bool known = h.kind >= kMessage && h.kind <= kPayload;
+  const bool known = h.kind >= kMessage && h.kind <= kClose;
   size_t elem = 0;
   bool ok = h.magic == kFrameMagic && known && h.ndim <= kP2pMaxDims;
   if (ok && h.kind == kMessage) {
@@ -448,6 +558,9 @@ bool P2pEngine::onFrameLocked(Peer& p) {
     return false;
   }
   switch (h.kind) {
+    case kClose:
+      p.closedByPeer = true;
+      break;
     case kMessage: {
       OpPtr recv;
       for (auto it = p.recvs.begin(); it != p.recvs.end(); ++it)
@@ -620,8 +733,11 @@ void P2pEngine::checkLocked(Clock::time_point now) {
     if (!waiting) continue;
     // A peer that shut down: what it has not sent by now never comes (its
     // inbound bytes were drained before this check).
-    if (p.out && p.out->header().closed.value.load(std::memory_order_acquire) != 0 &&
-        !p.inPayload && p.curGot == 0 && inbox_->readable(static_cast<uint32_t>(p.rank)) == 0) {
+    const bool closed =
+        p.closedByPeer ||
+        (p.out && p.out->header().closed.value.load(std::memory_order_acquire) != 0 &&
+         inbox_->readable(static_cast<uint32_t>(p.rank)) == 0);
+    if (closed && !p.inPayload && p.curGot == 0) {
       failPeerLocked(p, Status(Code::kShutDown, rankText(p.rank) + " of process set " +
                                                     opts_.setName +
                                                     " shut down (hora_shutdown) while this "
@@ -630,7 +746,7 @@ void P2pEngine::checkLocked(Clock::time_point now) {
       continue;
     }
     // A peer whose process is gone: its frames will never come.
-    if (p.out && p.out->ownerPid() != ::getpid() && ::kill(p.out->ownerPid(), 0) != 0 &&
+    if (p.fd < 0 && p.out && p.out->ownerPid() != ::getpid() && ::kill(p.out->ownerPid(), 0) != 0 &&
         errno == ESRCH) {
       fatalLocked(Status(Code::kRemoteError,
                          rankText(p.rank) + " of process set " + opts_.setName + " (pid " +
@@ -684,11 +800,18 @@ bool P2pEngine::progressLocked(Clock::time_point now) {
     takeIncoming();
     moved = true;
   }
-  if (!inbox_) return moved;
+  if (!inbox_ && listenFd_ < 0) return moved;
+  if (listenFd_ >= 0) acceptLocked();
   for (auto& p : peers_) {
     if (!failed_.isOk()) return true;
-    if (!p->wanted && inbox_->readable(static_cast<uint32_t>(p->rank)) == 0) continue;
+    if (!p->wanted && p->fd < 0 &&
+        (!inbox_ || inbox_->readable(static_cast<uint32_t>(p->rank)) == 0))
+      continue;
     p->wanted = true;
+    // A receive needs the connection too: over TCP only the lower rank of
+    // a pair connects, whichever of them sends first.
+    if (!p->out && p->fd < 0) connect(*p, now);
+    if (!failed_.isOk()) return true;
     moved |= pumpIn(*p);
     if (!failed_.isOk()) return true;
     moved |= pumpOut(*p, now);
@@ -701,6 +824,7 @@ bool P2pEngine::hasWorkLocked() {
   if (!incoming_.empty()) return true;
   if (!inbox_) return false;
   for (auto& p : peers_) {
+    if (p->fd >= 0) continue;  // sockets: poll() watches them
     if (inbox_->readable(static_cast<uint32_t>(p->rank)) > 0) return true;
     // A full ring is no work: the reader rings our doorbell when it frees room.
     if (!p->outq.empty() && p->out && p->out->writable(static_cast<uint32_t>(opts_.rank)) > 0)
@@ -730,13 +854,15 @@ void P2pEngine::run() {
       std::lock_guard<std::mutex> lk(mu_);
       for (auto& p : peers_)
         if (!p->outq.empty()) {
-          if (!p->out) connecting = true;
+          if (!p->out && p->fd < 0) connecting = true;
           busy = true;
         }
       if (!incoming_.empty()) busy = true;
     }
     const int timeoutMs = connecting ? 2 : (busy ? 5 : 50);
-    if (in) {
+    if (sleepOnSockets(timeoutMs)) {
+      // slept in poll()
+    } else if (in) {
       auto& h = in->header();
       const uint32_t bell = h.doorbell.value.load(std::memory_order_seq_cst);
       h.sleeping.value.store(1, std::memory_order_seq_cst);
@@ -756,6 +882,37 @@ void P2pEngine::run() {
     }
     lastMove = Clock::now() - std::chrono::microseconds(opts_.spinUs);
   }
+}
+
+// With peers on other hosts the thread sleeps in poll() on their sockets,
+// the listener and the wake-up eventfd; a shared-memory peer's doorbell
+// cannot wake poll(), so with both kinds the sleep is kept to 1 ms.
+bool P2pEngine::sleepOnSockets(int timeoutMs) {
+  std::vector<struct pollfd> fds;
+  bool shmPeers = false;
+  {
+    std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+    if (!lk.owns_lock() || listenFd_ < 0) return false;
+    bool tcp = false;
+    for (auto& p : peers_) {
+      if (p->fd >= 0 || p->awaitingAccept) tcp = true;
+      if (p->out) shmPeers = true;
+    }
+    if (!tcp) return false;
+    if (hasWorkLocked()) return true;
+    const int ev = wakeFd_.load(std::memory_order_acquire);
+    if (ev >= 0) fds.push_back({ev, POLLIN, 0});
+    fds.push_back({listenFd_, POLLIN, 0});
+    for (auto& p : peers_)
+      if (p->fd >= 0)
+        fds.push_back({p->fd, static_cast<short>(POLLIN | (p->outq.empty() ? 0 : POLLOUT)), 0});
+  }
+  ::poll(fds.data(), fds.size(), shmPeers ? 1 : timeoutMs);
+  if (!fds.empty() && fds[0].fd == wakeFd_.load() && (fds[0].revents & POLLIN)) {
+    uint64_t v;
+    (void)!::read(fds[0].fd, &v, sizeof v);
+  }
+  return true;
 }
 
 void P2pEngine::fail(const Status& why) {
@@ -788,6 +945,26 @@ void P2pEngine::shutdown(const std::string& reason) {
     inbox_->header().closed.value.store(1, std::memory_order_release);
     inbox_->unlink();
   }
+  for (auto& p : peers_) {
+    if (p->fd < 0) continue;
+    // A goodbye at a frame boundary tells the peer this was no crash.
+    if (p->outq.empty() || p->outq.front().done == 0) {
+      Frame bye;
+      bye.kind = kClose;
+      size_t sent = 0;
+      for (int tries = 0; sent < sizeof bye && tries < 1000; ++tries) {
+        auto k = p2pSend(p->fd, reinterpret_cast<const char*>(&bye) + sent, sizeof bye - sent);
+        if (!k.isOk()) break;
+        sent += k.value();
+        if (sent < sizeof bye) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+    p2pClose(p->fd);
+    p->fd = -1;
+  }
+  p2pClose(listenFd_);
+  listenFd_ = -1;
+  p2pClose(wakeFd_.exchange(-1));
 }
 
 }  // namespace hora

@@ -4,14 +4,17 @@
 // Sends and receives do not go through the coordinator: a message is
 // matched by the receiver, by (sender, tag) in the order each side posted
 // them (MPI's non-overtaking rule, no wildcards). Each ordered pair of ranks
-// has a byte stream (today a ring in the receiver's shared-memory inbox,
-// ops/p2p/p2p_inbox.h, so both ranks must share a host) carrying frames:
+// has a byte stream: a ring in the receiver's shared-memory inbox
+// (ops/p2p/p2p_inbox.h) when both share a host, else a TCP connection
+// (ops/p2p/p2p_socket.h). It carries frames:
 //  - kMessage: seq, tag, dtype, shape; up to HORA_P2P_EAGER_BYTES its
 //    payload follows at once (buffered by the receiver if no receive is
 //    posted yet), above that the payload waits for the receiver's accept;
 //  - kAccept / kReject: the receiver matched the message and its buffer
 //    agrees (or not: dtype or element count differ, or allocation failed);
-//  - kPayload: the payload of an accepted large message.
+//  - kPayload: the payload of an accepted large message;
+//  - kClose (TCP): the sender shut down cleanly (an end of stream without it
+//    means its process died).
 // A send completes when the receiver accepted it (and, for a large one,
 // once its payload is written), so a mismatch fails both sides with both
 // descriptions and never writes a byte into the wrong buffer.
@@ -71,6 +74,8 @@ struct P2pEngineOptions {
   std::shared_ptr<Store> store;  // the set's, for inbox names
   std::string hostId;            // core/host_identity
   std::string dir = "/dev/shm";
+  std::string hostname;            // where peers on other hosts reach this rank
+  std::string transport = "auto";  // auto (shared memory on one host, else TCP), shm, tcp
   uint64_t ringBytes = 1 << 20;
   uint64_t eagerBytes = 64 << 10;
   Seconds stallWarning{60};   // 0 = no warning
@@ -122,6 +127,10 @@ class P2pEngine {
   bool progressLocked(Clock::time_point now);
   Status ensureInbox();
   bool connect(Peer& p, Clock::time_point now);
+  void acceptLocked();
+  size_t writeOut(Peer& p, const char* data, size_t n);
+  size_t readIn(Peer& p, void* data, size_t n);
+  bool sleepOnSockets(int timeoutMs);
   void takeIncoming();
   char* matchLocked(Peer& p, const OpPtr& recv, const Frame& h, const char* eagerData);
   void acceptEagerLocked(Peer& p, const OpPtr& recv, const Frame& h);
@@ -142,6 +151,10 @@ class P2pEngine {
   mutable std::mutex mu_;  // everything below; held for a whole round of progress
   std::unique_ptr<P2pInbox> inbox_;
   std::atomic<P2pInbox*> inboxPtr_{nullptr};  // inbox_, for wake() without mu_
+  int listenFd_ = -1;                          // TCP, for peers on other hosts
+  std::string token_;                          // what a connecting peer must present
+  std::atomic<int> wakeFd_{-1};                // eventfd: wakes the thread in poll()
+  std::vector<char> scratch_;                  // where discarded TCP bytes go
   std::vector<std::unique_ptr<Peer>> peers_;
   std::vector<OpPtr> incoming_;  // posted, not yet taken by progress
   size_t live_ = 0;              // posted and not completed

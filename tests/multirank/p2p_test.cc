@@ -380,3 +380,23 @@ TEST(P2p, ReceiveNobodySendsToIsReportedAndFailsAtTheStallShutdown) {
       60);
   EXPECT_EQ(failed.load(), 1);
 }
+
+// A peer that shuts down cleanly: what waits for it fails with
+// HORA_ERR_SHUT_DOWN naming it; the other ranks go on exchanging.
+TEST(P2p, PeerShutdownFailsOnlyWhatWaitsForIt) {
+  runThreads(3, [](int rank, hora_runtime_t rt) {
+    Buf b(kF32, {8});
+    ringExchange(rank, 3, rt, kF32, 8, 0);  // every pair connected
+    if (rank == 2) return;                  // shuts down
+    if (rank == 0) {
+      std::string msg;
+      EXPECT_EQ(recvWait(rt, b, 2, 77, &msg), HORA_ERR_SHUT_DOWN) << msg;
+      EXPECT_NE(msg.find("rank 2"), std::string::npos) << msg;
+      fill(b, 0, 1, 5);
+      EXPECT_EQ(sendWait(rt, b, 1, 5), HORA_SUCCESS) << lastMessage();
+    } else {
+      EXPECT_EQ(recvWait(rt, b, 0, 5), HORA_SUCCESS) << lastMessage();
+      EXPECT_TRUE(matches(b, 0, 1, 5));
+    }
+  });
+}

@@ -118,6 +118,8 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   po.ringBytes = static_cast<uint64_t>(o.p2pRingBytes);
   po.eagerBytes = static_cast<uint64_t>(o.p2pEagerBytes);
   po.spinUs = o.p2pSpinUs;
+  po.transport = o.p2pTransport;
+  po.hostname = o.hostname;
   po.stallWarning = o.stallWarning;
   po.stallShutdown = o.stallShutdown;
   po.logger = logger;

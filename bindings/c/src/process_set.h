@@ -59,6 +59,7 @@ struct SetOptions {
   int64_t p2pRingBytes = 1 << 20;
   int64_t p2pEagerBytes = 64 << 10;
   int p2pSpinUs = 50;
+  std::string p2pTransport = "auto";
   // Elastic mode: member-caused failures are kMembership (SetHealth).
   bool elastic = false;
   std::vector<std::string> workerIds;  // global rank -> worker id (elastic mode)

@@ -477,6 +477,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
         std::to_string(so.p2pRingBytes) + ", " + std::to_string(so.p2pEagerBytes) + ", " +
         std::to_string(spinUs) + ")");
   so.p2pSpinUs = static_cast<int>(spinUs);
+  so.p2pTransport = p.getString("HORA_P2P_TRANSPORT");  // the registry checked the choice
   so.gpu.plugin = std::make_shared<GpuPlugin>(p.getString("HORA_GPU_PLUGIN"));
   const int64_t flight = p.getInt("HORA_FLIGHT_RECORDER_ENTRIES");
   const int64_t window = p.getInt("HORA_STRAGGLER_WINDOW");

@@ -268,8 +268,8 @@ HORA_API hora_status_t hora_join_async(hora_runtime_t runtime, const hora_option
  * whose dtype or element count differ both fail with HORA_ERR_MISMATCH
  * naming both, and no byte lands in the receive buffer. Two ranks that
  * send to each other must post the receives before waiting on the sends
- * (hora_p2p_batch_async does that). CPU tensors; both ranks on one host
- * (ranks on different hosts get HORA_ERR_NOT_SUPPORTED). A peer lost, a
+ * (hora_p2p_batch_async does that). CPU tensors; shared memory between
+ * ranks of one host, TCP between hosts (HORA_P2P_TRANSPORT). A peer lost, a
  * stall past HORA_STALL_SHUTDOWN_TIME_S or a malformed frame breaks the set
  * as for collectives; HORA_STALL_WARNING_TIME_S logs a stalled send or
  * receive with its peer and tag. options->name, op, scales and root are
