@@ -109,3 +109,20 @@ def _b_three_ranks_sets(rank, size):
 
 def test_three_ranks_and_sets(pool3):
     pool3.run(_b_three_ranks_sets)
+
+
+def _b_numpy(rank, size):
+    import numpy as np
+    import hora.numpy as hn
+    if rank == 0:
+        hn.send(np.arange(6, dtype=np.int16).reshape(2, 3), dst=1, tag=4)
+        buf = np.zeros(3)
+        assert hn.recv(buf, src=1) is buf and buf.tolist() == [1.0, 2.0, 3.0]
+    else:
+        got = hn.recv(src=0, tag=4)
+        assert got.dtype == np.int16 and got.shape == (2, 3) and got.flatten().tolist() == list(range(6))
+        hn.send(np.array([1.0, 2.0, 3.0]), dst=0)
+
+
+def test_numpy_send_recv(pool2):
+    pool2.run(_b_numpy)

@@ -176,3 +176,31 @@ def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0, post
 def reducescatter(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
                   process_set=global_process_set):
     return synchronize(reducescatter_async(tensor, name, op, prescale_factor, postscale_factor, process_set))
+
+
+# ---- point-to-point (docs/p2p.md); peers are ranks within process_set, as roots are here ----
+def isend(tensor, dst, tag=0, process_set=global_process_set):
+    """Starts sending ``tensor`` to rank ``dst`` of the set; keep it unmodified until synchronize()."""
+    p = basics.submit_send(to_ref(tensor), dst, tag, process_set, keep=(tensor,))
+    return basics.register(p)
+
+
+def send(tensor, dst, tag=0, process_set=global_process_set):
+    """Sends and returns once the receiver accepted the message."""
+    synchronize(isend(tensor, dst, tag, process_set))
+
+
+def irecv(tensor=None, src=None, tag=0, process_set=global_process_set):
+    """Starts receiving from rank ``src`` of the set into ``tensor`` (written in place), or, with
+    None, into a new array of the sender's shape and dtype; synchronize() returns it."""
+    if src is None:
+        raise ValueError("hora.numpy: irecv needs src (receives from any rank are not supported)")
+    if tensor is None:
+        p = basics.submit_recv(None, src, tag, process_set, finish=lambda p: _copy_out(p.output_dl()))
+    else:
+        p = basics.submit_recv(to_ref(tensor), src, tag, process_set, finish=lambda _: tensor, keep=(tensor,))
+    return basics.register(p)
+
+
+def recv(tensor=None, src=None, tag=0, process_set=global_process_set):
+    return synchronize(irecv(tensor, src, tag, process_set))
