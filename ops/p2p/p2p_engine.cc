@@ -317,9 +317,9 @@ void P2pEngine::acceptLocked() {
   for (;;) {
     P2pHello hello{};
     auto fd = p2pAccept(listenFd_, &hello, 2000);
-    if (!fd.isOk()) {
+    if (!fd.isOk()) {  // a stranger's connection without a hello, or no descriptors left
       HORA_LOG(opts_.logger, kWarning) << "process set " << opts_.setName << ": " << fd.status().message();
-      continue;
+      return;
     }
     if (fd.value() < 0) return;
     hello.token[sizeof hello.token - 1] = 0;
