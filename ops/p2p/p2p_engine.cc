@@ -316,7 +316,7 @@ bool P2pEngine::connect(Peer& p, Clock::time_point now) {
 void P2pEngine::acceptLocked() {
   for (;;) {
     P2pHello hello{};
-    auto fd = p2pAccept(listenFd_, &hello, 2000);
+    auto fd = p2pAccept(listenFd_, &hello, 500);
     if (!fd.isOk()) {  // a stranger's connection without a hello, or no descriptors left
       HORA_LOG(opts_.logger, kWarning) << "process set " << opts_.setName << ": " << fd.status().message();
       return;
