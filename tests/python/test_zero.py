@@ -8,9 +8,10 @@ as on the parameter, and the averaged gradient is the same sum scaled by
 float32 parameters must be EQUAL bitwise. With 3 ranks the allreduce and the
 reducescatter may add the three contributions in different orders (which
 rank's chunk an element falls in decides it), so the comparison is to 1e-6
-relative there (measured: stage 1 equal, stage 2 off by one float32 ulp). bfloat16 parameters are compared with a reference that
-steps float32 masters the same way (DistributedOptimizer-averaged bf16
-gradients), to bf16's resolution. Gradient clipping computes the global norm
+relative there (measured: stage 1 equal, stage 2 off by one float32 ulp).
+bfloat16 parameters are compared with a reference that steps float32
+masters the same way (DistributedOptimizer-averaged bf16 gradients), to
+bf16's resolution. Gradient clipping computes the global norm
 in a different order than torch.nn.utils.clip_grad_norm_: 1e-6.
 """
 import os
@@ -146,7 +147,8 @@ def _b_bf16_master(rank, size, stage, name):
     cls, kw = _opt(name)
     # reference: bf16 model, gradients averaged by DistributedOptimizer, float32 masters stepped by torch
     ref = _model(torch.bfloat16)
-    dopt = hvd.DistributedOptimizer(torch.optim.SGD(ref.parameters(), lr=0.0), named_parameters=ref.named_parameters())
+    dopt = hvd.DistributedOptimizer(torch.optim.SGD(ref.parameters(), lr=0.0),
+                                    named_parameters=ref.named_parameters())
     masters = [p.detach().float().clone().requires_grad_() for p in ref.parameters()]
     mopt = cls(masters, **kw)
     for x, y in data:
@@ -384,3 +386,24 @@ def _b_process_set(rank, size):
 
 def test_process_set(pool3):
     pool3.run(_b_process_set, timeout=120)
+
+
+def _b_lr_scheduler(rank, size):
+    """An LR scheduler drives the inner optimizer (``opt.optimizer``), whose groups are ``opt.param_groups``."""
+    data = _data(rank, STEPS)
+    ref = _model()
+    dopt = hvd.DistributedOptimizer(torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9),
+                                    named_parameters=ref.named_parameters())
+    rsched = torch.optim.lr_scheduler.StepLR(dopt, step_size=1, gamma=0.5)
+    model = _model()
+    opt = hvd.ZeroOptimizer(model.parameters(), torch.optim.SGD, stage=2, bucket_bytes=SMALL_BUCKETS, lr=0.1,
+                            momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt.optimizer, step_size=1, gamma=0.5)
+    _train(ref, dopt, data, 1, step_fn=lambda: (dopt.step(), rsched.step()))
+    _train(model, opt, data, 1, step_fn=lambda: (opt.step(), sched.step()))
+    assert opt.param_groups[0]["lr"] == 0.1 * 0.5 ** STEPS
+    _compare(model, ref, size, "lr scheduler")
+
+
+def test_lr_scheduler_on_inner_optimizer(pool2):
+    pool2.run(_b_lr_scheduler, timeout=60)

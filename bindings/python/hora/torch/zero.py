@@ -53,7 +53,7 @@ import torch
 from ..basics import Average, Sum, global_process_set
 from .mpi_ops import allgather_async, allreduce_, allreduce_async_, reducescatter_async, synchronize
 
-_instances = itertools.count()
+_instances = {}  # process set id -> how many ZeroOptimizers were made over it (the default names)
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 FORMAT_VERSION = 1
 
@@ -111,6 +111,13 @@ class ZeroOptimizer:
     bucket_bytes: the most bytes of gradient per collective.
     gradient_predivide_factor: as DistributedOptimizer's (gradients times
     1/factor before the sum, times factor/size after it).
+    name: prefix of the collectives' names. By default "zero.<set id>.<k>"
+    for the k-th ZeroOptimizer over that set on this rank, so every rank of
+    the set must make its ZeroOptimizers over the set in the same order (or
+    pass the same ``name``).
+
+    ``param_groups`` are the inner optimizer's (``lr`` etc. can be changed
+    there); an LR scheduler takes the inner optimizer, ``opt.optimizer``.
 
     Every method that communicates (``step``, ``synchronize``,
     ``clip_grad_norm_``, ``state_dict``, ``load_state_dict``,
@@ -121,7 +128,7 @@ class ZeroOptimizer:
 
     def __init__(self, params, optimizer_cls=torch.optim.SGD, stage=1, process_set=global_process_set,
                  backward_passes_per_step=1, bucket_bytes=25 * 1024 * 1024, gradient_predivide_factor=1.0,
-                 **optimizer_kwargs):
+                 name=None, **optimizer_kwargs):
         if stage not in (1, 2):
             raise ValueError("ZeroOptimizer: stage must be 1 or 2 (got %r)" % (stage,))
         if isinstance(optimizer_cls, torch.optim.Optimizer) or not (
@@ -139,7 +146,11 @@ class ZeroOptimizer:
         self.gradient_predivide_factor = float(gradient_predivide_factor)
         self.optimizer_cls = optimizer_cls
         self._size, self._rank = process_set.size(), process_set.rank()
-        self._prefix = "zero%d" % next(_instances)
+        if name is None:
+            count = _instances.get(process_set.process_set_id, 0)
+            _instances[process_set.process_set_id] = count + 1
+            name = "zero.%s.%d" % (process_set.process_set_id, count)
+        self._prefix = name
 
         groups, self._names = self._parse_params(params)
         # torch's numbering of the parameters (state_dict keys): in group order
