@@ -407,3 +407,45 @@ def _b_lr_scheduler(rank, size):
 
 def test_lr_scheduler_on_inner_optimizer(pool2):
     pool2.run(_b_lr_scheduler, timeout=60)
+
+
+class _Branchy(nn.Module):
+    """An MLP with a head that only odd ranks use: its gradient is missing on the others."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.body = nn.Sequential(nn.Linear(5, 16), nn.Tanh())
+        self.head = nn.Linear(16, 3)
+        self.extra = nn.Linear(16, 3)
+
+    def forward(self, x, use_extra):
+        h = self.body(x)
+        return self.head(h) + (self.extra(h) if use_extra else 0)
+
+
+def _b_unused_parameters(rank, size, stage):
+    """Parameters without a gradient on some ranks: zeros are reduced for them (DistributedOptimizer's
+    semantics), started at step() instead of during backward."""
+    data = _data(rank, STEPS)
+    ref, model = _Branchy(), _Branchy()
+    dopt = hvd.DistributedOptimizer(torch.optim.Adam(ref.parameters(), lr=0.01),
+                                    named_parameters=ref.named_parameters())
+    opt = hvd.ZeroOptimizer(model.named_parameters(), torch.optim.Adam, stage=stage, bucket_bytes=SMALL_BUCKETS,
+                            lr=0.01)
+    for m, o in ((ref, dopt), (model, opt)):
+        for x, y in data:
+            o.zero_grad()
+            _loss(m(x, rank % 2 == 1), y).backward()
+            o.step()
+    _compare(model, ref, size, "unused parameters")
+    assert not torch.equal(model.extra.weight, _Branchy().extra.weight)  # the other ranks' gradients arrived
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_parameters_unused_on_some_ranks(pool2, stage):
+    pool2.run(_b_unused_parameters, stage, timeout=60)
+
+
+def test_parameters_unused_on_some_ranks_three(pool3):
+    pool3.run(_b_unused_parameters, 2, timeout=60)
