@@ -4,14 +4,21 @@
 
     horarun -np 2 /usr/bin/python3 examples/zero_train.py                  # stage 2, Adam
     horarun -np 3 /usr/bin/python3 examples/zero_train.py --stage 1 --optimizer sgd
+    horarun -np 2 /usr/bin/python3 examples/zero_train.py --bench           # step time table
 
 Every rank prints the bytes of its optimizer state against the unsharded
 optimizer's (about 1/N), and the last line says whether the parameters match
 the DistributedOptimizer run's (bitwise or to 1e-6 relative: with more than
 2 ranks the reducescatter may add the ranks' gradients in another order
 than the allreduce).
+
+--bench times a training step (median over ranks' slowest, after warm-up)
+of DistributedOptimizer, ZeRO-1 and ZeRO-2 on a wider model and prints a
+table with the ratio to DistributedOptimizer and the state bytes per rank.
 """
 import argparse
+import statistics
+import time
 
 import torch
 
@@ -51,6 +58,40 @@ def train(model, opt, args, step):
     return loss.item()
 
 
+def bench(args, cls, kw):
+    rows = []
+    base = None
+    for what in ("DistributedOptimizer", "ZeRO-1", "ZeRO-2"):
+        model = build_model(args.width, args.layers)
+        if what == "DistributedOptimizer":
+            opt = hvd.DistributedOptimizer(cls(model.parameters(), **kw), named_parameters=model.named_parameters())
+        else:
+            opt = hvd.ZeroOptimizer(model.named_parameters(), cls, stage=int(what[-1]),
+                                    bucket_bytes=args.bucket_bytes, **kw)
+        times = []
+        for i in range(args.bench_steps + 2):
+            x, y = batch(i, hvd.rank(), args.batch)
+            hvd.barrier()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            dt = torch.tensor([time.perf_counter() - t0])
+            times.append(hvd.allreduce(dt, op=hvd.Max, name="zero_bench.t").item())  # the slowest rank's step
+        ms = 1000 * statistics.median(times[2:])
+        nbytes = state_bytes(opt) if what == "DistributedOptimizer" else opt.state_bytes()
+        base = base or ms
+        rows.append((what, ms, ms / base, nbytes))
+    if hvd.rank() == 0:
+        params = sum(p.numel() for p in build_model(args.width, args.layers).parameters())
+        print("%d ranks, %d parameters, %s, %d rows per rank, bucket %d bytes"
+              % (hvd.size(), params, args.optimizer, args.batch, args.bucket_bytes))
+        print("| optimizer | step ms | vs DistributedOptimizer | state bytes per rank |")
+        print("|---|---|---|---|")
+        for what, ms, ratio, nbytes in rows:
+            print("| %s | %.2f | %.2fx | %d |" % (what, ms, ratio, nbytes), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--stage", type=int, default=2, choices=(1, 2))
@@ -61,10 +102,16 @@ def main():
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--bucket-bytes", type=int, default=64 * 1024)
     ap.add_argument("--clip", type=float, default=0.0, help="clip gradients to this global norm (0: no)")
+    ap.add_argument("--bench", action="store_true", help="time steps of DistributedOptimizer, ZeRO-1, ZeRO-2")
+    ap.add_argument("--bench-steps", type=int, default=10)
     args = ap.parse_args()
     hvd.init()
     cls, kw = ((torch.optim.Adam, {"lr": 1e-3}) if args.optimizer == "adam"
                else (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9}))
+    if args.bench:
+        bench(args, cls, kw)
+        hvd.shutdown()
+        return
 
     # the usual data-parallel run
     ref = build_model(args.width, args.layers)

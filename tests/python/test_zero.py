@@ -449,3 +449,25 @@ def test_parameters_unused_on_some_ranks(pool2, stage):
 
 def test_parameters_unused_on_some_ranks_three(pool3):
     pool3.run(_b_unused_parameters, 2, timeout=60)
+
+
+def _b_param_storage_replaced(rank, size, stage):
+    """The parameters become views of each bucket's flat buffer (the allgather writes them in place);
+    one whose storage the user replaced since is still updated, by a copy."""
+    data = _data(rank, STEPS)
+    ref = _model()
+    _dist_train(ref, "sgd", data, 1)
+    model = _model()
+    opt = _zero(model, "sgd", stage)
+    _train(model, opt, data[:2], 1)
+    b = opt.buckets[0]
+    assert model[0].weight.data_ptr() == b.pflat.data_ptr()  # a view of the flat buffer
+    model[0].weight.data = model[0].weight.data.clone()
+    _train(model, opt, data[2:], 1)
+    assert model[0].weight.data_ptr() != b.pflat.data_ptr()
+    _compare(model, ref, size, "storage replaced")
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_parameter_storage_replaced(pool2, stage):
+    pool2.run(_b_param_storage_replaced, stage, timeout=60)

@@ -35,3 +35,10 @@ def test_zero_example_matches_distributed_optimizer(np, args):
     assert len(ratios) == np, out[-3000:]
     for mine, full in ratios:  # about 1/N: the padding of each bucket to a multiple of N is all that is added
         assert full / np <= mine <= full / np * 1.01, (mine, full)
+
+
+@pytest.mark.skipif(not os.access(HORARUN, os.X_OK), reason="horarun not built")
+def test_zero_example_bench_mode_prints_its_table():
+    out = _run(2, ["--bench", "--bench-steps", "2", "--width", "32"])
+    for row in ("| DistributedOptimizer |", "| ZeRO-1 |", "| ZeRO-2 |"):
+        assert row in out, out[-3000:]

@@ -35,6 +35,15 @@ A step:
    reductions, steps the inner optimizer on the slices and allgathers the
    updated slices (in the parameters' dtype) back into the parameters.
 
+Buffers. At the first step each bucket's parameters are moved into one flat
+buffer (``p.data`` becomes a view of it) that the allgather writes in place;
+a parameter whose storage was replaced since is updated by a copy. Stage 1
+keeps its flat gradient buffer (``p.grad`` views it after a step); stage 2
+allocates it for the step in flight only and keeps just the slice-sized
+reducescatter output. Outputs go into these kept tensors because fresh large
+torch CPU allocations page-fault on first touch, which cost more than the
+collectives themselves on the test machine.
+
 Gradients are averaged over the process set exactly as DistributedOptimizer
 averages them (a sum scaled by ``1/size``, with the same
 ``gradient_predivide_factor`` pre- and post-scaling), so with the same data
@@ -50,8 +59,9 @@ import itertools
 
 import torch
 
+from .. import _lib, basics
 from ..basics import Average, Sum, global_process_set
-from .mpi_ops import allgather_async, allreduce_, allreduce_async_, reducescatter_async, synchronize
+from .mpi_ops import _ref, allgather_async, allreduce_, allreduce_async_, synchronize
 
 _instances = {}  # process set id -> how many ZeroOptimizers were made over it (the default names)
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -73,7 +83,10 @@ class _Bucket:
         self.padded = self.shard * n
         self.lo, self.hi = r * self.shard, (r + 1) * self.shard
         self.master = None   # this rank's slice, the inner optimizer's parameter
-        self.flat = None     # the flat gradient buffer of the step in flight
+        self.flat = None     # the flat gradient buffer (stage 1: kept; stage 2: only while a step is in flight)
+        self.gshard = None   # stage 2: the reducescatter's output, this rank's slice (kept)
+        self.gmaster = None  # the master's gradient (kept; float32 for float16/bfloat16 parameters)
+        self.pflat = None    # the parameters' flat buffer, the allgather's output (the parameters view it)
         self.ready = 0       # parameters whose gradient is in ``flat``
         self.handle = None
 
@@ -84,6 +97,52 @@ class _Bucket:
             a, b = max(self.offsets[i], self.lo), min(self.offsets[i + 1], self.hi)
             if a < b:
                 yield i, a - self.offsets[i], a - self.lo, b - a
+
+
+class _Into:
+    """The output of a reducescatter or allgather written into a tensor we
+    keep (hora asks for the output's memory once it knows the shape): torch
+    would otherwise allocate a fresh tensor per call, and large fresh CPU
+    allocations page-fault on first touch (measured ~10 ms per 3 MB here)."""
+    __slots__ = ("tensor", "error", "cfunc")
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+        self.error = None
+        self.cfunc = _lib.ALLOC(self._alloc)
+
+    def _alloc(self, _user, ndim, shape, _dtype, _nbytes, data):
+        try:
+            dims = [shape[i] for i in range(ndim)]
+            if dims != list(self.tensor.shape):
+                raise RuntimeError("ZeroOptimizer: collective output of shape %s, expected %s"
+                                   % (dims, list(self.tensor.shape)))
+            data[0] = self.tensor.data_ptr() or None
+            return 0
+        except BaseException as e:  # nothing may propagate into the hora thread
+            self.error = e
+            return 1
+
+    def cause(self):
+        return self.error
+
+    def result(self, _pending=None):
+        return self.tensor
+
+
+def _reducescatter_into(tensor, out, name, prescale, postscale, process_set):
+    into = _Into(out)
+    p = basics.submit_reducescatter(_ref(tensor), name, Sum, prescale, postscale, process_set,
+                                    finish=into.result, keep=into, alloc=into.cfunc)
+    p.cause = into.cause
+    return basics.register(p)
+
+
+def _allgather_into(tensor, out, name, process_set):
+    into = _Into(out)
+    p = basics.submit_allgather(_ref(tensor), name, process_set, finish=into.result, keep=into, alloc=into.cfunc)
+    p.cause = into.cause
+    return basics.register(p)
 
 
 def _state_bytes(optimizer):
@@ -250,11 +309,15 @@ class ZeroOptimizer:
         b = self._bucket_of[p]
         if b.flat is None:
             b.flat = torch.zeros(b.padded, dtype=b.dtype)
-        if p.grad is not None:
+        i = self._slot[p]
+        dst = b.flat[b.offsets[i]:b.offsets[i + 1]]
+        if p.grad is None:
+            dst.zero_()  # (stage 1 reuses the buffer)
+        else:
             if p.grad.is_sparse:
                 raise NotImplementedError("ZeroOptimizer: sparse gradients are not supported")
-            i = self._slot[p]
-            b.flat[b.offsets[i]:b.offsets[i + 1]].copy_(p.grad.reshape(-1))
+            if p.grad.data_ptr() != dst.data_ptr():  # stage 1: p.grad is usually this very view
+                dst.copy_(p.grad.reshape(-1))
             if self.stage == 2:
                 p.grad = None  # the local gradient is in the bucket; stage 2 keeps no full gradient
         self._done.add(p)
@@ -270,8 +333,9 @@ class ZeroOptimizer:
                                         process_set=self.process_set)
         else:
             # DistributedOptimizer's Average is a Sum scaled by 1/size (mpi_ops._horovod_average): the same here
-            b.handle = reducescatter_async(b.flat, name=name, op=Sum, process_set=self.process_set,
-                                           prescale_factor=pre, postscale_factor=post / self._size)
+            if b.gshard is None:
+                b.gshard = torch.empty(b.shard, dtype=b.dtype)
+            b.handle = _reducescatter_into(b.flat, b.gshard, name, pre, post / self._size, self.process_set)
 
     def synchronize(self):
         """Finishes the gradient reduction of this step: starts the buckets not
@@ -292,16 +356,24 @@ class ZeroOptimizer:
             except Exception as e:  # wait for every bucket, then report the first failure
                 error = error or e
                 out = None
-            b.handle, b.flat, b.ready = None, None, 0
+            b.handle, b.ready = None, 0
+            if self.stage == 2:
+                b.flat = None  # stage 2 keeps no bucket-sized buffer between steps
             if out is None:
                 continue
             if self.stage == 1:
                 shard = out[b.lo:b.hi]
-                for i, p in enumerate(b.params):
-                    p.grad = out[b.offsets[i]:b.offsets[i + 1]].view_as(p)
+                for i, p in enumerate(b.params):  # the averaged gradient, viewing the kept buffer
+                    if p.grad is None or p.grad.data_ptr() != out[b.offsets[i]:].data_ptr():
+                        p.grad = out[b.offsets[i]:b.offsets[i + 1]].view_as(p)
             else:
                 shard = out
-            b.master.grad = shard.to(b.master.dtype) if shard.dtype != b.master.dtype else shard.clone()
+            if self.stage == 2 and shard.dtype == b.master.dtype:
+                b.master.grad = shard  # the kept reducescatter output, overwritten next step
+            else:  # a copy (and cast): stage 1's shard is a view of p.grad, which clipping scales itself
+                if b.gmaster is None:
+                    b.gmaster = torch.empty(b.shard, dtype=b.master.dtype)
+                b.master.grad = b.gmaster.copy_(shard)
         self._done.clear()
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
@@ -344,15 +416,37 @@ class ZeroOptimizer:
         self._synchronized = False
         handles = []
         for b in self.buckets:
+            if b.pflat is None:
+                self._make_flat_params(b)
             send = b.master.detach().to(b.dtype) if b.master.dtype != b.dtype else b.master.detach()
-            handles.append(allgather_async(send, name="%s.param.%d" % (self._prefix, b.index),
-                                           process_set=self.process_set))
-        with torch.no_grad():
-            for b, h in zip(self.buckets, handles):
-                full = synchronize(h)
+            handles.append(_allgather_into(send, b.pflat, "%s.param.%d" % (self._prefix, b.index), self.process_set))
+        error = None
+        for b, h in zip(self.buckets, handles):
+            try:
+                synchronize(h)
+            except Exception as e:  # wait for every bucket, then report the first failure
+                error = error or e
+                continue
+            with torch.no_grad():
                 for i, p in enumerate(b.params):
-                    p.copy_(full[b.offsets[i]:b.offsets[i + 1]].view_as(p))
+                    view = b.pflat[b.offsets[i]:b.offsets[i + 1]]
+                    if p.data_ptr() != view.data_ptr():  # moved by the user since: copy
+                        p.copy_(view.view_as(p))
+        if error is not None:
+            raise error
         return loss
+
+    @staticmethod
+    def _make_flat_params(b):
+        """Moves a bucket's parameters into one flat buffer (they become views of
+        it), so that the allgather writes them in place."""
+        b.pflat = torch.zeros(b.padded, dtype=b.dtype)
+        with torch.no_grad():
+            for i, p in enumerate(b.params):
+                view = b.pflat[b.offsets[i]:b.offsets[i + 1]]
+                view.copy_(p.detach().reshape(-1))
+                if p.is_contiguous():
+                    p.data = view.view_as(p)
 
     def zero_grad(self, set_to_none=False):
         if any(b.handle is not None for b in self.buckets):
