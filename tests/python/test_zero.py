@@ -492,3 +492,31 @@ def _b_param_storage_replaced(rank, size, stage):
 @pytest.mark.parametrize("stage", [1, 2])
 def test_parameter_storage_replaced(pool2, stage):
     pool2.run(_b_param_storage_replaced, stage, timeout=60)
+
+
+def _b_param_groups(rank, size, stage):
+    """Two param groups with their own options (and a frozen parameter): same updates and the same
+    consolidated state dict (groups, indices) as the unsharded optimizer under DistributedOptimizer."""
+    data = _data(rank, STEPS)
+    ref, model = _model(), _model()
+    for m in (ref, model):
+        m[2].bias.requires_grad_(False)
+
+    def groups(m):
+        return [{"params": list(m[0].parameters()) + [m[2].weight, m[2].bias], "lr": 0.02},
+                {"params": list(m[4].parameters()), "lr": 0.005, "betas": (0.8, 0.99)}]
+    dopt = hvd.DistributedOptimizer(torch.optim.Adam(groups(ref), lr=0.01), named_parameters=ref.named_parameters())
+    _train(ref, dopt, data, 1)
+    opt = hvd.ZeroOptimizer(groups(model), torch.optim.Adam, stage=stage, bucket_bytes=SMALL_BUCKETS, lr=0.01)
+    assert [g["lr"] for g in opt.param_groups] == [0.02, 0.005]
+    _train(model, opt, data, 1)
+    _compare(model, ref, size, "param groups")
+    sd, want = opt.state_dict(), dopt.state_dict()
+    assert sd["param_groups"] == want["param_groups"]
+    assert sorted(_flat(sd)) == sorted(_flat(want))
+    assert torch.equal(model[2].bias, _model()[2].bias)  # frozen
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_param_groups(pool2, stage):
+    pool2.run(_b_param_groups, stage, timeout=60)

@@ -315,7 +315,8 @@ class ZeroOptimizer:
             dst.zero_()  # (stage 1 reuses the buffer)
         else:
             if p.grad.is_sparse:
-                raise NotImplementedError("ZeroOptimizer: sparse gradients are not supported")
+                raise NotImplementedError("ZeroOptimizer: sparse gradients are not supported (parameter %s)"
+                                          % self._names.get(p, "#%d" % self._param_index[id(p)]))
             if p.grad.data_ptr() != dst.data_ptr():  # stage 1: p.grad is usually this very view
                 dst.copy_(p.grad.reshape(-1))
             if self.stage == 2:
