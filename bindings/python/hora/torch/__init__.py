@@ -24,6 +24,7 @@ from .mpi_ops import (allgather, allgather_async, allreduce, allreduce_, allredu
                       grouped_reducescatter_async, join, reducescatter, reducescatter_async,
                       sparse_allreduce_async)
 from .optimizer import DistributedOptimizer  # noqa: F401
+from .zero import ZeroOptimizer  # noqa: F401
 from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send  # noqa: F401
 from .sync_batch_norm import SyncBatchNorm  # noqa: F401
 from . import elastic  # noqa: F401,E402  (hvd.elastic.run, hvd.elastic.TorchState; needs the names above)
