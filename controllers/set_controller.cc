@@ -384,10 +384,16 @@ void SetController::telemetryTick() {
 }
 
 void SetController::onBroken(const Status& why, bool tellPeers) {
-  // What this rank was doing when the set failed, for the post-mortem; a
-  // peer that shut down cleanly while this rank waits for nothing is the
-  // normal end of a job, not a failure.
-  if (why.code() != Code::kShutDown || (opts_.telemetry && opts_.telemetry->inFlight() > 0))
+  // What this rank was doing when the set failed, for the post-mortem. A
+  // peer that shut down cleanly is the normal end of a job unless this rank
+  // still waits for it to negotiate something: what every rank agreed to
+  // (queued or running on the executor) still completes after a goodbye.
+  bool unagreed = false;
+  {
+    std::lock_guard<std::mutex> lk(tableMu_);
+    unagreed = !table_.empty() || !inbox_.empty();
+  }
+  if (why.code() != Code::kShutDown || unagreed)
     dumpFlight("the process set failed: " + why.message());
   if (tellPeers && size() > 1) {
     // Failures found off the control thread (the executor's) reach the
