@@ -1,10 +1,12 @@
 #include "ops/p2p/p2p_engine.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -247,6 +249,31 @@ bool P2pEngine::connect(Peer& p, Clock::time_point now) {
   }
   auto in = P2pInbox::open(opts_.dir, name);
   if (!in.isOk()) {
+    // Published, and gone now: the peer shut down (it removes its inbox) or
+    // exited and another rank swept its inbox away. What it sent before is
+    // read first (as for a closed inbox, in checkLocked).
+    struct stat st;
+    if (in.status().code() == Code::kSystemError &&
+        ::stat((opts_.dir + "/" + name).c_str(), &st) != 0 && errno == ENOENT) {
+      if (p.inPayload || p.curGot != 0 || inbox_->readable(static_cast<uint32_t>(p.rank)) != 0)
+        return false;
+      const long owner = std::strtol(pid.c_str(), nullptr, 10);
+      if (owner > 0 && owner != ::getpid() && ::kill(static_cast<pid_t>(owner), 0) != 0 &&
+          errno == ESRCH) {
+        fatalLocked(Status(Code::kRemoteError,
+                           rankText(p.rank) + " of process set " + opts_.setName + " (pid " +
+                               pid + ") exited before " + rankText(opts_.rank) +
+                               " reached its point-to-point inbox; check that rank's output "
+                               "for the cause"));
+        return false;
+      }
+      failPeerLocked(p, Status(Code::kShutDown,
+                               rankText(p.rank) + " of process set " + opts_.setName +
+                                   " shut down (hora_shutdown) while this operation waited "
+                                   "for it"));
+      p.peerFailure = Status();  // a later runtime of that rank publishes a new inbox
+      return false;
+    }
     fatalLocked(in.status().withContext("connecting to " + rankText(p.rank)));
     return false;
   }
@@ -618,6 +645,14 @@ void P2pEngine::checkLocked(Clock::time_point now) {
     const bool waiting = !p.recvs.empty() || !p.sends.empty() || !p.large.empty() ||
                          !p.outq.empty() || p.inPayload;
     if (!waiting) continue;
+    // Only writing maps a peer's inbox (pumpOut): a rank that has only
+    // received from this peer maps it here, or the checks below would never
+    // see the peer shut down or exit (nor fail a receive from another host).
+    if (!p.out) {
+      connect(p, now);
+      if (!failed_.isOk()) return;
+      if (!p.out) continue;
+    }
     // A peer that shut down: what it has not sent by now never comes (its
     // inbound bytes were drained before this check).
     if (p.out && p.out->header().closed.value.load(std::memory_order_acquire) != 0 &&

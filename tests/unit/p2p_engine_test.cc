@@ -10,8 +10,10 @@
 // outside the set, the rank itself and an op without a request, all or none;
 // fail() completes everything pending with its status; shutdown() fails
 // what is pending with kShutDown, and a peer waiting on the closed inbox
-// fails naming the rank; a stalled operation passing the stall shutdown and
-// a malformed frame reach onFatal; a peer on another host is refused.
+// fails naming the rank, also when it only ever received from it or reaches
+// it after it left; a stalled operation passing the stall shutdown and a
+// malformed frame reach onFatal; a peer on another host is refused, on both
+// sides.
 //
 // Every wait has a deadline (a hang fails the test instead of blocking it).
 #include "ops/p2p/p2p_engine.h"
@@ -575,6 +577,42 @@ TEST_F(P2pEngineTest, ShutdownFailsPendingAndThePeerSeesTheClosedInbox) {
   EXPECT_EQ(fatal_[1]->count(), 0u);  // a goodbye is not a failure of the set
 }
 
+// As above, but rank 1 never sent anything to rank 0 (it only receives from
+// it): it must still notice that rank 0's inbox closed.
+TEST_F(P2pEngineTest, ShutdownIsSeenByAPeerThatOnlyReceives) {
+  start(2);
+  Buf a(DataType::kFloat32, {4}), b(DataType::kFloat32, {4});
+  auto mine = std::make_shared<Sink>(), theirs = std::make_shared<Sink>();
+  ASSERT_TRUE(post(0, recvOp(1, 5, a, mine)).isOk());  // rank 0's inbox exists
+  ASSERT_TRUE(post(1, recvOp(0, 6, b, theirs)).isOk());
+  std::this_thread::sleep_for(20ms);
+  rank(0).shutdown("the test shut rank 0 down");
+  EXPECT_EQ(mine->status().code(), Code::kShutDown);
+  Status st = waitFor(theirs);
+  EXPECT_EQ(st.code(), Code::kShutDown) << st.toString();
+  EXPECT_TRUE(contains(st, "rank 0 of process set test shut down")) << st.toString();
+}
+
+// Rank 0 used point-to-point and shut down before rank 1 ever reached its
+// inbox (the file is gone): rank 1's send and receive fail with kShutDown
+// naming rank 0; the set is not broken.
+TEST_F(P2pEngineTest, OperationsWithAPeerThatAlreadyShutDownFailWithShutDown) {
+  start(2);
+  Buf a(DataType::kFloat32, {4}), b(DataType::kFloat32, {4});
+  auto mine = std::make_shared<Sink>();
+  ASSERT_TRUE(post(0, recvOp(1, 5, a, mine)).isOk());  // rank 0's inbox exists
+  rank(0).shutdown("the test shut rank 0 down");
+  auto send = std::make_shared<Sink>(), recv = std::make_shared<Sink>();
+  ASSERT_TRUE(post(1, sendOp(0, 5, b, send)).isOk());
+  ASSERT_TRUE(post(1, recvOp(0, 6, b, recv)).isOk());
+  for (auto* s : {&send, &recv}) {
+    Status st = waitFor(*s);
+    EXPECT_EQ(st.code(), Code::kShutDown) << st.toString();
+    EXPECT_TRUE(contains(st, "rank 0 of process set test shut down")) << st.toString();
+  }
+  EXPECT_EQ(fatal_[1]->count(), 0u) << fatal_[1]->first().toString();
+}
+
 // A receive nobody sends to, with a short stall shutdown: onFatal gets a
 // timeout naming the peer and the tag (once), and the receive fails with it.
 TEST_F(P2pEngineTest, StallPastTheShutdownTimeCallsOnFatal) {
@@ -645,7 +683,10 @@ TEST_F(P2pEngineTest, PeerOnAnotherHostIsNotSupported) {
   auto again = std::make_shared<Sink>();
   ASSERT_TRUE(post(0, recvOp(1, 2, b, again)).isOk());
   EXPECT_EQ(waitFor(again).code(), Code::kNotSupported);
-  EXPECT_EQ(fatal_[0]->count(), 0u);
+  // And so does the receive of rank 1, which never writes to rank 0.
+  Status theirs = waitFor(recv);
+  EXPECT_EQ(theirs.code(), Code::kNotSupported) << theirs.toString();
+  EXPECT_EQ(fatal_[0]->count() + fatal_[1]->count(), 0u);
 }
 
 }  // namespace
