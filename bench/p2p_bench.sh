@@ -79,9 +79,15 @@ STATUS=0
 for ((round = 1; round <= ROUNDS; round++)); do
   echo "## round $round: hora"
   HORA_BENCH="$HORA_BIN" BENCH_TIMEOUT="${BENCH_TIMEOUT:-600}" BENCH_LOG_DIR="$LOG_DIR/hora-$round" \
-    "$BENCH_DIR/run_bench.sh" -np 2 "${ARGS[@]+"${ARGS[@]}"}" 2>"$LOG_DIR/hora-$round.err" |
-    tee "$LOG_DIR/hora-$round.out"
-  rc=${PIPESTATUS[0]}
+    "$BENCH_DIR/run_bench.sh" -np 2 "${ARGS[@]+"${ARGS[@]}"}" >/dev/null 2>"$LOG_DIR/hora-$round.err"
+  rc=$?
+  # Rank 0's own log, not run_bench.sh's copy of it on stdout.
+  cp "$LOG_DIR/hora-$round/rank0.out" "$LOG_DIR/hora-$round.out" 2>/dev/null
+  cat "$LOG_DIR/hora-$round.out" 2>/dev/null
+  if [ "$rc" -eq 0 ] && ! grep -q '^RESULT ' "$LOG_DIR/hora-$round.out" 2>/dev/null; then
+    echo "p2p_bench.sh: hora round $round printed no results" >&2
+    rc=2
+  fi
   if [ "$rc" -ne 0 ]; then
     echo "p2p_bench.sh: hora round $round exited with $rc ($LOG_DIR/hora-$round.err):" >&2
     tail -n 20 "$LOG_DIR/hora-$round.err" >&2
@@ -91,6 +97,10 @@ for ((round = 1; round <= ROUNDS; round++)); do
   timeout --kill-after=10 "${BENCH_TIMEOUT:-600}" "${MPIRUN[@]}" "$MPI_BIN" "${ARGS[@]+"${ARGS[@]}"}" \
     2>"$LOG_DIR/mpi-$round.err" | tee "$LOG_DIR/mpi-$round.out"
   rc=${PIPESTATUS[0]}
+  if [ "$rc" -eq 0 ] && ! grep -q '^RESULT ' "$LOG_DIR/mpi-$round.out"; then
+    echo "p2p_bench.sh: MPI round $round printed no results" >&2
+    rc=2
+  fi
   if [ "$rc" -ne 0 ]; then
     echo "p2p_bench.sh: MPI round $round exited with $rc ($LOG_DIR/mpi-$round.err):" >&2
     tail -n 20 "$LOG_DIR/mpi-$round.err" >&2
