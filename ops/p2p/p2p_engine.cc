@@ -393,8 +393,13 @@ void P2pEngine::acceptEagerLocked(Peer& p, const OpPtr& recv, const Frame& h) {
   f.h.kind = kAccept;
   f.h.seq = h.seq;
   f.h.tag = h.tag;
+  // The receive completes once its sender has been told, i.e. when this
+  // frame is written (at once, unless the ring is full or the peer's inbox
+  // not mapped yet): a rank that shuts down right after its receive
+  // returned would otherwise leave the accept unsent, and the sender's send
+  // would fail with kShutDown although its data arrived.
+  f.completes = recv;
   p.outq.push_back(f);
-  complete(recv, Status());
 }
 
 bool P2pEngine::pumpOut(Peer& p, Clock::time_point now) {
@@ -649,9 +654,15 @@ void P2pEngine::checkLocked(Clock::time_point now) {
     // received from this peer maps it here, or the checks below would never
     // see the peer shut down or exit (nor fail a receive from another host).
     if (!p.out) {
+      // Not rate-limited here (this runs every 500 ms): a frame queued for
+      // the peer next must not wait for connect()'s next try.
+      const auto retry = p.nextCheck;
       connect(p, now);
       if (!failed_.isOk()) return;
-      if (!p.out) continue;
+      if (!p.out) {
+        p.nextCheck = retry;
+        continue;
+      }
     }
     // A peer that shut down: what it has not sent by now never comes (its
     // inbound bytes were drained before this check).

@@ -613,6 +613,30 @@ TEST_F(P2pEngineTest, OperationsWithAPeerThatAlreadyShutDownFailWithShutDown) {
   EXPECT_EQ(fatal_[1]->count(), 0u) << fatal_[1]->first().toString();
 }
 
+// A receiver that shuts down as soon as its receive returned: the sender's
+// send still succeeds (the receive returns only once the sender has been
+// told). Fresh ranks each time, so the receive is each pair's first
+// operation (the case where the accept could be left unsent).
+TEST_F(P2pEngineTest, ReceiverShuttingDownRightAfterItsReceiveDoesNotFailTheSend) {
+  for (int i = 0; i < 40; ++i) {
+    engines_.clear();
+    fatal_.clear();
+    store_ = std::make_shared<MemoryStore>();
+    start(2);
+    Buf out(DataType::kFloat32, {4}), in(DataType::kFloat32, {4});
+    out.stamp(0, i);
+    auto recv = std::make_shared<Sink>(), send = std::make_shared<Sink>();
+    ASSERT_TRUE(post(1, recvOp(0, 1, in, recv)).isOk());
+    if (i % 2) std::this_thread::sleep_for(1ms);
+    ASSERT_TRUE(post(0, sendOp(1, 1, out, send)).isOk());
+    ASSERT_TRUE(waitFor(recv).isOk()) << recv->status().toString();
+    rank(1).shutdown("the receiver is done");
+    Status st = waitFor(send);
+    ASSERT_TRUE(st.isOk()) << "round " << i << ": " << st.toString();
+    EXPECT_TRUE(in.stamped(0, i));
+  }
+}
+
 // A receive nobody sends to, with a short stall shutdown: onFatal gets a
 // timeout naming the peer and the tag (once), and the receive fails with it.
 TEST_F(P2pEngineTest, StallPastTheShutdownTimeCallsOnFatal) {
