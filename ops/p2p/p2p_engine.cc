@@ -407,15 +407,19 @@ bool P2pEngine::pumpOut(Peer& p, Clock::time_point now) {
   if (!connect(p, now)) return false;
   bool moved = false;
   const uint32_t ring = static_cast<uint32_t>(opts_.rank);
+  const size_t piece = payloadPiece();
   while (!p.outq.empty()) {
     OutFrame& f = p.outq.front();
     const size_t total = sizeof(Frame) + f.payloadBytes;
     while (f.done < total) {
       size_t n;
-      if (f.done < sizeof(Frame))
+      if (f.done < sizeof(Frame)) {
         n = p.out->write(ring, reinterpret_cast<const char*>(&f.h) + f.done, sizeof(Frame) - f.done);
-      else
-        n = p.out->write(ring, f.payload + (f.done - sizeof(Frame)), total - f.done);
+      } else {
+        const size_t left = total - f.done;
+        n = p.out->write(ring, f.payload + (f.done - sizeof(Frame)), std::min(left, piece));
+        if (n > 0 && n < left) p.out->ring();  // more follows: the peer can start on this piece
+      }
       if (n == 0) break;
       f.done += n;
       moved = true;
@@ -430,15 +434,19 @@ bool P2pEngine::pumpOut(Peer& p, Clock::time_point now) {
 
 bool P2pEngine::pumpIn(Peer& p) {
   const uint32_t ring = static_cast<uint32_t>(p.rank);
+  const size_t piece = payloadPiece();
   bool moved = false;
   for (;;) {
     if (p.inPayload) {
-      const size_t n = inbox_->read(ring, p.payloadDst, p.payloadLeft);
+      const size_t n = inbox_->read(ring, p.payloadDst, std::min(p.payloadLeft, piece));
       if (n == 0) break;
       moved = true;
       p.payloadLeft -= n;
       if (p.payloadDst) p.payloadDst += n;
-      if (p.payloadLeft > 0) continue;
+      if (p.payloadLeft > 0) {
+        if (p.out) p.out->ring();  // room for the next piece
+        continue;
+      }
       p.inPayload = false;
       finishPayloadLocked(p);
       continue;
