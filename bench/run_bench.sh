@@ -85,6 +85,9 @@ cleanup() {
 }
 trap 'cleanup; kill "${TAIL:-}" 2>/dev/null; exit 130' INT TERM
 
+# The logs exist before the ranks start: tail -f gives up on a file that is
+# not there yet, and rank 0's output would then never be shown.
+for ((r = 0; r < NP; r++)); do : >"$LOG_DIR/rank$r.out"; done
 for ((r = 0; r < NP; r++)); do
   # Rank 0's stderr goes straight to ours; its stdout to a log we follow live.
   if [ "$r" -eq 0 ]; then

@@ -3,8 +3,9 @@
 # Idempotent: does nothing (and needs no root) when everything is present.
 #
 # Usage: scripts/install_deps.sh          build and test dependencies
-#        scripts/install_deps.sh --mpi    also Open MPI (openmpi-bin, ~15 packages), for
-#                                         tests/launcher/mpirun_test.sh (skipped without it)
+#        scripts/install_deps.sh --mpi    also Open MPI (openmpi-bin, libopenmpi-dev, ~15
+#                                         packages), for tests/launcher/mpirun_test.sh (skipped
+#                                         without it) and bench/p2p_bench.sh's MPI peer
 #        scripts/install_deps.sh --python also Debian's python3-torch, python3-numpy and
 #                                         python3-pytest for the Python binding (tests/python),
 #                                         and python3-matplotlib for the plotting scripts
@@ -16,7 +17,7 @@ PACKAGES=(cmake ninja-build g++ make pkg-config libgloo-dev libboost-dev libgtes
   iproute2)
 for arg in "$@"; do
   case "$arg" in
-    --mpi) PACKAGES+=(openmpi-bin) ;;
+    --mpi) PACKAGES+=(openmpi-bin libopenmpi-dev) ;;
     --python) PACKAGES+=(python3-torch python3-numpy python3-pytest python3-matplotlib) ;;
     *) echo "install_deps.sh: unknown option '$arg' (--mpi, --python)" >&2; exit 2 ;;
   esac

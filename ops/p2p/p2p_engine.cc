@@ -5,10 +5,12 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -275,6 +277,31 @@ bool P2pEngine::connect(Peer& p, Clock::time_point now) {
   if (sameHost && name != "-" && inbox_) {
     auto in = P2pInbox::open(opts_.dir, name);
     if (!in.isOk()) {
+      // Published, and gone now: the peer shut down (it removes its inbox) or
+      // exited and another rank swept its inbox away. What it sent before is
+      // read first (as for a closed inbox, in checkLocked).
+      struct stat st;
+      if (in.status().code() == Code::kSystemError &&
+          ::stat((opts_.dir + "/" + name).c_str(), &st) != 0 && errno == ENOENT) {
+        if (p.inPayload || p.curGot != 0 || inbox_->readable(static_cast<uint32_t>(p.rank)) != 0)
+          return false;
+        const long owner = std::strtol(pid.c_str(), nullptr, 10);
+        if (owner > 0 && owner != ::getpid() && ::kill(static_cast<pid_t>(owner), 0) != 0 &&
+            errno == ESRCH) {
+          fatalLocked(Status(Code::kRemoteError,
+                             rankText(p.rank) + " of process set " + opts_.setName + " (pid " +
+                                 pid + ") exited before " + rankText(opts_.rank) +
+                                 " reached its point-to-point inbox; check that rank's output "
+                                 "for the cause"));
+          return false;
+        }
+        failPeerLocked(p, Status(Code::kShutDown,
+                                 rankText(p.rank) + " of process set " + opts_.setName +
+                                     " shut down (hora_shutdown) while this operation waited "
+                                     "for it"));
+        p.peerFailure = Status();  // a later runtime of that rank publishes a new inbox
+        return false;
+      }
       fatalLocked(in.status().withContext("connecting to " + rankText(p.rank)));
       return false;
     }
@@ -476,6 +503,11 @@ void P2pEngine::acceptEagerLocked(Peer& p, const OpPtr& recv, const Frame& h) {
   f.h.kind = kAccept;
   f.h.seq = h.seq;
   f.h.tag = h.tag;
+  // The receive completes once its sender has been told, i.e. when this
+  // frame is written (at once, unless the ring is full or the peer's inbox
+  // not mapped yet): a rank that shuts down right after its receive
+  // returned would otherwise leave the accept unsent, and the sender's send
+  // would fail with kShutDown although its data arrived.
   f.completes = recv;
   p.outq.push_back(f);
 }
@@ -484,15 +516,20 @@ bool P2pEngine::pumpOut(Peer& p, Clock::time_point now) {
   if (p.outq.empty()) return false;
   if (!connect(p, now)) return false;
   bool moved = false;
+  const size_t piece = payloadPiece();
   while (!p.outq.empty()) {
     OutFrame& f = p.outq.front();
     const size_t total = sizeof(Frame) + f.payloadBytes;
     while (f.done < total) {
       size_t n;
-      if (f.done < sizeof(Frame))
+      if (f.done < sizeof(Frame)) {
         n = writeOut(p, reinterpret_cast<const char*>(&f.h) + f.done, sizeof(Frame) - f.done);
-      else
-        n = writeOut(p, f.payload + (f.done - sizeof(Frame)), total - f.done);
+      } else {
+        const size_t left = total - f.done;
+        n = writeOut(p, f.payload + (f.done - sizeof(Frame)), std::min(left, piece));
+        // More follows: the peer can start on this piece.
+        if (n > 0 && n < left && p.out) p.out->ring();
+      }
       if (!failed_.isOk()) return true;
       if (n == 0) break;
       f.done += n;
@@ -507,16 +544,20 @@ bool P2pEngine::pumpOut(Peer& p, Clock::time_point now) {
 }
 
 bool P2pEngine::pumpIn(Peer& p) {
+  const size_t piece = payloadPiece();
   bool moved = false;
   for (;;) {
     if (p.inPayload) {
-      const size_t n = readIn(p, p.payloadDst, p.payloadLeft);
+      const size_t n = readIn(p, p.payloadDst, std::min(p.payloadLeft, piece));
       if (!failed_.isOk()) return true;
       if (n == 0) break;
       moved = true;
       p.payloadLeft -= n;
       if (p.payloadDst) p.payloadDst += n;
-      if (p.payloadLeft > 0) continue;
+      if (p.payloadLeft > 0) {
+        if (p.out) p.out->ring();  // room for the next piece
+        continue;
+      }
       p.inPayload = false;
       finishPayloadLocked(p);
       continue;
