@@ -172,7 +172,15 @@ Status P2pEngine::post(std::vector<P2pOp> ops) {
   // Make progress right here when nobody else is (the common case for a
   // small send): no thread hand-off on the way out.
   drive();
-  wake();
+  // The thread is needed only for what inline progress left behind (a
+  // connection to make, a full ring); replies wake it through the doorbell.
+  bool needed;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    needed = !incoming_.empty();
+    for (auto& p : peers_) needed = needed || !p->outq.empty();
+  }
+  if (needed) wake();
   return Status();
 }
 
@@ -206,6 +214,27 @@ bool P2pEngine::drive() {
   for (auto& s : fatal)
     if (opts_.onFatal) opts_.onFatal(s);
   return moved;
+}
+
+void P2pEngine::beginDrive() {
+  drivers_.fetch_add(1, std::memory_order_acq_rel);
+  // Peers need not ring our doorbell while we poll (each ring is a system
+  // call on their side and a wake-up of our thread on ours).
+  if (P2pInbox* in = inboxPtr_.load(std::memory_order_acquire))
+    in->header().sleeping.value.store(0, std::memory_order_seq_cst);
+}
+
+void P2pEngine::endDrive() {
+  if (drivers_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  bool pendingWork;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    pendingWork = live_ > 0 || !incoming_.empty();
+  }
+  if (!pendingWork) return;  // the thread sleeps on; a peer's frame rings it
+  wake();
+  if (P2pInbox* in = inboxPtr_.load(std::memory_order_acquire))
+    shmFutexWakeAll(in->header().doorbell.value);  // it may sleep unannounced
 }
 
 size_t P2pEngine::pending() const {
@@ -881,6 +910,17 @@ void P2pEngine::run() {
     const auto now = Clock::now();
     if (moved) {
       lastMove = now;
+      continue;
+    }
+    if (drivers_.load(std::memory_order_acquire) > 0) {
+      // A framework thread waiting on a request polls: one poller per rank.
+      // Sleep briefly without announcing it, so writers do not wake us; the
+      // driver wakes us when it stops (endDrive).
+      std::unique_lock<std::mutex> lk(wakeMu_);
+      const uint64_t seen = wakeups_;
+      wakeCv_.wait_for(lk, std::chrono::milliseconds(20),
+                       [&] { return wakeups_ != seen || stop_.load(); });
+      lastMove = Clock::now() - std::chrono::microseconds(opts_.spinUs);
       continue;
     }
     if (now - lastMove < std::chrono::microseconds(opts_.spinUs)) {

@@ -104,6 +104,11 @@ class P2pEngine {
   // anything moved. For framework threads waiting on a request.
   bool drive();
   int spinUs() const { return opts_.spinUs; }
+  // Around a framework thread's polling (drive() in a loop): the progress
+  // thread stands aside meanwhile, so a rank has one poller, not two
+  // competing for the cores; endDrive() hands progress back to it.
+  void beginDrive();
+  void endDrive();
 
   // Fails every pending and later operation with `why` (the set broke).
   void fail(const Status& why);
@@ -172,6 +177,7 @@ class P2pEngine {
   Clock::time_point nextCheck_{};
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  std::atomic<int> drivers_{0};
   // Before the inbox exists the thread sleeps on this; after, on its doorbell.
   std::mutex wakeMu_;
   std::condition_variable wakeCv_;

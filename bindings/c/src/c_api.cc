@@ -704,14 +704,16 @@ HORA_API hora_status_t hora_wait(hora_request_t r, double timeout_s) {
       // Poll the engine for a moment: a reply a few microseconds away is
       // worth more than a sleep and a wake-up.
       const auto until = hora::Clock::now() + std::chrono::microseconds(p2p->spinUs());
-      for (;;) {
+      p2p->beginDrive();
+      for (unsigned i = 0;; ++i) {
         {
           std::lock_guard<std::mutex> lk(r->state->mu);
           if (r->state->done) break;
         }
         if (hora::Clock::now() >= until) break;
-        if (!p2p->drive()) std::this_thread::yield();
+        if (!p2p->drive() && (i & 63) == 63) std::this_thread::yield();
       }
+      p2p->endDrive();
     }
     std::unique_lock<std::mutex> lk(r->state->mu);
     auto isDone = [&] { return r->state->done; };
