@@ -69,7 +69,7 @@ struct P2pOp {
 
 struct P2pEngineOptions {
   std::string setName;
-  int rank = 0;                 // in the set
+  int rank = 0;                  // in the set
   std::vector<int> globalRanks;  // set rank -> global rank
   std::shared_ptr<Store> store;  // the set's, for inbox names
   std::string hostId;            // core/host_identity
@@ -78,9 +78,9 @@ struct P2pEngineOptions {
   std::string transport = "auto";  // auto (shared memory on one host, else TCP), shm, tcp
   uint64_t ringBytes = 1 << 20;
   uint64_t eagerBytes = 64 << 10;
-  Seconds stallWarning{60};   // 0 = no warning
-  Seconds stallShutdown{0};   // 0 = never
-  int spinUs = 50;  // how long drive() callers and the thread poll before sleeping
+  Seconds stallWarning{60};  // 0 = no warning
+  Seconds stallShutdown{0};  // 0 = never
+  int spinUs = 50;           // how long drive() callers and the thread poll before sleeping
   Logger logger;
   // Breaks the set (SetHealth::fail, telling the peers): a peer's process
   // is gone, a frame is malformed, or an operation passed the stall
@@ -162,16 +162,16 @@ class P2pEngine {
   mutable std::mutex mu_;  // everything below; held for a whole round of progress
   std::unique_ptr<P2pInbox> inbox_;
   std::atomic<P2pInbox*> inboxPtr_{nullptr};  // inbox_, for wake() without mu_
-  int listenFd_ = -1;                          // TCP, for peers on other hosts
-  std::string token_;                          // what a connecting peer must present
-  std::atomic<int> wakeFd_{-1};                // eventfd: wakes the thread in poll()
-  std::vector<char> scratch_;                  // where discarded TCP bytes go
+  int listenFd_ = -1;                         // TCP, for peers on other hosts
+  std::string token_;                         // what a connecting peer must present
+  std::atomic<int> wakeFd_{-1};               // eventfd: wakes the thread in poll()
+  std::vector<char> scratch_;                 // where discarded TCP bytes go
   std::vector<std::unique_ptr<Peer>> peers_;
-  std::vector<OpPtr> incoming_;  // posted, not yet taken by progress
-  size_t live_ = 0;              // posted and not completed
+  std::vector<OpPtr> incoming_;                        // posted, not yet taken by progress
+  size_t live_ = 0;                                    // posted and not completed
   std::vector<std::pair<OpPtr, Status>> completions_;  // run after mu_ is released
   std::vector<Status> fatal_;                          // onFatal calls, likewise
-  Status failed_;  // set once; later posts fail with it
+  Status failed_;                                      // set once; later posts fail with it
   bool stopping_ = false;
   bool threadStarted_ = false;
   Clock::time_point nextCheck_{};

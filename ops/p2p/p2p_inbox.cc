@@ -100,8 +100,7 @@ Result<std::unique_ptr<P2pInbox>> P2pInbox::open(const std::string& dir, const s
     return protocolError("a peer's point-to-point inbox " + path + " is not a hora v" +
                          std::to_string(kP2pInboxVersion) + " inbox");
   }
-  return std::unique_ptr<P2pInbox>(
-      new P2pInbox(base, bytes, h->rings, h->ringBytes, path, false));
+  return std::unique_ptr<P2pInbox>(new P2pInbox(base, bytes, h->rings, h->ringBytes, path, false));
 }
 
 P2pInbox::~P2pInbox() {

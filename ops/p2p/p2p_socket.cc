@@ -25,7 +25,9 @@ void tune(int fd) {
 
 // Waits for `events` on fd; false on timeout or error.
 bool waitFor(int fd, short events, int timeoutMs) {
-  struct pollfd p{fd, events, 0};
+  struct pollfd p {
+    fd, events, 0
+  };
   int rc;
   do rc = ::poll(&p, 1, timeoutMs);
   while (rc < 0 && errno == EINTR);
@@ -35,7 +37,8 @@ bool waitFor(int fd, short events, int timeoutMs) {
 }  // namespace
 
 Result<int> p2pListen(const std::string& host, int* port) {
-  struct addrinfo hints{}, *res = nullptr;
+  struct addrinfo hints {
+  }, *res = nullptr;
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
@@ -66,11 +69,13 @@ Result<int> p2pListen(const std::string& host, int* port) {
 
 Result<int> p2pConnect(const std::string& host, int port, const P2pHello& hello, int timeoutMs) {
   const std::string where = host + ":" + std::to_string(port);
-  struct addrinfo hints{}, *res = nullptr;
+  struct addrinfo hints {
+  }, *res = nullptr;
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
-  if (rc != 0) return systemError("point-to-point: cannot resolve " + where + ": " + ::gai_strerror(rc));
+  if (rc != 0)
+    return systemError("point-to-point: cannot resolve " + where + ": " + ::gai_strerror(rc));
   Status last = Status(Code::kRemoteError, "point-to-point: cannot connect to " + where);
   for (auto* a = res; a; a = a->ai_next) {
     int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -84,7 +89,8 @@ Result<int> p2pConnect(const std::string& host, int port, const P2pHello& hello,
       errno = soerr;
     }
     if (rc != 0) {
-      last = Status(Code::kRemoteError, "point-to-point: cannot connect to " + where + ": " + err(errno));
+      last = Status(Code::kRemoteError,
+                    "point-to-point: cannot connect to " + where + ": " + err(errno));
       ::close(fd);
       continue;
     }
@@ -102,7 +108,8 @@ Result<int> p2pConnect(const std::string& host, int port, const P2pHello& hello,
       }
     }
     if (sent < sizeof hello) {
-      last = Status(Code::kRemoteError, "point-to-point: " + where + " closed the connection during the hello");
+      last = Status(Code::kRemoteError,
+                    "point-to-point: " + where + " closed the connection during the hello");
       ::close(fd);
       continue;
     }

@@ -22,8 +22,8 @@ namespace hora {
 
 struct P2pHello {
   uint32_t magic;
-  int32_t rank;     // the connector's set rank
-  char token[32];   // the acceptor's token, from the store
+  int32_t rank;    // the connector's set rank
+  char token[32];  // the acceptor's token, from the store
   uint8_t pad[24];
 };
 constexpr uint32_t kP2pHelloMagic = 0x68327068;  // "h2ph"

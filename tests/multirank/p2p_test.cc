@@ -50,7 +50,8 @@ bool matches(const Buf& b, int from, int to, int64_t tag) {
   return true;
 }
 
-hora_status_t sendWait(hora_runtime_t rt, Buf& b, int peer, int64_t tag, std::string* msg = nullptr) {
+hora_status_t sendWait(hora_runtime_t rt, Buf& b, int peer, int64_t tag,
+                       std::string* msg = nullptr) {
   hora_request_t r;
   hora_status_t s = hora_send_async(rt, &b.t, peer, tag, nullptr, &r);
   if (s != HORA_SUCCESS) {
@@ -59,7 +60,8 @@ hora_status_t sendWait(hora_runtime_t rt, Buf& b, int peer, int64_t tag, std::st
   }
   return waitAndFree(r, 60, msg);
 }
-hora_status_t recvWait(hora_runtime_t rt, Buf& b, int peer, int64_t tag, std::string* msg = nullptr) {
+hora_status_t recvWait(hora_runtime_t rt, Buf& b, int peer, int64_t tag,
+                       std::string* msg = nullptr) {
   hora_request_t r;
   hora_status_t s = hora_recv_async(rt, &b.t, peer, tag, nullptr, &r);
   if (s != HORA_SUCCESS) {
@@ -71,9 +73,12 @@ hora_status_t recvWait(hora_runtime_t rt, Buf& b, int peer, int64_t tag, std::st
 
 // Every rank sends to its right neighbour and receives from its left one,
 // both posted in one batch (no deadlock whatever the order).
-void ringExchange(int rank, int size, hora_runtime_t rt, DLDataType dt, int64_t count, int64_t tag) {
+void ringExchange(int rank, int size, hora_runtime_t rt, DLDataType dt, int64_t count,
+                  int64_t tag) {
   const int right = (rank + 1) % size, left = (rank + size - 1) % size;
-  if (getenv("P2P_DEBUG")) fprintf(stderr, "size %d rank %d count %lld bits %d tag %lld\n", size, rank, (long long)count, dt.bits, (long long)tag);
+  if (getenv("P2P_DEBUG"))
+    fprintf(stderr, "size %d rank %d count %lld bits %d tag %lld\n", size, rank, (long long)count,
+            dt.bits, (long long)tag);
   Buf out(dt, {count}), in(dt, {count});
   fill(out, rank, right, tag);
   hora_p2p_op_t ops[2] = {{sizeof(hora_p2p_op_t), HORA_P2P_RECV, left, tag, &in.t},
@@ -242,7 +247,8 @@ TEST(P2p, BadArgumentsAreRefusedWithoutARequest) {
     EXPECT_EQ(hora_send_async(rt, &g, 1 - rank, 0, nullptr, &r), HORA_ERR_NOT_SUPPORTED);
     // Nothing was posted: a real exchange still pairs up.
     fill(b, 0, 1, 3);
-    if (rank == 0) EXPECT_EQ(sendWait(rt, b, 1, 3), HORA_SUCCESS) << lastMessage();
+    if (rank == 0)
+      EXPECT_EQ(sendWait(rt, b, 1, 3), HORA_SUCCESS) << lastMessage();
     else {
       EXPECT_EQ(recvWait(rt, b, 0, 3), HORA_SUCCESS) << lastMessage();
       EXPECT_TRUE(matches(b, 0, 1, 3));
@@ -345,8 +351,7 @@ TEST(P2p, ReceiverOfADeadSenderFailsNamingIt) {
       60, nullptr, {{"HORA_PEER_TIMEOUT_S", "30"}});
   EXPECT_EQ(results[1].signal, SIGKILL) << results[1].output;
   EXPECT_EQ(results[0].exitCode, 0) << results[0].output;
-  const double took =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(took, 20.0) << "the receiver waited for the peer timeout instead of noticing the death";
 }
 

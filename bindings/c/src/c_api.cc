@@ -676,8 +676,7 @@ HORA_API hora_status_t hora_p2p_batch_async(hora_runtime_t h, int32_t n, const h
                     "hora_p2p_batch_async: ops[" + std::to_string(i) +
                         "] needs struct_size = sizeof(hora_p2p_op_t), kind HORA_P2P_SEND or "
                         "HORA_P2P_RECV and a tensor (got struct_size " +
-                        std::to_string(op.struct_size) + ", kind " + std::to_string(op.kind) +
-                        ")");
+                        std::to_string(op.struct_size) + ", kind " + std::to_string(op.kind) + ")");
       args.push_back({op.kind == HORA_P2P_SEND, op.peer, op.tag, op.tensor});
     }
     return p2pCall("hora_p2p_batch_async", h, options, args, request);

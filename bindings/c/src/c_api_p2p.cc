@@ -18,9 +18,9 @@ hora_status_t submitP2p(const char* fn, ProcessSet& set, const hora_options_t& o
   ops.reserve(args.size());
   for (const P2pArg& a : args) {
     const std::string where = std::string(fn) + ": " + (a.send ? "send to" : "recv from") +
-                              " rank " + std::to_string(a.peer) + " (tag " +
-                              std::to_string(a.tag) + ") in process set " + set.name() +
-                              " on rank " + std::to_string(me) + ", tensor";
+                              " rank " + std::to_string(a.peer) + " (tag " + std::to_string(a.tag) +
+                              ") in process set " + set.name() + " on rank " + std::to_string(me) +
+                              ", tensor";
     if (a.peer < 0 || a.peer >= set.size())
       return fail(Code::kInvalidArgument, where.substr(0, where.size() - 8) + ": peer " +
                                               std::to_string(a.peer) + " is not a rank of the " +
@@ -33,8 +33,9 @@ hora_status_t submitP2p(const char* fn, ProcessSet& set, const hora_options_t& o
     if (!a.send && !a.tensor) {
       if (args.size() != 1)
         return fail(Code::kInvalidArgument,
-                    where + " is NULL: receives in a batch need their buffers (a receive "
-                            "without one is hora_recv_async)");
+                    where +
+                        " is NULL: receives in a batch need their buffers (a receive "
+                        "without one is hora_recv_async)");
       op.allocate = true;
       st->dlTypeFromOutput = true;
     } else {
@@ -43,13 +44,14 @@ hora_status_t submitP2p(const char* fn, ProcessSet& set, const hora_options_t& o
       if (!s.isOk()) return setError(s);
       if (ti.device.kind != DeviceKind::kCpu)
         return fail(Code::kNotSupported,
-                    where + " is in GPU memory: point-to-point serves CPU tensors for now; copy "
-                            "it to host memory first (tensor.cpu() in PyTorch)");
+                    where +
+                        " is in GPU memory: point-to-point serves CPU tensors for now; copy "
+                        "it to host memory first (tensor.cpu() in PyTorch)");
       if (ti.shape.size() > static_cast<size_t>(kP2pMaxDims))
-        return fail(Code::kInvalidArgument,
-                    where + " has " + std::to_string(ti.shape.size()) + " dimensions; " +
-                        "point-to-point messages carry at most " + std::to_string(kP2pMaxDims) +
-                        " (reshape it)");
+        return fail(Code::kInvalidArgument, where + " has " + std::to_string(ti.shape.size()) +
+                                                " dimensions; " +
+                                                "point-to-point messages carry at most " +
+                                                std::to_string(kP2pMaxDims) + " (reshape it)");
       op.dtype = ti.dtype;
       op.shape = ti.shape;
       op.data = ti.data;

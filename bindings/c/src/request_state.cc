@@ -8,17 +8,28 @@ namespace hora {
 namespace {
 DLDataType toDLDataType(DataType dt) {
   switch (dt) {
-    case DataType::kUint8: return {kDLUInt, 8, 1};
-    case DataType::kInt8: return {kDLInt, 8, 1};
-    case DataType::kInt16: return {kDLInt, 16, 1};
-    case DataType::kInt32: return {kDLInt, 32, 1};
-    case DataType::kInt64: return {kDLInt, 64, 1};
-    case DataType::kFloat16: return {kDLFloat, 16, 1};
-    case DataType::kBfloat16: return {kDLBfloat, 16, 1};
-    case DataType::kFloat32: return {kDLFloat, 32, 1};
-    case DataType::kFloat64: return {kDLFloat, 64, 1};
-    case DataType::kBool: return {6 /* kDLBool from DLPack 0.8 */, 8, 1};
-    default: return {kDLUInt, 8, 1};
+    case DataType::kUint8:
+      return {kDLUInt, 8, 1};
+    case DataType::kInt8:
+      return {kDLInt, 8, 1};
+    case DataType::kInt16:
+      return {kDLInt, 16, 1};
+    case DataType::kInt32:
+      return {kDLInt, 32, 1};
+    case DataType::kInt64:
+      return {kDLInt, 64, 1};
+    case DataType::kFloat16:
+      return {kDLFloat, 16, 1};
+    case DataType::kBfloat16:
+      return {kDLBfloat, 16, 1};
+    case DataType::kFloat32:
+      return {kDLFloat, 32, 1};
+    case DataType::kFloat64:
+      return {kDLFloat, 64, 1};
+    case DataType::kBool:
+      return {6 /* kDLBool from DLPack 0.8 */, 8, 1};
+    default:
+      return {kDLUInt, 8, 1};
   }
 }
 }  // namespace

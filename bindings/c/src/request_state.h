@@ -25,8 +25,8 @@
 
 #include "core/status.h"
 #include "core/tensor_entry.h"
-#include "ops/p2p/p2p_engine.h"
 #include "hora/hora.h"
+#include "ops/p2p/p2p_engine.h"
 
 namespace hora {
 

@@ -293,8 +293,7 @@ typedef struct hora_p2p_op {
 /* Posts n sends and receives at once (all or none), completed as one
  * request: what pipeline schedules exchange between neighbours. */
 HORA_API hora_status_t hora_p2p_batch_async(hora_runtime_t runtime, int32_t n,
-                                            const hora_p2p_op_t* ops,
-                                            const hora_options_t* options,
+                                            const hora_p2p_op_t* ops, const hora_options_t* options,
                                             hora_request_t* request);
 
 /* ---- requests ---- */
