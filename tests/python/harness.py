@@ -260,3 +260,17 @@ def elastic_ready():
     if not os.access(HORARUN, os.X_OK):
         return False, "horarun not built (%s)" % HORARUN
     return True, ""
+
+
+HORARUN = os.path.join(REPO, "build", "launcher", "horarun")
+
+
+def run_example(np, script, args, timeout=240):
+    """Runs examples/<script> under horarun with ``np`` ranks as a user would;
+    asserts it exited 0 and returns its output (stdout + stderr)."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "bindings", "python"), OMP_NUM_THREADS="1")
+    proc = subprocess.run([HORARUN, "-np", str(np), PYTHON, os.path.join(REPO, "examples", script)] + list(args),
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    return out

@@ -4,23 +4,14 @@ on 2 and 3 ranks; each run prints the per-rank state bytes and whether the
 parameters matched."""
 import os
 import re
-import subprocess
 
 import pytest
 
-from harness import PYTHON, REPO
-
-HORARUN = os.path.join(REPO, "build", "launcher", "horarun")
-EXAMPLE = os.path.join(REPO, "examples", "zero_train.py")
+from harness import HORARUN, run_example
 
 
 def _run(np, args, timeout=240):
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "bindings", "python"), OMP_NUM_THREADS="1")
-    proc = subprocess.run([HORARUN, "-np", str(np), PYTHON, EXAMPLE] + args, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
-    return out
+    return run_example(np, "zero_train.py", args, timeout)
 
 
 @pytest.mark.skipif(not os.access(HORARUN, os.X_OK), reason="horarun not built")
