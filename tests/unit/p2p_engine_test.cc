@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "core/memory_store.h"
+#include "runtime_fakes.h"
 #include "gtest/gtest.h"
 
 namespace hora {
@@ -45,71 +46,11 @@ constexpr uint64_t kEagerBytes = 4 << 10;
 constexpr auto kDeadline = 10s;
 
 // Records what the engine hands back; allocates receive buffers on request.
-class Sink : public RequestSink {
- public:
-  Result<void*> allocateOutput(const std::vector<int64_t>& shape, DataType dtype, const Device&,
-                               DeviceMemory*) override {
-    std::lock_guard<std::mutex> lk(mu_);
-    ++allocations_;
-    shape_ = shape;
-    dtype_ = dtype;
-    if (!allocError_.isOk()) return allocError_;
-    output_.assign(static_cast<size_t>(numElements(shape)) * dataTypeSize(dtype) + 1, 0);
-    return static_cast<void*>(output_.data());
-  }
-  void setReceivedSplits(std::vector<int64_t>) override {}
-  void setLastJoinedRank(int32_t) override {}
-  void completeEntry(const Status& s) override {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      ++completions_;
-      status_ = s;
-    }
-    cv_.notify_all();
-  }
-
-  void failAllocations(Status why) { allocError_ = std::move(why); }
-  bool wait(std::chrono::milliseconds timeout = kDeadline) {
-    std::unique_lock<std::mutex> lk(mu_);
-    return cv_.wait_for(lk, timeout, [&] { return completions_ > 0; });
-  }
-  Status status() {
-    std::lock_guard<std::mutex> lk(mu_);
-    return status_;
-  }
-  int completions() {
-    std::lock_guard<std::mutex> lk(mu_);
-    return completions_;
-  }
-  int allocations() {
-    std::lock_guard<std::mutex> lk(mu_);
-    return allocations_;
-  }
-  std::vector<int64_t> shape() {
-    std::lock_guard<std::mutex> lk(mu_);
-    return shape_;
-  }
-  DataType dtype() {
-    std::lock_guard<std::mutex> lk(mu_);
-    return dtype_;
-  }
-  const std::vector<char>& output() { return output_; }  // after completion
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int completions_ = 0;
-  int allocations_ = 0;
-  Status status_;
-  Status allocError_;
-  std::vector<int64_t> shape_;
-  DataType dtype_ = DataType::kUint8;
-  std::vector<char> output_;
-};
+using Sink = RecordingSink;
 
 // Waits for a sink and returns its status (a timeout is a failure of its own).
 Status waitFor(const std::shared_ptr<Sink>& s) {
-  if (!s->wait()) return Status(Code::kTimeout, "test: the operation did not complete in 10 s");
+  if (!s->waitDone()) return Status(Code::kTimeout, "test: the operation did not complete in 10 s");
   EXPECT_EQ(s->completions(), 1) << "completed more than once";
   return s->status();
 }
@@ -399,8 +340,8 @@ TEST_F(P2pEngineTest, ReceiveWithoutABufferAllocatesTheMessagesShape) {
     EXPECT_EQ(recv->allocations(), 1);
     EXPECT_EQ(recv->shape(), (std::vector<int64_t>{rows, 5}));
     EXPECT_EQ(recv->dtype(), DataType::kInt64);
-    ASSERT_GE(recv->output().size(), out.bytes.size());
-    EXPECT_EQ(std::memcmp(recv->output().data(), out.bytes.data(), out.bytes.size()), 0);
+    ASSERT_GE(recv->output<char>().size(), out.bytes.size());
+    EXPECT_EQ(std::memcmp(recv->output<char>().data(), out.bytes.data(), out.bytes.size()), 0);
   }
 }
 
@@ -564,7 +505,7 @@ TEST_F(P2pEngineTest, ShutdownFailsPendingAndThePeerSeesTheClosedInbox) {
   ASSERT_TRUE(post(0, recvOp(1, 5, a, mine)).isOk());
   ASSERT_TRUE(post(1, recvOp(0, 6, b, theirs)).isOk());
   rank(0).shutdown("the test shut rank 0 down");
-  ASSERT_TRUE(mine->wait(0ms)) << "shutdown() returned before failing what was pending";
+  ASSERT_TRUE(mine->waitDone(0ms)) << "shutdown() returned before failing what was pending";
   EXPECT_EQ(mine->status().code(), Code::kShutDown) << mine->status().toString();
   EXPECT_TRUE(contains(mine->status(), "the test shut rank 0 down")) << mine->status().toString();
   EXPECT_EQ(post(0, recvOp(1, 7, a, std::make_shared<Sink>())).code(), Code::kShutDown);

@@ -1,5 +1,5 @@
-// Fakes for the runtime's parts, used by the unit tests of the executor and
-// the set controller: a RequestSink that records what the threads hand back,
+// Fakes for the runtime's parts, used by the unit tests of the executor,
+// the set controller and the point-to-point engine: a RequestSink that records what the threads hand back,
 // and a Backend whose collectives are scripted (a fixed "peer contribution",
 // injected failures) so a test knows every element of the expected result.
 #pragma once
@@ -30,6 +30,7 @@ class RecordingSink : public RequestSink {
                                const Device& device, DeviceMemory*) override {
     std::lock_guard<std::mutex> lk(mu_);
     shape_ = shape;
+    dtype_ = dtype;
     ++allocations_;
     if (!allocError_.isOk()) return allocError_;
     output_.assign(static_cast<size_t>(numElements(shape)) * dataTypeSize(dtype) + 1, 0);
@@ -78,6 +79,10 @@ class RecordingSink : public RequestSink {
     std::lock_guard<std::mutex> lk(mu_);
     return shape_;
   }
+  DataType dtype() {  // of the last allocation
+    std::lock_guard<std::mutex> lk(mu_);
+    return dtype_;
+  }
   std::vector<int64_t> splits() {
     std::lock_guard<std::mutex> lk(mu_);
     return splits_;
@@ -103,6 +108,7 @@ class RecordingSink : public RequestSink {
   Status allocError_;
   std::vector<char> output_;
   std::vector<int64_t> shape_, splits_;
+  DataType dtype_ = DataType::kUint8;
   int32_t lastJoined_ = -1;
 };
 
