@@ -63,31 +63,24 @@ def _ref(tensor):
     return ref
 
 
-class _Output:
-    """The result tensor of a collective whose output shape is known only after
-    negotiation (allgather, alltoall, reducescatter): allocated by torch on the
-    input's device when hora asks (options.alloc, called on a hora thread), so
-    the result is written once, in place, on CPU and GPU alike."""
-    __slots__ = ("like", "stream", "tensor", "error", "cfunc")
+class _Allocator:
+    """Output memory hora asks for once it knows the result's shape
+    (options.alloc, called on a hora thread): ``_make(dims, dl_dtype)``
+    returns the tensor to write into. Whatever it raises fails the request
+    and is chained onto the request's error (``cause``)."""
+    __slots__ = ("tensor", "error", "cfunc")
 
-    def __init__(self, like):
-        self.like = like
-        # CUDA: allocate on the caller's current stream (captured here, on the
-        # framework thread), as a tensor created by the caller would be; the
-        # caching allocator then reuses the block only after that stream's work.
-        self.stream = torch.cuda.current_stream(like.device) if like.is_cuda else None
+    def __init__(self):
         self.tensor = None
         self.error = None
         self.cfunc = _lib.ALLOC(self._alloc)
 
-    def _alloc(self, _user, ndim, shape, _dtype, _nbytes, data):
+    def _make(self, dims, dl_dtype):
+        raise NotImplementedError
+
+    def _alloc(self, _user, ndim, shape, dtype, _nbytes, data):
         try:
-            dims = [shape[i] for i in range(ndim)]
-            if self.stream is not None:
-                with torch.cuda.stream(self.stream):
-                    self.tensor = torch.empty(dims, dtype=self.like.dtype, device=self.like.device)
-            else:
-                self.tensor = torch.empty(dims, dtype=self.like.dtype, device=self.like.device)
+            self.tensor = self._make([shape[i] for i in range(ndim)], dtype)
             data[0] = self.tensor.data_ptr() or None
             return 0
         except BaseException as e:  # nothing may propagate into the hora thread
@@ -100,6 +93,28 @@ class _Output:
 
     def result(self, _pending=None):
         return self.tensor
+
+
+class _Output(_Allocator):
+    """The result tensor of a collective whose output shape is known only after
+    negotiation (allgather, alltoall, reducescatter): allocated by torch on the
+    input's device when hora asks, so the result is written once, in place, on
+    CPU and GPU alike."""
+    __slots__ = ("like", "stream")
+
+    def __init__(self, like):
+        self.like = like
+        # CUDA: allocate on the caller's current stream (captured here, on the
+        # framework thread), as a tensor created by the caller would be; the
+        # caching allocator then reuses the block only after that stream's work.
+        self.stream = torch.cuda.current_stream(like.device) if like.is_cuda else None
+        super().__init__()
+
+    def _make(self, dims, _dl_dtype):
+        if self.stream is not None:
+            with torch.cuda.stream(self.stream):
+                return torch.empty(dims, dtype=self.like.dtype, device=self.like.device)
+        return torch.empty(dims, dtype=self.like.dtype, device=self.like.device)
 
 
 def handle_average_backwards_compatibility(op, average):

@@ -20,9 +20,8 @@ Horovod never had them; the API follows torch.distributed's where it can:
 """
 import torch
 
-from .. import _dlpack
 from .. import basics
-from .mpi_ops import _TORCH_FROM_DL, _check_set, _ref
+from .mpi_ops import _TORCH_FROM_DL, _Allocator, _check_set, _ref
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]
 
@@ -46,29 +45,16 @@ def _host(tensor):
     return tensor.detach().to("cpu").contiguous()
 
 
-class _RecvOutput:
+class _RecvOutput(_Allocator):
     """The buffer of a receive without one: allocated by torch when hora knows the message's shape."""
-    __slots__ = ("tensor", "error", "cfunc")
+    __slots__ = ()
 
-    def __init__(self):
-        self.tensor = None
-        self.error = None
-        from .. import _lib
-        self.cfunc = _lib.ALLOC(self._alloc)
-
-    def _alloc(self, _user, ndim, shape, dtype, _nbytes, data):
-        try:
-            dt = _TORCH_FROM_DL.get((dtype.code, dtype.bits))
-            if dt is None and dtype.code == _dlpack.kDLBool:
-                dt = torch.bool
-            if dt is None:
-                raise TypeError("hora.torch: received an unsupported dtype (code %d, bits %d)" % (dtype.code, dtype.bits))
-            self.tensor = torch.empty([shape[i] for i in range(ndim)], dtype=dt)
-            data[0] = self.tensor.data_ptr() or None
-            return 0
-        except BaseException as e:  # nothing may propagate into the hora thread
-            self.error = e
-            return 1
+    def _make(self, dims, dl_dtype):
+        dt = _TORCH_FROM_DL.get((dl_dtype.code, dl_dtype.bits))
+        if dt is None:
+            raise TypeError("hora.torch: received an unsupported dtype (code %d, bits %d)"
+                            % (dl_dtype.code, dl_dtype.bits))
+        return torch.empty(dims, dtype=dt)
 
 
 def isend(tensor, dst, tag=0, process_set=basics.global_process_set):
@@ -89,8 +75,8 @@ def irecv(tensor=None, src=None, tag=0, process_set=basics.global_process_set):
     ps = _check_set(process_set)
     if tensor is None:
         out = _RecvOutput()
-        p = basics.submit_recv(None, peer, tag, ps, finish=lambda _: out.tensor, keep=(out,), alloc=out.cfunc)
-        p.cause = lambda: out.error
+        p = basics.submit_recv(None, peer, tag, ps, finish=out.result, keep=(out,), alloc=out.cfunc)
+        p.cause = out.cause
         return basics.register(p)
     host = _host(tensor)
     if host is tensor:

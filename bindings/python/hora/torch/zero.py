@@ -61,9 +61,9 @@ import itertools
 
 import torch
 
-from .. import _lib, basics
+from .. import basics
 from ..basics import Average, Sum, global_process_set, poll
-from .mpi_ops import _ref, allgather_async, allreduce_, allreduce_async_, synchronize
+from .mpi_ops import _Allocator, _ref, allgather_async, allreduce_, allreduce_async_, synchronize
 
 _instances = {}  # process set id -> how many ZeroOptimizers were made over it (the default names)
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -102,35 +102,25 @@ class _Bucket:
                 yield i, a - self.offsets[i], a - self.lo, b - a
 
 
-class _Into:
+class _Into(_Allocator):
     """The output of a reducescatter or allgather written into a tensor we
     keep (hora asks for the output's memory once it knows the shape): torch
     would otherwise allocate a fresh tensor per call, and large fresh CPU
     allocations page-fault on first touch (measured ~10 ms per 3 MB here)."""
-    __slots__ = ("tensor", "error", "cfunc")
+    __slots__ = ("into",)
 
     def __init__(self, tensor):
-        self.tensor = tensor
-        self.error = None
-        self.cfunc = _lib.ALLOC(self._alloc)
+        self.into = tensor
+        super().__init__()
 
-    def _alloc(self, _user, ndim, shape, _dtype, _nbytes, data):
-        try:
-            dims = [shape[i] for i in range(ndim)]
-            if dims != list(self.tensor.shape):
-                raise RuntimeError("ZeroOptimizer: collective output of shape %s, expected %s"
-                                   % (dims, list(self.tensor.shape)))
-            data[0] = self.tensor.data_ptr() or None
-            return 0
-        except BaseException as e:  # nothing may propagate into the hora thread
-            self.error = e
-            return 1
-
-    def cause(self):
-        return self.error
+    def _make(self, dims, _dl_dtype):
+        if dims != list(self.into.shape):
+            raise RuntimeError("ZeroOptimizer: collective output of shape %s, expected %s"
+                               % (dims, list(self.into.shape)))
+        return self.into
 
     def result(self, _pending=None):
-        return self.tensor
+        return self.into
 
 
 def _reducescatter_into(tensor, out, name, prescale, postscale, process_set):
