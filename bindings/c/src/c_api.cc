@@ -644,11 +644,6 @@ HORA_API hora_status_t hora_join_async(hora_runtime_t h, const hora_options_t* o
 HORA_API hora_status_t hora_send_async(hora_runtime_t h, const DLTensor* tensor, int32_t peer,
                                        int64_t tag, const hora_options_t* options,
                                        hora_request_t* request) {
-  if (!tensor) {
-    hora::capi::clearError();
-    if (request) *request = nullptr;
-    return fail(Code::kInvalidArgument, "hora_send_async: tensor is NULL");
-  }
   return p2pCall("hora_send_async", h, options, {{true, peer, tag, tensor}}, request);
 }
 
