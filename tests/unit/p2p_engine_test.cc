@@ -33,8 +33,9 @@
 #include <vector>
 
 #include "core/memory_store.h"
-#include "runtime_fakes.h"
 #include "gtest/gtest.h"
+#include "ops/p2p/p2p_socket.h"
+#include "runtime_fakes.h"
 
 namespace hora {
 namespace {
@@ -650,6 +651,49 @@ TEST_F(P2pEngineTest, PeerOnAnotherHostTalksOverTcp) {
     EXPECT_TRUE(waitFor(recv).isOk()) << waitFor(recv).toString();
     EXPECT_TRUE(in.stamped(1, n));
   }
+  EXPECT_EQ(fatal_[0]->count() + fatal_[1]->count(), 0u);
+}
+
+// Someone who finds rank 1's TCP port but not its token from the store (or
+// claims to be rank 1 itself) is refused; the real peer still connects.
+TEST_F(P2pEngineTest, ConnectionsWithoutTheStoreTokenAreRefused) {
+  start(2, [](P2pEngineOptions& o) {
+    o.hostname = "127.0.0.1";
+    if (o.rank == 1) o.hostId = "host-b";
+  });
+  Buf in(DataType::kFloat32, {4}), out(DataType::kFloat32, {4});
+  out.stamp(0, 3);
+  auto recv = std::make_shared<Sink>();
+  ASSERT_TRUE(post(1, recvOp(0, 3, in, recv)).isOk());  // rank 1 publishes its endpoint
+  auto published = store_->get("p2p/inbox/1", std::chrono::milliseconds(5000));
+  ASSERT_TRUE(published.isOk());
+  std::istringstream is(published.value());
+  std::string name, host, pid, addr, port, token;
+  for (std::string* f : {&name, &host, &pid, &addr, &port, &token}) std::getline(is, *f);
+  for (int claimed : {0, 1}) {
+    P2pHello bad{};
+    bad.magic = kP2pHelloMagic;
+    bad.rank = claimed;
+    std::snprintf(bad.token, sizeof bad.token, "%s",
+                  claimed == 0 ? "not-the-token" : token.c_str());
+    auto fd = p2pConnect(addr, std::atoi(port.c_str()), bad, 2000);
+    ASSERT_TRUE(fd.isOk()) << fd.status().toString();
+    // Refused: the engine closes the connection (an end of stream here).
+    char byte;
+    bool eof = false;
+    for (int i = 0; i < 500 && !eof; ++i) {
+      auto k = p2pRecv(fd.value(), &byte, 1, &eof);
+      if (!k.isOk()) break;
+      if (!eof) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_TRUE(eof) << "a connection claiming rank " << claimed << " was kept";
+    p2pClose(fd.value());
+  }
+  auto send = std::make_shared<Sink>();
+  ASSERT_TRUE(post(0, sendOp(1, 3, out, send)).isOk());
+  EXPECT_TRUE(waitFor(send).isOk());
+  EXPECT_TRUE(waitFor(recv).isOk());
+  EXPECT_TRUE(in.stamped(0, 3));
   EXPECT_EQ(fatal_[0]->count() + fatal_[1]->count(), 0u);
 }
 

@@ -1,7 +1,7 @@
 // Fakes for the runtime's parts, used by the unit tests of the executor,
-// the set controller and the point-to-point engine: a RequestSink that records what the threads hand back,
-// and a Backend whose collectives are scripted (a fixed "peer contribution",
-// injected failures) so a test knows every element of the expected result.
+// the set controller and the point-to-point engine: a RequestSink that records what the threads
+// hand back, and a Backend whose collectives are scripted (a fixed "peer contribution", injected
+// failures) so a test knows every element of the expected result.
 #pragma once
 
 #include <gtest/gtest.h>
