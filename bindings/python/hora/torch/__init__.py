@@ -25,6 +25,7 @@ from .mpi_ops import (allgather, allgather_async, allreduce, allreduce_, allredu
                       sparse_allreduce_async)
 from .optimizer import DistributedOptimizer  # noqa: F401
 from .zero import ZeroOptimizer  # noqa: F401
+from .fully_sharded import FullyShardedModule  # noqa: F401
 from .local_sgd import LocalSGD  # noqa: F401
 from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send  # noqa: F401
 from .sync_batch_norm import SyncBatchNorm  # noqa: F401

@@ -23,6 +23,8 @@ DLPack export refuses bool, so bool tensors are exported as uint8 and marked
 bool for hora.
 """
 
+import weakref
+
 import torch
 from torch.utils.dlpack import to_dlpack
 
@@ -68,12 +70,22 @@ class _Allocator:
     (options.alloc, called on a hora thread): ``_make(dims, dl_dtype)``
     returns the tensor to write into. Whatever it raises fails the request
     and is chained onto the request's error (``cause``)."""
-    __slots__ = ("tensor", "error", "cfunc")
+    __slots__ = ("tensor", "error", "cfunc", "__weakref__")
 
     def __init__(self):
         self.tensor = None
         self.error = None
-        self.cfunc = _lib.ALLOC(self._alloc)
+        # The callback reaches the allocator weakly: a bound method would make
+        # a cycle (allocator -> cfunc -> allocator) that keeps the output
+        # tensor alive until the cyclic GC runs, long after the request
+        # finished. The request's keep holds the allocator while in flight.
+        me = weakref.ref(self)
+
+        def alloc(user, ndim, shape, dtype, nbytes, data):
+            a = me()
+            return 1 if a is None else a._alloc(user, ndim, shape, dtype, nbytes, data)
+
+        self.cfunc = _lib.ALLOC(alloc)
 
     def _make(self, dims, dl_dtype):
         raise NotImplementedError
