@@ -158,30 +158,6 @@ def test_unused_unit_gets_zero_gradient(pool2):
     pool2.run(_b_matches, "sgd", 1, True, False, True, timeout=120)
 
 
-def _b_hybrid(rank, size):
-    # shard within {0,1} and {2,3} ("hosts"), replicate across {0,2} and {1,3}
-    sets = [hvd.add_process_set(r) for r in ([0, 1], [2, 3], [0, 2], [1, 3])]
-    try:
-        shard = sets[0] if rank < 2 else sets[1]
-        replicate = sets[2] if rank % 2 == 0 else sets[3]
-        data = _data(rank, STEPS)
-        ref = _reference("adam", data)
-        model = hvd.FullyShardedModule(_model(), process_set=shard, replicate_process_set=replicate)
-        assert model.shard_bytes() * 2 <= model.full_bytes() + 8 * len(model.flats)
-        _train(model, _opt("adam", model.parameters()), data)
-        _compare(model, ref, "hybrid")
-        # the same shard on both "hosts"
-        for p in model.parameters():
-            assert torch.equal(hvd.broadcast(p.detach(), replicate.ranks[0], process_set=replicate), p.detach())
-    finally:
-        for s in sets:
-            hvd.remove_process_set(s)
-
-
-def test_hybrid_shard(pool4):
-    pool4.run(_b_hybrid, timeout=180)
-
-
 def _b_clip(rank, size):
     data = _data(rank, STEPS)
     ref = _reference("sgd", data, clip=0.05)

@@ -92,6 +92,7 @@ class _Bucket:
         self.ready = 0       # parameters whose gradient is in ``flat``
         self.handle = None
         self.collected = False  # this step's reduction was waited for (stage 2 collects early)
+        self.rep = None      # hybrid: (handle, output) of the average over the replicas in flight
 
     def overlaps(self):
         """(param index in bucket, start in param, start in shard, length) for the
@@ -163,6 +164,10 @@ class ZeroOptimizer:
     bucket_bytes: the most bytes of gradient per collective.
     gradient_predivide_factor: as DistributedOptimizer's (gradients times
     1/factor before the sum, times factor/size after it).
+    replicate_process_set: hybrid shard. State is sharded within
+    ``process_set`` (e.g. one host's ranks) and replicated over this set (the
+    ranks holding the same shard on the other hosts): gradients are averaged
+    within ``process_set`` (reducescatter or allreduce) and then across it.
     name: prefix of the collectives' names. By default "zero.<set id>.<k>"
     for the k-th ZeroOptimizer over that set on this rank, so every rank of
     the set must make its ZeroOptimizers over the set in the same order (or
@@ -180,7 +185,7 @@ class ZeroOptimizer:
 
     def __init__(self, params, optimizer_cls=torch.optim.SGD, stage=1, process_set=global_process_set,
                  backward_passes_per_step=1, bucket_bytes=25 * 1024 * 1024, gradient_predivide_factor=1.0,
-                 name=None, **optimizer_kwargs):
+                 name=None, replicate_process_set=None, **optimizer_kwargs):
         if stage not in (1, 2):
             raise ValueError("ZeroOptimizer: stage must be 1 or 2 (got %r)" % (stage,))
         if isinstance(optimizer_cls, torch.optim.Optimizer) or not (
@@ -191,6 +196,12 @@ class ZeroOptimizer:
             process_set = global_process_set
         if not process_set.included():
             raise ValueError("ZeroOptimizer: this rank is not a member of %r" % (process_set,))
+        if replicate_process_set is not None and not replicate_process_set.included():
+            raise ValueError("ZeroOptimizer: this rank is not a member of replicate_process_set %r"
+                             % (replicate_process_set,))
+        if replicate_process_set is not None and replicate_process_set.size() == 1:
+            replicate_process_set = None
+        self.replicate_process_set = replicate_process_set
         self.stage = stage
         self.process_set = process_set
         self.backward_passes_per_step = int(backward_passes_per_step)
@@ -199,9 +210,12 @@ class ZeroOptimizer:
         self.optimizer_cls = optimizer_cls
         self._size, self._rank = process_set.size(), process_set.rank()
         if name is None:
-            count = _instances.get(process_set.process_set_id, 0)
-            _instances[process_set.process_set_id] = count + 1
-            name = "zero.%s.%d" % (process_set.process_set_id, count)
+            # hybrid: the ranks of a replicate set are in different shard sets
+            # yet name their collectives alike, so count hybrid ones apart
+            key = "hybrid" if replicate_process_set is not None else process_set.process_set_id
+            count = _instances.get(key, 0)
+            _instances[key] = count + 1
+            name = "zero.%s.%d" % (key, count)
         self._prefix = name
 
         groups, self._names = self._parse_params(params)
@@ -351,6 +365,23 @@ class ZeroOptimizer:
             b.flat = None  # stage 2 keeps no bucket-sized buffer between steps
         if out is None:
             return
+        if self.replicate_process_set is not None:
+            # hybrid shard: the shard set's average, averaged again over the
+            # replicas of this shard (stage 1: the whole bucket, as p.grad
+            # shows it). Asynchronous: ranks collect buckets in different
+            # orders (polling), and a blocking wait here could wait on a rank
+            # that is itself blocked on another bucket. synchronize() finishes it.
+            try:
+                b.rep = (allreduce_async_(out, name="%s.rep.%d" % (self._prefix, b.index), op=Average,
+                                          process_set=self.replicate_process_set), out)
+            except Exception as e:
+                self._error = self._error or e
+            return
+        self._assign(b, out)
+
+    def _assign(self, b, out):
+        """Puts this rank's slice of the bucket's averaged gradient ``out`` into
+        the master's ``.grad`` (stage 1 also into the parameters' ``.grad``)."""
         if self.stage == 1:
             shard = out[b.lo:b.hi]
             for i, p in enumerate(b.params):  # the averaged gradient, viewing the kept buffer
@@ -381,6 +412,15 @@ class ZeroOptimizer:
             if not b.collected:
                 self._collect(b)
             b.collected = False
+        for b in self.buckets:  # hybrid: the averages over the replicas
+            if b.rep is not None:
+                handle, out = b.rep
+                b.rep = None
+                try:
+                    synchronize(handle)
+                    self._assign(b, out)
+                except Exception as e:
+                    self._error = self._error or e
         self._done.clear()
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
