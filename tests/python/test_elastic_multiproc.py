@@ -23,7 +23,10 @@ hvd.init()
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
-opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+if os.environ.get("LOCAL_SGD"):  # DiLoCo-style: every rank steps alone, outer Nesterov every 3 steps
+    opt = hvd.LocalSGD(opt, sync_every=3, outer_lr=0.7, outer_momentum=0.9, nesterov=True)
+else:
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
 dataset = torch.utils.data.TensorDataset(torch.randn(96, 8), torch.randn(96, 1))
 sampler = hvd.elastic.ElasticSampler(dataset, seed=1)
 loader = torch.utils.data.DataLoader(dataset, batch_size=4, sampler=sampler)
@@ -49,6 +52,9 @@ def train(state):
         state.commit()
 
 train(state)
+if os.environ.get("LOCAL_SGD"):
+    opt.synchronize()  # the last round's average: equal models only if every rank had the same outer state
+    print("LOCALSGD steps=%d syncs=%d" % (opt.steps, opt.syncs), flush=True)
 flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 print("RESULT size=%d crc=%d" % (hvd.size(), zlib.crc32(flat.numpy().tobytes())), flush=True)
 hvd.shutdown()
@@ -59,11 +65,12 @@ _READY, _WHY = elastic_ready()
 
 
 @pytest.mark.skipif(not _READY, reason=_WHY or "elastic runtime not ready")
-def test_survivors_finish_after_a_rank_dies(tmp_path):
+@pytest.mark.parametrize("local_sgd", [False, True], ids=["distributed_optimizer", "local_sgd"])
+def test_survivors_finish_after_a_rank_dies(tmp_path, local_sgd):
     script = tmp_path / "train.py"
     script.write_text(_SCRIPT)
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "bindings", "python"), OMP_NUM_THREADS="1",
-               HORA_ELASTIC_SETTLE_MS="500")
+               HORA_ELASTIC_SETTLE_MS="500", LOCAL_SGD="1" if local_sgd else "")
     # horarun names workers w0, w1, ... in start order.
     env["VICTIM_WORKER"] = "w2"
     proc = subprocess.run([HORARUN, "-np", "3", "--min-np", "2", PYTHON, str(script)], env=env,
@@ -74,6 +81,9 @@ def test_survivors_finish_after_a_rank_dies(tmp_path):
     assert {r[0] for r in results} == {"2"}, out[-6000:]
     assert len({r[1] for r in results}) == 1, "survivors' models differ:\n" + out[-6000:]
     assert "reset 1" in out, "no reset was logged:\n" + out[-6000:]
+    if local_sgd:  # both survivors counted the same steps and rounds (rank 0's after the re-form)
+        counters = re.findall(r"LOCALSGD (steps=\d+ syncs=\d+)", out)
+        assert len(counters) == 2 and len(set(counters)) == 1, out[-6000:]
 
 
 if __name__ == "__main__":  # pragma: no cover

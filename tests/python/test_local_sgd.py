@@ -129,6 +129,39 @@ def _b_arguments(rank, size):
     assert all(torch.equal(a, b) for a, b in zip(opt2._momentum, opt._momentum))
 
 
+def _b_elastic_state_joiner_takes_rank0s(rank, size):
+    # every rank trains 4 steps (one synchronization, so the synchronized point
+    # and the outer momentum moved); then the last rank stands in for a worker
+    # that joined an elastic job: fresh model and LocalSGD. TorchState.sync()
+    # must give it rank 0's whole state, or its next rounds would average
+    # from another point at other steps.
+    def make():
+        m = _model()
+        return m, hvd.LocalSGD(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.5), sync_every=3,
+                               outer_lr=0.7, outer_momentum=0.9, nesterov=True)
+    model, opt = make()
+    for step in range(4):
+        _local_step(model, opt, rank, step)
+    if rank == size - 1:
+        torch.manual_seed(5)
+        model, opt = make()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+    state = hvd.elastic.TorchState(model, opt, epoch=0)
+    state.sync()
+    assert (opt.steps, opt.syncs) == (4, 1)
+    inner = [opt.optimizer.state[p]["momentum_buffer"] for p in model.parameters()]
+    for t in list(model.parameters()) + opt._anchor + opt._momentum + inner:
+        assert torch.equal(hvd.broadcast(t.detach(), 0), t.detach())
+    # and the rounds go on together: one more synchronization at step 6
+    for step in range(4, 6):
+        _local_step(model, opt, rank, step)
+    assert opt.syncs == 2
+    for p in model.parameters():
+        assert torch.equal(hvd.broadcast(p.detach(), 0), p.detach())
+
+
 @pytest.mark.parametrize("pool", ["pool2", "pool3"])
 def test_local_sgd(pool, request):
     p = request.getfixturevalue(pool)
@@ -136,6 +169,7 @@ def test_local_sgd(pool, request):
     p.run(_b_synchronized_rounds_match_simulation)
     p.run(_b_every_rank_agrees_and_bytes_are_counted)
     p.run(_b_arguments)
+    p.run(_b_elastic_state_joiner_takes_rank0s)
 
 
 @pytest.mark.skipif(not os.access(HORARUN, os.X_OK), reason="horarun not built")

@@ -22,13 +22,19 @@ Buffers (batch norm statistics) are averaged with the parameters when
 ``module=`` is given. ``bytes_communicated`` counts what this rank put on
 the wire for synchronizations, against ``bytes_every_step`` for what
 per-step gradient allreduce would have sent, which
-``examples/local_sgd_train.py`` prints. Not composed with elastic training
-yet (a restore should also reset the synchronized point: call ``reset()``).
+``examples/local_sgd_train.py`` prints.
+
+Elastic training: put the LocalSGD object in ``hvd.elastic.TorchState`` (as
+the optimizer). A commit keeps its whole state (the inner optimizer's, the
+step counters, the synchronized point and the outer momentum), a restore
+rolls it back, and after the job re-forms every rank takes rank 0's
+(``broadcast_state``), so the survivors go on from one synchronized point
+and synchronize at the same steps.
 """
 import torch
 
 from .. import basics
-from .mpi_ops import Average, grouped_allreduce_async_, synchronize
+from .mpi_ops import Average, broadcast_, grouped_allreduce_async_, synchronize
 
 __all__ = ["LocalSGD"]
 
@@ -103,6 +109,18 @@ class LocalSGD:
                     p.data.copy_(a)
             self.bytes_communicated += sum(t.numel() * t.element_size() for t in tensors)
             self.syncs += 1
+
+    def broadcast_state(self, root_rank=0):
+        """Makes every rank's state ``root_rank``'s (a global rank): the inner
+        optimizer's state, the step counters, the synchronized point and the
+        outer momentum. A collective over the process set."""
+        from .functions import broadcast_object, broadcast_optimizer_state
+        broadcast_optimizer_state(self.optimizer, root_rank=root_rank, process_set=self.process_set)
+        self.steps, self.syncs = broadcast_object((self.steps, self.syncs), root_rank, name="local_sgd.counters",
+                                                  process_set=self.process_set)
+        with torch.no_grad():
+            for i, t in enumerate((self._anchor or []) + (self._momentum or [])):
+                broadcast_(t, root_rank, name="local_sgd.state.%d" % i, process_set=self.process_set)
 
     def state_dict(self):
         return {"optimizer": self.optimizer.state_dict(), "steps": self.steps, "syncs": self.syncs,

@@ -8,6 +8,7 @@ import torch
 from ...elastic import ObjectState
 from ..functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from ...basics import rank
+from ..local_sgd import LocalSGD
 from .sampler import ElasticSampler
 
 
@@ -100,6 +101,31 @@ class OptimizerStateHandler(StateHandler):
             abandon()
 
 
+class LocalSGDStateHandler(StateHandler):
+    """hvd.LocalSGD: its state is more than the inner optimizer's (the step
+    counters that decide when ranks synchronize, the synchronized point and
+    the outer momentum), and all of it must be rank 0's after a re-form, or
+    the survivors would average from different points."""
+
+    def __init__(self, local_sgd):
+        super().__init__(local_sgd)
+        self.save()
+
+    def save(self):
+        self._saved = _host_copy(self.value.state_dict())
+
+    def restore(self):
+        self.value.load_state_dict(_host_copy(self._saved))
+
+    def sync(self):
+        self.value.broadcast_state(root_rank=0)
+
+    def reset(self):
+        abandon = getattr(self.value.optimizer, "_abandon_step", None)
+        if abandon is not None:
+            abandon()
+
+
 class SamplerStateHandler(StateHandler):
     def __init__(self, sampler):
         super().__init__(sampler)
@@ -125,6 +151,7 @@ class SamplerStateHandler(StateHandler):
 
 _handler_registry = [
     (torch.nn.Module, ModelStateHandler),
+    (LocalSGD, LocalSGDStateHandler),
     (torch.optim.Optimizer, OptimizerStateHandler),
     (ElasticSampler, SamplerStateHandler),
 ]
