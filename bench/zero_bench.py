@@ -40,7 +40,9 @@ localsgd  Bytes per step and step time of hvd.LocalSGD(SGD, sync_every=k)
         allreduce, counted by the C runtime) diffed around the timed steps,
         cross-checked against LocalSGD.bytes_communicated. Step time is the
         mean over whole sync periods (the median would hide the sync step).
-        Checked: parameters equal across ranks after the last sync, and
+        ``--local-rounds`` timed periods of max(k) steps per variant, the
+        variants taking turns. Checked: parameters equal across ranks after
+        the last sync, and
         k=1 (plain SGD) within ``--tol`` of DistributedOptimizer.
 
 Adding a variant (e.g. ZeRO-3's FullyShardedModule vs torch FSDP): write a
@@ -197,8 +199,8 @@ def report(args, results):
     if lsgd:
         l0 = lsgd[0]["localsgd"]
         print("### Local SGD vs every-step gradient allreduce (%s, %d params, SGD lr %g, batch %d per rank; "
-              "%d timed periods of %d steps)\n" % (l0["model"], l0["params"], l0["lr"], l0["batch"], args.rounds,
-                                                    l0["period"]))
+              "%d timed periods of %d steps)\n"
+              % (l0["model"], l0["params"], l0["lr"], l0["batch"], args.local_rounds, l0["period"]))
         print("| ranks | variant | allreduce bytes/step per rank (hora metrics) | vs every step "
               "| ring bytes sent/step per rank, 2(n-1)/n x | ms/step (mean) | vs every step "
               "| params equal across ranks | max rel diff vs DistributedOptimizer |")
@@ -591,13 +593,13 @@ def section_localsgd(ctx, out, failures):
 
     for i in range(len(variants)):
         block(i, False)  # warm-up
-    for rnd in range(args.rounds):
+    for rnd in range(args.local_rounds):
         order = list(range(len(variants)))
         for i in (order if rnd % 2 == 0 else order[::-1]):
             block(i, True)
-        ctx.log("  localsgd: round %d/%d done" % (rnd + 1, args.rounds))
+        ctx.log("  localsgd: round %d/%d done" % (rnd + 1, args.local_rounds))
 
-    nsteps = period * args.rounds
+    nsteps = period * args.local_rounds
     ref = flat_params(variants[0].model)
     scale = ref.abs().max().item()
     rows = []
@@ -666,7 +668,9 @@ def main():
     p.add_argument("--mlp-in", type=int, default=1024, help="MLP input features (default 1024)")
     p.add_argument("--mlp-width", type=int, default=2048, help="MLP hidden width (default 2048)")
     p.add_argument("--mlp-layers", type=int, default=4, help="MLP hidden layers (default 4: 14.7M parameters)")
-    p.add_argument("--batch", type=int, default=32, help="rows per rank and step (default 32)")
+    # small batches: at 32 rows the MLP's matmuls took ~75% of a step on the 2-core test machine, hiding the
+    # optimizers' differences in its noise
+    p.add_argument("--batch", type=int, default=4, help="rows per rank and step (default 4)")
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help="step section's variants (default all: %s)" % ",".join(VARIANTS))
     p.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate (default 1e-3)")
@@ -676,6 +680,8 @@ def main():
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first (default 3)")
     p.add_argument("--rounds", type=int, default=4, help="timed rounds; variants take turns (default 4)")
     p.add_argument("--steps", type=int, default=5, help="timed steps per variant and round (default 5)")
+    p.add_argument("--local-rounds", type=int, default=3, help="local SGD section: timed periods of max(k) steps "
+                   "per variant, taking turns (default 3)")
     p.add_argument("--local-k", default="1,4,16", help="LocalSGD sync_every values; each divides the largest "
                    "(default 1,4,16)")
     p.add_argument("--tol", type=float, default=1e-4, help="largest accepted |param - DistributedOptimizer's| "
@@ -683,14 +689,14 @@ def main():
     p.add_argument("--shapes", default=os.path.join(HERE, "resnet50_grad_shapes.txt"),
                    help="parameter shapes file (default bench/resnet50_grad_shapes.txt)")
     p.add_argument("--quick", action="store_true", help="smoke run: small MLP, 1 warm-up, 2 rounds of 2 steps, "
-                   "local k 1,2")
+                   "local k 1,2, 2 periods")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per job (default 1800)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result-file", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.quick:
         args.mlp_in, args.mlp_width, args.mlp_layers, args.batch = 64, 256, 2, 8
-        args.warmup, args.rounds, args.steps, args.local_k = 1, 2, 2, "1,2"
+        args.warmup, args.rounds, args.steps, args.local_rounds, args.local_k = 1, 2, 2, 2, "1,2"
     if args.worker:
         return worker(args)
     return launch(args)
