@@ -45,10 +45,11 @@ localsgd  Bytes per step and step time of hvd.LocalSGD(SGD, sync_every=k)
         the last sync, and
         k=1 (plain SGD) within ``--tol`` of DistributedOptimizer.
 
-Adding a variant (e.g. ZeRO-3's FullyShardedModule vs torch FSDP): write a
-class like ``HoraZero`` below (``__init__(ctx, model)`` building the
-optimizer around a fresh model copy, ``step(batch)``, ``state_bytes()``),
-add it to ``VARIANTS`` and, for a ratio column, a pair to ``RATIOS``.
+Adding a variant (e.g. ZeRO-3's FullyShardedModule vs torch FSDP): subclass
+``Variant`` below (``__init__(ctx, model)`` wraps a fresh model copy and
+builds the optimizer; override ``full_params()`` if the parameters are
+sharded), add it to ``VARIANTS`` and ``LABELS``, and, for a ratio column, a
+pair to ``RATIOS``.
 """
 import argparse
 import gc
@@ -292,7 +293,30 @@ def _state_bytes(optimizer):
                if torch.is_tensor(v))
 
 
-class HoraDistributed:
+class Variant:
+    """One way of training the step section's model. A subclass builds its
+    optimizer (and wrapper) around ``model``, a fresh copy with the same
+    initial values on every rank, in ``__init__(ctx, model)``; ``step(batch)``
+    is one training step, ``state_bytes()`` this rank's optimizer state.
+    ``full_params()`` must give the whole, unsharded parameters in the
+    model's order (for the correctness check): a variant that shards the
+    parameters themselves (ZeRO-3, FSDP) gathers them there."""
+    label = "?"
+
+    def step(self, batch):
+        self.opt.zero_grad()
+        self.model(*batch).backward()
+        self.opt.step()
+
+    def full_params(self):
+        module = self.model.module if hasattr(self.model, "module") else self.model  # DDP's wrapped module
+        return list(module.parameters())
+
+    def state_bytes(self):
+        return _state_bytes(self.opt)
+
+
+class HoraDistributed(Variant):
     label = "hora DistributedOptimizer"
 
     def __init__(self, ctx, model):
@@ -301,16 +325,8 @@ class HoraDistributed:
         self.opt = ctx.hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=ctx.args.lr),
                                                 named_parameters=model.named_parameters())
 
-    def step(self, batch):
-        self.opt.zero_grad()
-        self.model(*batch).backward()
-        self.opt.step()
 
-    def state_bytes(self):
-        return _state_bytes(self.opt)
-
-
-class HoraZero:
+class HoraZero(Variant):
     stage = 1
 
     def __init__(self, ctx, model):
@@ -323,8 +339,6 @@ class HoraZero:
     def label(self):
         return "hora ZeroOptimizer stage %d" % self.stage
 
-    step = HoraDistributed.step
-
     def state_bytes(self):
         return self.opt.state_bytes()
 
@@ -333,7 +347,7 @@ class HoraZero2(HoraZero):
     stage = 2
 
 
-class TorchDDP:
+class TorchDDP(Variant):
     """torch DDP (gloo, its default 25 MB buckets) + unsharded Adam: the
     reference for torch's ZeRO."""
     label = "torch DDP + Adam"
@@ -346,14 +360,6 @@ class TorchDDP:
     def make_optimizer(self, ctx, model):
         import torch
         return torch.optim.Adam(model.parameters(), lr=ctx.args.lr)
-
-    def step(self, batch):
-        self.opt.zero_grad()
-        self.model(*batch).backward()
-        self.opt.step()
-
-    def state_bytes(self):
-        return _state_bytes(self.opt)
 
 
 class TorchZero(TorchDDP):
@@ -382,9 +388,9 @@ RATIOS = [("zero1", "dist", "<= 1.05"), ("zero2", "dist", "<= 1.05"), ("zero1", 
           ("zero2", "torch_zero", ""), ("dist", "torch_ddp", ""), ("torch_zero", "torch_ddp", "")]
 
 
-def flat_params(module):
+def flat_params(params):
     import torch
-    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+    return torch.cat([p.detach().reshape(-1) for p in params])
 
 
 def equal_across_ranks(hvd, v, name):
@@ -435,12 +441,11 @@ def section_step(ctx, out, failures):
             run(k, v, args.steps, True)
         ctx.log("  step: round %d/%d done" % (rnd + 1, args.rounds))
 
-    ref = flat_params(variants[0][1].model)
+    ref = flat_params(variants[0][1].full_params())
     scale = ref.abs().max().item()
     rows = []
     for k, v in variants:
-        module = v.model.module if hasattr(v.model, "module") else v.model
-        mine = flat_params(module)
+        mine = flat_params(v.full_params())
         equal = equal_across_ranks(hvd, mine, "zero_bench.eq.%s" % k)
         rel = (mine - ref).abs().max().item() / scale
         if not equal:
@@ -600,11 +605,11 @@ def section_localsgd(ctx, out, failures):
         ctx.log("  localsgd: round %d/%d done" % (rnd + 1, args.local_rounds))
 
     nsteps = period * args.local_rounds
-    ref = flat_params(variants[0].model)
+    ref = flat_params(variants[0].model.parameters())
     scale = ref.abs().max().item()
     rows = []
     for i, v in enumerate(variants):
-        mine = flat_params(v.model)
+        mine = flat_params(v.model.parameters())
         equal = equal_across_ranks(hvd, mine, "zero_bench.lsgd.eq.%d" % i)
         if not equal:
             failures.append("localsgd: %s parameters differ across ranks after a sync (%d ranks)"
