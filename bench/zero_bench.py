@@ -64,7 +64,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-SECTIONS = ("step", "memory", "localsgd")
+SECTIONS = ("step", "memory", "localsgd", "zero3mem")
 
 
 # ====================================================================== launcher
@@ -124,6 +124,7 @@ def launch(args):
                 results.append(json.load(f))
     print()
     report(args, results)
+    report_zero3mem(results)
     failures = [f for r in results for f in r["failures"]]
     for f in failures:
         print("CHECK FAILED: %s" % f)
@@ -177,6 +178,8 @@ def report(args, results):
                 print("| %d | " % r["size"] + " | ".join("**%.3f**" % (ms[a] / ms[b]) for a, b, _ in cols) + " |")
             print("| target | " + " | ".join(t or "" for _, _, t in cols) + " |")
             print()
+        for label, why in sorted(step[0]["step"].get("skipped", {}).items()):
+            print("Not measured: %s: %s\n" % (label, why))
 
     mem = [r for r in results if "memory" in r]
     if mem:
@@ -217,6 +220,27 @@ def report(args, results):
                          "yes" if v["equal_across_ranks"] else "**NO**",
                          "%.1e" % v["rel_diff"] if v["rel_diff"] is not None else "-"))
         print()
+
+
+def report_zero3mem(results):
+    z3 = [r for r in results if "zero3mem" in r]
+    if not z3:
+        return
+    print("### Peak memory of a training step, ZeRO-3 vs data parallel (MLP 1024 -> 4 x 2048 -> 10, batch 4, Adam, "
+          "3 steps; VmHWM above "
+          "the RSS before the model was built, max over ranks)\n")
+    print("| ranks | variant | peak bytes | vs DistributedOptimizer | parameters (unsharded) "
+          "| most gathered at once | largest unit |")
+    print("|---|---|---|---|---|---|---|")
+    for r in z3:
+        rows = r["zero3mem"]["rows"]
+        for row in rows:
+            print("| %d | %s | %s | %.3f | %s | %s | %s |"
+                  % (r["size"], row["label"], fmt_bytes(row["peak_max"]), row["peak_max"] / rows[0]["peak_max"],
+                     fmt_bytes(row["params_bytes"]),
+                     fmt_bytes(row["max_gathered"]) if row["max_gathered"] is not None else "-",
+                     fmt_bytes(row["largest_unit"]) if row["largest_unit"] is not None else "-"))
+    print()
 
 
 # ====================================================================== workloads
@@ -377,15 +401,65 @@ class TorchZero(TorchDDP):
         return _state_bytes(self.opt.optim)
 
 
+class HoraZero3(Variant):
+    """hvd.FullyShardedModule (ZeRO-3): parameters sharded, gathered per layer
+    just in time; a plain torch Adam over the shards."""
+    label = "hora FullyShardedModule (ZeRO-3)"
+
+    @staticmethod
+    def unavailable(args):
+        if args.model != "mlp":
+            return ("the resnet50 workload reads its parameters outside any submodule's forward, which "
+                    "FullyShardedModule does not gather")
+        return None
+
+    def __init__(self, ctx, model):
+        import torch
+        self.model = ctx.hvd.FullyShardedModule(model, name="zero_bench.z3")
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=ctx.args.lr)
+
+    def full_params(self):
+        return list(self.model.state_dict().values())  # gathered (a collective); the MLP has no buffers
+
+
+class TorchFSDP(Variant):
+    """torch.distributed.fsdp.FullyShardedDataParallel on CPU/gloo, where the
+    installed torch has a working one."""
+    label = "torch FSDP"
+
+    @staticmethod
+    def unavailable(args):
+        try:
+            from torch.distributed.fsdp import FullyShardedDataParallel  # noqa: F401
+        except Exception as e:  # Debian's torch 1.13 under Python 3.11 fails to import it
+            return "`from torch.distributed.fsdp import FullyShardedDataParallel` fails in the installed torch: " \
+                "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:160])
+        return None
+
+    def __init__(self, ctx, model):
+        import torch
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        self.model = FullyShardedDataParallel(model)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=ctx.args.lr)
+
+    def full_params(self):
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        with FullyShardedDataParallel.summon_full_params(self.model):
+            return [p.detach().clone() for p in self.model.parameters()]
+
+
 # key -> class; the table rows follow this order. DistributedOptimizer ("dist")
-# is the reference of the correctness check and must stay.
-VARIANTS = {"dist": HoraDistributed, "zero1": HoraZero, "zero2": HoraZero2, "torch_ddp": TorchDDP,
-            "torch_zero": TorchZero}
-LABELS = {"dist": "DistOpt", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "torch_ddp": "torch DDP",
-          "torch_zero": "torch ZeRO"}
+# is the reference of the correctness check and must stay. A class may say
+# why it cannot run here (``unavailable(args)``): it is skipped and the report
+# says why.
+VARIANTS = {"dist": HoraDistributed, "zero1": HoraZero, "zero2": HoraZero2, "zero3": HoraZero3,
+            "torch_ddp": TorchDDP, "torch_zero": TorchZero, "torch_fsdp": TorchFSDP}
+LABELS = {"dist": "DistOpt", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "torch_ddp": "torch DDP",
+          "torch_zero": "torch ZeRO", "torch_fsdp": "torch FSDP"}
 # (numerator, denominator, target) columns of the ratio table
-RATIOS = [("zero1", "dist", "<= 1.05"), ("zero2", "dist", "<= 1.05"), ("zero1", "torch_zero", ""),
-          ("zero2", "torch_zero", ""), ("dist", "torch_ddp", ""), ("torch_zero", "torch_ddp", "")]
+RATIOS = [("zero1", "dist", "<= 1.05"), ("zero2", "dist", "<= 1.05"), ("zero3", "dist", ""),
+          ("zero1", "torch_zero", ""), ("zero2", "torch_zero", ""), ("zero3", "torch_fsdp", ""),
+          ("dist", "torch_ddp", ""), ("torch_zero", "torch_ddp", "")]
 
 
 def flat_params(params):
@@ -413,6 +487,13 @@ def section_step(ctx, out, failures):
     if unknown or "dist" not in keys:
         raise SystemExit("zero_bench: --variants %r: known are %s, and 'dist' (the reference) must be in"
                          % (args.variants, ",".join(VARIANTS)))
+    skipped = {}
+    for k in list(keys):
+        why = getattr(VARIANTS[k], "unavailable", lambda a: None)(args)
+        if why:
+            skipped[VARIANTS[k].label] = why
+            keys.remove(k)
+            ctx.log("  step: %s skipped: %s" % (VARIANTS[k].label, why))
     variants = [(k, VARIANTS[k](ctx, build(seed=0))) for k in keys]
     rank = hvd.rank()
     done = {k: 0 for k in keys}  # steps taken: every variant sees the same batches in the same order
@@ -463,7 +544,7 @@ def section_step(ctx, out, failures):
                      "bytes_per_step": {kind: b / nsteps for kind, b in sent[k].items()}})
         ctx.log("  step: %-38s %8.1f ms  equal %s  rel diff %.1e" % (v.label, rows[-1]["ms"], equal, rel))
     out["step"] = {"model": args.model, "params": ref.numel(), "batch": args.batch, "lr": args.lr,
-                   "variants": rows}
+                   "variants": rows, "skipped": skipped}
     del variants
     gc.collect()
 
@@ -495,6 +576,7 @@ def section_memory(ctx, out, failures):
         ts = []
         for b in opt.buckets:
             ts += [b.flat, b.gshard, b.gmaster, b.master.grad]
+        ts += getattr(opt, "_free_buffers", [])  # stage 2: the pooled bucket buffers it keeps between steps
         return ts
 
     def measure(label):
@@ -630,6 +712,64 @@ def section_localsgd(ctx, out, failures):
         ctx.log("  localsgd: %-44s %s/step %7.1f ms/step" % (v.label, fmt_bytes(rows[-1]["bytes_per_step"]), ms))
     out["localsgd"] = {"model": args.model, "params": ref.numel(), "lr": args.sgd_lr, "batch": args.batch,
                        "period": period, "variants": rows}
+
+
+# ====================================================================== ZeRO-3 memory
+def _rss_kb(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError("no %s in /proc/self/status" % field)
+
+
+def section_zero3mem(ctx, out, failures):
+    """Peak resident memory of a training step, DistributedOptimizer vs
+    FullyShardedModule, measured by the kernel (VmHWM, reset through
+    /proc/self/clear_refs) with glibc returning every freed block above 64 KiB
+    to the OS at once (mallopt M_MMAP_THRESHOLD), so that the peak is what
+    was alive, not what malloc kept. Last section: the mallopt slows later
+    allocations down."""
+    import ctypes
+    import torch
+    args, hvd = ctx.args, ctx.hvd
+    # always the default MLP (14.7M parameters, 59 MB), also with --quick: a
+    # model of a few hundred KB lives in malloc's small blocks and shows nothing
+    big = argparse.Namespace(**dict(vars(args), mlp_in=1024, mlp_width=2048, mlp_layers=4, batch=4))
+    build, batch = make_workload(big, "mlp")
+    if ctypes.CDLL("libc.so.6").mallopt(-3, 65536) != 1:  # M_MMAP_THRESHOLD
+        raise RuntimeError("mallopt(M_MMAP_THRESHOLD) failed")
+    rows = []
+    for label in ("hora DistributedOptimizer", "hora FullyShardedModule (ZeRO-3)"):
+        gc.collect()
+        base = _rss_kb("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM := VmRSS
+        model = build(seed=0)
+        params_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        if label.startswith("hora Dist"):
+            opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=args.lr),
+                                           named_parameters=[("z3m." + n, p) for n, p in model.named_parameters()])
+        else:
+            model = hvd.FullyShardedModule(model, name="zero_bench.z3m")
+            opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+        for i in range(3):
+            opt.zero_grad()
+            model(*batch(i, hvd.rank())).backward()
+            opt.step()
+        peak = (_rss_kb("VmHWM") - base) * 1024
+        gathered = getattr(model, "max_gathered_bytes", None)
+        largest = max((f.nbytes() for f in model.flats), default=0) if gathered is not None else None
+        vals = hvd.allreduce(torch.tensor([float(peak)], dtype=torch.float64), op=hvd.Max, name="zero_bench.z3m")
+        rows.append({"label": label, "peak_max": vals[0].item(), "params_bytes": params_bytes,
+                     "max_gathered": gathered, "largest_unit": largest})
+        ctx.log("  zero3mem: %-36s peak %s above the start (max over ranks)" % (label, fmt_bytes(vals[0].item())))
+        del opt, model
+        gc.collect()
+    # the persistent part of ZeRO-3 is 1/N: its peak must be well under data parallel's
+    if rows[1]["peak_max"] >= rows[0]["peak_max"]:
+        failures.append("zero3mem: FullyShardedModule's peak (%d B) is not below DistributedOptimizer's (%d B)"
+                        % (rows[1]["peak_max"], rows[0]["peak_max"]))
+    out["zero3mem"] = {"rows": rows}
 
 
 # ====================================================================== worker
