@@ -101,8 +101,12 @@ class P2pEngine {
   // peer outside the set or this rank itself.
   Status post(std::vector<P2pOp> ops);
   // One round of progress if no other thread is making it; returns whether
-  // anything moved. For framework threads waiting on a request.
-  bool drive();
+  // anything moved. For framework threads waiting on a request. `now` may
+  // be a few rounds old (a polling waiter reads the clock now and then:
+  // clock_gettime was a seventh of a polling round); it paces connection
+  // attempts and the stall checks.
+  bool drive(Clock::time_point now);
+  bool drive() { return drive(Clock::now()); }
   int spinUs() const { return opts_.spinUs; }
   // Around a framework thread's polling (drive() in a loop): the progress
   // thread stands aside meanwhile, so a rank has one poller, not two
@@ -150,6 +154,8 @@ class P2pEngine {
   bool onFrameLocked(Peer& p);
   void finishPayloadLocked(Peer& p);
   void complete(const OpPtr& op, const Status& s);
+  // Runs completions and onFatal calls collected under mu_, without it.
+  void deliver(std::vector<std::pair<OpPtr, Status>>& done, std::vector<Status>& fatal);
   void failPeerLocked(Peer& p, const Status& why);
   void fatalLocked(const Status& why);
   void failAllLocked(const Status& why);
@@ -158,17 +164,22 @@ class P2pEngine {
   std::string describe(const Op& op) const;
   std::string rankText(int setRank) const;
 
+  static constexpr std::chrono::milliseconds kAcceptEvery{10};
+
   const P2pEngineOptions opts_;
   mutable std::mutex mu_;  // everything below; held for a whole round of progress
   std::unique_ptr<P2pInbox> inbox_;
   std::atomic<P2pInbox*> inboxPtr_{nullptr};  // inbox_, for wake() without mu_
   int listenFd_ = -1;                         // TCP, for peers on other hosts
+  int awaitingAccepts_ = 0;                   // peers whose connection we wait for
+  Clock::time_point nextAccept_{};            // when to look at the listener unasked
+  std::atomic<bool> listenerReady_{false};    // poll() saw a connection waiting
   std::string token_;                         // what a connecting peer must present
   std::atomic<int> wakeFd_{-1};               // eventfd: wakes the thread in poll()
   std::vector<char> scratch_;                 // where discarded TCP bytes go
   std::vector<std::unique_ptr<Peer>> peers_;
-  std::vector<OpPtr> incoming_;                        // posted, not yet taken by progress
-  size_t live_ = 0;                                    // posted and not completed
+  std::vector<OpPtr> incoming_;  // posted, not yet taken by progress
+  std::atomic<size_t> live_{0};  // posted and not completed; changed under mu_, read without
   std::vector<std::pair<OpPtr, Status>> completions_;  // run after mu_ is released
   std::vector<Status> fatal_;                          // onFatal calls, likewise
   Status failed_;                                      // set once; later posts fail with it

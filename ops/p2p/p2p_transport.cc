@@ -45,19 +45,20 @@ void P2pEngine::wake() {
 void P2pEngine::beginDrive() {
   drivers_.fetch_add(1, std::memory_order_acq_rel);
   // Peers need not ring our doorbell while we poll (each ring is a system
-  // call on their side and a wake-up of our thread on ours).
-  if (P2pInbox* in = inboxPtr_.load(std::memory_order_acquire))
-    in->header().sleeping.value.store(0, std::memory_order_seq_cst);
+  // call on their side and a wake-up of our thread on ours). Written only
+  // when set: the line is read by every peer that writes to us.
+  if (P2pInbox* in = inboxPtr_.load(std::memory_order_acquire)) {
+    auto& sleeping = in->header().sleeping.value;
+    if (sleeping.load(std::memory_order_relaxed) != 0) sleeping.store(0, std::memory_order_seq_cst);
+  }
 }
 
 void P2pEngine::endDrive() {
   if (drivers_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  bool pendingWork;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    pendingWork = live_ > 0 || !incoming_.empty();
-  }
-  if (!pendingWork) return;  // the thread sleeps on; a peer's frame rings it
+  // Posted operations are live until they complete, so this covers what
+  // waits in incoming_ too.
+  if (live_.load(std::memory_order_acquire) == 0)
+    return;  // the thread sleeps on; a peer's frame rings it
   wake();
   if (P2pInbox* in = inboxPtr_.load(std::memory_order_acquire))
     shmFutexWakeAll(in->header().doorbell.value);  // it may sleep unannounced
@@ -170,6 +171,7 @@ bool P2pEngine::connect(Peer& p, Clock::time_point now) {
   }
   if (opts_.rank > p.rank) {  // the lower rank connects; its connection comes to acceptLocked
     p.awaitingAccept = true;
+    ++awaitingAccepts_;
     return false;
   }
   P2pHello hello{};
@@ -210,6 +212,7 @@ void P2pEngine::acceptLocked() {
       continue;
     }
     peers_[r]->fd = fd.value();
+    if (peers_[r]->awaitingAccept) --awaitingAccepts_;
     peers_[r]->awaitingAccept = false;
   }
 }
@@ -326,6 +329,7 @@ void P2pEngine::run() {
 // cannot wake poll(), so with both kinds the sleep is kept to 1 ms.
 bool P2pEngine::sleepOnSockets(int timeoutMs) {
   std::vector<struct pollfd> fds;
+  size_t listenAt = 0;
   bool shmPeers = false;
   {
     std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
@@ -339,12 +343,14 @@ bool P2pEngine::sleepOnSockets(int timeoutMs) {
     if (hasWorkLocked()) return true;
     const int ev = wakeFd_.load(std::memory_order_acquire);
     if (ev >= 0) fds.push_back({ev, POLLIN, 0});
+    listenAt = fds.size();
     fds.push_back({listenFd_, POLLIN, 0});
     for (auto& p : peers_)
       if (p->fd >= 0)
         fds.push_back({p->fd, static_cast<short>(POLLIN | (p->outq.empty() ? 0 : POLLOUT)), 0});
   }
   ::poll(fds.data(), fds.size(), shmPeers ? 1 : timeoutMs);
+  if (fds[listenAt].revents & POLLIN) listenerReady_.store(true, std::memory_order_relaxed);
   if (!fds.empty() && fds[0].fd == wakeFd_.load() && (fds[0].revents & POLLIN)) {
     uint64_t v;
     (void)!::read(fds[0].fd, &v, sizeof v);

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "c_api_internal.h"
+#include "core/cpu_relax.h"
 #include "hora/hora.h"
 #include "request_state.h"
 #include "runtime.h"
@@ -28,6 +29,9 @@ namespace {
 constexpr uint32_t kRuntimeMagic = 0x68727430;  // "hrt0"
 constexpr uint32_t kSetMagic = 0x68707330;      // "hps0"
 constexpr uint32_t kDeadMagic = 0xdeadbeef;
+// hora_wait on a point-to-point request: idle polling rounds before it
+// starts yielding (see there).
+constexpr unsigned kHotPolls = 64;
 // Names starting with this prefix are hora's own (join); user names may not use it.
 constexpr char kReservedPrefix[] = "__hora";
 const std::string kJoinName = std::string(kReservedPrefix) + ".join";
@@ -237,7 +241,7 @@ void plainOptions(hora_options_t* o) {
 // The prologue of the point-to-point entry points: the catch-all, the
 // request out-parameter, a live runtime and the process set.
 hora_status_t p2pCall(const char* fn, hora_runtime_t h, const hora_options_t* options,
-                      const std::vector<hora::capi::P2pArg>& ops, hora_request_t* request) {
+                      const hora::capi::P2pArg* ops, size_t n, hora_request_t* request) {
   return guarded(fn, [&]() -> hora_status_t {
     if (!request) return fail(Code::kInvalidArgument, std::string(fn) + ": request is NULL");
     *request = nullptr;
@@ -246,7 +250,7 @@ hora_status_t p2pCall(const char* fn, hora_runtime_t h, const hora_options_t* op
     hora_options_t o = readOptions(options);
     std::shared_ptr<hora::ProcessSet> set;
     if (hora_status_t s = resolveSet(h, o.process_set, fn, &set)) return s;
-    return hora::capi::submitP2p(fn, *set, o, ops, request);
+    return hora::capi::submitP2p(fn, *set, o, ops, n, request);
   });
 }
 
@@ -644,13 +648,15 @@ HORA_API hora_status_t hora_join_async(hora_runtime_t h, const hora_options_t* o
 HORA_API hora_status_t hora_send_async(hora_runtime_t h, const DLTensor* tensor, int32_t peer,
                                        int64_t tag, const hora_options_t* options,
                                        hora_request_t* request) {
-  return p2pCall("hora_send_async", h, options, {{true, peer, tag, tensor}}, request);
+  const hora::capi::P2pArg op{true, peer, tag, tensor};
+  return p2pCall("hora_send_async", h, options, &op, 1, request);
 }
 
 HORA_API hora_status_t hora_recv_async(hora_runtime_t h, DLTensor* tensor, int32_t peer,
                                        int64_t tag, const hora_options_t* options,
                                        hora_request_t* request) {
-  return p2pCall("hora_recv_async", h, options, {{false, peer, tag, tensor}}, request);
+  const hora::capi::P2pArg op{false, peer, tag, tensor};
+  return p2pCall("hora_recv_async", h, options, &op, 1, request);
 }
 
 HORA_API hora_status_t hora_p2p_batch_async(hora_runtime_t h, int32_t n, const hora_p2p_op_t* ops,
@@ -674,7 +680,7 @@ HORA_API hora_status_t hora_p2p_batch_async(hora_runtime_t h, int32_t n, const h
                         std::to_string(op.struct_size) + ", kind " + std::to_string(op.kind) + ")");
       args.push_back({op.kind == HORA_P2P_SEND, op.peer, op.tag, op.tensor});
     }
-    return p2pCall("hora_p2p_batch_async", h, options, args, request);
+    return p2pCall("hora_p2p_batch_async", h, options, args.data(), args.size(), request);
   });
 }
 
@@ -694,18 +700,27 @@ HORA_API hora_status_t hora_wait(hora_request_t r, double timeout_s) {
     if (!r || r->magic != hora::kRequestMagic)
       return fail(Code::kInvalidArgument, "hora_wait: invalid request handle");
     if (timeout_s != timeout_s) return fail(Code::kInvalidArgument, "hora_wait: timeout is NaN");
-    if (const auto& p2p = r->state->p2p) {
+    if (const auto& p2p = r->state->p2p;
+        p2p && !r->state->finished.load(std::memory_order_acquire)) {
       // Poll the engine for a moment: a reply a few microseconds away is
-      // worth more than a sleep and a wake-up.
-      const auto until = hora::Clock::now() + std::chrono::microseconds(p2p->spinUs());
+      // worth more than a sleep and a wake-up. The flag and drive() are the
+      // whole loop (no lock of the request, the clock read now and then):
+      // for a small message this loop is most of the latency.
+      auto now = hora::Clock::now();
+      const auto until = now + std::chrono::microseconds(p2p->spinUs());
       p2p->beginDrive();
-      for (unsigned i = 0;; ++i) {
-        {
-          std::lock_guard<std::mutex> lk(r->state->mu);
-          if (r->state->done) break;
+      for (unsigned i = 1, idle = 0;; ++i) {
+        if (r->state->finished.load(std::memory_order_acquire)) break;
+        if (p2p->drive(now)) {
+          idle = 0;
+          continue;
         }
-        if (hora::Clock::now() >= until) break;
-        if (!p2p->drive() && (i & 63) == 63) std::this_thread::yield();
+        if ((i & 15) == 0 && (now = hora::Clock::now()) >= until) break;
+        hora::cpuRelax();
+        // A reply that has not come after this many idle rounds (a few
+        // microseconds) may wait for a peer that shares our core: from then
+        // on each idle round gives the core away.
+        if (++idle >= kHotPolls) std::this_thread::yield();
       }
       p2p->endDrive();
     }
