@@ -107,12 +107,11 @@ class P2pEngine {
   // attempts and the stall checks.
   bool drive(Clock::time_point now);
   bool drive() { return drive(Clock::now()); }
-  int spinUs() const { return opts_.spinUs; }
-  // Around a framework thread's polling (drive() in a loop): the progress
-  // thread stands aside meanwhile, so a rank has one poller, not two
-  // competing for the cores; endDrive() hands progress back to it.
-  void beginDrive();
-  void endDrive();
+  // A framework thread waiting on a request: drives progress until `done`
+  // is set or HORA_P2P_SPIN_US passed, then returns (the caller sleeps).
+  // Meanwhile the progress thread stands aside, so a rank has one poller,
+  // not two competing for the cores; on return progress goes back to it.
+  void poll(const std::atomic<bool>& done);
 
   // Fails every pending and later operation with `why` (the set broke).
   void fail(const Status& why);
@@ -132,6 +131,11 @@ class P2pEngine {
 
   void run();
   void wake();
+  void beginDrive();
+  void endDrive();
+  // Whether a peer on this host polls on the CPU this thread runs on: then
+  // spinning only keeps it from running.
+  bool peerSharesCpu();
   // All below: with mu_ held.
   bool progressLocked(Clock::time_point now);
   Status ensureInbox();
@@ -165,6 +169,8 @@ class P2pEngine {
   std::string rankText(int setRank) const;
 
   static constexpr std::chrono::milliseconds kAcceptEvery{10};
+  // poll(): idle rounds between looks at where the peers poll.
+  static constexpr unsigned kIdlePollsPerYieldCheck = 16;
 
   const P2pEngineOptions opts_;
   mutable std::mutex mu_;  // everything below; held for a whole round of progress

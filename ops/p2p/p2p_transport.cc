@@ -2,6 +2,7 @@
 // listener, connecting to peers, moving bytes, the progress thread and its
 // sleep, shutdown (ops/p2p/p2p_engine.h).
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/cpu_relax.h"
 #include "ops/p2p/p2p_engine.h"
 #include "ops/p2p/p2p_engine_internal.h"
 #include "ops/p2p/p2p_socket.h"
@@ -48,8 +50,13 @@ void P2pEngine::beginDrive() {
   // call on their side and a wake-up of our thread on ours). Written only
   // when set: the line is read by every peer that writes to us.
   if (P2pInbox* in = inboxPtr_.load(std::memory_order_acquire)) {
-    auto& sleeping = in->header().sleeping.value;
-    if (sleeping.load(std::memory_order_relaxed) != 0) sleeping.store(0, std::memory_order_seq_cst);
+    auto& h = in->header();
+    if (h.sleeping.value.load(std::memory_order_relaxed) != 0)
+      h.sleeping.value.store(0, std::memory_order_seq_cst);
+    const int cpu = ::sched_getcpu();  // rseq: no system call
+    const uint32_t mine = cpu < 0 ? 0 : static_cast<uint32_t>(cpu) + 1;
+    if (h.pollerCpu.value.load(std::memory_order_relaxed) != mine)
+      h.pollerCpu.value.store(mine, std::memory_order_relaxed);
   }
 }
 
@@ -62,6 +69,42 @@ void P2pEngine::endDrive() {
   wake();
   if (P2pInbox* in = inboxPtr_.load(std::memory_order_acquire))
     shmFutexWakeAll(in->header().doorbell.value);  // it may sleep unannounced
+}
+
+void P2pEngine::poll(const std::atomic<bool>& done) {
+  auto now = Clock::now();
+  const auto until = now + std::chrono::microseconds(opts_.spinUs);
+  beginDrive();
+  for (unsigned i = 1, idle = 0;; ++i) {
+    if (done.load(std::memory_order_acquire)) break;
+    // drive() is the whole loop: for a small message this loop is most of
+    // the latency, so the clock is read every 16 rounds only.
+    if (drive(now)) {
+      idle = 0;
+      continue;
+    }
+    if ((i & 15) == 0 && (now = Clock::now()) >= until) break;
+    cpuRelax();
+    // A reply that is late may wait for a peer that polls on our CPU (more
+    // ranks than cores, or the scheduler put them together): spinning would
+    // keep it off the CPU until our time slice ends, so we yield to it. A
+    // yield is a system call (about a microsecond here), so a rank that
+    // has its own core does not.
+    if (++idle % kIdlePollsPerYieldCheck == 0 && peerSharesCpu()) std::this_thread::yield();
+  }
+  endDrive();
+}
+
+bool P2pEngine::peerSharesCpu() {
+  const int cpu = ::sched_getcpu();
+  if (cpu < 0) return true;  // cannot tell: be polite
+  std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return false;
+  for (auto& p : peers_)
+    if (p->out && p->out->header().pollerCpu.value.load(std::memory_order_relaxed) ==
+                      static_cast<uint32_t>(cpu) + 1)
+      return true;
+  return false;
 }
 
 Status P2pEngine::ensureInbox() {

@@ -8,7 +8,6 @@
 #include <thread>
 
 #include "c_api_internal.h"
-#include "core/cpu_relax.h"
 #include "hora/hora.h"
 #include "request_state.h"
 #include "runtime.h"
@@ -29,9 +28,6 @@ namespace {
 constexpr uint32_t kRuntimeMagic = 0x68727430;  // "hrt0"
 constexpr uint32_t kSetMagic = 0x68707330;      // "hps0"
 constexpr uint32_t kDeadMagic = 0xdeadbeef;
-// hora_wait on a point-to-point request: idle polling rounds before it
-// starts yielding (see there).
-constexpr unsigned kHotPolls = 64;
 // Names starting with this prefix are hora's own (join); user names may not use it.
 constexpr char kReservedPrefix[] = "__hora";
 const std::string kJoinName = std::string(kReservedPrefix) + ".join";
@@ -700,30 +696,10 @@ HORA_API hora_status_t hora_wait(hora_request_t r, double timeout_s) {
     if (!r || r->magic != hora::kRequestMagic)
       return fail(Code::kInvalidArgument, "hora_wait: invalid request handle");
     if (timeout_s != timeout_s) return fail(Code::kInvalidArgument, "hora_wait: timeout is NaN");
-    if (const auto& p2p = r->state->p2p;
-        p2p && !r->state->finished.load(std::memory_order_acquire)) {
-      // Poll the engine for a moment: a reply a few microseconds away is
-      // worth more than a sleep and a wake-up. The flag and drive() are the
-      // whole loop (no lock of the request, the clock read now and then):
-      // for a small message this loop is most of the latency.
-      auto now = hora::Clock::now();
-      const auto until = now + std::chrono::microseconds(p2p->spinUs());
-      p2p->beginDrive();
-      for (unsigned i = 1, idle = 0;; ++i) {
-        if (r->state->finished.load(std::memory_order_acquire)) break;
-        if (p2p->drive(now)) {
-          idle = 0;
-          continue;
-        }
-        if ((i & 15) == 0 && (now = hora::Clock::now()) >= until) break;
-        hora::cpuRelax();
-        // A reply that has not come after this many idle rounds (a few
-        // microseconds) may wait for a peer that shares our core: from then
-        // on each idle round gives the core away.
-        if (++idle >= kHotPolls) std::this_thread::yield();
-      }
-      p2p->endDrive();
-    }
+    // A point-to-point request: poll the engine for a moment first; a reply
+    // a few microseconds away is worth more than a sleep and a wake-up.
+    if (const auto& p2p = r->state->p2p; p2p && !r->state->finished.load(std::memory_order_acquire))
+      p2p->poll(r->state->finished);
     std::unique_lock<std::mutex> lk(r->state->mu);
     auto isDone = [&] { return r->state->done; };
     if (timeout_s < 0 || timeout_s > 1e9) {  // negative or absurdly large: wait forever
