@@ -50,7 +50,7 @@ Status P2pEngine::post(std::vector<P2pOp> ops) {
                              "and receive from other ranks of the set");
     if (!o.sink) return internalError("point-to-point operation without a request");
   }
-  std::vector<std::pair<OpPtr, Status>> done;
+  Taken done;
   std::vector<Status> fatal;
   bool needed;
   {
@@ -78,7 +78,7 @@ Status P2pEngine::post(std::vector<P2pOp> ops) {
     // connection to make, a full ring); replies wake it through the doorbell.
     needed = !incoming_.empty();
     for (auto& p : peers_) needed = needed || !p->outq.empty();
-    done.swap(completions_);
+    done.take(completions_);
     fatal.swap(fatal_);
   }
   deliver(done, fatal);
@@ -91,17 +91,17 @@ bool P2pEngine::drive(Clock::time_point now) {
   if (!lk.owns_lock()) return false;
   const bool moved = progressLocked(now);
   if (completions_.empty() && fatal_.empty()) return moved;
-  std::vector<std::pair<OpPtr, Status>> done;
+  Taken done;
   std::vector<Status> fatal;
-  done.swap(completions_);
+  done.take(completions_);
   fatal.swap(fatal_);
   lk.unlock();
   deliver(done, fatal);
   return moved;
 }
 
-void P2pEngine::deliver(std::vector<std::pair<OpPtr, Status>>& done, std::vector<Status>& fatal) {
-  for (auto& d : done) d.first->p.sink->completeEntry(d.second);
+void P2pEngine::deliver(Taken& done, std::vector<Status>& fatal) {
+  for (auto& d : done.items) d.first->p.sink->completeEntry(d.second);
   for (auto& s : fatal)
     if (opts_.onFatal) opts_.onFatal(s);
 }
@@ -137,7 +137,7 @@ void P2pEngine::takeIncoming() {
         f.payload = static_cast<const char*>(op->p.data);
         f.payloadBytes = op->p.bytes;
       }
-      p.sends[f.h.seq] = op;
+      p.sends.emplace_back(f.h.seq, op);
       p.outq.push_back(f);
     } else {
       // The first message with this tag that arrived unmatched, if any.
@@ -357,7 +357,7 @@ bool P2pEngine::onFrameLocked(Peer& p) {
       break;
     }
     case kAccept: {
-      auto it = p.sends.find(h.seq);
+      auto it = findSend(p.sends, h.seq);
       if (it == p.sends.end()) break;  // failed meanwhile
       OpPtr send = it->second;
       p.sends.erase(it);
@@ -377,7 +377,7 @@ bool P2pEngine::onFrameLocked(Peer& p) {
       break;
     }
     case kReject: {
-      auto it = p.sends.find(h.seq);
+      auto it = findSend(p.sends, h.seq);
       if (it == p.sends.end()) break;
       OpPtr send = it->second;
       p.sends.erase(it);

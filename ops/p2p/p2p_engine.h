@@ -126,6 +126,7 @@ class P2pEngine {
   struct Op;
   struct Unexpected;
   struct OutFrame;
+  class OutQueue;
   struct Peer;
   using OpPtr = std::shared_ptr<Op>;
 
@@ -159,7 +160,8 @@ class P2pEngine {
   void finishPayloadLocked(Peer& p);
   void complete(const OpPtr& op, const Status& s);
   // Runs completions and onFatal calls collected under mu_, without it.
-  void deliver(std::vector<std::pair<OpPtr, Status>>& done, std::vector<Status>& fatal);
+  struct Taken;
+  void deliver(Taken& done, std::vector<Status>& fatal);
   void failPeerLocked(Peer& p, const Status& why);
   void fatalLocked(const Status& why);
   void failAllLocked(const Status& why);
