@@ -19,11 +19,13 @@
 // once its payload is written), so a mismatch fails both sides with both
 // descriptions and never writes a byte into the wrong buffer.
 //
-// Threads: post() from any framework thread; progress is made by whoever
-// holds the engine's lock: the engine's own progress thread (started on the
-// first post, asleep on the inbox doorbell when there is nothing to do) or a
-// framework thread waiting on a request (drive()). fail() from any thread
-// (the set's health listener); shutdown() from the set's owner.
+// Threads: post() from any framework thread (it makes a round of progress
+// itself, so a small send is written before it returns); progress is made
+// by whoever holds the engine's lock: the engine's own progress thread
+// (started on the first post, asleep on the inbox doorbell when there is
+// nothing to do) or a framework thread waiting on a request (poll(), which
+// the thread stands aside for). fail() from any thread (the set's health
+// listener); shutdown() from the set's owner.
 #pragma once
 
 #include <atomic>
