@@ -50,6 +50,9 @@ Status P2pEngine::post(std::vector<P2pOp> ops) {
                              "and receive from other ranks of the set");
     if (!o.sink) return internalError("point-to-point operation without a request");
   }
+  Taken done;
+  std::vector<Status> fatal;
+  bool needed;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!failed_.isOk()) return failed_;
@@ -61,57 +64,54 @@ Status P2pEngine::post(std::vector<P2pOp> ops) {
       op->p = std::move(o);
       op->posted = now;
       incoming_.push_back(std::move(op));
-      ++live_;
+      live_.fetch_add(1, std::memory_order_relaxed);
     }
     if (!threadStarted_) {
       threadStarted_ = true;
       thread_ = std::thread([this] { run(); });
     }
-  }
-  // Make progress right here when nobody else is (the common case for a
-  // small send): no thread hand-off on the way out.
-  drive();
-  // The thread is needed only for what inline progress left behind (a
-  // connection to make, a full ring); replies wake it through the doorbell.
-  bool needed;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
+    // Make progress right here, under the lock taken anyway: a small send
+    // leaves (and a receive whose message is here completes) without a
+    // thread hand-off and without taking the lock again.
+    progressLocked(now);
+    // The thread is needed only for what inline progress left behind (a
+    // connection to make, a full ring); replies wake it through the doorbell.
     needed = !incoming_.empty();
     for (auto& p : peers_) needed = needed || !p->outq.empty();
+    done.take(completions_);
+    fatal.swap(fatal_);
   }
+  deliver(done, fatal);
   if (needed) wake();
   return Status();
 }
 
-bool P2pEngine::drive() {
-  std::vector<std::pair<OpPtr, Status>> done;
-  bool moved = false;
-  {
-    std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
-    if (!lk.owns_lock()) return false;
-    moved = progressLocked(Clock::now());
-    done.swap(completions_);
-  }
-  for (auto& d : done) d.first->p.sink->completeEntry(d.second);
+bool P2pEngine::drive(Clock::time_point now) {
+  std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return false;
+  const bool moved = progressLocked(now);
+  if (completions_.empty() && fatal_.empty()) return moved;
+  Taken done;
   std::vector<Status> fatal;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    fatal.swap(fatal_);
-  }
-  for (auto& s : fatal)
-    if (opts_.onFatal) opts_.onFatal(s);
+  done.take(completions_);
+  fatal.swap(fatal_);
+  lk.unlock();
+  deliver(done, fatal);
   return moved;
 }
 
-size_t P2pEngine::pending() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return live_;
+void P2pEngine::deliver(Taken& done, std::vector<Status>& fatal) {
+  for (auto& d : done.items) d.first->p.sink->completeEntry(d.second);
+  for (auto& s : fatal)
+    if (opts_.onFatal) opts_.onFatal(s);
 }
+
+size_t P2pEngine::pending() const { return live_.load(std::memory_order_acquire); }
 
 void P2pEngine::complete(const OpPtr& op, const Status& s) {
   if (op->done) return;
   op->done = true;
-  --live_;
+  live_.fetch_sub(1, std::memory_order_release);
   completions_.emplace_back(op, s.isOk() ? s : s.withContext(describe(*op)));
 }
 
@@ -137,7 +137,7 @@ void P2pEngine::takeIncoming() {
         f.payload = static_cast<const char*>(op->p.data);
         f.payloadBytes = op->p.bytes;
       }
-      p.sends[f.h.seq] = op;
+      p.sends.emplace_back(f.h.seq, op);
       p.outq.push_back(f);
     } else {
       // The first message with this tag that arrived unmatched, if any.
@@ -162,10 +162,10 @@ void P2pEngine::takeIncoming() {
 // Returns where an eager payload still on its way must go (null: discard).
 char* P2pEngine::matchLocked(Peer& p, const OpPtr& recv, const Frame& h, const char* eagerData) {
   const DataType dt = static_cast<DataType>(h.dtype);
-  std::vector<int64_t> shape(h.shape, h.shape + h.ndim);
   std::string why;
   int32_t reason = 0;
   if (recv->p.allocate) {
+    std::vector<int64_t> shape(h.shape, h.shape + h.ndim);
     Device cpu;
     auto mem = recv->p.sink->allocateOutput(shape, dt, cpu, nullptr);
     if (!mem.isOk()) {
@@ -357,7 +357,7 @@ bool P2pEngine::onFrameLocked(Peer& p) {
       break;
     }
     case kAccept: {
-      auto it = p.sends.find(h.seq);
+      auto it = findSend(p.sends, h.seq);
       if (it == p.sends.end()) break;  // failed meanwhile
       OpPtr send = it->second;
       p.sends.erase(it);
@@ -377,7 +377,7 @@ bool P2pEngine::onFrameLocked(Peer& p) {
       break;
     }
     case kReject: {
-      auto it = p.sends.find(h.seq);
+      auto it = findSend(p.sends, h.seq);
       if (it == p.sends.end()) break;
       OpPtr send = it->second;
       p.sends.erase(it);
@@ -563,7 +563,17 @@ bool P2pEngine::progressLocked(Clock::time_point now) {
     moved = true;
   }
   if (!inbox_ && listenFd_ < 0) return moved;
-  if (listenFd_ >= 0) acceptLocked();
+  // accept4() costs a system call (and a socket allocated and freed in the
+  // kernel) even with nothing pending, which was most of a small message's
+  // time on one host. A connection matters once we wait for one; otherwise
+  // a peer's early connection is taken when poll() saw it or within
+  // kAcceptEvery.
+  if (listenFd_ >= 0 &&
+      (awaitingAccepts_ > 0 || now >= nextAccept_ ||
+       (listenerReady_.load(std::memory_order_relaxed) && listenerReady_.exchange(false)))) {
+    nextAccept_ = now + kAcceptEvery;
+    acceptLocked();
+  }
   for (auto& p : peers_) {
     if (!failed_.isOk()) return true;
     if (!p->wanted && p->fd < 0 &&

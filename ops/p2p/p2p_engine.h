@@ -19,11 +19,13 @@
 // once its payload is written), so a mismatch fails both sides with both
 // descriptions and never writes a byte into the wrong buffer.
 //
-// Threads: post() from any framework thread; progress is made by whoever
-// holds the engine's lock: the engine's own progress thread (started on the
-// first post, asleep on the inbox doorbell when there is nothing to do) or a
-// framework thread waiting on a request (drive()). fail() from any thread
-// (the set's health listener); shutdown() from the set's owner.
+// Threads: post() from any framework thread (it makes a round of progress
+// itself, so a small send is written before it returns); progress is made
+// by whoever holds the engine's lock: the engine's own progress thread
+// (started on the first post, asleep on the inbox doorbell when there is
+// nothing to do) or a framework thread waiting on a request (poll(), which
+// the thread stands aside for). fail() from any thread (the set's health
+// listener); shutdown() from the set's owner.
 #pragma once
 
 #include <atomic>
@@ -101,14 +103,17 @@ class P2pEngine {
   // peer outside the set or this rank itself.
   Status post(std::vector<P2pOp> ops);
   // One round of progress if no other thread is making it; returns whether
-  // anything moved. For framework threads waiting on a request.
-  bool drive();
-  int spinUs() const { return opts_.spinUs; }
-  // Around a framework thread's polling (drive() in a loop): the progress
-  // thread stands aside meanwhile, so a rank has one poller, not two
-  // competing for the cores; endDrive() hands progress back to it.
-  void beginDrive();
-  void endDrive();
+  // anything moved. For framework threads waiting on a request. `now` may
+  // be a few rounds old (a polling waiter reads the clock now and then:
+  // clock_gettime was a seventh of a polling round); it paces connection
+  // attempts and the stall checks.
+  bool drive(Clock::time_point now);
+  bool drive() { return drive(Clock::now()); }
+  // A framework thread waiting on a request: drives progress until `done`
+  // is set or HORA_P2P_SPIN_US passed, then returns (the caller sleeps).
+  // Meanwhile the progress thread stands aside, so a rank has one poller,
+  // not two competing for the cores; on return progress goes back to it.
+  void poll(const std::atomic<bool>& done);
 
   // Fails every pending and later operation with `why` (the set broke).
   void fail(const Status& why);
@@ -123,11 +128,17 @@ class P2pEngine {
   struct Op;
   struct Unexpected;
   struct OutFrame;
+  class OutQueue;
   struct Peer;
   using OpPtr = std::shared_ptr<Op>;
 
   void run();
   void wake();
+  void beginDrive();
+  void endDrive();
+  // Whether a peer on this host polls on the CPU this thread runs on: then
+  // spinning only keeps it from running.
+  bool peerSharesCpu();
   // All below: with mu_ held.
   bool progressLocked(Clock::time_point now);
   Status ensureInbox();
@@ -150,6 +161,9 @@ class P2pEngine {
   bool onFrameLocked(Peer& p);
   void finishPayloadLocked(Peer& p);
   void complete(const OpPtr& op, const Status& s);
+  // Runs completions and onFatal calls collected under mu_, without it.
+  struct Taken;
+  void deliver(Taken& done, std::vector<Status>& fatal);
   void failPeerLocked(Peer& p, const Status& why);
   void fatalLocked(const Status& why);
   void failAllLocked(const Status& why);
@@ -158,17 +172,24 @@ class P2pEngine {
   std::string describe(const Op& op) const;
   std::string rankText(int setRank) const;
 
+  static constexpr std::chrono::milliseconds kAcceptEvery{10};
+  // poll(): idle rounds between looks at where the peers poll.
+  static constexpr unsigned kIdlePollsPerYieldCheck = 16;
+
   const P2pEngineOptions opts_;
   mutable std::mutex mu_;  // everything below; held for a whole round of progress
   std::unique_ptr<P2pInbox> inbox_;
   std::atomic<P2pInbox*> inboxPtr_{nullptr};  // inbox_, for wake() without mu_
   int listenFd_ = -1;                         // TCP, for peers on other hosts
+  int awaitingAccepts_ = 0;                   // peers whose connection we wait for
+  Clock::time_point nextAccept_{};            // when to look at the listener unasked
+  std::atomic<bool> listenerReady_{false};    // poll() saw a connection waiting
   std::string token_;                         // what a connecting peer must present
   std::atomic<int> wakeFd_{-1};               // eventfd: wakes the thread in poll()
   std::vector<char> scratch_;                 // where discarded TCP bytes go
   std::vector<std::unique_ptr<Peer>> peers_;
-  std::vector<OpPtr> incoming_;                        // posted, not yet taken by progress
-  size_t live_ = 0;                                    // posted and not completed
+  std::vector<OpPtr> incoming_;  // posted, not yet taken by progress
+  std::atomic<size_t> live_{0};  // posted and not completed; changed under mu_, read without
   std::vector<std::pair<OpPtr, Status>> completions_;  // run after mu_ is released
   std::vector<Status> fatal_;                          // onFatal calls, likewise
   Status failed_;                                      // set once; later posts fail with it

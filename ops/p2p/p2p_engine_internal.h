@@ -4,6 +4,8 @@
 // anyone else.
 #pragma once
 
+#include <algorithm>
+#include <boost/container/small_vector.hpp>
 #include <cstdint>
 #include <deque>
 #include <list>
@@ -57,6 +59,14 @@ inline std::string randomHex() {
 
 }  // namespace
 
+// Where `seq`'s entry in Peer::sends is (end() if none).
+template <typename Sends>
+auto findSend(Sends& sends, uint64_t seq) {
+  auto it = std::lower_bound(sends.begin(), sends.end(), seq,
+                             [](const auto& e, uint64_t s) { return e.first < s; });
+  return it != sends.end() && it->first == seq ? it : sends.end();
+}
+
 struct P2pEngine::Op {
   P2pOp p;
   uint64_t seq = 0;
@@ -84,13 +94,55 @@ struct P2pEngine::OutFrame {
   Status completeWith;
 };
 
+// The frames waiting to go to one peer, in order: a vector and the index of
+// its first frame. The queue empties in almost every round and clear()
+// keeps the memory, where a deque allocated a node for every second frame
+// (a measurable part of a small message's time).
+class P2pEngine::OutQueue {
+ public:
+  using Frame = OutFrame;
+  bool empty() const { return head_ == q_.size(); }
+  Frame& front() { return q_[head_]; }
+  void push_back(const Frame& f) { q_.push_back(f); }
+  void pop_front() {
+    if (++head_ == q_.size()) {
+      clear();
+    } else if (head_ >= 64 && head_ * 2 >= q_.size()) {  // a queue that never drains
+      q_.erase(q_.begin(), q_.begin() + static_cast<std::ptrdiff_t>(head_));
+      head_ = 0;
+    }
+  }
+  void clear() {
+    q_.clear();
+    head_ = 0;
+  }
+  std::vector<Frame>::iterator begin() { return q_.begin() + static_cast<std::ptrdiff_t>(head_); }
+  std::vector<Frame>::iterator end() { return q_.end(); }
+
+ private:
+  std::vector<Frame> q_;
+  size_t head_ = 0;
+};
+
+// Completions moved out of completions_ to run without the lock: a round
+// completes one or two operations, which fit here without an allocation,
+// and completions_ keeps its memory (swapping it out cost a reallocation
+// per completed operation).
+struct P2pEngine::Taken {
+  boost::container::small_vector<std::pair<OpPtr, Status>, 4> items;
+  void take(std::vector<std::pair<OpPtr, Status>>& from) {
+    items.assign(std::make_move_iterator(from.begin()), std::make_move_iterator(from.end()));
+    from.clear();
+  }
+};
+
 struct P2pEngine::Peer {
   int rank = 0;
   std::unique_ptr<P2pInbox> out;  // the peer's inbox; we write ring[our rank]
   bool wanted = false;            // some operation needs the connection
   Clock::time_point nextCheck{};
   uint64_t nextSeq = 0;
-  std::deque<OutFrame> outq;
+  OutQueue outq;
   // Inbound, from our inbox's ring[rank].
   Frame cur;
   size_t curGot = 0;
@@ -101,8 +153,10 @@ struct P2pEngine::Peer {
   std::list<Unexpected>::iterator payloadInto;  // or the unexpected message it fills
   bool payloadIntoValid = false;
   std::list<Unexpected> unexpected;
-  std::deque<OpPtr> recvs;          // posted, not matched
-  std::map<uint64_t, OpPtr> sends;  // message written, awaiting accept or reject
+  std::deque<OpPtr> recvs;  // posted, not matched
+  // Message written, awaiting accept or reject; by seq (pushed in seq
+  // order), so the accept of the oldest, the usual case, is found first.
+  std::deque<std::pair<uint64_t, OpPtr>> sends;
   std::map<uint64_t, OpPtr> large;  // receives accepted, awaiting kPayload
   bool largePayload = false;        // the payload in flight is a kPayload's
   // TCP (a peer on another host): the connection, or that it will come.

@@ -43,6 +43,10 @@ struct P2pInboxHeader {
   ShmCounter sleeping;  // 1 while the owner may be asleep on `doorbell`
   ShmCounter doorbell;
   ShmCounter closed;  // 1 once the owner shut down: what it has not sent never comes
+  // 1 + the CPU the owner's polling thread last started polling on (0: not
+  // known): a peer that waits on the same CPU yields to it instead of
+  // spinning (P2pEngine::poll).
+  ShmCounter pollerCpu;
 };
 
 constexpr uint64_t kP2pInboxMagic = 0x686f72612d703270ULL;  // "hora-p2p"

@@ -2,6 +2,7 @@
 // listener, connecting to peers, moving bytes, the progress thread and its
 // sleep, shutdown (ops/p2p/p2p_engine.h).
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/cpu_relax.h"
 #include "ops/p2p/p2p_engine.h"
 #include "ops/p2p/p2p_engine_internal.h"
 #include "ops/p2p/p2p_socket.h"
@@ -45,22 +47,64 @@ void P2pEngine::wake() {
 void P2pEngine::beginDrive() {
   drivers_.fetch_add(1, std::memory_order_acq_rel);
   // Peers need not ring our doorbell while we poll (each ring is a system
-  // call on their side and a wake-up of our thread on ours).
-  if (P2pInbox* in = inboxPtr_.load(std::memory_order_acquire))
-    in->header().sleeping.value.store(0, std::memory_order_seq_cst);
+  // call on their side and a wake-up of our thread on ours). Written only
+  // when set: the line is read by every peer that writes to us.
+  if (P2pInbox* in = inboxPtr_.load(std::memory_order_acquire)) {
+    auto& h = in->header();
+    if (h.sleeping.value.load(std::memory_order_relaxed) != 0)
+      h.sleeping.value.store(0, std::memory_order_seq_cst);
+    const int cpu = ::sched_getcpu();  // rseq: no system call
+    const uint32_t mine = cpu < 0 ? 0 : static_cast<uint32_t>(cpu) + 1;
+    if (h.pollerCpu.value.load(std::memory_order_relaxed) != mine)
+      h.pollerCpu.value.store(mine, std::memory_order_relaxed);
+  }
 }
 
 void P2pEngine::endDrive() {
   if (drivers_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  bool pendingWork;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    pendingWork = live_ > 0 || !incoming_.empty();
-  }
-  if (!pendingWork) return;  // the thread sleeps on; a peer's frame rings it
+  // Posted operations are live until they complete, so this covers what
+  // waits in incoming_ too.
+  if (live_.load(std::memory_order_acquire) == 0)
+    return;  // the thread sleeps on; a peer's frame rings it
   wake();
   if (P2pInbox* in = inboxPtr_.load(std::memory_order_acquire))
     shmFutexWakeAll(in->header().doorbell.value);  // it may sleep unannounced
+}
+
+void P2pEngine::poll(const std::atomic<bool>& done) {
+  auto now = Clock::now();
+  const auto until = now + std::chrono::microseconds(opts_.spinUs);
+  beginDrive();
+  for (unsigned i = 1, idle = 0;; ++i) {
+    if (done.load(std::memory_order_acquire)) break;
+    // drive() is the whole loop: for a small message this loop is most of
+    // the latency, so the clock is read every 16 rounds only.
+    if (drive(now)) {
+      idle = 0;
+      continue;
+    }
+    if ((i & 15) == 0 && (now = Clock::now()) >= until) break;
+    cpuRelax();
+    // A reply that is late may wait for a peer that polls on our CPU (more
+    // ranks than cores, or the scheduler put them together): spinning would
+    // keep it off the CPU until our time slice ends, so we yield to it. A
+    // yield is a system call (about a microsecond here), so a rank that
+    // has its own core does not.
+    if (++idle % kIdlePollsPerYieldCheck == 0 && peerSharesCpu()) std::this_thread::yield();
+  }
+  endDrive();
+}
+
+bool P2pEngine::peerSharesCpu() {
+  const int cpu = ::sched_getcpu();
+  if (cpu < 0) return true;  // cannot tell: be polite
+  std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return false;
+  for (auto& p : peers_)
+    if (p->out && p->out->header().pollerCpu.value.load(std::memory_order_relaxed) ==
+                      static_cast<uint32_t>(cpu) + 1)
+      return true;
+  return false;
 }
 
 Status P2pEngine::ensureInbox() {
@@ -170,6 +214,7 @@ bool P2pEngine::connect(Peer& p, Clock::time_point now) {
   }
   if (opts_.rank > p.rank) {  // the lower rank connects; its connection comes to acceptLocked
     p.awaitingAccept = true;
+    ++awaitingAccepts_;
     return false;
   }
   P2pHello hello{};
@@ -210,6 +255,7 @@ void P2pEngine::acceptLocked() {
       continue;
     }
     peers_[r]->fd = fd.value();
+    if (peers_[r]->awaitingAccept) --awaitingAccepts_;
     peers_[r]->awaitingAccept = false;
   }
 }
@@ -326,6 +372,7 @@ void P2pEngine::run() {
 // cannot wake poll(), so with both kinds the sleep is kept to 1 ms.
 bool P2pEngine::sleepOnSockets(int timeoutMs) {
   std::vector<struct pollfd> fds;
+  size_t listenAt = 0;
   bool shmPeers = false;
   {
     std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
@@ -339,12 +386,14 @@ bool P2pEngine::sleepOnSockets(int timeoutMs) {
     if (hasWorkLocked()) return true;
     const int ev = wakeFd_.load(std::memory_order_acquire);
     if (ev >= 0) fds.push_back({ev, POLLIN, 0});
+    listenAt = fds.size();
     fds.push_back({listenFd_, POLLIN, 0});
     for (auto& p : peers_)
       if (p->fd >= 0)
         fds.push_back({p->fd, static_cast<short>(POLLIN | (p->outq.empty() ? 0 : POLLOUT)), 0});
   }
   ::poll(fds.data(), fds.size(), shmPeers ? 1 : timeoutMs);
+  if (fds[listenAt].revents & POLLIN) listenerReady_.store(true, std::memory_order_relaxed);
   if (!fds.empty() && fds[0].fd == wakeFd_.load() && (fds[0].revents & POLLIN)) {
     uint64_t v;
     (void)!::read(fds[0].fd, &v, sizeof v);

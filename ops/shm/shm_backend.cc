@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 
+#include "core/cpu_relax.h"
 #include "core/host_identity.h"
 #include "core/reduce.h"
 
@@ -36,14 +37,6 @@ constexpr int kSleepSliceMs = 5;
 constexpr size_t kSmallChunkBytes = 64 << 10;
 // Parts start on cache-line boundaries so two ranks never write one line.
 constexpr size_t kPartAlignBytes = 64;
-
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 std::string describe(size_t count, DataType dtype, ReduceOp op) {
   return std::string("shm allreduce(count=") + std::to_string(count) +

@@ -13,13 +13,15 @@
 // fails naming the rank, also when it only ever received from it or reaches
 // it after it left; a stalled operation passing the stall shutdown and a
 // malformed frame reach onFatal; a peer on another host is refused, on both
-// sides.
+// sides; a waiter's poll() returns when its request is done or its spin
+// window ends.
 //
 // Every wait has a deadline (a hang fails the test instead of blocking it).
 #include "ops/p2p/p2p_engine.h"
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -328,6 +330,47 @@ TEST_F(P2pEngineTest, MatchesOneTagInPostedOrderAndLetsOtherTagsOvertake) {
 
 // A receive without a buffer: the sink allocates one of the message's shape
 // and dtype, eager, large and empty.
+// A waiter's poll(): it returns at once for a completed request, gives up
+// after HORA_P2P_SPIN_US when nothing comes (the caller then sleeps on the
+// request), and returns once a message it polls for has been received.
+TEST_F(P2pEngineTest, PollReturnsWhenDoneOrWhenTheSpinWindowEnds) {
+  struct FlagSink : Sink {
+    std::atomic<bool> finished{false};
+    void completeEntry(const Status& s) override {
+      Sink::completeEntry(s);
+      finished.store(true, std::memory_order_release);
+    }
+  };
+  constexpr int kSpinUs = 20000;
+  start(2, [](P2pEngineOptions& o) { o.spinUs = kSpinUs; });
+  std::atomic<bool> already{true};
+  auto t0 = Clock::now();
+  rank(1).poll(already);
+  EXPECT_LT(Clock::now() - t0, 5ms);
+
+  // Nothing sent: the whole window, then back to the caller.
+  Buf in(DataType::kInt32, {3});
+  auto r = std::make_shared<FlagSink>();
+  ASSERT_TRUE(post(1, recvOp(0, 7, in, r)).isOk());
+  t0 = Clock::now();
+  rank(1).poll(r->finished);
+  const auto waited = Clock::now() - t0;
+  EXPECT_FALSE(r->finished.load());
+  EXPECT_GE(waited, std::chrono::microseconds(kSpinUs));
+  EXPECT_LT(waited, 2s);
+
+  Buf out(DataType::kInt32, {3});
+  out.stamp(0, 7);
+  auto s = std::make_shared<Sink>();
+  ASSERT_TRUE(post(0, sendOp(1, 7, out, s)).isOk());
+  const auto until = Clock::now() + kDeadline;
+  while (!r->finished.load() && Clock::now() < until) rank(1).poll(r->finished);
+  ASSERT_TRUE(r->finished.load());
+  EXPECT_TRUE(r->status().isOk()) << r->status().toString();
+  EXPECT_TRUE(in.stamped(0, 7));
+  EXPECT_TRUE(waitFor(s).isOk());
+}
+
 TEST_F(P2pEngineTest, ReceiveWithoutABufferAllocatesTheMessagesShape) {
   start(2);
   for (int64_t rows : {3, 4000, 0}) {

@@ -237,7 +237,7 @@ void plainOptions(hora_options_t* o) {
 // The prologue of the point-to-point entry points: the catch-all, the
 // request out-parameter, a live runtime and the process set.
 hora_status_t p2pCall(const char* fn, hora_runtime_t h, const hora_options_t* options,
-                      const std::vector<hora::capi::P2pArg>& ops, hora_request_t* request) {
+                      const hora::capi::P2pArg* ops, size_t n, hora_request_t* request) {
   return guarded(fn, [&]() -> hora_status_t {
     if (!request) return fail(Code::kInvalidArgument, std::string(fn) + ": request is NULL");
     *request = nullptr;
@@ -246,7 +246,7 @@ hora_status_t p2pCall(const char* fn, hora_runtime_t h, const hora_options_t* op
     hora_options_t o = readOptions(options);
     std::shared_ptr<hora::ProcessSet> set;
     if (hora_status_t s = resolveSet(h, o.process_set, fn, &set)) return s;
-    return hora::capi::submitP2p(fn, *set, o, ops, request);
+    return hora::capi::submitP2p(fn, *set, o, ops, n, request);
   });
 }
 
@@ -644,13 +644,15 @@ HORA_API hora_status_t hora_join_async(hora_runtime_t h, const hora_options_t* o
 HORA_API hora_status_t hora_send_async(hora_runtime_t h, const DLTensor* tensor, int32_t peer,
                                        int64_t tag, const hora_options_t* options,
                                        hora_request_t* request) {
-  return p2pCall("hora_send_async", h, options, {{true, peer, tag, tensor}}, request);
+  const hora::capi::P2pArg op{true, peer, tag, tensor};
+  return p2pCall("hora_send_async", h, options, &op, 1, request);
 }
 
 HORA_API hora_status_t hora_recv_async(hora_runtime_t h, DLTensor* tensor, int32_t peer,
                                        int64_t tag, const hora_options_t* options,
                                        hora_request_t* request) {
-  return p2pCall("hora_recv_async", h, options, {{false, peer, tag, tensor}}, request);
+  const hora::capi::P2pArg op{false, peer, tag, tensor};
+  return p2pCall("hora_recv_async", h, options, &op, 1, request);
 }
 
 HORA_API hora_status_t hora_p2p_batch_async(hora_runtime_t h, int32_t n, const hora_p2p_op_t* ops,
@@ -674,7 +676,7 @@ HORA_API hora_status_t hora_p2p_batch_async(hora_runtime_t h, int32_t n, const h
                         std::to_string(op.struct_size) + ", kind " + std::to_string(op.kind) + ")");
       args.push_back({op.kind == HORA_P2P_SEND, op.peer, op.tag, op.tensor});
     }
-    return p2pCall("hora_p2p_batch_async", h, options, args, request);
+    return p2pCall("hora_p2p_batch_async", h, options, args.data(), args.size(), request);
   });
 }
 
@@ -694,21 +696,10 @@ HORA_API hora_status_t hora_wait(hora_request_t r, double timeout_s) {
     if (!r || r->magic != hora::kRequestMagic)
       return fail(Code::kInvalidArgument, "hora_wait: invalid request handle");
     if (timeout_s != timeout_s) return fail(Code::kInvalidArgument, "hora_wait: timeout is NaN");
-    if (const auto& p2p = r->state->p2p) {
-      // Poll the engine for a moment: a reply a few microseconds away is
-      // worth more than a sleep and a wake-up.
-      const auto until = hora::Clock::now() + std::chrono::microseconds(p2p->spinUs());
-      p2p->beginDrive();
-      for (unsigned i = 0;; ++i) {
-        {
-          std::lock_guard<std::mutex> lk(r->state->mu);
-          if (r->state->done) break;
-        }
-        if (hora::Clock::now() >= until) break;
-        if (!p2p->drive() && (i & 63) == 63) std::this_thread::yield();
-      }
-      p2p->endDrive();
-    }
+    // A point-to-point request: poll the engine for a moment first; a reply
+    // a few microseconds away is worth more than a sleep and a wake-up.
+    if (const auto& p2p = r->state->p2p; p2p && !r->state->finished.load(std::memory_order_acquire))
+      p2p->poll(r->state->finished);
     std::unique_lock<std::mutex> lk(r->state->mu);
     auto isDone = [&] { return r->state->done; };
     if (timeout_s < 0 || timeout_s > 1e9) {  // negative or absurdly large: wait forever

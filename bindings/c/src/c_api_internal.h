@@ -82,7 +82,7 @@ struct P2pArg {
   const DLTensor* tensor = nullptr;  // receive: NULL = allocate
 };
 // Checks every operation, creates the request and posts them all (or none).
-hora_status_t submitP2p(const char* fn, ProcessSet& set, const hora_options_t& o,
-                        const std::vector<P2pArg>& ops, hora_request_t* request);
+hora_status_t submitP2p(const char* fn, ProcessSet& set, const hora_options_t& o, const P2pArg* ops,
+                        size_t n, hora_request_t* request);
 
 }  // namespace hora::capi

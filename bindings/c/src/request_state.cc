@@ -85,16 +85,21 @@ void RequestState::completeEntry(const Status& s) {
     resultsReady = true;
     final = status;
     cb = callback;
+    if (!cb) {
+      done = true;
+      finished.store(true, std::memory_order_release);
+    }
   }
   // The callback runs before waiters wake, so a caller that frees the request
   // right after hora_wait cannot race it; results are readable inside it.
   if (cb) {
-    std::lock_guard<std::recursive_mutex> lk(cbMu);
-    if (handle) cb(callbackUser, handle, static_cast<hora_status_t>(final.code()));
-  }
-  {
+    {
+      std::lock_guard<std::recursive_mutex> lk(cbMu);
+      if (handle) cb(callbackUser, handle, static_cast<hora_status_t>(final.code()));
+    }
     std::lock_guard<std::mutex> lk(mu);
     done = true;
+    finished.store(true, std::memory_order_release);
   }
   cv.notify_all();
 }

@@ -35,7 +35,10 @@ constexpr uint32_t kRequestMagic = 0x68726571;  // "hreq"
 struct RequestState : RequestSink {
   std::mutex mu;
   std::condition_variable cv;
-  bool done = false;                // guarded by mu; waiters wake on it
+  bool done = false;  // guarded by mu; waiters wake on it
+  // `done`, readable without mu: what a waiter polling the point-to-point
+  // engine checks between rounds (set under mu, after `done`).
+  std::atomic<bool> finished{false};
   bool resultsReady = false;        // guarded by mu; set before the callback runs
   Status status;                    // guarded by mu; first failure wins
   int remaining = 0;                // entries not yet completed; guarded by mu
