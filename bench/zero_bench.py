@@ -74,9 +74,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_job(args, np_, result_file):
-    """One job of np_ ranks running this script with --worker; rank 0 writes
-    its results to result_file. Returns the job's exit status."""
+def run_job(args, np_, result_file, extra=()):
+    """One job of np_ ranks running this script with --worker (and ``extra``
+    options, which override the command line's); rank 0 writes its results to
+    result_file. Returns the job's exit status."""
     hora_port, torch_port = free_port(), free_port()
     secret = os.urandom(8).hex()
     procs = []
@@ -85,7 +86,8 @@ def run_job(args, np_, result_file):
                    HORA_STORE_PORT=str(hora_port), HORA_SECRET=secret, MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(torch_port), RANK=str(r), WORLD_SIZE=str(np_), OMP_NUM_THREADS="1")
         env["PYTHONPATH"] = os.path.join(REPO, "bindings", "python") + os.pathsep + env.get("PYTHONPATH", "")
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--result-file", result_file] + sys.argv[1:]
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--result-file", result_file] + sys.argv[1:] + \
+            list(extra)
         # only rank 0 reports; the others' stderr stays visible for failures
         procs.append(subprocess.Popen(cmd, env=env, stdout=None if r == 0 else subprocess.DEVNULL))
     deadline = time.time() + args.timeout
@@ -109,19 +111,33 @@ def launch(args):
     sizes = [int(s) for s in args.np.split(",")]
     results, status = [], 0
     with tempfile.TemporaryDirectory(prefix="zero_bench.") as tmp:
+        sections = args.sections.split(",")
+        # zero3mem measures the peak resident memory: it needs processes whose
+        # heap no earlier section grew, so it runs as a job of its own
+        jobs = [s for s in (",".join(x for x in sections if x != "zero3mem"),
+                            "zero3mem" if "zero3mem" in sections else "") if s]
         for n in sizes:
-            path = os.path.join(tmp, "np%d.json" % n)
-            print("## %d ranks" % n, flush=True)
-            t0 = time.time()
-            rc = run_job(args, n, path)
-            print("(%d ranks: %.0f s, exit %d)" % (n, time.time() - t0, rc), flush=True)
-            if rc not in (0, 1) or not os.path.exists(path):
-                print("zero_bench: the %d-rank job failed (exit %d); its ranks' stderr is above" % (n, rc),
-                      file=sys.stderr)
-                status = 2
-                continue
-            with open(path) as f:
-                results.append(json.load(f))
+            merged = None
+            for j, secs in enumerate(jobs):
+                path = os.path.join(tmp, "np%d.%d.json" % (n, j))
+                print("## %d ranks: %s" % (n, secs), flush=True)
+                t0 = time.time()
+                rc = run_job(args, n, path, ["--sections", secs])
+                print("(%d ranks: %.0f s, exit %d)" % (n, time.time() - t0, rc), flush=True)
+                if rc not in (0, 1) or not os.path.exists(path):
+                    print("zero_bench: the %d-rank job failed (exit %d); its ranks' stderr is above" % (n, rc),
+                          file=sys.stderr)
+                    status = 2
+                    continue
+                with open(path) as f:
+                    got = json.load(f)
+                if merged is None:
+                    merged = got
+                else:
+                    merged["failures"] += got.pop("failures")
+                    merged.update(got)
+            if merged is not None:
+                results.append(merged)
     print()
     report(args, results)
     report_zero3mem(results)

@@ -72,6 +72,27 @@ def _b_every_step_equals_distributed_optimizer(rank, size):
         assert torch.allclose(p, q, rtol=1e-6, atol=1e-7), (p - q).abs().max()
 
 
+def _b_autocast_and_accumulation(rank, size):
+    # bf16 autocast and two backward passes per step: with sync_every=1 and
+    # plain SGD still DistributedOptimizer(backward_passes_per_step=2)'s result
+    a, b = _model(), _model()
+    lsgd = hvd.LocalSGD(torch.optim.SGD(a.parameters(), lr=0.1), sync_every=1)
+    dopt = hvd.DistributedOptimizer(torch.optim.SGD(b.parameters(), lr=0.1), named_parameters=b.named_parameters(),
+                                    backward_passes_per_step=2)
+    for step in range(3):
+        for model, opt in ((a, lsgd), (b, dopt)):
+            opt.zero_grad()
+            for k in range(2):
+                x, y = _data(rank, 2 * step + k)
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    out = model(x)
+                torch.nn.functional.mse_loss(out.float(), y).backward()
+            opt.step()
+    assert lsgd.syncs == 3
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.allclose(p, q, rtol=1e-5, atol=1e-6), (p - q).abs().max()
+
+
 def _b_every_rank_agrees_and_bytes_are_counted(rank, size):
     cases = [
         (3, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.5), {}),
@@ -166,6 +187,7 @@ def _b_elastic_state_joiner_takes_rank0s(rank, size):
 def test_local_sgd(pool, request):
     p = request.getfixturevalue(pool)
     p.run(_b_every_step_equals_distributed_optimizer)
+    p.run(_b_autocast_and_accumulation)
     p.run(_b_synchronized_rounds_match_simulation)
     p.run(_b_every_rank_agrees_and_bytes_are_counted)
     p.run(_b_arguments)
