@@ -44,9 +44,11 @@ the bucket's reducescatter is seen finished (checked whenever a later
 bucket starts; on a 6-layer 512-wide MLP with 1 MiB buckets 7 to 10 of 11
 buckets were back before backward ended), where later buckets reuse it,
 and keeps just the slice-sized reducescatter output. The pool holds as many
-buffers as were in flight at once (``pooled_bytes()``), not a full gradient. Outputs go into these kept tensors because fresh large
-torch CPU allocations page-fault on first touch, which cost more than the
-collectives themselves on the test machine.
+buffers as were ever in flight at once (``pooled_bytes()``; a full
+gradient's worth when every gradient is ready at the same moment): resting
+memory, not more peak. Outputs go into these kept tensors because fresh
+large torch CPU allocations page-fault on first touch, which cost more than
+the collectives themselves on the test machine.
 
 Gradients are averaged over the process set exactly as DistributedOptimizer
 averages them (a sum scaled by ``1/size``, with the same
