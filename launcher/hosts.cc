@@ -127,15 +127,31 @@ bool parseHostList(const std::string& text, std::vector<HostSpec>* out, std::str
 
 bool parseHostfile(const std::string& path, std::vector<HostSpec>* out, std::string* error,
                    std::vector<std::string>* notes) {
-  std::ifstream f(path);
+  std::ifstream f(path, std::ios::binary);
   if (!f) {
     *error = "cannot read hostfile '" + path + "'";
     return false;
   }
+  // Read at most kMaxHostfileBytes (+1 to notice more): a path to /dev/zero, a
+  // FIFO that never ends or a multi-gigabyte file must not make horarun
+  // allocate without bound before it has parsed a single host.
+  std::string text(kMaxHostfileBytes + 1, '\0');
+  f.read(&text[0], static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(f.gcount()));
+  if (text.size() > kMaxHostfileBytes) {
+    *error = "hostfile '" + path + "' is longer than " + std::to_string(kMaxHostfileBytes >> 20) +
+             " MiB (is it the right file? a device or a pipe that never ends?)";
+    return false;
+  }
+  if (f.bad()) {
+    *error = "cannot read hostfile '" + path + "'";
+    return false;
+  }
+  std::istringstream in(text);
   std::string line;
   int lineNo = 0;
   HostMerger merged(out);
-  while (std::getline(f, line)) {
+  while (std::getline(in, line)) {
     ++lineNo;
     line = line.substr(0, line.find('#'));
     std::stringstream ls(line);

@@ -7,6 +7,7 @@
 // I/O except reading the hostfile), so it is unit-testable.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -39,8 +40,11 @@ struct Slot {
 // when a repeated host's slots add up to more than 999999.
 bool parseHostList(const std::string& text, std::vector<HostSpec>* out, std::string* error,
                    std::vector<std::string>* notes = nullptr);
+// The most bytes parseHostfile reads (a hostfile of a million hosts is ~20 MiB).
+constexpr size_t kMaxHostfileBytes = size_t{32} << 20;
 // One host per line: "name [slots=N]" ("name:N" also accepted); '#' starts a
-// comment. False with *error naming the file and line.
+// comment. False with *error naming the file and line; also when the file is
+// longer than kMaxHostfileBytes (/dev/zero, a FIFO that never ends).
 bool parseHostfile(const std::string& path, std::vector<HostSpec>* out, std::string* error,
                    std::vector<std::string>* notes = nullptr);
 // Assigns np ranks to the hosts' slots in order; hosts left without ranks are

@@ -249,6 +249,26 @@ TEST_F(HostfileTest, BadLinesNameTheFileAndLine) {
   }
 }
 
+TEST_F(HostfileTest, EndlessOrHugeFilesAreRefusedWithBoundedMemory) {
+  // /dev/zero never ends and has no newline: read unbounded, it grew horarun's
+  // memory until it was killed. Now it is refused after kMaxHostfileBytes.
+  std::vector<HostSpec> hosts;
+  std::string error;
+  EXPECT_FALSE(parseHostfile("/dev/zero", &hosts, &error));
+  EXPECT_TRUE(contains(error, "hostfile '/dev/zero' is longer than 32 MiB")) << error;
+  // A regular file one byte over the limit is refused too; one at the limit
+  // is read (a host, then one long comment).
+  std::string body = "n slots=2\n";
+  body.append(kMaxHostfileBytes - body.size(), '#');
+  std::string at = write("at_limit", body);
+  EXPECT_TRUE(parseHostfile(at, &hosts, &error)) << error;
+  EXPECT_EQ(pairs(hosts), (Pairs{{"n", 2}}));
+  std::string over = write("over_limit", body + "\n");
+  hosts.clear();
+  EXPECT_FALSE(parseHostfile(over, &hosts, &error));
+  EXPECT_TRUE(contains(error, "is longer than 32 MiB")) << error;
+}
+
 TEST_F(HostfileTest, CrlfLineEndingsAreAccepted) {
   std::string path = write("crlf", "node1 slots=2\r\n# comment\r\n\r\nnode2\r\n");
   std::vector<HostSpec> hosts;
