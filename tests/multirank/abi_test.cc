@@ -1,6 +1,7 @@
 // Bad input through the C ABI: every misuse returns an error status with a
 // message on the calling thread, crashes nothing, and leaves the runtime
 // working. Also the process-mode sweep (ranks as forked processes).
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -47,6 +48,33 @@ TEST(Abi, CallsWithoutARuntime) {
 
 // Finite but huge times and capacities are refused naming the value, never
 // wrapped or overflowed into a duration (issue 14).
+// A struct_size that ends inside a pointer field took part of the caller's
+// pointer and part of the default's, and the torn name pointer was read
+// (found by fuzz_capi). Fields not whole inside struct_size keep their defaults.
+TEST(Abi, StructSizeInsideAFieldDoesNotTearAPointer) {
+  hora_config_t c;
+  hora_config_init(&c);
+  c.rank = 0;
+  c.size = 1;
+  c.log_level = "off";
+  c.struct_size = offsetof(hora_config_t, store_addr) + 3;  // store_addr cut: its default
+  hora_runtime_t rt = nullptr;
+  ASSERT_EQ(hora_init(&c, &rt), HORA_SUCCESS) << hora_last_error_message();
+  std::vector<int64_t> shape = {4};
+  std::vector<float> data(4, 2.0f);
+  DLTensor t = makeTensor(data.data(), dlType(kDLFloat, 32), &shape);
+  hora_options_t o;
+  hora_options_init(&o);
+  o.name = reinterpret_cast<const char*>(uintptr_t{0x4141414141414141});  // never dereferenced
+  o.struct_size = offsetof(hora_options_t, name) + 5;
+  hora_request_t req = nullptr;
+  ASSERT_EQ(hora_allreduce_async(rt, &t, &t, &o, &req), HORA_SUCCESS) << hora_last_error_message();
+  EXPECT_EQ(hora_wait(req, 10.0), HORA_SUCCESS) << hora_last_error_message();
+  EXPECT_EQ(hora_request_free(req), HORA_SUCCESS);
+  EXPECT_EQ(data[0], 2.0f);
+  EXPECT_EQ(hora_shutdown(rt), HORA_SUCCESS);
+}
+
 TEST(Abi, HugeTimesAndCapacitiesAreRefusedNotWrapped) {
   hora_config_t c;
   hora_config_init(&c);

@@ -2,6 +2,7 @@
 // DLPack tensors into TensorEntries, and the catch-all that keeps exceptions
 // from crossing the ABI. Runs on the calling (framework) thread.
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
@@ -127,10 +128,31 @@ hora_status_t resolveSet(hora_runtime_t h, hora_process_set_t ps, const char* fn
   return HORA_SUCCESS;
 }
 
+// How many bytes of a caller's versioned struct to take: up to the end of the
+// last field that lies whole inside its struct_size. A struct_size that ends
+// inside a field (corrupt, or written by hand) must not tear a pointer into a
+// mix of the caller's bytes and the default's (fuzz_capi found a torn name
+// pointer dereferenced): such a field keeps its default.
+template <size_t N>
+size_t wholeFieldBytes(size_t structSize, const size_t (&fieldEnds)[N]) {
+  size_t n = 0;
+  for (size_t end : fieldEnds)
+    if (end <= structSize) n = std::max(n, end);
+  return n;
+}
+#define HORA_FIELD_END(T, f) (offsetof(T, f) + sizeof(T::f))
+
 hora_options_t readOptions(const hora_options_t* o) {
+  static constexpr size_t kEnds[] = {
+      HORA_FIELD_END(hora_options_t, struct_size),   HORA_FIELD_END(hora_options_t, process_set),
+      HORA_FIELD_END(hora_options_t, name),          HORA_FIELD_END(hora_options_t, op),
+      HORA_FIELD_END(hora_options_t, prescale),      HORA_FIELD_END(hora_options_t, postscale),
+      HORA_FIELD_END(hora_options_t, root),          HORA_FIELD_END(hora_options_t, callback),
+      HORA_FIELD_END(hora_options_t, callback_user), HORA_FIELD_END(hora_options_t, alloc),
+      HORA_FIELD_END(hora_options_t, alloc_user),    HORA_FIELD_END(hora_options_t, ready_event)};
   hora_options_t r;
   hora_options_init(&r);
-  if (o && o->struct_size > 0) std::memcpy(&r, o, std::min<size_t>(o->struct_size, sizeof(r)));
+  if (o && o->struct_size > 0) std::memcpy(&r, o, wholeFieldBytes(o->struct_size, kEnds));
   r.struct_size = sizeof(r);
   return r;
 }
@@ -273,7 +295,30 @@ HORA_API hora_status_t hora_init_versioned(const hora_config_t* config, hora_run
         return fail(Code::kInvalidArgument, "hora_init: config->struct_size is " +
                                                 std::to_string(config->struct_size) +
                                                 "; initialize the config with hora_config_init()");
-      std::memcpy(&c, config, config->struct_size);
+      static constexpr size_t kEnds[] = {HORA_FIELD_END(hora_config_t, struct_size),
+                                         HORA_FIELD_END(hora_config_t, rank),
+                                         HORA_FIELD_END(hora_config_t, size),
+                                         HORA_FIELD_END(hora_config_t, local_rank),
+                                         HORA_FIELD_END(hora_config_t, local_size),
+                                         HORA_FIELD_END(hora_config_t, cross_rank),
+                                         HORA_FIELD_END(hora_config_t, cross_size),
+                                         HORA_FIELD_END(hora_config_t, store_addr),
+                                         HORA_FIELD_END(hora_config_t, store_port),
+                                         HORA_FIELD_END(hora_config_t, store_external),
+                                         HORA_FIELD_END(hora_config_t, secret),
+                                         HORA_FIELD_END(hora_config_t, hostname),
+                                         HORA_FIELD_END(hora_config_t, cycle_time_ms),
+                                         HORA_FIELD_END(hora_config_t, fusion_threshold_bytes),
+                                         HORA_FIELD_END(hora_config_t, cache_capacity),
+                                         HORA_FIELD_END(hora_config_t, stall_warning_time_s),
+                                         HORA_FIELD_END(hora_config_t, stall_shutdown_time_s),
+                                         HORA_FIELD_END(hora_config_t, peer_timeout_s),
+                                         HORA_FIELD_END(hora_config_t, start_timeout_s),
+                                         HORA_FIELD_END(hora_config_t, log_level),
+                                         HORA_FIELD_END(hora_config_t, elastic),
+                                         HORA_FIELD_END(hora_config_t, worker_id),
+                                         HORA_FIELD_END(hora_config_t, elastic_newcomer)};
+      std::memcpy(&c, config, wholeFieldBytes(config->struct_size, kEnds));
     }
     auto rt = hora::Runtime::create(c);
     if (!rt.isOk()) return setError(rt.status());
