@@ -109,7 +109,9 @@ Status checkTensor(const DLTensor* t, const std::string& where, TensorInfo* out)
     }
   }
   if (!t->data && n > 0) return hora::invalidArgument(where + " has a NULL data pointer");
-  out->data = static_cast<char*>(t->data) + t->byte_offset;
+  // An empty tensor may come with NULL data and any byte_offset: no pointer
+  // arithmetic on NULL (undefined behaviour; found by fuzz_capi under UBSan).
+  out->data = t->data ? static_cast<char*>(t->data) + t->byte_offset : nullptr;
   return Status::ok();
 }
 
