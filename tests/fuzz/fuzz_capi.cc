@@ -187,6 +187,7 @@ std::vector<std::string> horaFuzzSeeds() {
       seed(0, 2, 2, {168, 168}, 0),  // 2^40 x 2^40
       seed(0, 2, 2, {2, 2}, 0x11),   // garbage strides
       seed(0, 2, 2, {0}, 0xa0),      // empty, NULL data, a byte offset (UB once, under UBSan)
+      seed(0, 2, 2, {4}, 0x20),      // float32 at byte_offset 1: misaligned, refused
   };
 }
 

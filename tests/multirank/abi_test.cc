@@ -72,6 +72,15 @@ TEST(Abi, StructSizeInsideAFieldDoesNotTearAPointer) {
   EXPECT_EQ(hora_wait(req, 10.0), HORA_SUCCESS) << hora_last_error_message();
   EXPECT_EQ(hora_request_free(req), HORA_SUCCESS);
   EXPECT_EQ(data[0], 2.0f);
+  // A float32 tensor whose first element is not 4-byte aligned is refused,
+  // before anything reads it as floats (fuzz_capi, UBSan).
+  DLTensor odd = t;
+  odd.byte_offset = 1;
+  hora_options_init(&o);
+  EXPECT_EQ(hora_allreduce_async(rt, &odd, &odd, &o, &req), HORA_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hora_last_error_message()).find("not a multiple of its element size 4"),
+            std::string::npos)
+      << hora_last_error_message();
   EXPECT_EQ(hora_shutdown(rt), HORA_SUCCESS);
 }
 

@@ -1,6 +1,7 @@
 // Checks of tensor arguments for the C entry points (c_api.cc): DLPack dtype,
 // layout, device and reduce options become a TensorInfo or a message naming
 // the argument, the op, the tensor and the rank. Framework thread.
+#include <cstdint>
 #include <string>
 
 #include "c_api_internal.h"
@@ -112,6 +113,16 @@ Status checkTensor(const DLTensor* t, const std::string& where, TensorInfo* out)
   // An empty tensor may come with NULL data and any byte_offset: no pointer
   // arithmetic on NULL (undefined behaviour; found by fuzz_capi under UBSan).
   out->data = t->data ? static_cast<char*>(t->data) + t->byte_offset : nullptr;
+  // Elements must sit at their type's alignment: the reductions and scaling
+  // access them as typed values (misaligned, undefined behaviour; found by
+  // fuzz_capi under UBSan with a float tensor at byte_offset 3).
+  const size_t align = hora::dataTypeSize(out->dtype);
+  if (n > 0 && align > 1 && reinterpret_cast<uintptr_t>(out->data) % align != 0)
+    return hora::invalidArgument(where + " starts at an address (data + byte_offset = " +
+                                 std::to_string(reinterpret_cast<uintptr_t>(out->data)) +
+                                 ") that is not a multiple of its element size " +
+                                 std::to_string(align) +
+                                 "; copy it into an aligned buffer (e.g. numpy.ascontiguousarray)");
   return Status::ok();
 }
 
