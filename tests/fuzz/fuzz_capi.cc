@@ -113,7 +113,8 @@ void drawTensor(Reader& r, char* buffer, FuzzTensor* f) {
   int64_t expect = 1;
   for (int i = static_cast<int>(f->shape.size()) - 1; i >= 0; --i) {
     f->strides[i] = (layout & 0x10) ? dimension(r) : expect;  // compact, or garbage
-    expect *= f->shape[i] > 0 && f->shape[i] < 1000 ? f->shape[i] : 1;
+    if (expect < (int64_t{1} << 40))  // this target's own product must not overflow
+      expect *= f->shape[i] > 0 && f->shape[i] < 1000 ? f->shape[i] : 1;
   }
   t.strides = (layout & 0x01) ? f->strides.data() : nullptr;
   t.data = (layout & 0x80) ? nullptr : buffer;
