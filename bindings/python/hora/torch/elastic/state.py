@@ -101,21 +101,12 @@ class OptimizerStateHandler(StateHandler):
             abandon()
 
 
-class LocalSGDStateHandler(StateHandler):
-    """hvd.LocalSGD: its state is more than the inner optimizer's (the step
+class LocalSGDStateHandler(OptimizerStateHandler):
+    """hvd.LocalSGD: saved and restored through its state_dict() like an
+    optimizer, but its state is more than the inner optimizer's (the step
     counters that decide when ranks synchronize, the synchronized point and
     the outer momentum), and all of it must be rank 0's after a re-form, or
     the survivors would average from different points."""
-
-    def __init__(self, local_sgd):
-        super().__init__(local_sgd)
-        self.save()
-
-    def save(self):
-        self._saved = _host_copy(self.value.state_dict())
-
-    def restore(self):
-        self.value.load_state_dict(_host_copy(self._saved))
 
     def sync(self):
         self.value.broadcast_state(root_rank=0)
