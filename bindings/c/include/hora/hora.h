@@ -202,7 +202,8 @@ HORA_API void hora_options_init(hora_options_t* options);
  * returns: keep them alive and unmodified until the request completes.
  * Tensors must be CPU memory or CUDA device memory (served through the GPU
  * plugin libhora_cuda.so, loaded on first use; outputs are allocated on the
- * input's device), compact row-major (strides NULL or matching),
+ * input's device), compact row-major (strides NULL or matching), with
+ * data + byte_offset aligned to the element size,
  * with a supported dtype: uint8, int8, int16, int32, int64, float16, bfloat16,
  * float32, float64, bool, and a byte size below 2^63 (a shape whose element
  * count or byte size would overflow is HORA_ERR_INVALID_ARGUMENT, refused
