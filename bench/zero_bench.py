@@ -55,7 +55,6 @@ import argparse
 import gc
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -63,17 +62,13 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from torch_vs_ddp import free_port, read_shapes  # noqa: E402  (the same launcher helpers)
 REPO = os.path.dirname(HERE)
 SECTIONS = ("step", "memory", "localsgd", "zero3mem")
 
 
 # ====================================================================== launcher
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_job(args, np_, result_file, extra=()):
     """One job of np_ ranks running this script with --worker (and ``extra``
     options, which override the command line's); rank 0 writes its results to
@@ -260,15 +255,6 @@ def report_zero3mem(results):
 
 
 # ====================================================================== workloads
-def read_shapes(path):
-    shapes = []
-    for line in open(path):
-        line = line.strip()
-        if line and not line.startswith("#"):
-            shapes.append(tuple(int(d) for d in line.split("x")))
-    return shapes
-
-
 def make_workload(args, name):
     """(build(seed) -> module whose forward(*batch) is the loss, batch(step, rank))."""
     import torch

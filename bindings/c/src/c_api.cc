@@ -150,6 +150,10 @@ hora_options_t readOptions(const hora_options_t* o) {
       HORA_FIELD_END(hora_options_t, root),          HORA_FIELD_END(hora_options_t, callback),
       HORA_FIELD_END(hora_options_t, callback_user), HORA_FIELD_END(hora_options_t, alloc),
       HORA_FIELD_END(hora_options_t, alloc_user),    HORA_FIELD_END(hora_options_t, ready_event)};
+  // A field added to hora_options_t must be added above, or its bytes would never be read.
+  static_assert(sizeof(hora_options_t) - HORA_FIELD_END(hora_options_t, ready_event) <
+                    alignof(hora_options_t),
+                "kEnds must list hora_options_t's last field");
   hora_options_t r;
   hora_options_init(&r);
   if (o && o->struct_size > 0) std::memcpy(&r, o, wholeFieldBytes(o->struct_size, kEnds));
@@ -318,6 +322,9 @@ HORA_API hora_status_t hora_init_versioned(const hora_config_t* config, hora_run
                                          HORA_FIELD_END(hora_config_t, elastic),
                                          HORA_FIELD_END(hora_config_t, worker_id),
                                          HORA_FIELD_END(hora_config_t, elastic_newcomer)};
+      static_assert(sizeof(hora_config_t) - HORA_FIELD_END(hora_config_t, elastic_newcomer) <
+                        alignof(hora_config_t),
+                    "kEnds must list hora_config_t's last field");
       std::memcpy(&c, config, wholeFieldBytes(config->struct_size, kEnds));
     }
     auto rt = hora::Runtime::create(c);

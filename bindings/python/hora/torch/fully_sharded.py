@@ -207,6 +207,7 @@ class FullyShardedModule(torch.nn.Module):
         self.gathered_bytes = 0
         self.max_gathered_bytes = 0
         self._keys = list(module.state_dict().keys())  # torch's order, for state_dict()
+        self._paths = {m: (p + "." if p else "") for p, m in module.named_modules()}  # module -> key prefix
         self._build_units()
         if sync_module_states:
             self._sync_states()
@@ -571,8 +572,6 @@ class FullyShardedModule(torch.nn.Module):
         return missing
 
     def _path(self, module):
-        if not hasattr(self, "_paths"):
-            self._paths = {m: (p + "." if p else "") for p, m in self.module.named_modules()}
         return self._paths[module]
 
     def shard_bytes(self):
