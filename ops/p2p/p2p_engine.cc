@@ -124,12 +124,15 @@ void P2pEngine::takeIncoming() {
     }
     p.wanted = true;
     if (op->p.kind == P2pOp::kSend) {
+      op->seq = p.nextSeq++;
+      p.sends.emplace_back(op->seq, op);
+      if (tryFastSendLocked(p, op)) continue;
       OutFrame f;
       f.h.kind = kMessage;
       f.h.dtype = static_cast<uint8_t>(op->p.dtype);
       f.h.ndim = static_cast<uint8_t>(op->p.shape.size());
       for (size_t i = 0; i < op->p.shape.size(); ++i) f.h.shape[i] = op->p.shape[i];
-      f.h.seq = op->seq = p.nextSeq++;
+      f.h.seq = op->seq;
       f.h.tag = op->p.tag;
       f.h.bytes = op->p.bytes;
       f.h.eager = op->p.bytes <= opts_.eagerBytes ? 1 : 0;
@@ -137,7 +140,6 @@ void P2pEngine::takeIncoming() {
         f.payload = static_cast<const char*>(op->p.data);
         f.payloadBytes = op->p.bytes;
       }
-      p.sends.emplace_back(f.h.seq, op);
       p.outq.push_back(f);
     } else {
       // The first message with this tag that arrived unmatched, if any.
@@ -147,7 +149,7 @@ void P2pEngine::takeIncoming() {
       if (it != p.unexpected.end() && (it->complete || !it->h.eager)) {
         Unexpected msg = std::move(*it);
         p.unexpected.erase(it);
-        matchLocked(p, op, msg.h, msg.h.eager ? msg.payload.data() : nullptr);
+        matchLocked(p, op, msg.h, msg.h.eager ? msg.payload.data() : nullptr, msg.fastSeq);
       } else {
         p.recvs.push_back(op);  // matched on arrival (or when that message is complete)
       }
@@ -160,7 +162,8 @@ void P2pEngine::takeIncoming() {
 // message already here; null when the payload is still on its way (eager:
 // the caller streams it into the receive) or follows an accept (large).
 // Returns where an eager payload still on its way must go (null: discard).
-char* P2pEngine::matchLocked(Peer& p, const OpPtr& recv, const Frame& h, const char* eagerData) {
+char* P2pEngine::matchLocked(Peer& p, const OpPtr& recv, const Frame& h, const char* eagerData,
+                             int64_t fastSeq) {
   const DataType dt = static_cast<DataType>(h.dtype);
   std::string why;
   int32_t reason = 0;
@@ -211,13 +214,23 @@ char* P2pEngine::matchLocked(Peer& p, const OpPtr& recv, const Frame& h, const c
   }
   if (eagerData || h.bytes == 0) {
     if (h.bytes) std::memcpy(recv->p.data, eagerData, h.bytes);
-    acceptEagerLocked(p, recv, h);
+    acceptEagerLocked(p, recv, h, fastSeq);
     return nullptr;
   }
   return static_cast<char*>(recv->p.data);
 }
 
-void P2pEngine::acceptEagerLocked(Peer& p, const OpPtr& recv, const Frame& h) {
+void P2pEngine::acceptEagerLocked(Peer& p, const OpPtr& recv, const Frame& h, int64_t fastSeq) {
+  if (fastSeq >= 0 && p.out && p.fd < 0) {
+    // One store into the sender's inbox instead of a frame; the receive is
+    // done with it (the sender sees it even after we shut down).
+    p.out->fast(static_cast<uint32_t>(opts_.rank))
+        .acks.acked[static_cast<uint32_t>(fastSeq) % kP2pFastSlots]
+        .store(static_cast<uint32_t>(fastSeq) + 1, std::memory_order_release);
+    p.out->ring();
+    complete(recv, Status());
+    return;
+  }
   OutFrame f;
   f.h.kind = kAccept;
   f.h.seq = h.seq;
@@ -323,6 +336,18 @@ bool P2pEngine::onFrameLocked(Peer& p) {
       p.closedByPeer = true;
       break;
     case kMessage: {
+      // Fast-box messages sent before this one come first.
+      drainFastLocked(p);
+      if (!failed_.isOk()) return false;
+      if (h.seq != p.nextRecvSeq) {
+        fatalLocked(protocolError("point-to-point message " + std::to_string(h.seq) + " from " +
+                                  rankText(p.rank) + " to " + rankText(opts_.rank) +
+                                  " in process set " + opts_.setName + " arrived where message " +
+                                  std::to_string(p.nextRecvSeq) +
+                                  " was due: a different hora version or memory corruption"));
+        return false;
+      }
+      ++p.nextRecvSeq;
       OpPtr recv;
       for (auto it = p.recvs.begin(); it != p.recvs.end(); ++it)
         if ((*it)->p.tag == h.tag) {
@@ -361,6 +386,7 @@ bool P2pEngine::onFrameLocked(Peer& p) {
       if (it == p.sends.end()) break;  // failed meanwhile
       OpPtr send = it->second;
       p.sends.erase(it);
+      releaseFastSlotLocked(p, *send);
       if (send->p.bytes <= opts_.eagerBytes) {
         complete(send, Status());
       } else {
@@ -381,6 +407,7 @@ bool P2pEngine::onFrameLocked(Peer& p) {
       if (it == p.sends.end()) break;
       OpPtr send = it->second;
       p.sends.erase(it);
+      releaseFastSlotLocked(p, *send);
       const DataType rdt = h.dtype <= static_cast<uint8_t>(DataType::kBool)
                                ? static_cast<DataType>(h.dtype)
                                : DataType::kUint8;
@@ -460,6 +487,8 @@ void P2pEngine::failPeerLocked(Peer& p, const Status& why) {
     if (f.completes) complete(f.completes, why);
   p.recvs.clear();
   p.sends.clear();
+  for (auto& f : p.fastBusy) f = nullptr;
+  p.fastOutstanding = 0;
   p.large.clear();
   // Frames not yet started can go; a started one would desynchronize the
   // stream, so a peer that fails mid-frame fails the whole engine instead.
@@ -577,15 +606,20 @@ bool P2pEngine::progressLocked(Clock::time_point now) {
   for (auto& p : peers_) {
     if (!failed_.isOk()) return true;
     if (!p->wanted && p->fd < 0 &&
-        (!inbox_ || inbox_->readable(static_cast<uint32_t>(p->rank)) == 0))
+        (!inbox_ || (inbox_->readable(static_cast<uint32_t>(p->rank)) == 0 && !fastWorkLocked(*p))))
       continue;
     p->wanted = true;
     // A receive needs the connection too: over TCP only the lower rank of
     // a pair connects, whichever of them sends first.
     if (!p->out && p->fd < 0) connect(*p, now);
     if (!failed_.isOk()) return true;
+    moved |= drainFastLocked(*p);
+    if (!failed_.isOk()) return true;
     moved |= pumpIn(*p);
     if (!failed_.isOk()) return true;
+    moved |= drainFastLocked(*p);  // a ring message may have let a later fast one through
+    if (!failed_.isOk()) return true;
+    moved |= reapFastAcksLocked(*p);
     moved |= pumpOut(*p, now);
   }
   checkLocked(now);

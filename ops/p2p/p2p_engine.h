@@ -80,9 +80,10 @@ struct P2pEngineOptions {
   std::string transport = "auto";  // auto (shared memory on one host, else TCP), shm, tcp
   uint64_t ringBytes = 1 << 20;
   uint64_t eagerBytes = 64 << 10;
-  Seconds stallWarning{60};  // 0 = no warning
-  Seconds stallShutdown{0};  // 0 = never
-  int spinUs = 50;           // how long drive() callers and the thread poll before sleeping
+  uint64_t fastBytes = kP2pFastDataBytes;  // fast box up to this size (0: off)
+  Seconds stallWarning{60};                // 0 = no warning
+  Seconds stallShutdown{0};                // 0 = never
+  int spinUs = 50;  // how long drive() callers and the thread poll before sleeping
   Logger logger;
   // Breaks the set (SetHealth::fail, telling the peers): a peer's process
   // is gone, a frame is malformed, or an operation passed the stall
@@ -122,6 +123,8 @@ class P2pEngine {
 
   // Operations posted and not completed (for tests and the stall report).
   size_t pending() const;
+  // Sends that went through the fast box so far (tests, metrics).
+  uint64_t fastSends() const { return fastSends_.load(std::memory_order_relaxed); }
 
  private:
   struct Frame;
@@ -148,8 +151,19 @@ class P2pEngine {
   size_t readIn(Peer& p, void* data, size_t n);
   bool sleepOnSockets(int timeoutMs);
   void takeIncoming();
-  char* matchLocked(Peer& p, const OpPtr& recv, const Frame& h, const char* eagerData);
-  void acceptEagerLocked(Peer& p, const OpPtr& recv, const Frame& h);
+  // fastSeq >= 0: the message came through the fast box (accepted there).
+  char* matchLocked(Peer& p, const OpPtr& recv, const Frame& h, const char* eagerData,
+                    int64_t fastSeq = -1);
+  void acceptEagerLocked(Peer& p, const OpPtr& recv, const Frame& h, int64_t fastSeq = -1);
+  // The fast box (p2p_fastbox.cc): a small send written straight into the
+  // peer's inbox, the messages waiting in ours, the peer's acknowledgements.
+  bool tryFastSendLocked(Peer& p, const OpPtr& op);
+  bool drainFastLocked(Peer& p);
+  bool reapFastAcksLocked(Peer& p);
+  bool fastWorkLocked(const Peer& p) const;
+  void releaseFastSlotLocked(Peer& p, const Op& send);
+  // A message whose whole payload is at `data` meets its receive, or waits.
+  void deliverLocked(Peer& p, const Frame& h, const char* data, int64_t fastSeq);
   // Payloads move through a ring in pieces of a quarter ring, each published
   // (and the peer's doorbell rung) on its own, so that the receiver copies
   // one piece out while the sender copies the next in. Whole-ring writes
@@ -189,7 +203,8 @@ class P2pEngine {
   std::vector<char> scratch_;                 // where discarded TCP bytes go
   std::vector<std::unique_ptr<Peer>> peers_;
   std::vector<OpPtr> incoming_;  // posted, not yet taken by progress
-  std::atomic<size_t> live_{0};  // posted and not completed; changed under mu_, read without
+  std::atomic<size_t> live_{0};
+  std::atomic<uint64_t> fastSends_{0};  // posted and not completed; changed under mu_, read without
   std::vector<std::pair<OpPtr, Status>> completions_;  // run after mu_ is released
   std::vector<Status> fatal_;                          // onFatal calls, likewise
   Status failed_;                                      // set once; later posts fail with it

@@ -71,6 +71,7 @@ struct P2pEngine::Op {
   P2pOp p;
   uint64_t seq = 0;
   Clock::time_point posted;
+  int64_t fastSeq = -1;  // a send that went through the fast box: its number there
   bool warned = false;
   bool done = false;
 };
@@ -80,6 +81,7 @@ struct P2pEngine::Unexpected {
   Frame h;
   std::vector<char> payload;  // eager messages only
   bool complete = false;      // the whole eager payload is here
+  int64_t fastSeq = -1;       // came through the fast box: accepted through its acks
 };
 
 struct P2pEngine::OutFrame {
@@ -158,7 +160,19 @@ struct P2pEngine::Peer {
   // order), so the accept of the oldest, the usual case, is found first.
   std::deque<std::pair<uint64_t, OpPtr>> sends;
   std::map<uint64_t, OpPtr> large;  // receives accepted, awaiting kPayload
-  bool largePayload = false;        // the payload in flight is a kPayload's
+  // The next message's sequence number from this peer, through the ring or
+  // the fast box: messages are taken strictly in this order, which keeps the
+  // two paths non-overtaking.
+  uint64_t nextRecvSeq = 0;
+  // Fast box (ops/p2p/p2p_inbox.h), shared-memory peers only. Sending: the
+  // next number to write into the peer's inbox, and the sends in its slots
+  // awaiting accept or reject (slot = number % kP2pFastSlots).
+  uint32_t fastNext = 0;
+  OpPtr fastBusy[kP2pFastSlots];
+  int fastOutstanding = 0;
+  // Receiving: the next number to read from our inbox's area for this peer.
+  uint32_t fastRead = 0;
+  bool largePayload = false;  // the payload in flight is a kPayload's
   // TCP (a peer on another host): the connection, or that it will come.
   int fd = -1;
   bool awaitingAccept = false;

@@ -17,9 +17,10 @@ namespace {
 constexpr size_t kPage = 4096;
 
 size_t ctlOffset() { return kPage; }
+size_t roundPage(size_t n) { return (n + kPage - 1) / kPage * kPage; }
+size_t fastOffset(uint32_t rings) { return kPage + roundPage(rings * sizeof(P2pRingCtl)); }
 size_t dataOffset(uint32_t rings) {
-  size_t ctl = rings * sizeof(P2pRingCtl);
-  return kPage + (ctl + kPage - 1) / kPage * kPage;
+  return fastOffset(rings) + roundPage(rings * sizeof(P2pFastArea));
 }
 std::string errnoText(int e) { return std::string(std::strerror(e)); }
 
@@ -67,6 +68,8 @@ Result<std::unique_ptr<P2pInbox>> P2pInbox::create(const std::string& dir, const
   h->ringBytes = ringBytes;
   auto* ctl = reinterpret_cast<P2pRingCtl*>(static_cast<uint8_t*>(base) + ctlOffset());
   for (uint32_t i = 0; i < rings; ++i) new (&ctl[i]) P2pRingCtl();
+  auto* fast = reinterpret_cast<P2pFastArea*>(static_cast<uint8_t*>(base) + fastOffset(rings));
+  for (uint32_t i = 0; i < rings; ++i) new (&fast[i]) P2pFastArea();
   std::atomic_thread_fence(std::memory_order_release);
   return std::unique_ptr<P2pInbox>(new P2pInbox(base, bytes, rings, ringBytes, path, true));
 }
@@ -116,6 +119,10 @@ void P2pInbox::unlink() noexcept {
 
 P2pRingCtl& P2pInbox::ctl(uint32_t ring) const {
   return reinterpret_cast<P2pRingCtl*>(static_cast<uint8_t*>(base_) + ctlOffset())[ring];
+}
+
+P2pFastArea& P2pInbox::fast(uint32_t ring) const {
+  return reinterpret_cast<P2pFastArea*>(static_cast<uint8_t*>(base_) + fastOffset(rings_))[ring];
 }
 
 uint8_t* P2pInbox::data(uint32_t ring) const {

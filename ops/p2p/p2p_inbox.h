@@ -9,6 +9,16 @@
 // stream per ordered pair keeps the point-to-point protocol
 // (ops/p2p/p2p_engine.h) independent of how the bytes travel.
 //
+// Beside each ring, a fast box (P2pFastArea): a few one-cache-line slots
+// that carry a whole small message (header and up to 32 bytes of data) and
+// one line of acknowledgements. A ring message costs the receiver the ring's
+// head, a 128-byte frame and the payload, and the sender the receiver's
+// 128-byte accept frame: five or more cache lines that cross between cores,
+// one after another. A fast-box message is one line each way, which is what
+// a 4-byte send/recv needs to come near Open MPI's shared-memory fast box.
+// Everything in area s of an inbox is written by set rank s and read by the
+// owner.
+//
 // Threads: the producer side (write) is used by the sending peer's engine,
 // the consumer side (readable/read) by the owner's engine, each under its
 // engine's lock; head and tail are the only words both sides touch (release
@@ -49,8 +59,39 @@ struct P2pInboxHeader {
   ShmCounter pollerCpu;
 };
 
+// One small message in one cache line. The sender fills the line and stores
+// `stamp` last (release); the receiver owns it once it reads the stamp it
+// expects (acquire). A sender reuses a slot only after the message it held
+// was accepted or rejected, so the receiver never sees a slot half rewritten.
+constexpr uint32_t kP2pFastSlots = 8;
+constexpr size_t kP2pFastDataBytes = 32;
+constexpr int kP2pFastMaxDims = 4;
+struct alignas(64) P2pFastSlot {
+  std::atomic<uint32_t> stamp{0};  // fast-box sequence number + 1 (mod 2^32)
+  uint32_t seqLow = 0;             // low 32 bits of the message's sequence number
+  int64_t tag = 0;
+  uint8_t dtype = 0;
+  uint8_t ndim = 0;
+  uint16_t bytes = 0;
+  uint16_t dims[kP2pFastMaxDims] = {};
+  uint32_t reserved = 0;
+  unsigned char data[kP2pFastDataBytes] = {};
+};
+static_assert(sizeof(P2pFastSlot) == 64, "a fast-box slot is one cache line");
+
+// acked[i] = fast-box sequence number + 1 of the last message in slot i of
+// the *other* direction that the writer of this area accepted.
+struct alignas(64) P2pFastAcks {
+  std::atomic<uint32_t> acked[kP2pFastSlots] = {};
+};
+
+struct P2pFastArea {
+  P2pFastSlot slots[kP2pFastSlots];
+  P2pFastAcks acks;
+};
+
 constexpr uint64_t kP2pInboxMagic = 0x686f72612d703270ULL;  // "hora-p2p"
-constexpr uint32_t kP2pInboxVersion = 1;
+constexpr uint32_t kP2pInboxVersion = 2;                    // 2: fast boxes
 
 class P2pInbox {
  public:
@@ -72,6 +113,8 @@ class P2pInbox {
   // null discards them).
   size_t readable(uint32_t ring) const;
   size_t read(uint32_t ring, void* data, size_t n);
+  // Fast box `ring`: written by set rank `ring`, read by the owner.
+  P2pFastArea& fast(uint32_t ring) const;
 
   P2pInboxHeader& header() { return *static_cast<P2pInboxHeader*>(base_); }
   int32_t ownerPid() const { return static_cast<const P2pInboxHeader*>(base_)->pid; }

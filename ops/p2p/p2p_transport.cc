@@ -297,7 +297,7 @@ bool P2pEngine::hasWorkLocked() {
   if (!inbox_) return false;
   for (auto& p : peers_) {
     if (p->fd >= 0) continue;  // sockets: poll() watches them
-    if (inbox_->readable(static_cast<uint32_t>(p->rank)) > 0) return true;
+    if (inbox_->readable(static_cast<uint32_t>(p->rank)) > 0 || fastWorkLocked(*p)) return true;
     // A full ring is no work: the reader rings our doorbell when it frees room.
     if (!p->outq.empty() && p->out && p->out->writable(static_cast<uint32_t>(opts_.rank)) > 0)
       return true;

@@ -233,14 +233,15 @@ TEST_F(P2pInboxTest, CorruptedRingCountersAreNotTrusted) {
   EXPECT_EQ(owner->read(0, buf, sizeof buf), 0u);
 }
 
-TEST_F(P2pInboxTest, OpenRefusesWhatIsNotAV1Inbox) {
+TEST_F(P2pInboxTest, OpenRefusesWhatIsNotAV2Inbox) {
   {
     auto good = create("hora-1-p2p-m", 2, kRing);
     ASSERT_TRUE(good);
     auto ok = P2pInbox::open(dir_, "hora-1-p2p-m");
     ASSERT_TRUE(ok.isOk()) << ok.status().message();
     const std::vector<char> image = readFile("hora-1-p2p-m");
-    ASSERT_EQ(image.size(), 4096 + 4096 + 2 * kRing);
+    // Header page, ring controls, fast boxes, rings.
+    ASSERT_EQ(image.size(), 4096 + 4096 + 4096 + 2 * kRing);
 
     // One field at a time spoiled in a copy of a good inbox.
     struct Spoil {
@@ -251,7 +252,7 @@ TEST_F(P2pInboxTest, OpenRefusesWhatIsNotAV1Inbox) {
     };
     const Spoil spoils[] = {
         {"magic", offsetof(P2pInboxHeader, magic), 0x1234, 8},
-        {"version", offsetof(P2pInboxHeader, version), 2, 4},
+        {"version", offsetof(P2pInboxHeader, version), 1, 4},
         {"zero rings", offsetof(P2pInboxHeader, rings), 0, 4},
         {"rings vs file size", offsetof(P2pInboxHeader, rings), 3, 4},
         {"ring size not a power of two", offsetof(P2pInboxHeader, ringBytes), 6000, 8},
@@ -265,7 +266,7 @@ TEST_F(P2pInboxTest, OpenRefusesWhatIsNotAV1Inbox) {
       auto r = P2pInbox::open(dir_, "hora-9-p2p-bad");
       ASSERT_FALSE(r.isOk()) << s.what;
       EXPECT_EQ(r.status().code(), Code::kProtocolError) << s.what;
-      EXPECT_NE(r.status().message().find("is not a hora v1 inbox"), std::string::npos)
+      EXPECT_NE(r.status().message().find("is not a hora v2 inbox"), std::string::npos)
           << s.what << ": " << r.status().message();
     }
     // A good image of a different size than its header says.

@@ -117,6 +117,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   po.hostId = hostIdentity();
   po.ringBytes = static_cast<uint64_t>(o.p2pRingBytes);
   po.eagerBytes = static_cast<uint64_t>(o.p2pEagerBytes);
+  po.fastBytes = static_cast<uint64_t>(o.p2pFastBytes);
   po.spinUs = o.p2pSpinUs;
   po.transport = o.p2pTransport;
   po.hostname = o.hostname;

@@ -58,6 +58,7 @@ struct SetOptions {
   // Point-to-point (ops/p2p/p2p_engine.h).
   int64_t p2pRingBytes = 1 << 20;
   int64_t p2pEagerBytes = 64 << 10;
+  int64_t p2pFastBytes = 32;
   int p2pSpinUs = 50;
   std::string p2pTransport = "auto";
   // Elastic mode: member-caused failures are kMembership (SetHealth).

@@ -467,6 +467,10 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   so.shmMinBytes = p.getInt("HORA_SHM_MIN_BYTES");
   so.p2pRingBytes = p.getInt("HORA_P2P_RING_BYTES");
   so.p2pEagerBytes = p.getInt("HORA_P2P_EAGER_BYTES");
+  so.p2pFastBytes = p.getInt("HORA_P2P_FAST_BYTES");
+  if (so.p2pFastBytes < 0 || so.p2pFastBytes > static_cast<int64_t>(kP2pFastDataBytes))
+    return invalidArgument("HORA_P2P_FAST_BYTES must be 0.." + std::to_string(kP2pFastDataBytes) +
+                           " (got " + std::to_string(so.p2pFastBytes) + ")");
   const int64_t spinUs = p.getInt("HORA_P2P_SPIN_US");
   if (so.p2pRingBytes < 4096 || so.p2pRingBytes > (int64_t(1) << 34) ||
       (so.p2pRingBytes & (so.p2pRingBytes - 1)) != 0 || so.p2pEagerBytes < 0 ||
