@@ -35,9 +35,10 @@ std::string P2pEngine::describe(const Op& op) const {
   return os.str();
 }
 
-Status P2pEngine::post(std::vector<P2pOp> ops) {
+Status P2pEngine::post(P2pOp* ops, size_t count) {
   const int n = static_cast<int>(peers_.size());
-  for (const auto& o : ops) {
+  for (size_t i = 0; i < count; ++i) {
+    const P2pOp& o = ops[i];
     if (o.peer < 0 || o.peer >= n)
       return invalidArgument("point-to-point " +
                              std::string(o.kind == P2pOp::kSend ? "send" : "recv") + ": peer " +
@@ -58,10 +59,12 @@ Status P2pEngine::post(std::vector<P2pOp> ops) {
     if (!failed_.isOk()) return failed_;
     if (stopping_)
       return Status(Code::kShutDown, "process set " + opts_.setName + " is shutting down");
-    const auto now = Clock::now();
-    for (auto& o : ops) {
+    // Coarse: posted times feed only the stall checks (seconds), and
+    // progress paces connection attempts in milliseconds.
+    const auto now = coarseNow();
+    for (size_t i = 0; i < count; ++i) {
       auto op = std::make_shared<Op>();
-      op->p = std::move(o);
+      op->p = std::move(ops[i]);
       op->posted = now;
       incoming_.push_back(std::move(op));
       live_.fetch_add(1, std::memory_order_relaxed);
@@ -108,11 +111,16 @@ void P2pEngine::deliver(Taken& done, std::vector<Status>& fatal) {
 
 size_t P2pEngine::pending() const { return live_.load(std::memory_order_acquire); }
 
-void P2pEngine::complete(const OpPtr& op, const Status& s) {
+void P2pEngine::complete(OpPtr op, const Status& s) {
   if (op->done) return;
   op->done = true;
   live_.fetch_sub(1, std::memory_order_release);
-  completions_.emplace_back(op, s.isOk() ? s : s.withContext(describe(*op)));
+  if (s.isOk()) {
+    completions_.emplace_back(std::move(op), s);
+  } else {
+    Status why = s.withContext(describe(*op));
+    completions_.emplace_back(std::move(op), std::move(why));
+  }
 }
 
 void P2pEngine::takeIncoming() {
@@ -125,8 +133,7 @@ void P2pEngine::takeIncoming() {
     p.wanted = true;
     if (op->p.kind == P2pOp::kSend) {
       op->seq = p.nextSeq++;
-      p.sends.emplace_back(op->seq, op);
-      if (tryFastSendLocked(p, op)) continue;
+      if (tryFastSendLocked(p, op)) continue;  // it waits in Peer::fastBusy, not in sends
       OutFrame f;
       f.h.kind = kMessage;
       f.h.dtype = static_cast<uint8_t>(op->p.dtype);
@@ -141,6 +148,7 @@ void P2pEngine::takeIncoming() {
         f.payloadBytes = op->p.bytes;
       }
       p.outq.push_back(f);
+      p.sends.emplace_back(op->seq, std::move(op));
     } else {
       // The first message with this tag that arrived unmatched, if any.
       auto it = p.unexpected.begin();
@@ -382,11 +390,8 @@ bool P2pEngine::onFrameLocked(Peer& p) {
       break;
     }
     case kAccept: {
-      auto it = findSend(p.sends, h.seq);
-      if (it == p.sends.end()) break;  // failed meanwhile
-      OpPtr send = it->second;
-      p.sends.erase(it);
-      releaseFastSlotLocked(p, *send);
+      OpPtr send = takeSendLocked(p, h.seq);
+      if (!send) break;  // failed meanwhile
       if (send->p.bytes <= opts_.eagerBytes) {
         complete(send, Status());
       } else {
@@ -403,11 +408,8 @@ bool P2pEngine::onFrameLocked(Peer& p) {
       break;
     }
     case kReject: {
-      auto it = findSend(p.sends, h.seq);
-      if (it == p.sends.end()) break;
-      OpPtr send = it->second;
-      p.sends.erase(it);
-      releaseFastSlotLocked(p, *send);
+      OpPtr send = takeSendLocked(p, h.seq);
+      if (!send) break;
       const DataType rdt = h.dtype <= static_cast<uint8_t>(DataType::kBool)
                                ? static_cast<DataType>(h.dtype)
                                : DataType::kUint8;
@@ -485,10 +487,11 @@ void P2pEngine::failPeerLocked(Peer& p, const Status& why) {
   for (auto& kv : p.large) complete(kv.second, why);
   for (auto& f : p.outq)
     if (f.completes) complete(f.completes, why);
+  for (auto& op : p.fastBusy)
+    if (op) complete(std::move(op), why);
+  p.fastOutstanding = 0;
   p.recvs.clear();
   p.sends.clear();
-  for (auto& f : p.fastBusy) f = nullptr;
-  p.fastOutstanding = 0;
   p.large.clear();
   // Frames not yet started can go; a started one would desynchronize the
   // stream, so a peer that fails mid-frame fails the whole engine instead.
@@ -518,8 +521,8 @@ void P2pEngine::checkLocked(Clock::time_point now) {
   nextCheck_ = now + std::chrono::milliseconds(500);
   for (auto& pp : peers_) {
     Peer& p = *pp;
-    const bool waiting =
-        !p.recvs.empty() || !p.sends.empty() || !p.large.empty() || !p.outq.empty() || p.inPayload;
+    const bool waiting = !p.recvs.empty() || !p.sends.empty() || !p.large.empty() ||
+                         !p.outq.empty() || p.inPayload || p.fastOutstanding > 0;
     if (!waiting) continue;
     // A peer that shut down: what it has not sent by now never comes (its
     // inbound bytes were drained before this check).
@@ -550,6 +553,8 @@ void P2pEngine::checkLocked(Clock::time_point now) {
   for (auto& pp : peers_) {
     for (auto& op : pp->recvs) all.push_back(op);
     for (auto& kv : pp->sends) all.push_back(kv.second);
+    for (auto& op : pp->fastBusy)
+      if (op) all.push_back(op);
     for (auto& kv : pp->large) all.push_back(kv.second);
     for (auto& f : pp->outq)
       if (f.completes) all.push_back(f.completes);

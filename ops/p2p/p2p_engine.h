@@ -102,7 +102,8 @@ class P2pEngine {
   // Queues the operations (all or none); they progress in the background.
   // Fails at once when the engine has failed or shut down, or an op names a
   // peer outside the set or this rank itself.
-  Status post(std::vector<P2pOp> ops);
+  Status post(P2pOp* ops, size_t n);  // moves from ops[0..n)
+  Status post(std::vector<P2pOp> ops) { return post(ops.data(), ops.size()); }
   // One round of progress if no other thread is making it; returns whether
   // anything moved. For framework threads waiting on a request. `now` may
   // be a few rounds old (a polling waiter reads the clock now and then:
@@ -161,7 +162,9 @@ class P2pEngine {
   bool drainFastLocked(Peer& p);
   bool reapFastAcksLocked(Peer& p);
   bool fastWorkLocked(const Peer& p) const;
-  void releaseFastSlotLocked(Peer& p, const Op& send);
+  // The send awaiting accept or reject with sequence number `seq`, taken out
+  // of Peer::sends or Peer::fastBusy (null: it failed meanwhile).
+  OpPtr takeSendLocked(Peer& p, uint64_t seq);
   // A message whose whole payload is at `data` meets its receive, or waits.
   void deliverLocked(Peer& p, const Frame& h, const char* data, int64_t fastSeq);
   // Payloads move through a ring in pieces of a quarter ring, each published
@@ -174,7 +177,7 @@ class P2pEngine {
   bool pumpIn(Peer& p);
   bool onFrameLocked(Peer& p);
   void finishPayloadLocked(Peer& p);
-  void complete(const OpPtr& op, const Status& s);
+  void complete(OpPtr op, const Status& s);
   // Runs completions and onFatal calls collected under mu_, without it.
   struct Taken;
   void deliver(Taken& done, std::vector<Status>& fatal);

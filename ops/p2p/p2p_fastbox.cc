@@ -97,7 +97,7 @@ bool P2pEngine::drainFastLocked(Peer& p) {
 void P2pEngine::deliverLocked(Peer& p, const Frame& h, const char* data, int64_t fastSeq) {
   for (auto it = p.recvs.begin(); it != p.recvs.end(); ++it)
     if ((*it)->p.tag == h.tag) {
-      OpPtr recv = *it;
+      OpPtr recv = std::move(*it);
       p.recvs.erase(it);
       matchLocked(p, recv, h, data, fastSeq);
       return;
@@ -122,9 +122,7 @@ bool P2pEngine::reapFastAcksLocked(Peer& p) {
     OpPtr send = std::move(busy);
     busy = nullptr;
     --p.fastOutstanding;
-    auto it = findSend(p.sends, send->seq);
-    if (it != p.sends.end()) p.sends.erase(it);
-    complete(send, Status());
+    complete(std::move(send), Status());
     moved = true;
   }
   return moved;
@@ -144,12 +142,22 @@ bool P2pEngine::fastWorkLocked(const Peer& p) const {
   return false;
 }
 
-void P2pEngine::releaseFastSlotLocked(Peer& p, const Op& send) {
-  if (send.fastSeq < 0) return;
-  OpPtr& busy = p.fastBusy[static_cast<uint32_t>(send.fastSeq) % kP2pFastSlots];
-  if (busy.get() != &send) return;
-  busy = nullptr;
-  --p.fastOutstanding;
+P2pEngine::OpPtr P2pEngine::takeSendLocked(Peer& p, uint64_t seq) {
+  auto it = findSend(p.sends, seq);
+  if (it != p.sends.end()) {
+    OpPtr send = std::move(it->second);
+    p.sends.erase(it);
+    return send;
+  }
+  // A fast-box message rejected, or accepted by a frame (its receiver had
+  // not mapped our inbox yet).
+  if (p.fastOutstanding > 0)
+    for (OpPtr& busy : p.fastBusy)
+      if (busy && busy->seq == seq) {
+        --p.fastOutstanding;
+        return std::move(busy);
+      }
+  return nullptr;
 }
 
 }  // namespace hora

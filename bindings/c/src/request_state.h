@@ -50,6 +50,9 @@ struct RequestState : RequestSink {
   void* allocUser = nullptr;
   DLDataType dlType{kDLUInt, 8, 1};  // the input's, echoed into allocated outputs
   bool dlTypeFromOutput = false;     // a receive without a buffer: the message's dtype
+  // Set at creation when no entry can allocate an output (sends and
+  // receives into the caller's buffers): freeing then has nothing to release.
+  bool noOutputs = false;
   // Point-to-point requests: a waiter polls the engine's progress itself
   // before it sleeps (hora_wait), which saves a thread hand-off per message.
   std::shared_ptr<P2pEngine> p2p;

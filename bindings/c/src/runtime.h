@@ -47,6 +47,9 @@ class Runtime {
   // Elastic mode: a worker waits to join the next epoch.
   Result<bool> membershipPending();
   std::shared_ptr<ProcessSet> globalSet() const { return global_; }
+  // The same without a reference count: valid while the caller holds the
+  // runtime handle's lock (shutdown resets it under the exclusive lock).
+  ProcessSet* globalSetPtr() const { return global_.get(); }
   // Collective over the listed members (sorted, unique global ranks).
   Result<std::shared_ptr<ProcessSet>> createSet(const std::vector<int>& ranks);
   void destroySet(const std::shared_ptr<ProcessSet>& set);
