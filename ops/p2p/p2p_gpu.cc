@@ -131,7 +131,10 @@ void P2pGpu::failChannelLocked(Channel& ch, const Status& why,
                                std::vector<std::pair<Transfer, Status>>& out) {
   if (ch.state != Channel::kFailed) {
     ch.failure = why;
-    if (ch.state == Channel::kReady && ch.comm) api_->comm_abort(ch.comm);  // any thread
+    // Only work to cancel needs an abort: an idle channel (a clean shutdown)
+    // is destroyed normally, and its peer may still be reading what it sent.
+    const bool work = !ch.queued.empty() || !ch.inflight.empty();
+    if (work && ch.state == Channel::kReady && ch.comm) api_->comm_abort(ch.comm);  // any thread
     // A channel being created stays kCreating until its helper returns.
     if (ch.state != Channel::kCreating) ch.state = Channel::kFailed;
   }
