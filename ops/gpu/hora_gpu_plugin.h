@@ -13,9 +13,12 @@
  *  - everything else: a process set's executor thread (one per set), except
  *    comm_abort and last_error, which may come from any thread, and
  *    device_free, which may come from any thread that frees a request owning
- *    a library-allocated output. Functions taking a device make it current
- *    on the calling thread first; device_free restores the caller's current
- *    device (that thread may be a framework's).
+ *    a library-allocated output. Point-to-point (ops/p2p/p2p_gpu.h) makes its
+ *    calls from its own GPU thread and helper threads, on communicators and
+ *    streams of its own; device_alloc may also come from a framework thread
+ *    (a receive without a buffer). Functions taking a device make it current
+ *    on the calling thread first; device_alloc and device_free restore the
+ *    caller's current device (that thread may be a framework's).
  *
  * Conventions: every function returns 0 on success and nonzero on failure;
  * after a failure last_error() describes it on the calling thread (library
