@@ -305,8 +305,13 @@ int deviceAlloc(int device, size_t bytes, void** out) {
   if (out == nullptr) return fail("device_alloc: out is NULL");
   *out = nullptr;
   if (bytes == 0) return 0;
+  // Point-to-point allocates a receive's output on a framework thread: leave
+  // its current device as it was (as device_free does).
+  int previous = -1;
+  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
   if (useDevice(device, "device_alloc") != 0) return 1;
   const cudaError_t e = cudaMalloc(out, bytes);
+  if (previous >= 0 && previous != device) cudaSetDevice(previous);
   if (e != cudaSuccess) {
     *out = nullptr;
     return failCuda(e, "cudaMalloc(%zu bytes) on device %d", bytes, device);
@@ -437,6 +442,7 @@ hora_gpu_plugin_v1_t makeTable() {
   t.alltoallv = alltoallv;
   t.reducescatter = reducescatter;
   t.device_pci_bus_id = devicePciBusId;
+  t.p2p_group = p2pGroup;
   return t;
 }
 

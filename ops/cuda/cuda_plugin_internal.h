@@ -99,6 +99,7 @@ int alltoallv(const void* in, const size_t* send, void* out, const size_t* recv,
               hora_gpu_comm_t c, hora_gpu_stream_t s);
 int reducescatter(void* inout, const size_t* counts, int32_t dtype, int32_t op, hora_gpu_comm_t c,
                   hora_gpu_stream_t s);
+int p2pGroup(const hora_gpu_p2p_op_t* ops, size_t n, hora_gpu_comm_t c, hora_gpu_stream_t s);
 
 }  // namespace cuda
 }  // namespace hora

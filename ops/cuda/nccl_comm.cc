@@ -1,8 +1,10 @@
 // libhora_cuda.so's communicators and collectives: the comm_* entries and the
 // collectives (allreduce, broadcast, allgatherv, alltoallv, reducescatter) of
-// the GPU plugin ABI (ops/gpu/hora_gpu_plugin.h) over NCCL. Called through the
-// table that cuda_plugin.cc builds (hora_gpu_plugin_get), on libhora's executor
-// threads; comm_abort from any thread. Errors go through the helpers declared
+// the GPU plugin ABI (ops/gpu/hora_gpu_plugin.h) over NCCL, and p2p_group
+// (ncclSend/ncclRecv). Called through the table that cuda_plugin.cc builds
+// (hora_gpu_plugin_get), on libhora's executor threads (p2p_group: on the
+// point-to-point GPU thread, on its own two-rank communicators); comm_abort
+// from any thread. Errors go through the helpers declared
 // in cuda_plugin_internal.h.
 //
 // Communicators are NCCL non-blocking communicators (config.blocking = 0):
@@ -516,6 +518,38 @@ int reducescatter(void* inout, const size_t* counts, int32_t dtype, int32_t op, 
     if (counts[r] == 0) return ncclSuccess;
     char* region = base + offset[r];
     return ncclReduce(region, region, counts[r], type, redOp, r, comm, s->stream);
+  });
+}
+
+int p2pGroup(const hora_gpu_p2p_op_t* ops, size_t n, hora_gpu_comm_t c, hora_gpu_stream_t s) {
+  if (checkCollective(c, s, "p2p_group") != 0) return 1;
+  if (n == 0) return 0;
+  if (ops == nullptr) return fail("p2p_group: ops is NULL");
+  if (n > static_cast<size_t>(1) << 20) return fail("p2p_group: %zu operations", n);
+  size_t bytes = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const hora_gpu_p2p_op_t& op = ops[i];
+    if (op.kind != HORA_GPU_P2P_SEND && op.kind != HORA_GPU_P2P_RECV)
+      return fail("p2p_group: ops[%zu] has kind %d (send 0, recv 1)", i, op.kind);
+    if (op.peer < 0 || op.peer >= c->nranks || op.peer == c->rank)
+      return fail("p2p_group: ops[%zu] names peer %d on rank %d of %d", i, op.peer, c->rank,
+                  c->nranks);
+    if (op.bytes != 0 && op.data == nullptr)
+      return fail("p2p_group: ops[%zu] has %zu bytes at NULL", i, op.bytes);
+    bytes += op.bytes;
+  }
+  char what[160];
+  std::snprintf(what, sizeof(what),
+                "p2p_group: group of %zu ncclSend/ncclRecv (%zu bytes, rank %d of %d, device %d)",
+                n, bytes, c->rank, c->nranks, c->device);
+  // Bytes as ncclUint8: every hora dtype moves, int16 and bool included.
+  // groupCall splits above kGroupOps; both ranks split the same sequence.
+  return groupCall(c, what, static_cast<int>(n), 1, [&](ncclComm_t comm, int i) -> ncclResult_t {
+    const hora_gpu_p2p_op_t& op = ops[i];
+    if (op.bytes == 0) return ncclSuccess;
+    if (op.kind == HORA_GPU_P2P_SEND)
+      return ncclSend(op.data, op.bytes, ncclUint8, op.peer, comm, s->stream);
+    return ncclRecv(op.data, op.bytes, ncclUint8, op.peer, comm, s->stream);
   });
 }
 

@@ -52,7 +52,7 @@ Status GpuPlugin::load() {
     }
     const hora_gpu_plugin_v1_t* api = getter(HORA_GPU_PLUGIN_ABI_VERSION);
     if (!api || api->abi_version != HORA_GPU_PLUGIN_ABI_VERSION ||
-        api->struct_size < sizeof(hora_gpu_plugin_v1_t)) {
+        api->struct_size < HORA_GPU_PLUGIN_V1_MIN_SIZE) {
       tried += "\n  " + c + ": does not speak GPU plugin ABI v" +
                std::to_string(HORA_GPU_PLUGIN_ABI_VERSION) + " (a different hora version?)";
       continue;

@@ -13,9 +13,12 @@
  *  - everything else: a process set's executor thread (one per set), except
  *    comm_abort and last_error, which may come from any thread, and
  *    device_free, which may come from any thread that frees a request owning
- *    a library-allocated output. Functions taking a device make it current
- *    on the calling thread first; device_free restores the caller's current
- *    device (that thread may be a framework's).
+ *    a library-allocated output. Point-to-point (ops/p2p/p2p_gpu.h) makes its
+ *    calls from its own GPU thread and helper threads, on communicators and
+ *    streams of its own; device_alloc may also come from a framework thread
+ *    (a receive without a buffer). Functions taking a device make it current
+ *    on the calling thread first; device_alloc and device_free restore the
+ *    caller's current device (that thread may be a framework's).
  *
  * Conventions: every function returns 0 on success and nonzero on failure;
  * after a failure last_error() describes it on the calling thread (library
@@ -67,6 +70,16 @@ typedef struct hora_gpu_copy_s {
   const void* src;
   size_t count;
 } hora_gpu_copy_t;
+
+/* One send or receive of a point-to-point group (p2p_group): `bytes` bytes
+ * from `data` to communicator rank `peer`, or from `peer` into `data`. */
+enum { HORA_GPU_P2P_SEND = 0, HORA_GPU_P2P_RECV = 1 };
+typedef struct hora_gpu_p2p_op_s {
+  int32_t kind; /* HORA_GPU_P2P_SEND or HORA_GPU_P2P_RECV */
+  int32_t peer; /* rank within the communicator */
+  void* data;   /* device memory; read (send) or written (recv) */
+  size_t bytes;
+} hora_gpu_p2p_op_t;
 
 typedef struct hora_gpu_plugin_v1_s {
   uint32_t abi_version; /* HORA_GPU_PLUGIN_ABI_VERSION */
@@ -136,7 +149,32 @@ typedef struct hora_gpu_plugin_v1_s {
    * host whatever CUDA_VISIBLE_DEVICES says (CUDA's PCI bus id), so ranks can
    * tell that they share a GPU, which NCCL refuses. */
   int (*device_pci_bus_id)(int device, char* out, size_t capacity);
+
+  /* Point-to-point (hora_send_async / hora_recv_async of GPU tensors; absent
+   * from plugins built before it: check HORA_GPU_PLUGIN_HAS(api, p2p_group)).
+   * Enqueues the `n` sends and receives on `stream` as one group
+   * (ncclGroupStart, ncclSend/ncclRecv, ncclGroupEnd), so a send and a
+   * receive with the same peer in one group never wait for each other.
+   * Operations between two ranks in one direction match in the order they
+   * were enqueued, across calls; a sender and its receiver name the same byte
+   * count. Returns once enqueued; completion is an event recorded on `stream`
+   * afterwards, failures also show in comm_async_error. Called by libhora's
+   * point-to-point GPU thread (ops/p2p/p2p_gpu.h), on communicators of two
+   * ranks that carry nothing else. */
+  int (*p2p_group)(const hora_gpu_p2p_op_t* ops, size_t n, hora_gpu_comm_t comm,
+                   hora_gpu_stream_t stream);
 } hora_gpu_plugin_v1_t;
+
+/* Whether the plugin's table has `field` (appended fields: a plugin built
+ * against an older header has a smaller struct_size). */
+#define HORA_GPU_PLUGIN_HAS(api, field)                                                     \
+  ((api)->struct_size >=                                                                    \
+       offsetof(hora_gpu_plugin_v1_t, field) + sizeof(((hora_gpu_plugin_v1_t*)0)->field) && \
+   (api)->field != NULL)
+/* The smallest table libhora accepts: up to device_pci_bus_id, the last field
+ * that every v1 plugin has. */
+#define HORA_GPU_PLUGIN_V1_MIN_SIZE \
+  (offsetof(hora_gpu_plugin_v1_t, device_pci_bus_id) + sizeof(void (*)(void)))
 
 /* Returns the plugin's table for `abi_version`, or NULL if it does not
  * speak that version. */

@@ -50,6 +50,7 @@ Status P2pEngine::post(P2pOp* ops, size_t count) {
                              rankText(opts_.rank) + " names itself as the peer; send to " +
                              "and receive from other ranks of the set");
     if (!o.sink) return internalError("point-to-point operation without a request");
+    HORA_RETURN_IF_ERROR(checkGpu(o));
   }
   Taken done;
   std::vector<Status> fatal;
@@ -142,7 +143,9 @@ void P2pEngine::takeIncoming() {
       f.h.seq = op->seq;
       f.h.tag = op->p.tag;
       f.h.bytes = op->p.bytes;
-      f.h.eager = op->p.bytes <= opts_.eagerBytes ? 1 : 0;
+      // A GPU payload never travels in frames (zero bytes: nothing to move).
+      f.h.gpu = op->p.device.kind == DeviceKind::kCuda ? 1 : 0;
+      f.h.eager = op->p.bytes <= (f.h.gpu ? 0 : opts_.eagerBytes) ? 1 : 0;
       if (f.h.eager) {
         f.payload = static_cast<const char*>(op->p.data);
         f.payloadBytes = op->p.bytes;
@@ -175,19 +178,31 @@ char* P2pEngine::matchLocked(Peer& p, const OpPtr& recv, const Frame& h, const c
   const DataType dt = static_cast<DataType>(h.dtype);
   std::string why;
   int32_t reason = 0;
+  const bool gpuRecv = recv->p.device.kind == DeviceKind::kCuda;
   if (recv->p.allocate) {
     std::vector<int64_t> shape(h.shape, h.shape + h.ndim);
-    Device cpu;
-    auto mem = recv->p.sink->allocateOutput(shape, dt, cpu, nullptr);
+    // A GPU message lands in GPU memory: this rank's point-to-point device.
+    P2pGpu* g = h.gpu ? gpu() : nullptr;
+    Device dev = g ? g->device() : Device{};
+    auto mem = h.gpu && !g ? Result<void*>(Status(Code::kNotSupported, "no GPU plugin configured"))
+                           : recv->p.sink->allocateOutput(shape, dt, dev, g);
     if (!mem.isOk()) {
       why = "allocating the receive buffer failed: " + mem.status().message();
       reason = kReasonAlloc;
     } else {
       recv->p.data = mem.value();
+      recv->p.device = dev;
       recv->p.dtype = dt;
       recv->p.shape = shape;
       recv->p.bytes = h.bytes;
     }
+  } else if ((h.gpu != 0) != gpuRecv) {
+    why = "the message is " + shapeText(dt, h.shape, h.ndim) + " in " + (h.gpu ? "GPU" : "host") +
+          " memory but the receive buffer is " + describeTensor(recv->p.dtype, recv->p.shape) +
+          " in " + (gpuRecv ? "GPU" : "host") +
+          " memory; point-to-point needs both sides in GPU memory or both in host memory (copy "
+          "one of them: tensor.cuda() or tensor.cpu())";
+    reason = kReasonDevice;
   } else if (dt != recv->p.dtype || h.bytes != recv->p.bytes) {
     why = "the message is " + shapeText(dt, h.shape, h.ndim) + " (" + std::to_string(h.bytes) +
           " bytes) but the receive buffer is " + describeTensor(recv->p.dtype, recv->p.shape) +
@@ -206,9 +221,20 @@ char* P2pEngine::matchLocked(Peer& p, const OpPtr& recv, const Frame& h, const c
     f.h.ndim = static_cast<uint8_t>(std::min<size_t>(recv->p.shape.size(), kP2pMaxDims));
     for (int i = 0; i < f.h.ndim; ++i) f.h.shape[i] = recv->p.shape[i];
     f.h.bytes = recv->p.bytes;
+    f.h.gpu = gpuRecv ? 1 : 0;
     f.completes = recv;
     f.completeWith = Status(Code::kMismatch, why);
     p.outq.push_back(f);
+    return nullptr;
+  }
+  if (h.gpu && h.bytes > 0) {
+    OutFrame f;
+    f.h.kind = kAccept;
+    f.h.seq = h.seq;
+    f.h.tag = h.tag;
+    p.outq.push_back(f);
+    // Enqueued in the order of the accepts, which the sender reads in order.
+    transferGpuLocked(recv);
     return nullptr;
   }
   if (!h.eager) {
@@ -392,7 +418,9 @@ bool P2pEngine::onFrameLocked(Peer& p) {
     case kAccept: {
       OpPtr send = takeSendLocked(p, h.seq);
       if (!send) break;  // failed meanwhile
-      if (send->p.bytes <= opts_.eagerBytes) {
+      if (send->p.device.kind == DeviceKind::kCuda && send->p.bytes > 0) {
+        transferGpuLocked(send);
+      } else if (send->p.bytes <= opts_.eagerBytes) {
         complete(send, Status());
       } else {
         OutFrame f;
@@ -413,14 +441,22 @@ bool P2pEngine::onFrameLocked(Peer& p) {
       const DataType rdt = h.dtype <= static_cast<uint8_t>(DataType::kBool)
                                ? static_cast<DataType>(h.dtype)
                                : DataType::kUint8;
-      std::string why = h.reason == kReasonMismatch
-                            ? rankText(p.rank) + "'s matching receive expected " +
-                                  shapeText(rdt, h.shape, h.ndim) + " (" + std::to_string(h.bytes) +
-                                  " bytes) but this rank sent " +
-                                  describeTensor(send->p.dtype, send->p.shape) + " (" +
-                                  std::to_string(send->p.bytes) +
-                                  " bytes); send and receive the same dtype and element count"
-                            : rankText(p.rank) + " could not allocate a buffer for this message";
+      const bool gpuSend = send->p.device.kind == DeviceKind::kCuda;
+      std::string why =
+          h.reason == kReasonDevice
+              ? rankText(p.rank) + "'s matching receive is " + shapeText(rdt, h.shape, h.ndim) +
+                    " in " + (h.gpu ? "GPU" : "host") + " memory but this rank sent " +
+                    describeTensor(send->p.dtype, send->p.shape) + " in " +
+                    (gpuSend ? "GPU" : "host") +
+                    " memory; point-to-point needs both sides in GPU memory or both in host "
+                    "memory (copy one of them: tensor.cuda() or tensor.cpu())"
+          : h.reason == kReasonMismatch
+              ? rankText(p.rank) + "'s matching receive expected " +
+                    shapeText(rdt, h.shape, h.ndim) + " (" + std::to_string(h.bytes) +
+                    " bytes) but this rank sent " + describeTensor(send->p.dtype, send->p.shape) +
+                    " (" + std::to_string(send->p.bytes) +
+                    " bytes); send and receive the same dtype and element count"
+              : rankText(p.rank) + " could not allocate a buffer for this message";
       complete(send, Status(Code::kMismatch, why));
       break;
     }
@@ -498,6 +534,7 @@ void P2pEngine::failPeerLocked(Peer& p, const Status& why) {
   p.outq.clear();
   p.unexpected.clear();
   p.peerFailure = why;
+  if (P2pGpu* g = gpuIfAny()) g->failPeer(p.rank, why);
 }
 
 void P2pEngine::fatalLocked(const Status& why) {
@@ -507,6 +544,7 @@ void P2pEngine::fatalLocked(const Status& why) {
 
 void P2pEngine::failAllLocked(const Status& why) {
   if (failed_.isOk()) failed_ = why;
+  if (P2pGpu* g = gpuIfAny()) g->fail(why);
   for (auto& op : incoming_) complete(op, why);
   incoming_.clear();
   for (auto& p : peers_) {
@@ -522,7 +560,8 @@ void P2pEngine::checkLocked(Clock::time_point now) {
   for (auto& pp : peers_) {
     Peer& p = *pp;
     const bool waiting = !p.recvs.empty() || !p.sends.empty() || !p.large.empty() ||
-                         !p.outq.empty() || p.inPayload || p.fastOutstanding > 0;
+                         !p.outq.empty() || p.inPayload || p.fastOutstanding > 0 ||
+                         (gpuIfAny() && gpuIfAny()->busyWith(p.rank));
     if (!waiting) continue;
     // A peer that shut down: what it has not sent by now never comes (its
     // inbound bytes were drained before this check).

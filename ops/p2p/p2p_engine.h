@@ -26,6 +26,12 @@
 // nothing to do) or a framework thread waiting on a request (poll(), which
 // the thread stands aside for). fail() from any thread (the set's health
 // listener); shutdown() from the set's owner.
+//
+// GPU tensors (kDLCUDA): the frames are the same, with the message marked
+// as a device payload; once accepted, the payload moves through the GPU
+// plugin on a pair communicator of its own (ops/p2p/p2p_gpu.h, glue in
+// p2p_engine_gpu.cc). A GPU message and a host receive buffer (or the
+// reverse) are rejected on both sides, as a mismatch.
 #pragma once
 
 #include <atomic>
@@ -47,6 +53,8 @@
 #include "core/store.h"
 #include "core/tensor_entry.h"
 #include "core/types.h"
+#include "ops/gpu/gpu_plugin_loader.h"
+#include "ops/p2p/p2p_gpu.h"
 #include "ops/p2p/p2p_inbox.h"
 
 namespace hora {
@@ -66,6 +74,8 @@ struct P2pOp {
   void* data = nullptr;        // send: read; recv: written
   size_t bytes = 0;
   bool allocate = false;
+  Device device;                      // kCuda: the payload moves through P2pGpu
+  void* readyEvent = nullptr;         // GPU: the framework's event to wait for
   std::shared_ptr<RequestSink> sink;  // completeEntry() once
 };
 
@@ -85,6 +95,12 @@ struct P2pEngineOptions {
   Seconds stallShutdown{0};                // 0 = never
   int spinUs = 50;  // how long drive() callers and the thread poll before sleeping
   Logger logger;
+  // GPU tensors: the runtime's plugin (null: refused), this process's local
+  // rank (the device of a receive without a buffer) and the bound on a GPU
+  // transfer (HORA_PEER_TIMEOUT_S).
+  std::shared_ptr<GpuPlugin> gpuPlugin;
+  int localRank = 0;
+  std::chrono::milliseconds peerTimeout{30000};
   // Breaks the set (SetHealth::fail, telling the peers): a peer's process
   // is gone, a frame is malformed, or an operation passed the stall
   // shutdown. Called without the engine's lock; the set's listener then
@@ -188,6 +204,14 @@ class P2pEngine {
   bool hasWorkLocked();
   std::string describe(const Op& op) const;
   std::string rankText(int setRank) const;
+  // GPU payloads (p2p_engine_gpu.cc).
+  P2pGpu* gpu();  // created on first use; null without a plugin
+  P2pGpu* gpuIfAny() const { return gpuPtr_.load(std::memory_order_acquire); }
+  Status checkGpu(const P2pOp& op);  // at post, before the lock
+  // With mu_ held: hand an accepted GPU message's payload to P2pGpu, in the
+  // order of the accepts (sender: as it reads them; receiver: as it queues them).
+  void transferGpuLocked(const OpPtr& op);
+  void gpuDone(const OpPtr& op, const Status& s);  // P2pGpu's thread, without mu_
 
   static constexpr std::chrono::milliseconds kAcceptEvery{10};
   // poll(): idle rounds between looks at where the peers poll.
@@ -221,6 +245,9 @@ class P2pEngine {
   std::mutex wakeMu_;
   std::condition_variable wakeCv_;
   uint64_t wakeups_ = 0;
+  std::once_flag gpuOnce_;
+  std::unique_ptr<P2pGpu> gpu_;
+  std::atomic<P2pGpu*> gpuPtr_{nullptr};
 };
 
 }  // namespace hora

@@ -23,7 +23,7 @@ namespace {
 constexpr uint32_t kFrameMagic = 0x68327032;  // "h2p2"
 
 enum FrameKind : uint8_t { kMessage = 1, kAccept = 2, kReject = 3, kPayload = 4, kClose = 5 };
-enum RejectReason : int32_t { kReasonMismatch = 1, kReasonAlloc = 2 };
+enum RejectReason : int32_t { kReasonMismatch = 1, kReasonAlloc = 2, kReasonDevice = 3 };
 
 }  // namespace
 
@@ -41,7 +41,10 @@ struct P2pEngine::Frame {
   uint64_t bytes = 0;
   int64_t shape[kP2pMaxDims] = {};
   int32_t reason = 0;
-  uint8_t pad[28] = {};
+  // kMessage: the payload is in GPU memory and moves through P2pGpu after the
+  // accept; kReject: the receive buffer is in GPU memory.
+  uint8_t gpu = 0;
+  uint8_t pad[27] = {};
 };
 
 namespace {

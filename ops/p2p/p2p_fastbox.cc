@@ -23,7 +23,7 @@ namespace hora {
 bool P2pEngine::tryFastSendLocked(Peer& p, const OpPtr& op) {
   const P2pOp& o = op->p;
   if (p.fd >= 0 || !p.out || !p.outq.empty() || o.bytes > opts_.fastBytes || opts_.fastBytes == 0 ||
-      o.shape.size() > static_cast<size_t>(kP2pFastMaxDims))
+      o.device.kind != DeviceKind::kCpu || o.shape.size() > static_cast<size_t>(kP2pFastMaxDims))
     return false;
   const uint32_t n = p.fastNext;
   const uint32_t i = n % kP2pFastSlots;

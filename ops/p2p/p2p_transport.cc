@@ -402,6 +402,13 @@ bool P2pEngine::sleepOnSockets(int timeoutMs) {
 }
 
 void P2pEngine::shutdown(const std::string& reason) {
+  // GPU payloads already matched: both sides have issued (or will issue)
+  // them, so they are let finish, as a large host payload being written.
+  if (P2pGpu* g = gpuIfAny())
+    g->shutdown(
+        Status(Code::kShutDown, reason + " with this point-to-point GPU transfer pending"),
+        Clock::now() + std::clamp<Clock::duration>(opts_.peerTimeout, std::chrono::seconds(1),
+                                                   std::chrono::seconds(10)));
   std::thread t;
   std::vector<std::pair<OpPtr, Status>> done;
   {

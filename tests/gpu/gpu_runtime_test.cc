@@ -6,7 +6,9 @@
 //    ranks on one GPU) and across devices when there are several;
 //  - the staging path (HORA_GPU_BACKEND=gloo) with 2-4 ranks sharing GPU 0,
 //    and auto mode choosing it by itself for ranks that share a GPU;
-//  - a ready event: hora's stream waits for the framework's producing work.
+//  - a ready event: hora's stream waits for the framework's producing work;
+//  - point-to-point of GPU tensors over NCCL send/recv (two devices), and a
+//    clear error, not a hang, for two ranks sharing one GPU.
 // Skips (with the reason) where no CUDA device is visible.
 #include <cuda_runtime.h>
 
@@ -148,6 +150,67 @@ TEST_F(GpuRuntime, ReadyEventOrdersTheProducingStream) {
       cudaFree(d);
     });
   }
+}
+
+// Point-to-point between ranks on two GPUs: both directions at once, sizes
+// around NCCL's buffer, every byte checked on the host.
+TEST_F(GpuRuntime, SendRecvAcrossDevices) {
+  if (devices_ < 2) GTEST_SKIP() << "needs two CUDA devices, " << devices_ << " visible";
+  runThreads(2, [](int rank, hora_runtime_t rt) {
+    cudaSetDevice(rank);
+    const int peer = 1 - rank;
+    int64_t tag = 0;
+    for (int64_t count : {1, 1000, 1 << 20, 5 << 20}) {
+      const size_t bytes = static_cast<size_t>(count) * sizeof(int32_t);
+      std::vector<int32_t> h(count);
+      for (int64_t i = 0; i < count; ++i) h[i] = static_cast<int32_t>(i * 7 + rank * 1000003 + tag);
+      int32_t *out = nullptr, *in = nullptr;
+      ASSERT_EQ(cudaMalloc(&out, bytes), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&in, bytes), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(out, h.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+      std::vector<int64_t> shape = {count};
+      DLTensor to = makeTensor(out, dlType(kDLInt, 32), &shape);
+      DLTensor ti = makeTensor(in, dlType(kDLInt, 32), &shape);
+      to.device = ti.device = DLDevice{kDLCUDA, rank};
+      hora_request_t s = nullptr, r = nullptr;
+      ASSERT_EQ(hora_send_async(rt, &to, peer, tag, nullptr, &s), HORA_SUCCESS)
+          << hora_last_error_message();
+      ASSERT_EQ(hora_recv_async(rt, &ti, peer, tag, nullptr, &r), HORA_SUCCESS)
+          << hora_last_error_message();
+      ASSERT_EQ(waitAndFree(s), HORA_SUCCESS) << lastMessage();
+      ASSERT_EQ(waitAndFree(r), HORA_SUCCESS) << lastMessage();
+      std::vector<int32_t> got(count);
+      ASSERT_EQ(cudaMemcpy(got.data(), in, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (int64_t i = 0; i < count; ++i)
+        ASSERT_EQ(got[i], static_cast<int32_t>(i * 7 + peer * 1000003 + tag)) << i;
+      cudaFree(out);
+      cudaFree(in);
+      ++tag;
+    }
+  });
+}
+
+// NCCL refuses a communicator with two ranks on one GPU: point-to-point of
+// GPU tensors between ranks sharing a GPU fails on both sides with the
+// plugin's reason, within the peer timeout, instead of hanging.
+TEST_F(GpuRuntime, SendRecvBetweenRanksSharingAGpuFailsClearly) {
+  runThreads(2, [](int rank, hora_runtime_t rt) {
+    cudaSetDevice(0);
+    int32_t* d = nullptr;
+    ASSERT_EQ(cudaMalloc(&d, 4096), cudaSuccess);
+    std::vector<int64_t> shape = {1024};
+    DLTensor t = makeTensor(d, dlType(kDLInt, 32), &shape);
+    t.device = DLDevice{kDLCUDA, 0};
+    hora_request_t req = nullptr;
+    ASSERT_EQ(rank == 0 ? hora_send_async(rt, &t, 1, 0, nullptr, &req)
+                        : hora_recv_async(rt, &t, 0, 0, nullptr, &req),
+              HORA_SUCCESS)
+        << hora_last_error_message();
+    std::string msg;
+    EXPECT_NE(waitAndFree(req, 60, &msg), HORA_SUCCESS);
+    EXPECT_NE(msg.find("comm_init"), std::string::npos) << msg;
+    cudaFree(d);
+  });
 }
 
 }  // namespace

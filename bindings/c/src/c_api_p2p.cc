@@ -53,17 +53,20 @@ hora_status_t submitP2p(const char* fn, ProcessSet& set, const hora_options_t& o
       // with the text that names the call, for the message.
       Status s = checkTensor(a.tensor, std::string(), &ti);
       if (!s.isOk()) return setError(checkTensor(a.tensor, where(), &ti));
-      if (ti.device.kind != DeviceKind::kCpu)
-        return fail(Code::kNotSupported,
-                    where() +
-                        " is in GPU memory: point-to-point serves CPU tensors for now; copy "
-                        "it to host memory first (tensor.cpu() in PyTorch)");
+      // GPU memory: the plugin must load and the device exist; the payload
+      // then moves through the plugin (ops/p2p/p2p_gpu.h).
+      if (ti.device.kind == DeviceKind::kCuda) {
+        Status d = checkDevice(set, CollectiveKind::kAllreduce, ti, nullptr, where());
+        if (!d.isOk()) return setError(d);
+        op.readyEvent = o.ready_event;
+      }
       if (ti.shape.size() > static_cast<size_t>(kP2pMaxDims))
         return fail(Code::kInvalidArgument, where() + " has " + std::to_string(ti.shape.size()) +
                                                 " dimensions; " +
                                                 "point-to-point messages carry at most " +
                                                 std::to_string(kP2pMaxDims) + " (reshape it)");
       op.dtype = ti.dtype;
+      op.device = ti.device;
       op.shape = std::move(ti.shape);
       op.data = ti.data;
       op.bytes = static_cast<size_t>(ti.count) * dataTypeSize(ti.dtype);

@@ -124,6 +124,9 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   po.stallWarning = o.stallWarning;
   po.stallShutdown = o.stallShutdown;
   po.logger = logger;
+  po.gpuPlugin = o.gpu.plugin;
+  po.localRank = o.gpu.localRank;
+  po.peerTimeout = o.peerTimeout;
   SetHealth* health = &ps->health_;
   po.onFatal = [health](const Status& why) { health->fail(why, true); };
   ps->p2p_ = std::make_shared<P2pEngine>(std::move(po));

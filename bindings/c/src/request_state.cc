@@ -41,6 +41,12 @@ Result<void*> RequestState::allocateOutput(const std::vector<int64_t>& shape, Da
   outShape = shape;
   if (dlTypeFromOutput) dlType = toDLDataType(dtype);
   void* data = nullptr;
+  if (alloc && onGpu && dlTypeFromOutput)
+    // A receive without a buffer: hora_alloc_t cannot be told that the
+    // message is in GPU memory, so its memory could be host memory.
+    return Status(Code::kNotSupported,
+                  "the message is in GPU memory, and options.alloc cannot be told so; receive "
+                  "into a CUDA tensor, or without options.alloc for a library-owned output");
   if (alloc) {
     // For a GPU input the callback returns memory on the input's device.
     const int rc =

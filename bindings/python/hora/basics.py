@@ -575,8 +575,8 @@ def submit_barrier(process_set=None, name=None):
     return _submit(_lib.library().hora_barrier_async, rt, ctypes.byref(o), keep=(nb,), what="hora_barrier_async")
 
 
-def _p2p_options(process_set, alloc=None):
-    o = _options(process_set, None)
+def _p2p_options(process_set, alloc=None, ready=None):
+    o = _options(process_set, None, ready=ready)
     _set_alloc(o, alloc)
     return o
 
@@ -591,7 +591,7 @@ def submit_send(ref, peer, tag=0, process_set=None, finish=None, keep=()):
     """Sends ``ref`` to set rank ``peer`` (docs/p2p.md)."""
     rt = _require_runtime()
     _require_p2p()
-    o = _p2p_options(process_set)
+    o = _p2p_options(process_set, ready=ref.ready_event)
     return _submit(_lib.library().hora_send_async, rt, ref.pointer, int(peer), int(tag), ctypes.byref(o),
                    keep=(ref, o, keep), finish=finish, what="hora_send_async")
 
@@ -601,7 +601,7 @@ def submit_recv(ref, peer, tag=0, process_set=None, finish=None, keep=(), alloc=
     comes from ``alloc`` or is library-owned) from set rank ``peer``."""
     rt = _require_runtime()
     _require_p2p()
-    o = _p2p_options(process_set, alloc)
+    o = _p2p_options(process_set, alloc, ready=ref.ready_event if ref is not None else None)
     return _submit(_lib.library().hora_recv_async, rt, ref.pointer if ref is not None else None, int(peer),
                    int(tag), ctypes.byref(o), keep=(ref, o, keep, alloc), finish=finish,
                    what="hora_recv_async")
@@ -621,7 +621,9 @@ def submit_p2p_batch(ops, process_set=None, finish=None, keep=()):
         arr[i].peer = int(peer)
         arr[i].tag = int(tag)
         arr[i].tensor = ref.pointer
-    o = _p2p_options(process_set)
+    # One event for the batch: the last GPU tensor's, recorded after the others on the same stream.
+    ready = [ref.ready_event for _, ref, _, _ in ops if ref.ready_event is not None]
+    o = _p2p_options(process_set, ready=ready[-1] if ready else None)
     return _submit(_lib.library().hora_p2p_batch_async, rt, n, arr, ctypes.byref(o),
                    keep=(ops, arr, o, keep), finish=finish, what="hora_p2p_batch_async")
 

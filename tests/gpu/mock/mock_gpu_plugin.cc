@@ -2,8 +2,17 @@
 // memory, so that libhora's GPU paths (plugin loading, device checks, the
 // device fusion buffer with batched pack/unpack, the communicator path with
 // ranks as threads of one process, staging through the CPU data plane, error
-// mapping) are tested on machines without a GPU. Streams run synchronously;
-// events are always complete.
+// mapping, point-to-point) are tested on machines without a GPU. Streams run
+// synchronously, except point-to-point receives (below); events are complete
+// once the receives enqueued before them are.
+//
+// Point-to-point (p2p_group): a send copies its bytes into the communicator's
+// mailbox for (sender, receiver) and is done (as NCCL, which buffers what
+// fits); a receive is queued on its stream and completes, in order, when
+// event_query or stream_synchronize finds its message there. Blocking in the
+// receive instead would deadlock two ranks' point-to-point threads that each
+// wait in a receive for a send queued behind the other's receive, which
+// real streams, running beside each other, never do.
 //
 // Test hooks (exported, C linkage, looked up with dlsym by the tests):
 //   hora_gpu_mock_calls(name)  how often the named table function was called
@@ -12,7 +21,9 @@
 // error; HORA_GPU_MOCK_DEVICES=<n> sets the device count (default 1);
 // HORA_GPU_MOCK_REFUSE_ABI=1 makes the entry point refuse every ABI version
 // (as a plugin of another hora version would); HORA_GPU_MOCK_STUCK=1 makes
-// events never complete (GPU work that never ends).
+// events never complete (GPU work that never ends);
+// HORA_GPU_MOCK_WITHOUT_P2P=1 hands out a table as short as a plugin's built
+// before p2p_group was appended.
 //
 // Process-wide counters are fine here: this is a test double, not hora.
 #include <atomic>
@@ -21,11 +32,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/reduce.h"
@@ -84,19 +97,49 @@ int devicePciBusId(int device, char* out, size_t capacity) {
   return 0;
 }
 
+// A stream: the point-to-point receives enqueued on it and not yet done
+// (everything else ran when it was enqueued). An event: the stream and how
+// many receives had been enqueued on it when it was recorded.
+struct PendingRecv;
+struct Stream {
+  std::mutex mu;
+  std::vector<std::shared_ptr<PendingRecv>> recvs;  // in enqueue order
+  uint64_t enqueued = 0;
+  uint64_t finished = 0;
+  std::string error;  // a receive that failed: the stream is broken
+};
+struct Event {
+  Stream* stream = nullptr;
+  uint64_t upTo = 0;
+};
+// Completes what it can of s's receives (s.mu held); false with tlsError
+// set once one failed.
+bool progress(Stream& s);
+
 int streamCreate(int, hora_gpu_stream_t* out) {
   ENTER("stream_create");
-  *out = reinterpret_cast<hora_gpu_stream_t>(new int(0));
+  *out = reinterpret_cast<hora_gpu_stream_t>(new Stream);
   return 0;
 }
 int streamDestroy(hora_gpu_stream_t s) {
   ENTER("stream_destroy");
-  delete reinterpret_cast<int*>(s);
+  delete reinterpret_cast<Stream*>(s);
   return 0;
 }
-int streamSynchronize(hora_gpu_stream_t) {
+int streamSynchronize(hora_gpu_stream_t h) {
   ENTER("stream_synchronize");
-  return 0;
+  auto& s = *reinterpret_cast<Stream*>(h);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lk(s.mu);
+      if (!progress(s)) return 1;
+      if (s.recvs.empty()) return 0;
+    }
+    if (std::chrono::steady_clock::now() > deadline)
+      return fail("mock: stream_synchronize: a receive never got its message");
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
 }
 int streamWaitExternalEvent(hora_gpu_stream_t, void* ev) {
   ENTER("stream_wait_external_event");
@@ -104,22 +147,36 @@ int streamWaitExternalEvent(hora_gpu_stream_t, void* ev) {
 }
 int eventCreate(int, hora_gpu_event_t* out) {
   ENTER("event_create");
-  *out = reinterpret_cast<hora_gpu_event_t>(new int(0));
+  *out = reinterpret_cast<hora_gpu_event_t>(new Event);
   return 0;
 }
 int eventDestroy(hora_gpu_event_t e) {
   ENTER("event_destroy");
-  delete reinterpret_cast<int*>(e);
+  delete reinterpret_cast<Event*>(e);
   return 0;
 }
-int eventRecord(hora_gpu_event_t, hora_gpu_stream_t) {
+int eventRecord(hora_gpu_event_t e, hora_gpu_stream_t h) {
   ENTER("event_record");
+  auto& ev = *reinterpret_cast<Event*>(e);
+  auto& s = *reinterpret_cast<Stream*>(h);
+  std::lock_guard<std::mutex> lk(s.mu);
+  ev.stream = &s;
+  ev.upTo = s.enqueued;
   return 0;
 }
-int eventQuery(hora_gpu_event_t, int* done) {
+int eventQuery(hora_gpu_event_t e, int* done) {
   ENTER("event_query");
   const char* stuck = std::getenv("HORA_GPU_MOCK_STUCK");
-  *done = stuck && std::strcmp(stuck, "1") == 0 ? 0 : 1;
+  if (stuck && std::strcmp(stuck, "1") == 0) {
+    *done = 0;
+    return 0;
+  }
+  auto& ev = *reinterpret_cast<Event*>(e);
+  *done = 1;
+  if (!ev.stream) return 0;
+  std::lock_guard<std::mutex> lk(ev.stream->mu);
+  if (!progress(*ev.stream)) return 1;
+  *done = ev.stream->finished >= ev.upTo ? 1 : 0;
   return 0;
 }
 
@@ -194,6 +251,8 @@ struct Group {
   uint64_t generation = 0;
   bool aborted = false;
   std::vector<Slot> slots;
+  // Point-to-point: messages sent and not yet received, by (from, to).
+  std::map<std::pair<int, int>, std::deque<std::vector<char>>> mail;
 };
 
 std::mutex groupsMu;
@@ -422,6 +481,72 @@ int reducescatter(void* inout, const size_t* counts, int32_t dtype, int32_t op, 
       });
 }
 
+// A receive waiting on its stream for its message.
+struct PendingRecv {
+  std::shared_ptr<Group> group;
+  int from = 0, to = 0;
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
+bool progress(Stream& s) {
+  if (!s.error.empty()) return fail(s.error) == 0;
+  while (!s.recvs.empty()) {
+    PendingRecv& r = *s.recvs.front();
+    Group& g = *r.group;
+    std::lock_guard<std::mutex> lk(g.mu);
+    auto& box = g.mail[{r.from, r.to}];
+    if (box.empty() && g.aborted) {
+      s.error = "mock: communicator aborted with a receive pending";
+      return fail(s.error) == 0;
+    }
+    if (box.empty()) return true;
+    if (box.front().size() != r.bytes) {
+      s.error = "mock: rank " + std::to_string(r.to) + " receives " + std::to_string(r.bytes) +
+                " bytes from rank " + std::to_string(r.from) + ", which sent " +
+                std::to_string(box.front().size());
+      return fail(s.error) == 0;
+    }
+    if (r.bytes) std::memcpy(r.data, box.front().data(), r.bytes);
+    box.pop_front();
+    s.recvs.erase(s.recvs.begin());
+    ++s.finished;
+  }
+  return true;
+}
+
+int p2pGroup(const hora_gpu_p2p_op_t* ops, size_t n, hora_gpu_comm_t c, hora_gpu_stream_t h) {
+  ENTER("p2p_group");
+  auto* comm = reinterpret_cast<Comm*>(c);
+  Group& g = *comm->group;
+  auto& s = *reinterpret_cast<Stream*>(h);
+  for (size_t i = 0; i < n; ++i)
+    if (ops[i].peer < 0 || ops[i].peer >= g.nranks || ops[i].peer == comm->rank)
+      return fail("mock: p2p_group: peer " + std::to_string(ops[i].peer) + " on rank " +
+                  std::to_string(comm->rank) + " of a " + std::to_string(g.nranks) +
+                  "-rank communicator");
+  for (size_t i = 0; i < n; ++i) {
+    const hora_gpu_p2p_op_t& op = ops[i];
+    if (op.kind == HORA_GPU_P2P_SEND) {
+      std::lock_guard<std::mutex> lk(g.mu);
+      if (g.aborted) return fail("mock: communicator aborted");
+      const char* p = static_cast<const char*>(op.data);
+      g.mail[{comm->rank, op.peer}].emplace_back(p, p + op.bytes);
+    } else {
+      auto r = std::make_shared<PendingRecv>();
+      r->group = comm->group;
+      r->from = op.peer;
+      r->to = comm->rank;
+      r->data = op.data;
+      r->bytes = op.bytes;
+      std::lock_guard<std::mutex> lk(s.mu);
+      s.recvs.push_back(std::move(r));
+      ++s.enqueued;
+    }
+  }
+  return 0;
+}
+
 const hora_gpu_plugin_v1_t kTable = {
     HORA_GPU_PLUGIN_ABI_VERSION,
     sizeof(hora_gpu_plugin_v1_t),
@@ -454,6 +579,7 @@ const hora_gpu_plugin_v1_t kTable = {
     alltoallv,
     reducescatter,
     devicePciBusId,
+    p2pGroup,
 };
 
 }  // namespace
@@ -461,7 +587,19 @@ const hora_gpu_plugin_v1_t kTable = {
 MOCK_EXPORT const hora_gpu_plugin_v1_t* hora_gpu_plugin_get(uint32_t abi_version) {
   const char* refuse = std::getenv("HORA_GPU_MOCK_REFUSE_ABI");
   if (refuse && std::strcmp(refuse, "1") == 0) return nullptr;
-  return abi_version == HORA_GPU_PLUGIN_ABI_VERSION ? &kTable : nullptr;
+  if (abi_version != HORA_GPU_PLUGIN_ABI_VERSION) return nullptr;
+  const char* old = std::getenv("HORA_GPU_MOCK_WITHOUT_P2P");
+  if (old && std::strcmp(old, "1") == 0) {
+    // A plugin built before point-to-point: its table ends at device_pci_bus_id.
+    static const hora_gpu_plugin_v1_t shorter = [] {
+      hora_gpu_plugin_v1_t t = kTable;
+      t.struct_size = HORA_GPU_PLUGIN_V1_MIN_SIZE;
+      t.p2p_group = nullptr;
+      return t;
+    }();
+    return &shorter;
+  }
+  return &kTable;
 }
 
 MOCK_EXPORT long hora_gpu_mock_calls(const char* name) {

@@ -14,10 +14,17 @@ Horovod never had them; the API follows torch.distributed's where it can:
   earlier receive took. ``recv(None, src)`` takes any shape and dtype and
   returns a new tensor. A dtype or element-count mismatch fails both sides
   with HoraMismatchError; nothing is written into the receive buffer.
-* CUDA tensors are staged through host memory here (the C ABI serves CPU
-  tensors); autograd does not flow through send/recv (pipeline schedules
-  move activations and gradients explicitly, see hora.torch.parallel).
+* CUDA tensors are staged through host memory here by default, which works
+  whatever the GPU layout. With ``HORA_TORCH_P2P_CUDA=direct`` they go to
+  libhora as CUDA tensors and move through the GPU plugin (NCCL send/recv,
+  docs/p2p.md "GPU tensors"): every rank must then have its own GPU, both
+  sides of a message must be CUDA tensors, and ``recv(None, src)`` of a
+  CUDA message is refused (the allocator cannot be told it is one).
+  Autograd does not flow through send/recv (pipeline schedules move
+  activations and gradients explicitly, see hora.torch.parallel).
 """
+import os
+
 import torch
 
 from .. import basics
@@ -38,9 +45,14 @@ def _peer_in_set(peer, process_set, what):
     return ps.ranks.index(peer)
 
 
+def _direct_cuda():
+    return os.environ.get("HORA_TORCH_P2P_CUDA", "staged") == "direct"
+
+
 def _host(tensor):
-    """The tensor hora reads or writes: itself on the CPU, a contiguous host copy otherwise."""
-    if tensor.device.type == "cpu":
+    """The tensor hora reads or writes: itself on the CPU (or, HORA_TORCH_P2P_CUDA=direct, on
+    the GPU), a contiguous host copy otherwise."""
+    if tensor.device.type == "cpu" or (tensor.is_cuda and _direct_cuda()):
         return tensor if tensor.is_contiguous() else tensor.contiguous()
     return tensor.detach().to("cpu").contiguous()
 
