@@ -77,7 +77,7 @@ HOSTLIST=$("$BED" hosts --name "$NAME" | awk -v s="$PER_HOST" '{printf "%s%s:%s"
 NP=$((HOSTS * PER_HOST))
 SUBNET=$("$BED" hosts --name "$NAME" | head -n 1 | sed 's/\.[0-9]*$/.0\/24/')
 on0() { "$BED" exec --name "$NAME" 0 "$@"; }
-link_total() { "$BED" counters --name "$NAME" 0 | awk '{print $1 + $2}'; }
+link_total() { local rx tx; read -r rx tx < <("$BED" counters --name "$NAME" 0); echo $((rx + tx)); }
 
 BENCH_ARGS=(--sizes "$SIZES")
 [ -n "$ITERS" ] && BENCH_ARGS+=(--iters "$ITERS")
