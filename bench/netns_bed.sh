@@ -29,6 +29,9 @@
 #   horarun --ssh-command "$(bench/netns_bed.sh rsh) {host}" -H 10.78.0.1:2,10.78.0.2:2 ...
 #   mpirun --mca plm_rsh_agent "$(bench/netns_bed.sh rsh)" -H 10.78.0.1:2,10.78.0.2:2 ...
 # starting horarun / mpirun itself on host 0 (`netns_bed.sh exec 0 ...`).
+# exec and the wrapper enter the network and UTS namespaces only (no mount
+# namespace): files, /dev/shm and /tmp are shared as on one machine, and
+# /sys/class/net shows the root namespace's devices (use `ip` or `counters`).
 #
 # Delay: not available. This kernel has tbf and htb but neither netem nor the
 # qdiscs that honour a BPF-set departure time (fq, etf), so no tc-only way to
