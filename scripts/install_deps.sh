@@ -12,9 +12,10 @@
 #                                         (scripts/render_timeline.py, bench/plot_results.py)
 set -euo pipefail
 
-# iproute2: `ip netns` for the multi-host launcher test.
+# iproute2 (`ip netns`, `tc`) and util-linux (`unshare`, `nsenter`): the multi-host launcher
+# tests and the test bed bench/netns_bed.sh.
 PACKAGES=(cmake ninja-build g++ make pkg-config libgloo-dev libboost-dev libgtest-dev libdlpack-dev
-  iproute2)
+  iproute2 util-linux)
 for arg in "$@"; do
   case "$arg" in
     --mpi) PACKAGES+=(openmpi-bin libopenmpi-dev) ;;

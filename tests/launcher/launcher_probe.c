@@ -18,6 +18,11 @@
  *                                   CODE before step S, or hangs there
  *                                   (optionally ignoring SIGTERM); prints
  *                                   "probe ready rank R pid P" after step 1
+ *   launcher_probe allreduce BYTES ITERS
+ *                                   allreduce a float32 buffer of BYTES bytes
+ *                                   (sum) ITERS times, checking every element
+ *                                   (the multi-host tests count the bytes this
+ *                                   puts on an emulated link)
  */
 #include <hora/hora.h>
 #include <signal.h>
@@ -182,6 +187,55 @@ static int do_train(int argc, char** argv) {
   return check(hora_shutdown(rt), "hora_shutdown");
 }
 
+/* Integer-valued float32 in [-16, 15]: sums over ranks are exact. */
+static float pattern(long j, int it, int rank) {
+  return (float)((int)((j * 5 + it * 7 + rank * 3) & 31) - 16);
+}
+
+static int do_allreduce(long bytes, int iters) {
+  hora_runtime_t rt = NULL;
+  if (check(hora_init(NULL, &rt), "hora_init")) return 1;
+  int32_t rank = 0, size = 1;
+  hora_rank(rt, &rank);
+  hora_size(rt, &size);
+  long count = bytes / 4;
+  float* data = malloc((size_t)count * sizeof(float));
+  if (!data) return 1;
+  int64_t shape[1] = {count};
+  DLTensor t;
+  memset(&t, 0, sizeof(t));
+  t.data = data;
+  t.device.device_type = kDLCPU;
+  t.ndim = 1;
+  t.dtype.code = kDLFloat;
+  t.dtype.bits = 32;
+  t.dtype.lanes = 1;
+  t.shape = shape;
+  for (int it = 0; it < iters; ++it) {
+    for (long j = 0; j < count; ++j) data[j] = pattern(j, it, rank);
+    hora_options_t opt;
+    hora_options_init(&opt);
+    opt.name = "probe.big";
+    hora_request_t req = NULL;
+    if (check(hora_allreduce_async(rt, &t, &t, &opt, &req), "allreduce") ||
+        check(hora_wait(req, 60.0), "allreduce wait"))
+      return 1;
+    hora_request_free(req);
+    for (long j = 0; j < count; ++j) {
+      float want = 0;
+      for (int r = 0; r < size; ++r) want += pattern(j, it, r);
+      if (data[j] != want) {
+        fprintf(stderr, "probe: rank %d iteration %d element %ld: got %g want %g\n", rank, it, j,
+                (double)data[j], (double)want);
+        return 1;
+      }
+    }
+  }
+  printf("probe allreduce rank %d: %ld bytes x %d ok\n", rank, bytes, iters);
+  free(data);
+  return check(hora_shutdown(rt), "hora_shutdown");
+}
+
 static int do_env(void) {
   static const char* names[] = {"HORA_RANK",
                                 "HORA_SIZE",
@@ -221,6 +275,7 @@ int main(int argc, char** argv) {
   if (argc >= 5 && !strcmp(argv[1], "verify"))
     return do_verify(atoi(argv[2]), atoi(argv[3]), argv[4]);
   if (argc >= 3 && !strcmp(argv[1], "train")) return do_train(argc, argv);
+  if (argc >= 4 && !strcmp(argv[1], "allreduce")) return do_allreduce(atol(argv[2]), atoi(argv[3]));
   fprintf(stderr, "usage: see the comment at the top of launcher_probe.c\n");
   return 2;
 }
