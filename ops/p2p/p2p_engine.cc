@@ -54,6 +54,7 @@ Status P2pEngine::post(P2pOp* ops, size_t count) {
   }
   Taken done;
   std::vector<Status> fatal;
+  Rings rings;
   bool needed;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -68,7 +69,9 @@ Status P2pEngine::post(P2pOp* ops, size_t count) {
       op->p = std::move(ops[i]);
       op->posted = now;
       incoming_.push_back(std::move(op));
-      live_.fetch_add(1, std::memory_order_relaxed);
+      // Changed only under mu_: a load and a store, no locked instruction
+      // (which would wait for this core's pending stores to reach memory).
+      live_.store(live_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     }
     if (!threadStarted_) {
       threadStarted_ = true;
@@ -84,7 +87,9 @@ Status P2pEngine::post(P2pOp* ops, size_t count) {
     for (auto& p : peers_) needed = needed || !p->outq.empty();
     done.take(completions_);
     fatal.swap(fatal_);
+    rings.take(toRing_);
   }
+  rings.ring();
   deliver(done, fatal);
   if (needed) wake();
   return Status();
@@ -94,12 +99,15 @@ bool P2pEngine::drive(Clock::time_point now) {
   std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return false;
   const bool moved = progressLocked(now);
-  if (completions_.empty() && fatal_.empty()) return moved;
+  if (completions_.empty() && fatal_.empty() && toRing_.empty()) return moved;
   Taken done;
   std::vector<Status> fatal;
+  Rings rings;
   done.take(completions_);
   fatal.swap(fatal_);
+  rings.take(toRing_);
   lk.unlock();
+  rings.ring();
   deliver(done, fatal);
   return moved;
 }
@@ -115,7 +123,7 @@ size_t P2pEngine::pending() const { return live_.load(std::memory_order_acquire)
 void P2pEngine::complete(OpPtr op, const Status& s) {
   if (op->done) return;
   op->done = true;
-  live_.fetch_sub(1, std::memory_order_release);
+  live_.store(live_.load(std::memory_order_relaxed) - 1, std::memory_order_release);
   if (s.isOk()) {
     completions_.emplace_back(std::move(op), s);
   } else {
@@ -261,7 +269,7 @@ void P2pEngine::acceptEagerLocked(Peer& p, const OpPtr& recv, const Frame& h, in
     p.out->fast(static_cast<uint32_t>(opts_.rank))
         .acks.acked[static_cast<uint32_t>(fastSeq) % kP2pFastSlots]
         .store(static_cast<uint32_t>(fastSeq) + 1, std::memory_order_release);
-    p.out->ring();
+    ringLater(p);
     complete(recv, Status());
     return;
   }

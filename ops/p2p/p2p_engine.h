@@ -178,6 +178,12 @@ class P2pEngine {
   bool drainFastLocked(Peer& p);
   bool reapFastAcksLocked(Peer& p);
   bool fastWorkLocked(const Peer& p) const;
+  // A fast-box store for `p` wants its doorbell rung, which takes a full
+  // fence (P2pInbox::ring): done after mu_ is released, when unlocking has
+  // drained the store anyway. Fencing right after the store made this core
+  // wait for the line to leave the peer's cache, on the message's path.
+  void ringLater(Peer& p);
+  struct Rings;
   // The send awaiting accept or reject with sequence number `seq`, taken out
   // of Peer::sends or Peer::fastBusy (null: it failed meanwhile).
   OpPtr takeSendLocked(Peer& p, uint64_t seq);
@@ -234,6 +240,7 @@ class P2pEngine {
   std::atomic<uint64_t> fastSends_{0};  // posted and not completed; changed under mu_, read without
   std::vector<std::pair<OpPtr, Status>> completions_;  // run after mu_ is released
   std::vector<Status> fatal_;                          // onFatal calls, likewise
+  std::vector<P2pInbox*> toRing_;                      // doorbells to ring, likewise
   Status failed_;                                      // set once; later posts fail with it
   bool stopping_ = false;
   bool threadStarted_ = false;

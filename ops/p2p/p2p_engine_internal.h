@@ -141,6 +141,18 @@ struct P2pEngine::Taken {
   }
 };
 
+// Doorbells collected under mu_ (ringLater), rung without it.
+struct P2pEngine::Rings {
+  boost::container::small_vector<P2pInbox*, 4> items;
+  void take(std::vector<P2pInbox*>& from) {
+    items.assign(from.begin(), from.end());
+    from.clear();
+  }
+  void ring() {
+    for (P2pInbox* in : items) in->ring();
+  }
+};
+
 struct P2pEngine::Peer {
   int rank = 0;
   std::unique_ptr<P2pInbox> out;  // the peer's inbox; we write ring[our rank]

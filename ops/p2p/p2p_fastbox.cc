@@ -45,8 +45,12 @@ bool P2pEngine::tryFastSendLocked(Peer& p, const OpPtr& op) {
   op->fastSeq = n;
   // Written under the engine's lock only: no locked instruction needed.
   fastSends_.store(fastSends_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  p.out->ring();
+  ringLater(p);
   return true;
+}
+
+void P2pEngine::ringLater(Peer& p) {
+  if (toRing_.empty() || toRing_.back() != p.out.get()) toRing_.push_back(p.out.get());
 }
 
 bool P2pEngine::drainFastLocked(Peer& p) {
