@@ -8,8 +8,14 @@
 #                                         without it) and bench/p2p_bench.sh's MPI peer
 #        scripts/install_deps.sh --python also Debian's python3-torch, python3-numpy and
 #                                         python3-pytest for the Python binding (tests/python),
-#                                         and python3-matplotlib for the plotting scripts
-#                                         (scripts/render_timeline.py, bench/plot_results.py)
+#                                         python3-matplotlib for the plotting scripts
+#                                         (scripts/render_timeline.py, bench/plot_results.py),
+#                                         and python3-venv, -pip, -wheel, -setuptools for the
+#                                         wheel (scripts/build_wheel.sh, tests/install/wheel_test.sh)
+#        scripts/install_deps.sh --slurm  also Slurm (slurm-wlm: slurmctld, slurmd, srun; ~7
+#                                         packages with munge), for tests/launcher/slurm_test.sh,
+#                                         which starts a one-node cluster of its own (skipped
+#                                         without it). The packages' own services stay unconfigured.
 set -euo pipefail
 
 # iproute2 (`ip netns`, `tc`) and util-linux (`unshare`, `nsenter`): the multi-host launcher
@@ -19,8 +25,10 @@ PACKAGES=(cmake ninja-build g++ make pkg-config libgloo-dev libboost-dev libgtes
 for arg in "$@"; do
   case "$arg" in
     --mpi) PACKAGES+=(openmpi-bin libopenmpi-dev) ;;
-    --python) PACKAGES+=(python3-torch python3-numpy python3-pytest python3-matplotlib) ;;
-    *) echo "install_deps.sh: unknown option '$arg' (--mpi, --python)" >&2; exit 2 ;;
+    --python) PACKAGES+=(python3-torch python3-numpy python3-pytest python3-matplotlib
+      python3-venv python3-pip python3-wheel python3-setuptools) ;;
+    --slurm) PACKAGES+=(slurm-wlm) ;;
+    *) echo "install_deps.sh: unknown option '$arg' (--mpi, --python, --slurm)" >&2; exit 2 ;;
   esac
 done
 

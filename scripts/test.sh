@@ -14,7 +14,9 @@ if [ "${1:-}" = "--sanitize" ]; then SAN="$2"; fi
 case "$SAN" in
   "")
     BUILD="$ROOT/build"
-    "$ROOT/scripts/install_deps.sh" --python --mpi  # torch/numpy/pytest (tests/python), Open MPI (launcher test)
+    # torch/numpy/pytest (tests/python), venv/pip/wheel (the wheel test), Open MPI and
+    # Slurm (the mpirun and srun launcher tests)
+    "$ROOT/scripts/install_deps.sh" --python --mpi --slurm
     "$ROOT/scripts/build.sh" "$BUILD" -DHORA_SANITIZE=
     cd "$BUILD"
     ctest --output-on-failure -j "$(nproc)" --timeout 300
