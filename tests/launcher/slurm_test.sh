@@ -102,6 +102,7 @@ MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 JobCompType=jobcomp/none
+JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 ReturnToService=2
 KillWait=2
@@ -110,6 +111,13 @@ NodeName=$node NodeAddr=127.0.0.1 $hw State=UNKNOWN
 PartitionName=hora Nodes=$node Default=YES MaxTime=10 State=UP
 EOF
   : >"$SL/plugstack.conf"  # no SPANK plugins from /etc/slurm
+  # slurmd always loads a cgroup plugin. On a cgroup v2 host, 22.05's
+  # autodetected cgroup/v2 asks systemd (dbus) for a host-wide
+  # <node>_slurmstepd.scope and moves slurmd into it: a daemon started by hand
+  # would share it with any other cluster on the host, or fail. cgroup/v1 does
+  # nothing until a cgroup plugin (proctrack, task, jobacct_gather, CoreSpec)
+  # asks for a controller, and none here does.
+  echo "CgroupPlugin=cgroup/v1" >"$SL/cgroup.conf"
 }
 
 # Starts both daemons (they daemonize and write their pid files) and waits
