@@ -10,8 +10,8 @@
 #                                         python3-pytest for the Python binding (tests/python),
 #                                         python3-matplotlib for the plotting scripts
 #                                         (scripts/render_timeline.py, bench/plot_results.py),
-#                                         and python3-venv, -pip, -wheel, -setuptools for the
-#                                         wheel (scripts/build_wheel.sh, tests/install/wheel_test.sh)
+#                                         python3-venv, -pip, -wheel, -setuptools and patchelf for
+#                                         the wheel (scripts/build_wheel.sh, tests/install/wheel_test.sh)
 #        scripts/install_deps.sh --slurm  also Slurm (slurm-wlm: slurmctld, slurmd, srun; ~7
 #                                         packages with munge), for tests/launcher/slurm_test.sh,
 #                                         which starts a one-node cluster of its own (skipped
@@ -26,7 +26,7 @@ for arg in "$@"; do
   case "$arg" in
     --mpi) PACKAGES+=(openmpi-bin libopenmpi-dev) ;;
     --python) PACKAGES+=(python3-torch python3-numpy python3-pytest python3-matplotlib
-      python3-venv python3-pip python3-wheel python3-setuptools) ;;
+      python3-venv python3-pip python3-wheel python3-setuptools patchelf) ;;
     --slurm) PACKAGES+=(slurm-wlm) ;;
     *) echo "install_deps.sh: unknown option '$arg' (--mpi, --python, --slurm)" >&2; exit 2 ;;
   esac

@@ -1,7 +1,8 @@
 """hora: collective communication for distributed training, over libhora's C ABI.
 
 The package loads ``libhora`` with ctypes (``hora._lib``: ``HORA_LIBRARY``,
-then the build tree, then the system) and hands tensors over as DLPack, so it
+then a wheel's ``hora/lib/``, the build tree, install prefixes, the system)
+and hands tensors over as DLPack, so it
 is not compiled against any framework version.
 
 * ``hora``: lifecycle, identity, process sets, exceptions (framework-agnostic).

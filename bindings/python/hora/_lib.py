@@ -4,7 +4,8 @@ Nothing here knows about frameworks: tensors cross as DLPack ``DLTensor``
 structs (see ``_dlpack.py``). Where the library is looked for, first match wins:
 
 1. ``HORA_LIBRARY``: a path to ``libhora.so`` (or the directory holding it);
-2. a copy inside the package (``hora/libhora.so.0``, as a wheel may carry it);
+2. the copy a wheel carries (``hora/lib/libhora.so.0``, scripts/build_wheel.sh;
+   its GPU plugin and bundled dependencies sit beside it);
 3. the build tree this package sits in: ``<repo>/build/bindings/c/libhora.so``;
 4. the install prefix of this package (``pip install`` put it in
    ``<prefix>/lib/python3.X/site-packages``: ``<prefix>/lib``) and of this
@@ -196,7 +197,7 @@ def _candidates():
         yield os.path.join(env, "libhora.so") if os.path.isdir(env) else env
         return  # an explicit choice is not second-guessed
     here = os.path.dirname(os.path.abspath(__file__))
-    yield os.path.join(here, "libhora.so.0")
+    yield os.path.join(here, "lib", "libhora.so.0")
     repo = os.path.normpath(os.path.join(here, "..", "..", ".."))
     yield os.path.join(repo, "build", "bindings", "c", "libhora.so")
     multiarch = sysconfig.get_config_var("MULTIARCH") or ""
@@ -248,7 +249,8 @@ def library():
             return lib
         raise ImportError("hora: cannot load libhora; tried: " + "; ".join(tried) +
                           ". Build it (scripts/build.sh), install it (cmake --install build --prefix <prefix>, "
-                          "the prefix pip installs into), or set HORA_LIBRARY=/path/to/libhora.so "
+                          "the prefix pip installs into), install a wheel that carries it (scripts/build_wheel.sh), "
+                          "or set HORA_LIBRARY=/path/to/libhora.so "
                           "(docs/install.md)")
 
 
