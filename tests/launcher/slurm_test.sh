@@ -67,6 +67,7 @@ node="$(hostname -s)"
 # memory is left out (it is not scheduled here).
 hw="$(slurmd -C 2>/dev/null | head -n 1 | tr ' ' '\n' |
   grep -E '^(CPUs|Boards|SocketsPerBoard|CoresPerSocket|ThreadsPerCore)=' | tr '\n' ' ')"
+hw="${hw% }"
 [ -n "$hw" ] || hw="CPUs=$(nproc)"
 me="$(id -un)"
 
@@ -146,7 +147,7 @@ start_cluster() {
 t0=$(now)
 started=0
 for attempt in 1 2 3; do
-  base=$((30000 + RANDOM % 25000))
+  base=$((40000 + RANDOM % 15000))  # above the 20000-39999 the launcher tests draw store ports from
   port_busy $base || port_busy $((base + 1)) && continue
   write_conf $base $((base + 1))
   if start_cluster; then
@@ -222,12 +223,18 @@ kill_rank2() {
 }
 
 kill_rank2 kill_plain 10
-for r in 0 1; do  # hora's own failure on each survivor, naming the lost rank
-  expect_grep "^ *$r: probe: allreduce( wait)? failed: .*rank 2" "$WORK/kill_plain.err" \
-    "kill_plain: rank $r did not fail with hora's error naming rank 2"
-done
+# hora's own failure on each survivor. Rank 0 (the coordinator) sees rank 2
+# go; rank 1 names rank 2 too, unless rank 0 failed and exited first: then it
+# reports the lost coordinator (seen 1 time in 8 with two of these tests at once).
+expect_grep "^ *0: probe: allreduce( wait)? failed: .*rank 2" "$WORK/kill_plain.err" \
+  "kill_plain: rank 0 did not fail with hora's error naming rank 2"
+expect_grep "^ *1: probe: allreduce( wait)? failed: .*(rank 2|lost the coordinator .*: rank 0 )" \
+  "$WORK/kill_plain.err" "kill_plain: rank 1 did not fail with hora's error naming rank 2 or rank 0"
 expect_grep "Exited with exit code 1" "$WORK/kill_plain.err" "kill_plain: survivors did not exit 1"
-echo "SIGKILL of rank 2 under plain srun: ranks 0 and 1 failed with hora's error, srun exited $JOB_RC after $DT s"
+rank1_saw="rank 2"
+grep -qE "^ *1: probe: .*lost the coordinator" "$WORK/kill_plain.err" && rank1_saw="rank 0 (the coordinator) leave first"
+echo "SIGKILL of rank 2 under plain srun: ranks 0 and 1 failed with hora's error (rank 1 saw $rank1_saw)," \
+  "srun exited $JOB_RC after $DT s"
 
 kill_rank2 kill_on_bad_exit 10 --kill-on-bad-exit=1
 hora_err=$(grep -cE "probe: allreduce( wait)? failed: .*rank 2" "$WORK/kill_on_bad_exit.err")
