@@ -39,7 +39,8 @@ const std::vector<ParamSpec>& paramRegistry() {
       {"HORA_SECRET_FILE", ParamType::kString, "",
        "File holding the per-job secret (should be mode 0600)."},
       {"HORA_HOSTNAME", ParamType::kString, "",
-       "Address other ranks use to reach this one (default: the store address for local jobs, else "
+       "Address other ranks use to reach this one (default: 127.0.0.1 when the store is on "
+       "loopback; else this host's IPv4 address on the route to the store, or, when there is none, "
        "this host's name)."},
       {"HORA_CYCLE_TIME_MS", ParamType::kFloat, "1",
        "Longest time the coordinator waits to gather more ready tensors into one fused batch once "

@@ -8,18 +8,20 @@
 #                                         without it) and bench/p2p_bench.sh's MPI peer
 #        scripts/install_deps.sh --python also Debian's python3-torch, python3-numpy and
 #                                         python3-pytest for the Python binding (tests/python),
-#                                         and python3-matplotlib for the plotting scripts
-#                                         (scripts/render_timeline.py, bench/plot_results.py)
+#                                         python3-matplotlib for the plotting scripts
+#                                         (scripts/render_timeline.py, bench/plot_results.py) and
+#                                         python3-yaml (tests/python/test_k8s_manifests.py)
 set -euo pipefail
 
 # iproute2 (`ip netns`, `tc`) and util-linux (`unshare`, `nsenter`): the multi-host launcher
 # tests and the test bed bench/netns_bed.sh.
 PACKAGES=(cmake ninja-build g++ make pkg-config libgloo-dev libboost-dev libgtest-dev libdlpack-dev
+  libssl-dev
   iproute2 util-linux)
 for arg in "$@"; do
   case "$arg" in
     --mpi) PACKAGES+=(openmpi-bin libopenmpi-dev) ;;
-    --python) PACKAGES+=(python3-torch python3-numpy python3-pytest python3-matplotlib) ;;
+    --python) PACKAGES+=(python3-torch python3-numpy python3-pytest python3-matplotlib python3-yaml) ;;
     *) echo "install_deps.sh: unknown option '$arg' (--mpi, --python)" >&2; exit 2 ;;
   esac
 done
