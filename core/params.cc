@@ -90,8 +90,9 @@ const std::vector<ParamSpec>& paramRegistry() {
       {"HORA_GLOO_IFACE", ParamType::kString, "",
        "Network interface for Gloo's data plane (default: by HORA_HOSTNAME)."},
       {"HORA_SHM", ParamType::kBool, "1",
-       "Allreduce through shared memory (/dev/shm) when every rank of a process set runs on one "
-       "host; 0 keeps everything on Gloo. Compared at set-up: if the ranks differ, the set stays "
+       "Collectives through shared memory (/dev/shm) when every rank of a process set runs on "
+       "one host; 0 keeps everything on Gloo. Compared at set-up: if the ranks differ, the set "
+       "stays "
        "on "
        "Gloo and the reason is logged."},
       {"HORA_SHM_CHUNK_BYTES", ParamType::kInt, "4194304",
