@@ -1,5 +1,6 @@
-// SHA-256, HMAC-SHA256 and OS randomness, implemented from FIPS 180-4 and
-// RFC 2104 because the build has no crypto library.
+// SHA-256, HMAC-SHA256, constant-time comparison and random bytes, from
+// OpenSSL's libcrypto (libssl-dev): a maintained, audited implementation
+// rather than one of our own.
 //
 // Used by the TCP store (core/tcp_store.cc) for its challenge-response
 // handshake: the server sends a random nonce (randomBytes), the client answers
@@ -25,7 +26,7 @@ std::string hmacSha256(const std::string& key, const std::string& msg);
 // Compares two byte strings in time that depends only on their lengths.
 bool constantTimeEqual(const std::string& a, const std::string& b);
 
-// `n` bytes from the kernel CSPRNG (getrandom, falling back to /dev/urandom).
+// `n` bytes from OpenSSL's CSPRNG (seeded by the kernel).
 Result<std::string> randomBytes(size_t n);
 
 // Lower-case hexadecimal rendering of raw bytes ("\x01\xab" -> "01ab").

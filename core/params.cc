@@ -39,7 +39,8 @@ const std::vector<ParamSpec>& paramRegistry() {
       {"HORA_SECRET_FILE", ParamType::kString, "",
        "File holding the per-job secret (should be mode 0600)."},
       {"HORA_HOSTNAME", ParamType::kString, "",
-       "Address other ranks use to reach this one (default: the store address for local jobs, else "
+       "Address other ranks use to reach this one (default: 127.0.0.1 when the store is on "
+       "loopback; else this host's IPv4 address on the route to the store, or, when there is none, "
        "this host's name)."},
       {"HORA_CYCLE_TIME_MS", ParamType::kFloat, "1",
        "Longest time the coordinator waits to gather more ready tensors into one fused batch once "
@@ -89,8 +90,9 @@ const std::vector<ParamSpec>& paramRegistry() {
       {"HORA_GLOO_IFACE", ParamType::kString, "",
        "Network interface for Gloo's data plane (default: by HORA_HOSTNAME)."},
       {"HORA_SHM", ParamType::kBool, "1",
-       "Allreduce through shared memory (/dev/shm) when every rank of a process set runs on one "
-       "host; 0 keeps everything on Gloo. Compared at set-up: if the ranks differ, the set stays "
+       "Collectives through shared memory (/dev/shm) when every rank of a process set runs on "
+       "one host; 0 keeps everything on Gloo. Compared at set-up: if the ranks differ, the set "
+       "stays "
        "on "
        "Gloo and the reason is logged."},
       {"HORA_SHM_CHUNK_BYTES", ParamType::kInt, "4194304",

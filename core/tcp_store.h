@@ -13,7 +13,7 @@
 // rejected and closed without disturbing other connections.
 //
 // Wire format: length-prefixed frames, 8-byte header
-// [magic 'h'][version 1][opcode][flags 0][payload length, u32 big-endian],
+// [magic 'h'][version 2][opcode][flags 0][payload length, u32 little-endian],
 // every length bounds-checked (keys <= 4 KiB, values <= 64 MiB).
 //
 // Threads: the server runs its own io_context on one internal thread; its
@@ -47,6 +47,10 @@ class TcpStoreServer {
 
   // The bound port (the actual one when started with port 0).
   int port() const;
+  // "" or one sentence on the clients refused for a wrong secret (how many,
+  // the last one's address): appended to start-up timeouts on the hosting
+  // rank, whose peers' only other trace is in their own error. Any thread.
+  std::string authRefusals() const;
 
   // Writes / atomically adds to a key from the hosting process itself (a
   // launcher publishing job facts such as the live worker count), waking

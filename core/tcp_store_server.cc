@@ -8,6 +8,7 @@
 #include <functional>
 #include <future>
 #include <list>
+#include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -141,7 +142,17 @@ class TcpStoreServer::Impl {
   std::list<Session*> pendingOrder_;  // unauthenticated sessions, oldest first
   // The same per peer address (no entry for an address with none).
   std::unordered_map<std::string, std::list<Session*>> pendingByAddress_;
-  uint64_t evicted_ = 0;             // unauthenticated connections dropped at kMaxPendingAuth
+  uint64_t evicted_ = 0;  // unauthenticated connections dropped at kMaxPendingAuth
+  // Clients refused for a wrong secret: read by the hosting process's
+  // threads (authRefusals) while the server thread counts them.
+  mutable std::mutex refusedMu_;
+  uint64_t badSecrets_ = 0;    // guarded by refusedMu_
+  std::string lastBadSecret_;  // guarded by refusedMu_: the last such client's address
+  void noteBadSecret(const std::string& peer) {
+    std::lock_guard<std::mutex> lk(refusedMu_);
+    ++badSecrets_;
+    lastBadSecret_ = peer;
+  }
   uint64_t evictedSameAddress_ = 0;  // ... at kMaxPendingAuthPerAddress
   std::unordered_map<std::string, std::string> data_;
   std::list<std::shared_ptr<Waiter>> waiters_;
@@ -363,8 +374,10 @@ void TcpStoreServer::Impl::Session::handleAuth() {
     return reject("authentication answer of " + std::to_string(body_.size()) + " bytes, expected " +
                       std::to_string(kMacSize),
                   Code::kAuthError);
-  if (!constantTimeEqual(body_, authMac(server_.secret_, nonce_)))
+  if (!constantTimeEqual(body_, authMac(server_.secret_, nonce_))) {
+    server_.noteBadSecret(peer_);
     return reject("bad HMAC (wrong HORA_SECRET?)", Code::kAuthError);
+  }
   authed_ = true;
   stopCountingPending();
   timer_.cancel();
@@ -572,6 +585,14 @@ TcpStoreServer::~TcpStoreServer() {
 }
 
 int TcpStoreServer::port() const { return impl_->port_; }
+
+std::string TcpStoreServer::authRefusals() const {
+  std::lock_guard<std::mutex> lk(impl_->refusedMu_);
+  if (impl_->badSecrets_ == 0) return "";
+  return "the store refused " + std::to_string(impl_->badSecrets_) +
+         " connection(s) for a wrong secret, the last from " + impl_->lastBadSecret_ +
+         ": is HORA_SECRET / HORA_SECRET_FILE the same on every rank?";
+}
 
 Status TcpStoreServer::set(const std::string& key, const std::string& value) {
   Impl* impl = impl_.get();

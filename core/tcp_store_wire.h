@@ -20,14 +20,15 @@
 
 #include "core/hmac.h"
 #include "core/status.h"
+#include "core/wire.h"
 
 namespace hora::tcp_store_wire {
 
 // ---- Wire protocol ----------------------------------------------------------
-// Frame: [kMagic][kVersion][opcode][flags = 0][payload length u32 BE][payload].
-// Payload fields: str = u32 BE length + bytes; u64 = 8 bytes BE (i64 as two's
-// complement). Handshake: server kChallenge(nonce) -> client kAuth(mac) ->
-// server kAuthOk or kReplyError(u32 code, message) and close. Requests:
+// Frame: [kMagic][kVersion][opcode][flags = 0][payload length u32][payload],
+// in core/wire.h's encoding (little-endian, as every hora message): str = u32
+// length + bytes; u64 = 8 bytes (i64 as two's complement). Handshake: server kChallenge(nonce) ->
+// client kAuth(mac) -> server kAuthOk or kReplyError(u32 code, message) and close. Requests:
 //   kSet(str key, str value)      -> kReplyOk()
 //   kGet(str key, u64 timeoutMs)  -> kReplyOk(value bytes) | kReplyTimeout(message)
 //   kAdd(str key, u64 delta)      -> kReplyOk(u64 new value)
@@ -37,7 +38,7 @@ namespace hora::tcp_store_wire {
 // Any request may also get kReplyError(u32 code, message). One request in
 // flight per connection; a second one before the reply is a protocol error.
 constexpr uint8_t kMagic = 0x68;  // 'h'
-constexpr uint8_t kVersion = 1;
+constexpr uint8_t kVersion = 2;   // 2: little-endian, core/wire.h's codec
 constexpr size_t kHeaderSize = 8;
 constexpr size_t kNonceSize = 32;
 constexpr size_t kMacSize = 32;
@@ -68,65 +69,56 @@ inline bool isRequestOp(uint8_t op) { return op >= kSet && op <= kRemove; }
 
 inline std::string hexByte(uint8_t b) { return "0x" + toHex(std::string(1, static_cast<char>(b))); }
 
-// Builds one frame: header space first, patched by frame().
+// Builds one frame: header space first, patched by frame(). The payload's
+// fields are core/wire.h's encoding, the one hora uses for every message.
 class Writer {
  public:
-  Writer() : buf_(kHeaderSize, '\0') {}
+  Writer() { w_.buffer().assign(kHeaderSize, '\0'); }
   Writer& u8(uint8_t v) {
-    buf_.push_back(static_cast<char>(v));
+    w_.u8(v);
     return *this;
   }
   Writer& u32(uint32_t v) {
-    for (int i = 3; i >= 0; --i) buf_.push_back(static_cast<char>(v >> (8 * i)));
+    w_.u32(v);
     return *this;
   }
   Writer& u64(uint64_t v) {
-    for (int i = 7; i >= 0; --i) buf_.push_back(static_cast<char>(v >> (8 * i)));
+    w_.u64(v);
     return *this;
   }
   Writer& str(const std::string& s) {
-    u32(static_cast<uint32_t>(s.size()));
-    return raw(s);
+    w_.str(s);
+    return *this;
   }
   Writer& raw(const std::string& s) {
-    buf_ += s;
+    w_.buffer() += s;
     return *this;
   }
   std::string frame(uint8_t op) {
-    uint32_t len = static_cast<uint32_t>(buf_.size() - kHeaderSize);
-    buf_[0] = static_cast<char>(kMagic);
-    buf_[1] = static_cast<char>(kVersion);
-    buf_[2] = static_cast<char>(op);
-    buf_[3] = 0;
-    for (int i = 0; i < 4; ++i) buf_[4 + i] = static_cast<char>(len >> (8 * (3 - i)));
-    return std::move(buf_);
+    std::string& buf = w_.buffer();
+    const uint32_t len = static_cast<uint32_t>(buf.size() - kHeaderSize);
+    ByteWriter header;
+    header.u8(kMagic);
+    header.u8(kVersion);
+    header.u8(op);
+    header.u8(0);
+    header.u32(len);
+    buf.replace(0, kHeaderSize, header.buffer());
+    return w_.take();
   }
 
  private:
-  std::string buf_;
+  ByteWriter w_;
 };
 
-// Bounds-checked payload reader; every accessor fails instead of overrunning.
+// Bounds-checked payload reader over core/wire.h's ByteReader; every accessor
+// fails instead of overrunning.
 class Reader {
  public:
-  explicit Reader(const std::string& buf) : buf_(buf) {}
-  bool u8(uint8_t* v) {
-    if (!need(1)) return false;
-    *v = static_cast<uint8_t>(buf_[pos_++]);
-    return true;
-  }
-  bool u32(uint32_t* v) {
-    if (!need(4)) return false;
-    *v = 0;
-    for (int i = 0; i < 4; ++i) *v = (*v << 8) | static_cast<uint8_t>(buf_[pos_++]);
-    return true;
-  }
-  bool u64(uint64_t* v) {
-    if (!need(8)) return false;
-    *v = 0;
-    for (int i = 0; i < 8; ++i) *v = (*v << 8) | static_cast<uint8_t>(buf_[pos_++]);
-    return true;
-  }
+  explicit Reader(const std::string& buf) : r_(buf) {}
+  bool u8(uint8_t* v) { return r_.u8(v, "u8").isOk(); }
+  bool u32(uint32_t* v) { return r_.u32(v, "u32").isOk(); }
+  bool u64(uint64_t* v) { return r_.u64(v, "u64").isOk(); }
   // Reads a length-prefixed string of at most maxLen bytes; `why` says what failed.
   bool str(std::string* out, size_t maxLen, const char* field, std::string* why) {
     uint32_t len = 0;
@@ -136,22 +128,22 @@ class Reader {
              std::to_string(maxLen) + "-byte limit";
       return false;
     }
-    if (!need(len)) return truncated(why);
-    out->assign(buf_, pos_, len);
-    pos_ += len;
+    if (!r_.bytes(out, len, field).isOk()) return truncated(why);
     return true;
   }
-  std::string rest() const { return buf_.substr(pos_); }
-  bool done() const { return pos_ == buf_.size(); }
+  std::string rest() {
+    std::string out;
+    (void)r_.bytes(&out, r_.remaining(), "rest");
+    return out;
+  }
+  bool done() const { return r_.done(); }
 
  private:
-  bool need(size_t n) const { return buf_.size() - pos_ >= n; }
   static bool truncated(std::string* why) {
     *why = "truncated request payload";
     return false;
   }
-  const std::string& buf_;
-  size_t pos_ = 0;
+  ByteReader r_;
 };
 
 struct Header {
@@ -167,7 +159,8 @@ inline std::string decodeHeader(const std::array<unsigned char, kHeaderSize>& h,
            " (mixed hora versions?)";
   if (h[3] != 0) return "nonzero reserved flags " + hexByte(h[3]);
   out->op = h[2];
-  out->length = (uint32_t(h[4]) << 24) | (uint32_t(h[5]) << 16) | (uint32_t(h[6]) << 8) | h[7];
+  ByteReader length(reinterpret_cast<const char*>(h.data()) + 4, 4);
+  (void)length.u32(&out->length, "frame length");  // 4 bytes are there
   return "";
 }
 

@@ -1,5 +1,6 @@
-// Bounds-checked little-endian byte encoding for hora's own messages
-// (control plane, coordinator protocol).
+// Bounds-checked little-endian byte encoding for hora's own messages: the
+// control plane, the coordinator protocol and the store's wire
+// (core/tcp_store_wire.h). One codec, one byte order.
 //
 // Every read checks the remaining length first, so a truncated or hostile
 // buffer yields a kProtocolError naming the field, never an out-of-bounds
@@ -78,6 +79,13 @@ class ByteReader {
     v->resize(n);
     if (n) std::memcpy(v->data(), p_, static_cast<size_t>(n) * 4);
     p_ += static_cast<size_t>(n) * 4;
+    return Status::ok();
+  }
+  // `n` raw bytes (n checked against what is left).
+  Status bytes(std::string* s, size_t n, const char* what) {
+    if (n > remaining()) return tooShort(what, n);
+    s->assign(p_, n);
+    p_ += n;
     return Status::ok();
   }
   size_t remaining() const { return static_cast<size_t>(end_ - p_); }

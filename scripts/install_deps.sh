@@ -10,6 +10,7 @@
 #                                         python3-pytest for the Python binding (tests/python),
 #                                         python3-matplotlib for the plotting scripts
 #                                         (scripts/render_timeline.py, bench/plot_results.py),
+#                                         python3-yaml (tests/python/test_k8s_manifests.py), and
 #                                         python3-venv, -pip, -wheel, -setuptools and patchelf for
 #                                         the wheel (scripts/build_wheel.sh, tests/install/wheel_test.sh)
 #        scripts/install_deps.sh --slurm  also Slurm (slurm-wlm: slurmctld, slurmd, srun; ~7
@@ -21,11 +22,12 @@ set -euo pipefail
 # iproute2 (`ip netns`, `tc`) and util-linux (`unshare`, `nsenter`): the multi-host launcher
 # tests and the test bed bench/netns_bed.sh.
 PACKAGES=(cmake ninja-build g++ make pkg-config libgloo-dev libboost-dev libgtest-dev libdlpack-dev
+  libssl-dev
   iproute2 util-linux)
 for arg in "$@"; do
   case "$arg" in
     --mpi) PACKAGES+=(openmpi-bin libopenmpi-dev) ;;
-    --python) PACKAGES+=(python3-torch python3-numpy python3-pytest python3-matplotlib
+    --python) PACKAGES+=(python3-torch python3-numpy python3-pytest python3-matplotlib python3-yaml
       python3-venv python3-pip python3-wheel python3-setuptools patchelf) ;;
     --slurm) PACKAGES+=(slurm-wlm) ;;
     *) echo "install_deps.sh: unknown option '$arg' (--mpi, --python, --slurm)" >&2; exit 2 ;;

@@ -93,18 +93,6 @@ Status ShmBackend::fail(Status s) {
   return s;
 }
 
-template <typename F>
-Status ShmBackend::delegate(const std::string& what, F&& call) {
-  HORA_RETURN_IF_ERROR(checkUsable(what));
-  Status s = call();
-  // Bad arguments leave a backend usable; anything else broke the fallback.
-  if (!s.isOk() && s.code() != Code::kInvalidArgument) {
-    std::lock_guard<std::mutex> lock(brokenMu_);
-    if (broken_.isOk()) broken_ = s;
-  }
-  return s;
-}
-
 void ShmBackend::abort() noexcept {
   aborted_.store(true, std::memory_order_release);
   fallback_->abort();
@@ -356,22 +344,6 @@ Status ShmBackend::shmBroadcast(uint8_t* data, size_t bytes, int root, const std
     finishChunk();
   }
   return Status::ok();
-}
-
-Status ShmBackend::alltoallv(const void* in, const std::vector<int64_t>& send, void* out,
-                             const std::vector<int64_t>& recv, DataType dtype) {
-  return delegate("shm+gloo alltoallv",
-                  [&] { return fallback_->alltoallv(in, send, out, recv, dtype); });
-}
-
-Status ShmBackend::reducescatter(void* inout, const std::vector<size_t>& counts, DataType dtype,
-                                 ReduceOp op) {
-  return delegate("shm+gloo reducescatter",
-                  [&] { return fallback_->reducescatter(inout, counts, dtype, op); });
-}
-
-Status ShmBackend::barrier() {
-  return delegate("shm+gloo barrier", [&] { return fallback_->barrier(); });
 }
 
 // ------------------------------------------------------------ set-up

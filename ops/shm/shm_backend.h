@@ -1,6 +1,7 @@
-// ShmBackend: allreduce, broadcast and allgather through shared memory for a
-// communicator whose ranks all run on one host; every other collective is
-// delegated to a fallback backend (Gloo).
+// ShmBackend: every collective through shared memory for a communicator whose
+// ranks all run on one host (allreduce, broadcast and allgather here;
+// reducescatter, alltoallv and barrier in shm_exchange.cc); a communicator of
+// one rank, and allreduces below HORA_SHM_MIN_BYTES, use the fallback (Gloo).
 //
 // Why: on one host Gloo moves every byte through loopback TCP (user -> kernel
 // -> user copies plus the reduction), and that path is slower than the memory
@@ -108,6 +109,13 @@ class ShmBackend : public Backend {
                        const std::vector<size_t>& offset, const std::string& what);
   // Root copies each chunk into its slot, the others out of it; size_ > 1.
   Status shmBroadcast(uint8_t* data, size_t bytes, int root, const std::string& what);
+  // shm_exchange.cc; size_ > 1, arguments checked.
+  Status shmReducescatter(uint8_t* data, const std::vector<size_t>& counts, DataType dtype,
+                          ReduceOp op, const std::string& what);
+  Status shmAlltoallv(const uint8_t* in, const std::vector<size_t>& sendBytes,
+                      const std::vector<size_t>& sendOff, uint8_t* out,
+                      const std::vector<size_t>& recvBytes, const std::vector<size_t>& recvOff,
+                      const std::string& what);
   // One rank (no peers) or a payload below minBytes: the fallback runs it.
   bool delegates(size_t bytes) const { return size_ == 1 || bytes < opts_.minBytes; }
   // Before writing this rank's slot for the next chunk.
@@ -138,6 +146,18 @@ class ShmBackend : public Backend {
   mutable std::mutex brokenMu_;
   Status broken_;  // guarded by brokenMu_
 };
+
+template <typename F>
+Status ShmBackend::delegate(const std::string& what, F&& call) {
+  HORA_RETURN_IF_ERROR(checkUsable(what));
+  Status s = call();
+  // Bad arguments leave a backend usable; anything else broke the fallback.
+  if (!s.isOk() && s.code() != Code::kInvalidArgument) {
+    std::lock_guard<std::mutex> lock(brokenMu_);
+    if (broken_.isOk()) broken_ = s;
+  }
+  return s;
+}
 
 // Sets up shared memory among the `size` ranks of a communicator and wraps
 // `fallback` (already connected, same ranks). Every rank publishes its host

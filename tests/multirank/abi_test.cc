@@ -104,6 +104,18 @@ TEST(Abi, HugeTimesAndCapacitiesAreRefusedNotWrapped) {
   EXPECT_NE(std::string(hora_last_error_message()).find("4294967296"), std::string::npos)
       << hora_last_error_message();
   unsetenv("HORA_CACHE_CAPACITY");
+  // An interface that does not exist: refused at init naming the ones that do.
+  setenv("HORA_GLOO_IFACE", "nosuch0", 1);
+  EXPECT_ERR(hora_init(&c, &rt), HORA_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hora_last_error_message()).find("'nosuch0' is not an interface"),
+            std::string::npos)
+      << hora_last_error_message();
+  EXPECT_NE(std::string(hora_last_error_message()).find("lo"), std::string::npos)
+      << hora_last_error_message();
+  setenv("HORA_GLOO_IFACE", "lo", 1);
+  ASSERT_EQ(hora_init(&c, &rt), HORA_SUCCESS) << hora_last_error_message();
+  EXPECT_EQ(hora_shutdown(rt), HORA_SUCCESS);
+  unsetenv("HORA_GLOO_IFACE");
   ASSERT_EQ(hora_init(&c, &rt), HORA_SUCCESS) << hora_last_error_message();
   EXPECT_EQ(hora_shutdown(rt), HORA_SUCCESS);
 }

@@ -400,6 +400,39 @@ TEST(Failures, WrongSecretIsRefusedAndTheJobIsUnaffected) {
   for (auto& t : ranks) t.join();
 }
 
+TEST(Failures, StoreHostNamesARankRefusedForItsSecret) {
+  // Rank 1 has another secret: it fails at once with its own clear error;
+  // rank 0, which hosts the store, would only see a timeout, and must say
+  // why rank 1 never arrived.
+  const int port = freePort();
+  std::string msg0, msg1;
+  hora_status_t st0 = HORA_SUCCESS, st1 = HORA_SUCCESS;
+  auto t0 = Clock::now();
+  std::thread r0([&] {
+    hora_config_t c = testConfig(0, 2, port);
+    c.start_timeout_s = 3;
+    hora_runtime_t rt = nullptr;
+    st0 = hora_init(&c, &rt);
+    msg0 = hora_last_error_message();
+  });
+  std::thread r1([&] {
+    hora_config_t c = testConfig(1, 2, port);
+    c.secret = "not-the-job-secret";
+    c.start_timeout_s = 3;
+    hora_runtime_t rt = nullptr;
+    st1 = hora_init(&c, &rt);
+    msg1 = hora_last_error_message();
+  });
+  r0.join();
+  r1.join();
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 15);
+  EXPECT_EQ(st1, HORA_ERR_AUTH) << msg1;
+  EXPECT_EQ(st0, HORA_ERR_TIMEOUT) << msg0;
+  EXPECT_NE(msg0.find("rank 1"), std::string::npos) << msg0;
+  EXPECT_NE(msg0.find("wrong secret"), std::string::npos) << msg0;
+  EXPECT_NE(msg0.find("HORA_SECRET"), std::string::npos) << msg0;
+}
+
 TEST(Failures, MissingRankAtStartTimesOutNamingIt) {
   hora_config_t c = testConfig(0, 3, freePort());
   c.start_timeout_s = 1.5;
@@ -409,6 +442,7 @@ TEST(Failures, MissingRankAtStartTimesOutNamingIt) {
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10);
   std::string m = hora_last_error_message();
   EXPECT_NE(m.find("rank 1"), std::string::npos) << m;
+  EXPECT_EQ(m.find("wrong secret"), std::string::npos) << m;  // no refusals to report
 }
 
 TEST(Failures, GpuBackendDifferingAcrossRanksFailsEveryRankAtStart) {

@@ -91,6 +91,22 @@ def test_torchrun_environment_gives_a_correct_allreduce(under_torchrun):
         assert r["sum"] == [6.0] * 4  # 1 + 2 + 3: not a world of one
 
 
+@pytest.mark.parametrize("rank_var", ["PMIX_RANK", "JOB_COMPLETION_INDEX"])
+def test_rank_from_pmix_or_completion_index(rank_var):
+    # PMIx launchers and Kubernetes' indexed Jobs give each process only its
+    # rank; the world size comes from HORA_SIZE (or WORLD_SIZE).
+    size = 3
+    port = free_port()
+    envs = [clean_env({rank_var: r, "HORA_SIZE": size, "HORA_STORE_ADDR": "127.0.0.1",
+                       "HORA_STORE_PORT": port}) for r in range(size)]
+    codes, outs = run_ranks(envs)
+    assert codes == [0] * size, "\n---\n".join(outs)
+    res = results(outs)
+    assert [r["rank"] for r in res] == list(range(size))
+    for r in res:
+        assert r["sum"] == [6.0] * 4
+
+
 def run_single(extra):
     codes, outs = run_ranks([clean_env(extra)], timeout=60)
     return codes[0], outs[0]
@@ -100,7 +116,9 @@ def run_single(extra):
     ({"LOCAL_RANK": 1, "LOCAL_WORLD_SIZE": 2}, "LOCAL_WORLD_SIZE=2"),
     ({"PMIX_RANK": 0, "LOCAL_WORLD_SIZE": 4}, "PMIX_RANK=0"),
     ({"WORLD_SIZE": 2, "MASTER_ADDR": "127.0.0.1"}, "WORLD_SIZE=2"),
-], ids=["local-size-only", "pmix-rank", "size-without-rank"])
+    ({"PMIX_RANK": 0}, "PMIX_RANK=0"),
+    ({"JOB_COMPLETION_INDEX": 0}, "JOB_COMPLETION_INDEX=0"),
+], ids=["local-size-only", "pmix-rank", "size-without-rank", "pmix-rank-alone", "completion-index-alone"])
 def test_refuses_to_run_as_a_world_of_one(extra, named):
     code, out = run_single(extra)
     assert code != 0, out

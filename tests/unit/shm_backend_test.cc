@@ -181,6 +181,93 @@ TEST_P(ShmWorldTest, PayloadsOnBothSidesOfMinBytesAreCorrect) {
     checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, count);
 }
 
+// Rank r's region of a reducescatter (counts[r] elements at their offset)
+// must hold the reduction over every rank; other regions are free to change.
+TEST_P(ShmWorldTest, ReducescatterEveryDtypeAndOpUnevenAcrossChunks) {
+  const int size = GetParam();
+  ShmWorld w = makeShmWorld(size, 4096);
+  for (size_t unit : {size_t{1}, size_t{1500}}) {  // 1500 x 8 bytes: regions span chunks
+    std::vector<size_t> counts(size);
+    for (int r = 0; r < size; ++r) counts[r] = ((r * 3 + 1) % 4) * unit;  // 1, 0, 3, 2 units
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    for (DataType dt : kAllTypes) {
+      for (ReduceOp op : kReduceOps) {
+        if (!reduceOpSupported(op, dt)) continue;
+        const size_t es = dataTypeSize(dt);
+        runRanks(w.world, [&](int r, Backend& b) {
+          std::vector<uint8_t> buf(total * es);
+          for (size_t i = 0; i < total; ++i) storeInt(dt, buf.data(), i, inputValue(dt, op, r, i));
+          Status s = b.reducescatter(buf.data(), counts, dt, op);
+          ASSERT_TRUE(s.isOk()) << s.toString();
+          size_t off = 0;
+          for (int q = 0; q < r; ++q) off += counts[q];
+          std::vector<uint8_t> want(counts[r] * es);
+          for (size_t i = 0; i < counts[r]; ++i)
+            storeInt(dt, want.data(), i, expectedValue(dt, op, size, off + i));
+          EXPECT_TRUE(sameBytes(buf.data() + off * es, want.data(), want.size()))
+              << "rank " << r << " " << dataTypeName(dt) << " " << reduceOpName(op) << " unit "
+              << unit;
+        });
+      }
+    }
+    // Counters and slots stay in step for the next collective.
+    checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 5000);
+  }
+}
+
+// Rank r sends (r + 2*j) % 5 * unit int64 values r*1e6 + j*1e3 + i to rank j.
+TEST_P(ShmWorldTest, AlltoallvUnevenIncludingEmptyBlocksAcrossRounds) {
+  const int size = GetParam();
+  ShmWorld w = makeShmWorld(size, 4096);
+  auto blockLen = [](int from, int to, size_t unit) {
+    return static_cast<int64_t>(((from + 2 * to) % 5) * unit);
+  };
+  for (size_t unit : {size_t{0}, size_t{1}, size_t{700}}) {  // 700 x 8 bytes: many rounds
+    runRanks(w.world, [&](int r, Backend& b) {
+      std::vector<int64_t> send(size), recv(size);
+      int64_t sendTotal = 0, recvTotal = 0;
+      for (int j = 0; j < size; ++j) {
+        send[j] = blockLen(r, j, unit);
+        recv[j] = blockLen(j, r, unit);
+        sendTotal += send[j];
+        recvTotal += recv[j];
+      }
+      std::vector<int64_t> in(sendTotal), out(recvTotal, -1);
+      size_t k = 0;
+      for (int j = 0; j < size; ++j)
+        for (int64_t i = 0; i < send[j]; ++i) in[k++] = r * 1000000 + j * 1000 + i;
+      Status s = b.alltoallv(in.data(), send, out.data(), recv, DataType::kInt64);
+      ASSERT_TRUE(s.isOk()) << s.toString();
+      k = 0;
+      bool ok = true;
+      for (int j = 0; j < size; ++j)
+        for (int64_t i = 0; i < recv[j]; ++i) ok &= out[k++] == j * 1000000 + r * 1000 + i;
+      EXPECT_TRUE(ok) << "rank " << r << " unit " << unit;
+    });
+    checkAllreduce(w.world, DataType::kInt32, ReduceOp::kSum, 3000);
+  }
+}
+
+TEST_P(ShmWorldTest, BarrierWaitsForEveryRank) {
+  const int size = GetParam();
+  ShmWorld w = makeShmWorld(size, 4096);
+  std::atomic<int> arrived{0};
+  std::atomic<bool> early{false};
+  for (int round = 0; round < 20; ++round) {
+    runRanks(w.world, [&](int r, Backend& b) {
+      // The last rank arrives late: nobody may leave before it came.
+      if (r == size - 1) std::this_thread::sleep_for(milliseconds(round % 5 == 0 ? 20 : 0));
+      arrived.fetch_add(1);
+      Status s = b.barrier();
+      ASSERT_TRUE(s.isOk()) << s.toString();
+      if (arrived.load() < (round + 1) * size) early = true;
+    });
+  }
+  EXPECT_FALSE(early);
+  checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 100);
+}
+
 INSTANTIATE_TEST_SUITE_P(Sizes, ShmWorldTest, ::testing::Values(1, 2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "size" + std::to_string(info.param);
@@ -295,6 +382,27 @@ TEST(ShmBackendTest, StalledPeerTimesOutNamingIt) {
   // Unusable afterwards, delegated collectives included.
   EXPECT_FALSE(w.world[0]->allreduce(v.data(), 1, DataType::kFloat32, ReduceOp::kSum).isOk());
   EXPECT_FALSE(w.world[0]->barrier().isOk());
+}
+
+TEST(ShmBackendTest, ReducescatterAlltoallAndBarrierWithAStalledPeerTimeOutNamingIt) {
+  for (int which = 0; which < 3; ++which) {
+    ShmWorld w = makeShmWorld(2, 4096, milliseconds(600));
+    std::vector<float> v(10000, 1.0f);
+    std::vector<int64_t> split = {5000, 5000};
+    std::vector<float> out(10000);
+    const auto start = Clock::now();
+    // Rank 1 never calls.
+    Status s =
+        which == 0
+            ? w.world[0]->reducescatter(v.data(), {5000, 5000}, DataType::kFloat32, ReduceOp::kSum)
+        : which == 1 ? w.world[0]->alltoallv(v.data(), split, out.data(), split, DataType::kFloat32)
+                     : w.world[0]->barrier();
+    EXPECT_EQ(s.code(), Code::kTimeout) << which << ": " << s.toString();
+    EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.toString();
+    EXPECT_NE(s.message().find("HORA_PEER_TIMEOUT_S"), std::string::npos) << s.toString();
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+    EXPECT_FALSE(w.world[0]->barrier().isOk());  // unusable afterwards
+  }
 }
 
 TEST(ShmBackendTest, BroadcastWaitingForAStalledRootTimesOutNamingIt) {

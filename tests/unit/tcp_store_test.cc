@@ -115,14 +115,14 @@ class RawPeer {
     return static_cast<unsigned char>(reply[2]);
   }
   static std::string header(uint8_t op, uint32_t len, uint8_t magic = 0x68) {
-    std::string h = {char(magic), 1, char(op), 0};
-    for (int i = 3; i >= 0; --i) h.push_back(char(len >> (8 * i)));
+    std::string h = {char(magic), 2, char(op), 0};  // version 2: little-endian
+    for (int i = 0; i < 4; ++i) h.push_back(char(len >> (8 * i)));
     return h;
   }
   static std::string str(const std::string& s) {
     std::string out;
     uint32_t len = uint32_t(s.size());
-    for (int i = 3; i >= 0; --i) out.push_back(char(len >> (8 * i)));
+    for (int i = 0; i < 4; ++i) out.push_back(char(len >> (8 * i)));
     return out + s;
   }
 
@@ -415,6 +415,13 @@ TEST_F(TcpStoreTest, AuthenticatedButHostileFramesAreRejected) {
   {
     RawPeer peer(server_->port());
     ASSERT_EQ(peer.authenticate("not-the-secret"), 0x22);  // error frame, then close
+    EXPECT_TRUE(peer.closedByServer());
+  }
+  {
+    // A client of the big-endian version 1 (an older hora): refused, not misread.
+    RawPeer peer(server_->port());
+    std::string old = {char(0x68), 1, char(0x02), 0, 0, 0, 0, 32};
+    ASSERT_TRUE(peer.send(old + std::string(32, 'm')));
     EXPECT_TRUE(peer.closedByServer());
   }
   expectServerHealthy();

@@ -1,5 +1,10 @@
 #include "runtime.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -80,6 +85,10 @@ bool environmentSaysMultiProcess() {
   for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", "RANK",
                         "LOCAL_RANK", "GROUP_RANK", "JOB_COMPLETION_INDEX"})
     if (envInt(v, -1) > 0) return true;
+  // PMIx and Kubernetes' indexed Jobs give a rank but no world size: even
+  // index 0 is most likely one of several (a job of one sets HORA_SIZE=1).
+  for (const char* v : {"PMIX_RANK", "JOB_COMPLETION_INDEX"})
+    if (envInt(v, -1) == 0) return true;
   for (const char* v :
        {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_SIZE", "MPI_LOCALNRANKS",
         "SLURM_NTASKS", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE"})
@@ -95,6 +104,50 @@ std::string hostName() {
 
 bool isLoopback(const std::string& a) {
   return a == "localhost" || a.rfind("127.", 0) == 0 || a == "::1";
+}
+
+// Whether `name` is an interface with an IPv4 address; *have lists those
+// that are ("lo, eth0").
+bool hasIpv4Interface(const std::string& name, std::string* have) {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return true;  // cannot tell: let Gloo decide
+  bool found = false;
+  std::vector<std::string> names;
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if (name == i->ifa_name) found = true;
+    if (std::find(names.begin(), names.end(), i->ifa_name) == names.end())
+      names.push_back(i->ifa_name);
+  }
+  freeifaddrs(list);
+  for (const auto& n : names) *have += (have->empty() ? "" : ", ") + n;
+  return found;
+}
+
+// This host's IPv4 address on the route to `target` (the store): the address
+// its peers most likely reach it by, where the host name may not resolve
+// (Kubernetes pods, containers). "" when there is none or it is loopback.
+// A UDP connect() only picks the route: no packet is sent.
+std::string addressTowards(const std::string& target) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(target.c_str(), "9", &hints, &res) != 0 || res == nullptr) return "";
+  std::string out;
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    sockaddr_in self{};
+    socklen_t len = sizeof(self);
+    char buf[INET_ADDRSTRLEN] = {0};
+    if (::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len) == 0 &&
+        inet_ntop(AF_INET, &self.sin_addr, buf, sizeof(buf)) != nullptr && !isLoopback(buf))
+      out = buf;
+    ::close(fd);
+  }
+  freeaddrinfo(res);
+  return out;
 }
 
 }  // namespace
@@ -117,8 +170,14 @@ Status Runtime::resolveIdentity(const hora_config_t& c) {
   auto pickFrom = [&](int configured, const char* horaName, const std::vector<const char*>& names) {
     return pick(configured, params_, horaName, names);
   };
-  const Picked rank = pickFrom(c.rank, "HORA_RANK",
-                               order({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, "RANK"));
+  // PMIx (PRRTE's prterun, Open MPI 5) and Kubernetes' indexed Jobs give
+  // only a rank; their world size comes from HORA_SIZE or WORLD_SIZE (the
+  // manifests in examples/k8s set it). A completion index is the last
+  // resort: torchrun inside an indexed Job numbers its workers in RANK.
+  std::vector<const char*> rankNames =
+      order({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"}, "RANK");
+  rankNames.push_back("JOB_COMPLETION_INDEX");
+  const Picked rank = pickFrom(c.rank, "HORA_RANK", rankNames);
   const Picked size =
       pickFrom(c.size, "HORA_SIZE",
                order({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, "WORLD_SIZE"));
@@ -128,7 +187,8 @@ Status Runtime::resolveIdentity(const hora_config_t& c) {
         "(launcher variables seen: " +
         launcherVarsSeen() +
         "); refusing to run as a job of one. Set HORA_RANK and HORA_SIZE (or the launcher's "
-        "RANK/WORLD_SIZE pair), or start the job with horarun");
+        "RANK/WORLD_SIZE pair; under PMIx or a Kubernetes indexed Job, which give only a rank, "
+        "HORA_SIZE or WORLD_SIZE), or start the job with horarun");
   if (rank.from.empty() && size.value > 1)
     return invalidArgument(
         "hora_init found a world size of " + std::to_string(size.value) + " (from " + size.from +
@@ -181,6 +241,14 @@ void Runtime::resolveStore(const hora_config_t& c) {
     storePort_ = masterPort + kTorchrunStorePortOffset;
 }
 
+Status Runtime::joinFailed(const Status& why, int rank) const {
+  Status s = why.withContext("waiting for rank " + std::to_string(rank) + " to join the job");
+  // A rank with the wrong secret fails with its own clear error; the rank
+  // hosting the store would only see a timeout without this.
+  const std::string refused = server_ ? server_->authRefusals() : std::string();
+  return refused.empty() ? s : Status(s.code(), s.message() + "; " + refused);
+}
+
 Result<std::string> Runtime::waitForMember(const std::string& key, int rank,
                                            std::chrono::milliseconds timeout) {
   const bool known = elastic_ && elStore_ && rank < static_cast<int>(setOpts_.workerIds.size());
@@ -213,8 +281,7 @@ Status Runtime::deriveTopology(bool needLocal, bool needCross, const std::string
   const auto timeout = setOpts_.startTimeout;
   for (int r = 0; r < id_.size; ++r) {
     auto v = waitForMember("host/" + std::to_string(r), r, timeout);
-    if (!v.isOk())
-      return v.status().withContext("waiting for rank " + std::to_string(r) + " to join the job");
+    if (!v.isOk()) return joinFailed(v.status(), r);
     hosts[r] = v.value();
   }
   std::vector<std::string> distinct;
@@ -337,8 +404,7 @@ Status Runtime::formElasticEpoch(const hora_config_t& c, const std::string& host
     std::vector<std::string> ids(id_.size);
     for (int r = 0; r < id_.size; ++r) {
       auto v = el.get("r0/rank/" + std::to_string(r), setOpts_.startTimeout);
-      if (!v.isOk())
-        return v.status().withContext("waiting for rank " + std::to_string(r) + " to join the job");
+      if (!v.isOk()) return joinFailed(v.status(), r);
       ids[r] = v.value();
     }
     setOpts_.workerIds = std::move(ids);
@@ -458,6 +524,17 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   heartbeatMs = std::min<int64_t>(heartbeatMs, std::max<int64_t>(50, so.peerTimeout.count() / 4));
   so.heartbeatInterval = std::chrono::milliseconds(heartbeatMs);
   so.glooIface = p.getString("HORA_GLOO_IFACE");
+  if (!so.glooIface.empty()) {
+    // Gloo would fail later, inside the data plane's connect, with its own
+    // assertion text; name the interfaces that would work instead.
+    std::string have;
+    if (!hasIpv4Interface(so.glooIface, &have))
+      return invalidArgument("HORA_GLOO_IFACE='" + so.glooIface +
+                             "' is not an interface with an IPv4 address on this host (those "
+                             "with one: " +
+                             (have.empty() ? std::string("none") : have) +
+                             "); unset it to use the interface of HORA_HOSTNAME's address");
+  }
   // The registry has checked these against their choices.
   if (!parseGlooAlgorithm(p.getString("HORA_GLOO_ALGORITHM"), &so.glooAlgorithm) ||
       !parseGpuBackend(p.getString("HORA_GPU_BACKEND"), &so.gpu.backend))
@@ -506,7 +583,16 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   so.elastic = rt->elastic_;
   std::string host = c.hostname ? c.hostname : p.getString("HORA_HOSTNAME");
   const std::string& storeAddr = rt->storeAddr_;
-  if (host.empty()) host = (storeAddr.empty() || isLoopback(storeAddr)) ? "127.0.0.1" : hostName();
+  if (host.empty()) {
+    // Local jobs: loopback. Otherwise the address on the route to the store,
+    // else the host name (which must then resolve on every peer).
+    if (storeAddr.empty() || isLoopback(storeAddr)) {
+      host = "127.0.0.1";
+    } else {
+      host = addressTowards(storeAddr);
+      if (host.empty()) host = hostName();
+    }
+  }
   so.hostname = host;
   HORA_RETURN_IF_ERROR(rt->joinStore(c, host));
   if (rt->elastic_) rt->logger_ = Logger(level, "[hora rank " + std::to_string(id.rank) + "]");

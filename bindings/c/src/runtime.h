@@ -70,6 +70,9 @@ class Runtime {
   // The store's get for a key member `rank` publishes at start-up.
   Result<std::string> waitForMember(const std::string& key, int rank,
                                     std::chrono::milliseconds timeout);
+  // The error of a start-up wait for `rank`, with the store's refusals of
+  // wrong secrets when this rank hosts it.
+  Status joinFailed(const Status& why, int rank) const;
   // Connects to the store (hosting it on rank 0 unless external) and finds
   // this runtime's epoch; in elastic mode forms it, which sets the rank.
   Status joinStore(const hora_config_t& c, const std::string& host);

@@ -1,0 +1,216 @@
+// hora-coll-bench: reducescatter, alltoall and barrier through hora's C ABI,
+// over the sizes of the allreduce sweep, for bench/collectives_bench.sh, which
+// runs it with HORA_SHM=1 (shared memory) and HORA_SHM=0 (Gloo) and runs
+// mpi-coll-bench (MPI_Reduce_scatter_block, MPI_Alltoall, MPI_Barrier) on
+// the same sizes and data in the same run.
+//
+//   HORA_RANK=.. HORA_SIZE=.. HORA_STORE_ADDR=.. hora-coll-bench
+//       [--ops reducescatter,alltoall,barrier] [--sizes 4,64K,1M] [--iters N]
+//
+// Sizes are the whole buffer each rank passes in (reducescatter: the input
+// of `size` equal blocks; alltoall: the send buffer, one block per rank),
+// rounded down to a multiple of 4 * size bytes. Data: integer-valued float32
+// that depends on the element, rank and iteration, refilled before each
+// iteration; every result element is checked exactly (outside the timing).
+// Timing: steady_clock around submit + wait + free; a barrier before each
+// size; mean and median over iterations, maximum over ranks (rank 0 prints).
+//
+// Output (rank 0): RESULT op=.. impl=hora plane=shm|gloo np=N bytes=B iters=I
+//   us=.. med_us=.. wrong=.. ; exit 1 on any wrong element, 2 on an error.
+#include <hora/hora.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+int gRank = 0;
+
+[[noreturn]] void fatal(const std::string& what) {
+  std::fprintf(stderr, "[hora-coll-bench rank %d] %s\n", gRank, what.c_str());
+  std::exit(2);
+}
+
+void check(hora_status_t s, const std::string& what) {
+  if (s != HORA_SUCCESS)
+    fatal(what + ": " + hora_status_string(s) + ": " + hora_last_error_message());
+}
+
+size_t parseBytes(const std::string& s) {
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  if (end == s.c_str()) fatal("bad size '" + s + "'");
+  if (*end == 'K' || *end == 'k')
+    v <<= 10, ++end;
+  else if (*end == 'M' || *end == 'm')
+    v <<= 20, ++end;
+  if (*end != '\0') fatal("bad size '" + s + "'");
+  return static_cast<size_t>(v);
+}
+
+std::vector<std::string> splitList(const std::string& list) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= list.size()) {
+    size_t comma = list.find(',', at);
+    if (comma == std::string::npos) comma = list.size();
+    if (comma > at) out.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return out;
+}
+
+struct Tensor {
+  int64_t shape[1];
+  DLTensor t;
+  Tensor(float* data, size_t count) {
+    shape[0] = static_cast<int64_t>(count);
+    std::memset(&t, 0, sizeof t);
+    t.data = data;
+    t.device.device_type = kDLCPU;
+    t.ndim = 1;
+    t.dtype.code = kDLFloat;
+    t.dtype.bits = 32;
+    t.dtype.lanes = 1;
+    t.shape = shape;
+  }
+};
+
+// Element i of rank r's input in iteration it: small integers, exact sums.
+float value(size_t i, int r, int it) {
+  return static_cast<float>(static_cast<int>((i * 7 + static_cast<size_t>(r) * 13 + it * 5) % 32) -
+                            16);
+}
+
+void barrier(hora_runtime_t rt) {
+  hora_request_t req = nullptr;
+  check(hora_barrier_async(rt, nullptr, &req), "barrier");
+  check(hora_wait(req, -1), "barrier wait");
+  hora_request_free(req);
+}
+
+// Max over ranks of `v` through a hora allreduce (max).
+double maxOverRanks(hora_runtime_t rt, double v) {
+  float x = static_cast<float>(v);
+  Tensor t(&x, 1);
+  hora_options_t o;
+  hora_options_init(&o);
+  o.op = HORA_OP_MAX;
+  o.name = "bench.max";
+  hora_request_t req = nullptr;
+  check(hora_allreduce_async(rt, &t.t, &t.t, &o, &req), "max allreduce");
+  check(hora_wait(req, -1), "max allreduce wait");
+  hora_request_free(req);
+  return x;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> ops = {"reducescatter", "alltoall", "barrier"};
+  std::vector<size_t> sizes;
+  for (size_t b = 4; b <= (size_t{16} << 20); b *= 16) sizes.push_back(b);
+  int itersOverride = 0;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--ops" && i + 1 < argc) {
+      ops = splitList(argv[++i]);
+    } else if (a == "--sizes" && i + 1 < argc) {
+      sizes.clear();
+      for (const auto& s : splitList(argv[++i])) sizes.push_back(parseBytes(s));
+    } else if (a == "--iters" && i + 1 < argc) {
+      itersOverride = std::atoi(argv[++i]);
+    } else {
+      fatal("unknown argument '" + a + "' (--ops LIST, --sizes LIST, --iters N)");
+    }
+  }
+  hora_runtime_t rt = nullptr;
+  check(hora_init(nullptr, &rt), "hora_init");
+  int32_t rank = 0, size = 1;
+  check(hora_rank(rt, &rank), "hora_rank");
+  check(hora_size(rt, &size), "hora_size");
+  gRank = rank;
+  const char* shm = std::getenv("HORA_SHM");
+  const std::string plane = (shm && std::string(shm) == "0") ? "gloo" : "shm";
+  long wrongTotal = 0;
+  for (const std::string& op : ops) {
+    if (op != "reducescatter" && op != "alltoall" && op != "barrier") fatal("unknown op " + op);
+    const std::vector<size_t> opSizes = op == "barrier" ? std::vector<size_t>{0} : sizes;
+    for (size_t bytes : opSizes) {
+      const size_t unit = 4 * static_cast<size_t>(size);
+      const size_t count = bytes / unit * unit / 4;  // elements, a multiple of size
+      if (op != "barrier" && count == 0) continue;
+      const int iters = itersOverride > 0
+                            ? itersOverride
+                            : static_cast<int>(std::clamp<size_t>(
+                                  (256u << 20) / std::max<size_t>(bytes, 1), 10, 500));
+      const int warmup = std::max(2, iters / 10);
+      const size_t block = count / static_cast<size_t>(size);
+      std::vector<float> in(count), out(count);
+      std::vector<int64_t> splits(size, static_cast<int64_t>(block));
+      std::vector<double> times;
+      long wrong = 0;
+      barrier(rt);
+      for (int it = 0; it < warmup + iters; ++it) {
+        for (size_t i = 0; i < count; ++i) in[i] = value(i, rank, it);
+        Tensor t(in.data(), count);
+        hora_options_t o;
+        hora_options_init(&o);
+        const std::string name = "bench." + op;
+        o.name = name.c_str();
+        hora_request_t req = nullptr;
+        const auto t0 = Clock::now();
+        if (op == "reducescatter") {
+          check(hora_reducescatter_async(rt, &t.t, &o, &req), "reducescatter");
+        } else if (op == "alltoall") {
+          check(hora_alltoall_async(rt, &t.t, splits.data(), size, &o, &req), "alltoall");
+        } else {
+          check(hora_barrier_async(rt, &o, &req), "barrier");
+        }
+        check(hora_wait(req, -1), op + " wait");
+        const auto t1 = Clock::now();
+        if (op != "barrier") {
+          const DLTensor* res = nullptr;
+          check(hora_request_output(req, &res), "output");
+          const float* r = static_cast<const float*>(res->data);
+          for (size_t i = 0; i < block; ++i) {
+            float want = 0;
+            if (op == "reducescatter") {
+              for (int q = 0; q < size; ++q) want += value(block * rank + i, q, it);
+            }
+            if (op == "reducescatter" && r[i] != want) ++wrong;
+            if (op == "alltoall")
+              for (int q = 0; q < size; ++q)
+                if (r[q * block + i] != value(block * rank + i, q, it)) ++wrong;
+          }
+        }
+        hora_request_free(req);
+        if (it >= warmup)
+          times.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      }
+      double mean = 0;
+      for (double x : times) mean += x;
+      mean /= static_cast<double>(times.size());
+      std::sort(times.begin(), times.end());
+      double med = times[times.size() / 2];
+      mean = maxOverRanks(rt, mean);
+      med = maxOverRanks(rt, med);
+      wrong = static_cast<long>(maxOverRanks(rt, static_cast<double>(wrong)));
+      wrongTotal += wrong;
+      if (rank == 0)
+        std::printf(
+            "RESULT op=%s impl=hora plane=%s np=%d bytes=%zu iters=%d us=%.2f med_us=%.2f "
+            "wrong=%ld\n",
+            op.c_str(), plane.c_str(), size, count * 4, iters, mean, med, wrong);
+      std::fflush(stdout);
+    }
+  }
+  check(hora_shutdown(rt), "hora_shutdown");
+  return wrongTotal ? 1 : 0;
+}
