@@ -2,7 +2,8 @@
 # Builds a wheel of the hora Python package that carries libhora: hora/lib/
 # holds libhora.so.0, the GPU plugin libhora_cuda.so when the build has it, and
 # (unless --no-bundle-deps) the shared libraries libhora needs beyond glibc and
-# the GCC runtime (Gloo and what it links: hiredis, ibverbs, libnl), with
+# the GCC runtime (Gloo and what it links: hiredis, ibverbs, libnl; OpenSSL's
+# libcrypto), with
 # RUNPATH=$ORIGIN so they are found there, and their Debian copyright files
 # under hora/lib/licenses/. hora/_lib.py loads hora/lib/libhora.so.0 before
 # any other copy (HORA_LIBRARY still comes first). The GPU plugin keeps its own
@@ -16,7 +17,7 @@
 #   --build-dir DIR    a built tree (default: build/; needs target hora, e.g. scripts/build.sh)
 #   --out DIR          where the .whl goes (default: dist/)
 #   --no-bundle-deps   carry libhora and the plugin only: the installing machine
-#                      then needs Debian's libgloo0 (and what it pulls in)
+#                      then needs Debian's libgloo0 and libssl3 (and what they pull in)
 #   --keep-debug       do not strip debug information (libhora is ~40 MB with it)
 # Needs /usr/bin/python3 (HORA_PYTHON overrides) with pip, setuptools and wheel,
 # and patchelf to bundle: scripts/install_deps.sh --python installs them. Offline:
