@@ -74,8 +74,8 @@ struct AutotuneOptions {
   int maxPasses = 2;          // passes over the dimensions per search
   double margin = 0.01;       // a candidate must be this much cheaper
   double outlierRatio = 4.0;
-  int driftWindows = 6;
-  double driftRatio = 1.3;
+  int driftWindows = 8;
+  double driftRatio = 1.5;
 };
 
 // The grid of dimension `d` (sorted, distinct, holding `start`).
