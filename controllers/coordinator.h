@@ -68,6 +68,8 @@ class Coordinator {
                     std::vector<CacheHit>* nacks);
 
   bool hasReady() const { return !ready_.empty(); }
+  // Autotune: the threshold for the next emit().
+  void setFusionThreshold(int64_t bytes) { opts_.fusionThresholdBytes = bytes; }
   size_t pendingCount() const { return table_.size(); }
 
   // Builds the next response list from every ready response and applies it

@@ -15,7 +15,10 @@ CoordinatorService::CoordinatorService(CoordinatorServiceOptions options, Contro
       cache_(static_cast<size_t>(std::max(0, opts_.cacheCapacity))),
       coordinator_(opts_.coordinator, &cache_, logger_),
       emitTimer_(cp.io()),
-      stallTimer_(cp.io()) {}
+      stallTimer_(cp.io()),
+      cycleTime_(opts_.cycleTime) {
+  if (opts_.autotune) autotune_ = std::make_unique<AutotuneDriver>(*opts_.autotune, logger_);
+}
 
 void CoordinatorService::submit(RequestList list) {
   receive(0, list);
@@ -89,10 +92,10 @@ void CoordinatorService::maybeEmit(bool force) {
   if (!emitTimerArmed_) firstReady_ = now;
   // Emit at once when the executor is idle (lowest latency); while it is
   // busy, let more tensors become ready so they fuse, for at most one cycle.
-  if (!force && queue_.inFlight() > 0 && now - firstReady_ < opts_.cycleTime) {
+  if (!force && queue_.inFlight() > 0 && now - firstReady_ < cycleTime_) {
     if (!emitTimerArmed_) {
       emitTimerArmed_ = true;
-      emitTimer_.expires_after(opts_.cycleTime);
+      emitTimer_.expires_after(cycleTime_);
       emitTimer_.async_wait([this](boost::system::error_code ec) {
         if (ec == boost::asio::error::operation_aborted)
           return;  // cancelled: a newer timer owns the flag
@@ -106,9 +109,18 @@ void CoordinatorService::maybeEmit(bool force) {
     emitTimer_.cancel();
     emitTimerArmed_ = false;
   }
-  ResponseList list = coordinator_.emit(nullptr);
+  std::vector<std::vector<Response>> emitted;
+  ResponseList list = coordinator_.emit(autotune_ ? &emitted : nullptr);
+  list.tuning = std::move(sendTuning_);
+  sendTuning_.reset();
   if (size() > 1) cp_.broadcast(FrameType::kResponses, encode(list));
   client_->onResponses(list);
+  if (!autotune_) return;
+  if (auto v = autotune_->afterEmit(emitted, now)) {
+    coordinator_.setFusionThreshold(v->fusionThresholdBytes);
+    cycleTime_ = std::chrono::microseconds(v->cycleTimeUs);
+    sendTuning_ = *v;
+  }
 }
 
 void CoordinatorService::stallTick() {

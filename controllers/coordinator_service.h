@@ -15,7 +15,10 @@
 //    an error response after the shutdown time);
 //  - a worker's abort is relayed to every rank, naming that worker; a worker
 //    that still sends requests after the set broke is answered with the
-//    failure, so it learns it instead of waiting for a response.
+//    failure, so it learns it instead of waiting for a response;
+//  - autotune (when on): each emit feeds the AutotuneDriver; new values
+//    change the fusion threshold and cycle time of the next emit and travel
+//    with the next response list to every rank.
 //
 // The Coordinator keeps its own response cache: rank 0's controller applies
 // every response list to its cache exactly as the workers do, so the two
@@ -26,9 +29,11 @@
 
 #include <boost/asio/steady_timer.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "controllers/autotune_driver.h"
 #include "controllers/coordinator.h"
 #include "controllers/coordinator_link.h"
 #include "core/clock.h"
@@ -42,6 +47,8 @@ struct CoordinatorServiceOptions {
   CoordinatorOptions coordinator;
   int cacheCapacity = 1024;
   std::chrono::microseconds cycleTime{1000};
+  // Online autotune (controllers/autotune_driver.h); null: off.
+  std::shared_ptr<const AutotuneDriverOptions> autotune;
 };
 
 class CoordinatorService : public CoordinatorLink {
@@ -81,6 +88,9 @@ class CoordinatorService : public CoordinatorLink {
   boost::asio::steady_timer emitTimer_, stallTimer_;
   bool emitTimerArmed_ = false;
   Clock::time_point firstReady_{};
+  std::chrono::microseconds cycleTime_;       // autotune may change it
+  std::unique_ptr<AutotuneDriver> autotune_;  // null: off
+  std::optional<TuningValues> sendTuning_;    // with the next response list
 };
 
 }  // namespace hora

@@ -148,6 +148,7 @@ void SetController::onNacks(const std::vector<CacheHit>& hits) {
 void SetController::onResponses(const ResponseList& list) {
   if (health_.broken()) return;
   if (opts_.telemetry) opts_.telemetry->cycle();
+  if (list.tuning) pendingTuning_ = list.tuning;
   for (const auto& g : list.groups) {
     std::vector<Response> resolved;
     resolved.reserve(g.items.size());
@@ -293,6 +294,10 @@ void SetController::queueGroup(std::vector<Response> responses) {
   }
   HORA_CHECK(g.entries.size() == responses.size());
   g.responses = std::move(responses);
+  if (pendingTuning_ && needsDataPlane(g)) {
+    g.tuning = std::move(pendingTuning_);
+    pendingTuning_.reset();
+  }
   if (opts_.telemetry) opts_.telemetry->agreed(g);
   // Barrier/join/error groups need no data plane: complete them right here
   // when nothing is queued ahead (one thread hand-off less). Collectives

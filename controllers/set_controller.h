@@ -30,6 +30,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -126,6 +127,9 @@ class SetController : public CoordinatorLink::Client {
   // Control thread only.
   ResponseCache cache_;
   std::unordered_map<uint64_t, Request> sentAsHits_;  // for nack resends
+  // Autotune values of a response list, until a group that needs the data
+  // plane takes them (core/agreed_group.h).
+  std::optional<TuningValues> pendingTuning_;
   boost::asio::steady_timer settleTimer_;
   boost::asio::steady_timer telemetryTimer_;
   Clock::time_point lastMetrics_{};

@@ -9,6 +9,7 @@
 // control thread when nothing is queued ahead, else the executor in order.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "core/message.h"
@@ -19,6 +20,10 @@ namespace hora {
 struct AgreedGroup {
   std::vector<Response> responses;
   std::vector<EntryPtr> entries;  // one per response; null where this rank joined
+  // Autotune values the executor applies to the data plane before running
+  // this group (every rank attaches them to the same group: the first that
+  // needs the data plane at or after the response list that carried them).
+  std::optional<TuningValues> tuning;
 };
 
 bool needsDataPlane(ResponseKind kind);

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "core/tuning.h"
 #include "core/types.h"
 
 namespace hora {
@@ -95,6 +96,11 @@ class Backend {
                                ReduceOp op) = 0;
   virtual Status barrier() = 0;
   virtual void abort() noexcept = 0;
+  // Autotune (core/tuning.h): the data-plane values (shm chunk, shm cut-over,
+  // Gloo cut-over), applied by every rank between the same two collectives,
+  // on the executor thread. A backend takes what applies to it and clamps it
+  // to what it can do (the shm chunk to its slot). Default: nothing to tune.
+  virtual void tune(const TuningValues& values) { (void)values; }
 };
 
 }  // namespace hora

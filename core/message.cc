@@ -10,6 +10,7 @@ namespace {
 
 constexpr uint8_t kRequestListTag = 0x51;
 constexpr uint8_t kResponseListTag = 0x52;
+constexpr uint8_t kTuningTag = 0x54;  // autotune values after the groups
 
 uint64_t fnv(uint64_t h, const void* p, size_t n) {
   const auto* b = static_cast<const unsigned char*>(p);
@@ -234,12 +235,17 @@ std::string encode(const ResponseList& list) {
       if (it.cacheBit < 0) encodeResponse(w, it.response);
     }
   }
+  if (list.tuning) {
+    w.u8(kTuningTag);
+    for (int d = 0; d < kTuneDims; ++d) w.i64(list.tuning->get(TuneDim(d)));
+  }
   return w.take();
 }
 
 Status decode(const std::string& bytes, ResponseList* out) {
   ByteReader rd(bytes);
   HORA_RETURN_IF_ERROR(header(rd, kResponseListTag, "response list"));
+  out->tuning.reset();
   uint32_t ng = 0;
   HORA_RETURN_IF_ERROR(rd.u32(&ng, "group count"));
   // A group is at least its size field (and then one item, checked below).
@@ -258,6 +264,19 @@ Status decode(const std::string& bytes, ResponseList* out) {
       HORA_RETURN_IF_ERROR(rd.i32(&it.cacheBit, "cache bit"));
       if (it.cacheBit < 0) HORA_RETURN_IF_ERROR(decodeResponse(rd, &it.response));
     }
+  }
+  if (!rd.done()) {
+    uint8_t tag = 0;
+    HORA_RETURN_IF_ERROR(rd.u8(&tag, "tuning tag"));
+    if (tag != kTuningTag) return protocolError("trailing bytes after response list");
+    TuningValues v;
+    for (int d = 0; d < kTuneDims; ++d) {
+      int64_t x = 0;
+      HORA_RETURN_IF_ERROR(rd.i64(&x, "tuning value"));
+      if (x < 0) return protocolError("negative tuning value in response list");
+      v.set(TuneDim(d), x);
+    }
+    out->tuning = v;
   }
   if (!rd.done()) return protocolError("trailing bytes after response list");
   return Status::ok();

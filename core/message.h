@@ -13,10 +13,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/status.h"
+#include "core/tuning.h"
 #include "core/types.h"
 
 namespace hora {
@@ -113,6 +115,10 @@ struct ResponseGroup {
 
 struct ResponseList {
   std::vector<ResponseGroup> groups;
+  // Autotune (core/autotune.h): new values every rank applies before the
+  // first data-plane group of this list (or of a later one, when this list
+  // has none). Encoded after the groups only when present.
+  std::optional<TuningValues> tuning;
 };
 
 std::string encode(const RequestList& list);

@@ -47,6 +47,17 @@ const std::vector<ParamSpec>& paramRegistry() {
        "work is pending; the thread is woken by new work, never sleeps a fixed cycle."},
       {"HORA_FUSION_THRESHOLD_BYTES", ParamType::kInt, "134217728",
        "Largest fused batch in bytes (0 disables fusion)."},
+      {"HORA_AUTOTUNE", ParamType::kBool, "1",
+       "Online autotune (docs/performance.md): set rank 0 of each process set of two or more "
+       "ranks tunes the fusion threshold, cycle time, shm chunk and cut-overs from the measured "
+       "step time and every rank applies its values at the same point. Parameters set "
+       "explicitly stay fixed, unless HORA_AUTOTUNE=1 is set explicitly too: then they are "
+       "only where it starts. 0: the configured values stay."},
+      {"HORA_AUTOTUNE_LOG", ParamType::kString, "",
+       "CSV file of every autotune window (values tried, cost, event), written by set rank 0; "
+       "sets other than the global one write <file>.<set name>."},
+      {"HORA_AUTOTUNE_SEED", ParamType::kInt, "0",
+       "Seed of the autotune search order (the same seed and step times give the same trials)."},
       {"HORA_CACHE_CAPACITY", ParamType::kInt, "1024",
        "Response-cache entries (0 disables the cache). Must be the same on every rank (checked "
        "at start)."},
@@ -240,13 +251,18 @@ const std::vector<HorovodAlias>& horovodAliases() {
       {"HOROVOD_TIMELINE", "HORA_TIMELINE", nullptr,
        "a file path in both; hora's trace holds every rank's events"},
       {"HOROVOD_TIMELINE_MARK_CYCLES", "HORA_TIMELINE_MARK_CYCLES", nullptr, "0/1 in both"},
-      {"HOROVOD_AUTOTUNE", nullptr, nullptr,
-       "hora has no autotuner: set HORA_FUSION_THRESHOLD_BYTES and HORA_CYCLE_TIME_MS"},
-      {"HOROVOD_AUTOTUNE_LOG", nullptr, nullptr, "hora has no autotuner"},
-      {"HOROVOD_AUTOTUNE_WARMUP_SAMPLES", nullptr, nullptr, "hora has no autotuner"},
-      {"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", nullptr, nullptr, "hora has no autotuner"},
-      {"HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", nullptr, nullptr, "hora has no autotuner"},
-      {"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", nullptr, nullptr, "hora has no autotuner"},
+      {"HOROVOD_AUTOTUNE", "HORA_AUTOTUNE", asBool,
+       "0/1 in both; hora's autotune is on by default (docs/performance.md)"},
+      {"HOROVOD_AUTOTUNE_LOG", "HORA_AUTOTUNE_LOG", nullptr,
+       "a CSV file in both (hora's columns: window, search, event, values, cost)"},
+      {"HOROVOD_AUTOTUNE_WARMUP_SAMPLES", nullptr, nullptr,
+       "hora's tuner discards one step per search and needs no setting"},
+      {"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", nullptr, nullptr,
+       "hora's tuner measures one training step per sample, found from the tensor names"},
+      {"HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", nullptr, nullptr,
+       "hora's tuner is a coordinate search, not Bayesian optimisation"},
+      {"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", nullptr, nullptr,
+       "hora's tuner is a coordinate search, not Bayesian optimisation"},
       {"HOROVOD_HIERARCHICAL_ALLREDUCE", nullptr, nullptr,
        "hora has no hierarchical allreduce (one host: shared memory; else Gloo ring/bcube or "
        "NCCL)"},

@@ -332,6 +332,10 @@ MetricsSnapshot Telemetry::snapshot() const {
   m.gpuGroups = load(gpuGroups_);
   const uint64_t sub = load(submittedCount_), fin = load(finishedCount_);
   m.inFlight = sub > fin ? sub - fin : 0;
+  {
+    std::lock_guard<std::mutex> at(autotuneMu_);
+    m.autotune = autotune_;
+  }
   std::lock_guard<std::mutex> lk(stragglerMu_);
   m.stragglerSamples = stragglerSamples_;
   std::map<int, StragglerScore> by;
@@ -417,6 +421,36 @@ Result<std::string> Telemetry::dumpPrometheus(const std::string& dir,
                          text, "HORA_METRICS_PROMETHEUS_DIR");
 }
 
+void Telemetry::autotuneStart(bool enabled, const TuningValues& configured) {
+  std::lock_guard<std::mutex> lk(autotuneMu_);
+  autotune_.enabled = enabled;
+  autotune_.values = configured;
+}
+
+void Telemetry::tuned(const TuningValues& v) {
+  std::lock_guard<std::mutex> lk(autotuneMu_);
+  autotune_.values = v;
+  ++autotune_.changes;
+  // FNV-1a over the values, chained: the same sequence gives the same digest.
+  uint64_t h = autotune_.digest ^ 0xcbf29ce484222325ull;
+  for (int d = 0; d < kTuneDims; ++d) {
+    h ^= static_cast<uint64_t>(v.get(TuneDim(d)));
+    h *= 0x100000001b3ull;
+  }
+  autotune_.digest = h;
+}
+
+void Telemetry::autotuneProgress(bool settled, uint64_t windows, uint64_t searches, double bestCost,
+                                 const std::string& unit) {
+  std::lock_guard<std::mutex> lk(autotuneMu_);
+  autotune_.tuner = true;
+  autotune_.settled = settled;
+  autotune_.windows = windows;
+  autotune_.searches = searches;
+  autotune_.bestCost = bestCost;
+  autotune_.unit = unit;
+}
+
 std::string metricsJson(const MetricsSnapshot& m) {
   std::ostringstream o;
   o << "{\"set\":\"" << jsonEscape(m.setName) << "\",\"rank\":" << m.rank
@@ -441,7 +475,16 @@ std::string metricsJson(const MetricsSnapshot& m) {
     o << (i ? "," : "") << "{\"rank\":" << s.rank << ",\"last\":" << s.last
       << ",\"wait_ms\":" << s.waitMs << ",\"share\":" << s.share << '}';
   }
-  o << "]}";
+  const AutotuneMetrics& a = m.autotune;
+  o << "],\"autotune\":{\"enabled\":" << (a.enabled ? "true" : "false");
+  for (int d = 0; d < kTuneDims; ++d)
+    o << ",\"" << tuneDimColumn(TuneDim(d)) << "\":" << a.values.get(TuneDim(d));
+  o << ",\"changes\":" << a.changes << ",\"digest\":\"" << std::hex << a.digest << std::dec << '"';
+  if (a.tuner)
+    o << ",\"settled\":" << (a.settled ? "true" : "false") << ",\"windows\":" << a.windows
+      << ",\"searches\":" << a.searches << ",\"best_cost\":" << a.bestCost << ",\"unit\":\""
+      << a.unit << '"';
+  o << "}}";
   return o.str();
 }
 
@@ -489,6 +532,14 @@ std::string metricsPrometheus(const MetricsSnapshot& m) {
       o << "hora_straggler_wait_ms{set=\"" << labelEscape(m.setName) << "\",rank=\"" << s.rank
         << "\"} " << s.waitMs << '\n';
   }
+  if (m.autotune.enabled) {
+    metric("autotune_value", "gauge", "The value autotune has in force, by parameter.");
+    for (int d = 0; d < kTuneDims; ++d)
+      o << "hora_autotune_value{" << base << ",param=\"" << tuneDimColumn(TuneDim(d)) << "\"} "
+        << m.autotune.values.get(TuneDim(d)) << '\n';
+    one("autotune_changes_total", "counter", "Value sets autotune applied on this rank.",
+        static_cast<double>(m.autotune.changes));
+  }
   return o.str();
 }
 
@@ -509,6 +560,10 @@ std::string metricsSummaryLine(const MetricsSnapshot& m) {
                 m.groups ? static_cast<double>(m.groupTensors) / m.groups : 0.0, hitRate,
                 static_cast<unsigned long long>(m.errors));
   std::string line = buf;
+  if (m.autotune.enabled)
+    line += std::string("; autotune ") +
+            (m.autotune.tuner ? (m.autotune.settled ? "settled" : "searching") : "on") + " (" +
+            m.autotune.values.describe() + ")";
   if (!m.stragglers.empty() && m.stragglers[0].waitMs >= 1.0) {
     const auto& s = m.stragglers[0];
     uint64_t window = 0;

@@ -74,6 +74,22 @@ struct StragglerScore {
   double share = 0;   // waitMs / the window's total wait
 };
 
+// Autotune as one rank sees it (core/autotune.h).
+struct AutotuneMetrics {
+  bool enabled = false;
+  TuningValues values;   // the values in force on this rank (applied by its executor)
+  uint64_t changes = 0;  // value sets applied on this rank
+  // A hash of the sequence of value sets applied: equal on every rank of a
+  // set once they have run the same collectives.
+  uint64_t digest = 0;
+  // Set rank 0 only (the tuner runs there).
+  bool tuner = false;
+  bool settled = false;
+  uint64_t windows = 0, searches = 0;
+  double bestCost = 0;  // the incumbent's cost, in `unit`
+  std::string unit;
+};
+
 struct MetricsSnapshot {
   std::string setName;
   int rank = 0;  // global
@@ -95,6 +111,7 @@ struct MetricsSnapshot {
   // Set rank 0 only (the coordinator sees arrivals): ranked by waitMs.
   uint64_t stragglerSamples = 0;
   std::vector<StragglerScore> stragglers;
+  AutotuneMetrics autotune;
 };
 
 class Telemetry {
@@ -132,6 +149,13 @@ class Telemetry {
   void stall(const std::string& warning);
   // Control thread tick: writes the timeline's buffered events.
   void flushTimeline();
+  // Autotune: whether it runs and the configured values (assembly); values
+  // applied by this rank's executor (executor thread); the tuner's progress
+  // (set rank 0's control thread).
+  void autotuneStart(bool enabled, const TuningValues& configured);
+  void tuned(const TuningValues& values);
+  void autotuneProgress(bool settled, uint64_t windows, uint64_t searches, double bestCost,
+                        const std::string& unit);
 
   MetricsSnapshot snapshot() const;
   // Submitted and not yet finished on this rank.
@@ -178,6 +202,9 @@ class Telemetry {
   };
   std::deque<Arrival> arrivals_;
   uint64_t stragglerSamples_ = 0;
+
+  mutable std::mutex autotuneMu_;  // guards autotune_
+  AutotuneMetrics autotune_;
 };
 
 // The snapshot as one JSON object (hora_metrics_snapshot, hora.metrics()).

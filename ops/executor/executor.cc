@@ -44,6 +44,11 @@ void Executor::execute(AgreedGroup& g) {
     if (ctx_.telemetry) ctx_.telemetry->inlineDone(g);
     return completeWithoutDataPlane(g, ctx_.globalRanks);
   }
+  // Autotune: every rank applies the same values before the same group.
+  if (g.tuning) {
+    if (ctx_.backend) ctx_.backend->tune(*g.tuning);
+    if (ctx_.telemetry) ctx_.telemetry->tuned(*g.tuning);
+  }
   // A collective before this one failed on the data plane and the set's
   // status is not final yet: this one cannot run either (its peers are
   // failing too), and it reports whatever that status becomes.

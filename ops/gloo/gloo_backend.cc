@@ -261,6 +261,10 @@ void GlooBackend::closePairs(const std::string& reason) noexcept {
   }
 }
 
+void GlooBackend::tune(const TuningValues& v) {
+  bcubeMaxBytes_ = static_cast<size_t>(std::max<int64_t>(v.glooBcubeMaxBytes, 0));
+}
+
 void GlooBackend::abort() noexcept {
   aborted_.store(true, std::memory_order_release);
   closePairs("hora: backend aborted on rank " + std::to_string(rank_));
@@ -279,7 +283,7 @@ Status GlooBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp
   Algorithm alg = algorithm_;
   if (alg == Algorithm::kAuto) {
     // Same inputs on every rank, so every rank picks the same algorithm.
-    alg = count * elementSize >= kGlooBcubeMinBytes && count * elementSize <= kGlooBcubeMaxBytes
+    alg = count * elementSize >= kGlooBcubeMinBytes && count * elementSize <= bcubeMaxBytes_
               ? Algorithm::kBcube
               : Algorithm::kRing;
   }
@@ -317,7 +321,7 @@ Status GlooBackend::allreduceGather(void* staging, size_t count, DataType dtype,
   const size_t bytes = count * dataTypeSize(dtype);
   // Up to 1 MiB latency dominates: Gloo's own allreduce (ring or bcube as
   // allreduce() chooses); above it, the ring that overlaps pack/unpack.
-  if (algorithm_ == Algorithm::kBcube || bytes <= kGlooBcubeMaxBytes) {
+  if (algorithm_ == Algorithm::kBcube || bytes <= bcubeMaxBytes_) {
     return Backend::allreduceGather(staging, count, dtype, op, pack, unpack);
   }
   const uint32_t tag = nextTag();

@@ -94,6 +94,9 @@ class GlooBackend : public Backend {
                        ReduceOp op) override;
   Status barrier() override;
   void abort() noexcept override;
+  // The cut-over between Gloo's own allreduce (bcube under "auto") and the
+  // overlapped ring (kGlooBcubeMaxBytes until autotune moves it).
+  void tune(const TuningValues& values) override;
 
  private:
   // Fails fast when aborted or broken; otherwise OK.
@@ -117,7 +120,8 @@ class GlooBackend : public Backend {
   const int size_;
   const std::chrono::milliseconds timeout_;
   const Algorithm algorithm_;
-  uint32_t tag_ = 0;  // executor thread only
+  uint32_t tag_ = 0;                           // executor thread only
+  size_t bcubeMaxBytes_ = kGlooBcubeMaxBytes;  // executor thread only
   // The ring's receive scratch, kept across calls: a fresh buffer would pay
   // first-touch page faults (~12 us per 4 KiB page here) on every call.
   std::vector<uint8_t> ringScratch_;  // executor thread only

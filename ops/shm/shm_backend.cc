@@ -57,7 +57,9 @@ ShmBackend::ShmBackend(std::vector<std::unique_ptr<ShmSegment>> segments, int ra
       rank_(rank),
       size_(static_cast<int>(segs_.size())),
       fallback_(std::move(fallback)),
-      opts_(opts) {
+      opts_(opts),
+      chunkBytes_(segs_[rank_]->slotBytes()),
+      minBytes_(opts.minBytes) {
   // Touched now, not on the first small allreduce.
   scratch_.assign(std::min(kSmallChunkBytes, segs_[rank_]->slotBytes()), 0);
   spinIterations_ = size_ <= usableCpus() ? kSpinIterations : 0;
@@ -166,12 +168,22 @@ Status ShmBackend::waitFor(int peer, ShmCounter ShmHeader::*which, uint32_t want
   }
 }
 
+void ShmBackend::tune(const TuningValues& v) {
+  // Every rank gets the same values between the same two collectives and
+  // has the same slot size (agreed at set-up), so every rank clamps alike.
+  const size_t slot = segs_[rank_]->slotBytes();
+  size_t chunk = v.shmChunkBytes > 0 ? std::min(static_cast<size_t>(v.shmChunkBytes), slot) : slot;
+  chunkBytes_ = std::max<size_t>(64, chunk / 64 * 64);
+  minBytes_ = static_cast<size_t>(std::max<int64_t>(v.shmMinBytes, 0));
+  fallback_->tune(v);
+}
+
 Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
                                 const UnpackFn& unpack, const std::string& what) {
   const size_t es = dataTypeSize(dtype);
   const ReduceFn reduce = reduceFunction(dtype, op);
   ShmSegment& own = *segs_[rank_];
-  const size_t chunkElems = std::max<size_t>(1, own.slotBytes() / es);
+  const size_t chunkElems = std::max<size_t>(1, chunkBytes_ / es);
   const size_t align = std::max<size_t>(1, kPartAlignBytes / es);
   const size_t n = static_cast<size_t>(size_);
   for (size_t base = 0; base < count; base += chunkElems) {
@@ -286,7 +298,7 @@ Status ShmBackend::allgatherv(const void* in, void* out, const std::vector<size_
 Status ShmBackend::shmAllgatherv(const uint8_t* in, uint8_t* out, const std::vector<size_t>& bytes,
                                  const std::vector<size_t>& offset, const std::string& what) {
   ShmSegment& own = *segs_[rank_];
-  const size_t slot = own.slotBytes();
+  const size_t slot = chunkBytes_;
   const size_t most = *std::max_element(bytes.begin(), bytes.end());
   // Chunk k carries bytes [k*slot, (k+1)*slot) of every rank's part (empty
   // for ranks whose part is shorter); the same count of chunks on every rank.
@@ -327,8 +339,8 @@ Status ShmBackend::broadcast(void* data, size_t count, DataType dtype, int root)
 
 Status ShmBackend::shmBroadcast(uint8_t* data, size_t bytes, int root, const std::string& what) {
   ShmSegment& own = *segs_[rank_];
-  for (size_t base = 0; base < bytes; base += own.slotBytes()) {
-    const size_t len = std::min(own.slotBytes(), bytes - base);
+  for (size_t base = 0; base < bytes; base += chunkBytes_) {
+    const size_t len = std::min(chunkBytes_, bytes - base);
     const uint32_t c = static_cast<uint32_t>(chunks_);
     const uint32_t next = c + 1;
     if (rank_ == root) {

@@ -98,6 +98,8 @@ class ShmBackend : public Backend {
                        ReduceOp op) override;
   Status barrier() override;
   void abort() noexcept override;
+  // The chunk (at most the slot) and the cut-over to the fallback.
+  void tune(const TuningValues& values) override;
 
  private:
   // The shared-memory allreduce; size_ > 1, count > 0, op supported.
@@ -117,7 +119,7 @@ class ShmBackend : public Backend {
                       const std::vector<size_t>& recvBytes, const std::vector<size_t>& recvOff,
                       const std::string& what);
   // One rank (no peers) or a payload below minBytes: the fallback runs it.
-  bool delegates(size_t bytes) const { return size_ == 1 || bytes < opts_.minBytes; }
+  bool delegates(size_t bytes) const { return size_ == 1 || bytes < minBytes_; }
   // Before writing this rank's slot for the next chunk.
   Status waitSlotFree(const std::string& what);
   // Publishes the chunk consumed (and every counter current) and counts it.
@@ -138,6 +140,8 @@ class ShmBackend : public Backend {
   std::unique_ptr<Backend> fallback_;
   const ShmBackendOptions opts_;
   uint64_t chunks_ = 0;           // chunks run so far; executor thread only
+  size_t chunkBytes_;             // the pipeline's chunk (autotune); executor thread only
+  size_t minBytes_;               // below: the fallback (autotune); executor thread only
   std::vector<uint8_t> scratch_;  // small-chunk reduction target; executor thread only
   int spinIterations_ = 0;        // before sleeping; 0 when ranks outnumber cores
   std::vector<bool> watchPid_;    // whether a peer's death shows as its pid vanishing

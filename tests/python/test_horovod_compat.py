@@ -132,7 +132,7 @@ def test_horovod_variables_are_honoured_and_logged_once():
                      "HOROVOD_FUSION_THRESHOLD=1048576 -> HORA_FUSION_THRESHOLD_BYTES=1048576",
                      "HOROVOD_RANK=99 not used (HORA_RANK is set)",
                      "HOROVOD_TIMELINE=%s -> HORA_TIMELINE=%s" % (_TIMELINE, _TIMELINE),
-                     "HOROVOD_HIERARCHICAL_ALLREDUCE=1 IGNORED", "HOROVOD_AUTOTUNE=1 IGNORED"):
+                     "HOROVOD_HIERARCHICAL_ALLREDUCE=1 IGNORED", "HOROVOD_AUTOTUNE=1 -> HORA_AUTOTUNE=1"):
             assert part in line, (part, line)
     with open(_TIMELINE) as f:
         assert f.read().startswith("[\n")  # hora writes HOROVOD_TIMELINE's file

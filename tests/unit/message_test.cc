@@ -944,3 +944,40 @@ TEST(MessageFuzzTest, EveryByteOfValidEncodingEveryValue) {
 
 }  // namespace
 }  // namespace hora
+
+namespace hora {
+namespace {
+
+TEST(MessageTuningTest, TuningTravelsAfterTheGroupsOnlyWhenPresent) {
+  ResponseList plain = sampleResponseList();
+  const std::string without = encode(plain);
+  ResponseList tuned = plain;
+  TuningValues v;
+  v.fusionThresholdBytes = 1 << 20;
+  v.cycleTimeUs = 250;
+  v.shmChunkBytes = 512 << 10;
+  v.shmMinBytes = 4096;
+  v.glooBcubeMaxBytes = 0;
+  tuned.tuning = v;
+  const std::string with = encode(tuned);
+  EXPECT_EQ(with.size(), without.size() + 1 + 8 * kTuneDims);  // unchanged wire without it
+  EXPECT_EQ(with.compare(0, without.size(), without), 0);
+  ResponseList out;
+  out.tuning = TuningValues();  // a reused list: decode clears it
+  ASSERT_TRUE(decode(without, &out).isOk());
+  EXPECT_FALSE(out.tuning.has_value());
+  ASSERT_TRUE(decode(with, &out).isOk());
+  ASSERT_TRUE(out.tuning.has_value());
+  EXPECT_EQ(*out.tuning, v);
+  expectEqual(out, plain);
+  // Truncated, a wrong tag, a negative value: protocol errors.
+  EXPECT_EQ(decode(with.substr(0, with.size() - 1), &out).code(), Code::kProtocolError);
+  std::string badTag = with;
+  badTag[without.size()] = 0x55;
+  EXPECT_EQ(decode(badTag, &out).code(), Code::kProtocolError);
+  tuned.tuning->shmMinBytes = -1;
+  EXPECT_EQ(decode(encode(tuned), &out).code(), Code::kProtocolError);
+}
+
+}  // namespace
+}  // namespace hora

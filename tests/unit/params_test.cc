@@ -438,6 +438,8 @@ TEST(HorovodAliasTest, EveryAliasSetsItsParameter) {
       {"HOROVOD_ELASTIC_TIMEOUT", "120", "HORA_ELASTIC_TIMEOUT_S", "120"},
       {"HOROVOD_TIMELINE", "/tmp/t.json", "HORA_TIMELINE", "/tmp/t.json"},
       {"HOROVOD_TIMELINE_MARK_CYCLES", "1", "HORA_TIMELINE_MARK_CYCLES", "1"},
+      {"HOROVOD_AUTOTUNE", "0", "HORA_AUTOTUNE", "0"},
+      {"HOROVOD_AUTOTUNE_LOG", "/tmp/a.csv", "HORA_AUTOTUNE_LOG", "/tmp/a.csv"},
   };
   size_t mapped = 0;
   for (const auto& a : horovodAliases()) mapped += a.horaName != nullptr;
@@ -554,8 +556,8 @@ TEST(HorovodAliasTest, EveryIgnoredVariableIsReportedNeverSilent) {
   // The ones the issue names, at least.
   EXPECT_GE(ignored, 10u);
   for (const char* name :
-       {"HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLGATHER", "HOROVOD_AUTOTUNE",
-        "HOROVOD_TORUS_ALLREDUCE", "HOROVOD_LOG_HIDE_TIME"}) {
+       {"HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLGATHER",
+        "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_TORUS_ALLREDUCE", "HOROVOD_LOG_HIDE_TIME"}) {
     Params p = parsed({{name, "1"}});
     ASSERT_NE(use(p, name), nullptr) << name;
     EXPECT_EQ(use(p, name)->outcome, Outcome::kIgnored) << name;
@@ -570,8 +572,9 @@ TEST(HorovodAliasTest, OneLineForAllOfThem) {
   const std::string line = p.horovodSummary();
   EXPECT_EQ(line.find('\n'), std::string::npos);
   EXPECT_EQ(line.rfind("Horovod variables: ", 0), 0u) << line;
-  for (const char* part : {"HOROVOD_CYCLE_TIME=2 -> HORA_CYCLE_TIME_MS=2",
-                           "HOROVOD_AUTOTUNE=1 IGNORED", "HOROVOD_CACHE_CAPACITY=5 not used"})
+  for (const char* part :
+       {"HOROVOD_CYCLE_TIME=2 -> HORA_CYCLE_TIME_MS=2", "HOROVOD_AUTOTUNE=1 -> HORA_AUTOTUNE=1",
+        "HOROVOD_CACHE_CAPACITY=5 not used"})
     EXPECT_NE(line.find(part), std::string::npos) << part << " in " << line;
   EXPECT_EQ(parsed({}).horovodSummary(), "");
   EXPECT_TRUE(parsed({}).horovodUses().empty());

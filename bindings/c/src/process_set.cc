@@ -26,6 +26,35 @@ SharedSettings sharedSettings(const SetOptions& o) {
   };
 }
 
+namespace {
+
+// What set rank 0's autotune starts from and may change; null when it is off
+// (HORA_AUTOTUNE=0, a set of one rank, or nothing left to tune).
+std::shared_ptr<const AutotuneDriverOptions> autotuneOptions(const SetOptions& o,
+                                                             const TuningValues& start,
+                                                             const std::string& setName, bool onShm,
+                                                             int size, Telemetry* telemetry) {
+  if (!o.autotune || size < 2) return nullptr;
+  auto at = std::make_shared<AutotuneDriverOptions>();
+  at->tuner.start = start;
+  at->tuner.seed = o.autotuneSeed;
+  at->tuner.shmSlotBytes = std::max<int64_t>(o.shmChunkBytes, 64);
+  for (int d = 0; d < kTuneDims; ++d) at->tuner.tune[d] = !o.autotunePinned[d];
+  // Only what the set's data plane uses: the shm values on shared memory,
+  // the Gloo cut-over without it (and not when bcube is forced).
+  at->tuner.tune[static_cast<int>(TuneDim::kShmChunk)] &= onShm;
+  at->tuner.tune[static_cast<int>(TuneDim::kShmMinBytes)] &= onShm;
+  at->tuner.tune[static_cast<int>(TuneDim::kGlooBcubeMax)] &=
+      !onShm && o.glooAlgorithm != GlooAlgorithm::kBcube;
+  at->setName = setName;
+  at->logPath = o.autotuneLog;
+  at->telemetry = telemetry;
+  if (!Autotuner(at->tuner).active()) return nullptr;
+  return at;
+}
+
+}  // namespace
+
 ProcessSet::ProcessSet(std::string name, std::vector<int> globalRanks, int rank, SetOptions options)
     : name_(std::move(name)),
       globalRanks_(std::move(globalRanks)),
@@ -149,6 +178,19 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   to.timeline = o.timeline;
   ps->telemetry_ = std::make_unique<Telemetry>(std::move(to));
 
+  // Autotune: every rank starts from the configured values (the shm ones
+  // were agreed at set-up) and applies what set rank 0 sends.
+  TuningValues start;
+  start.fusionThresholdBytes = o.fusionThresholdBytes;
+  start.cycleTimeUs = o.cycleTime.count();
+  start.shmChunkBytes = o.shmChunkBytes;
+  start.shmMinBytes = o.shmMinBytes;
+  start.glooBcubeMaxBytes = static_cast<int64_t>(kGlooBcubeMaxBytes);
+  const bool onShm = ps->backend_->name().rfind("shm+", 0) == 0;
+  Telemetry* telemetry = o.telemetry ? ps->telemetry_.get() : nullptr;
+  auto autotune = autotuneOptions(o, start, name, onShm, ps->size(), telemetry);
+  ps->telemetry_->autotuneStart(o.autotune && ps->size() > 1, start);
+
   // Control thread.
   std::unique_ptr<CoordinatorLink> link;
   if (rank == 0) {
@@ -162,6 +204,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
     co.coordinator.telemetry = o.telemetry ? ps->telemetry_.get() : nullptr;
     co.cacheCapacity = o.cacheCapacity;
     co.cycleTime = o.cycleTime;
+    co.autotune = autotune;
     link = std::make_unique<CoordinatorService>(co, *ps->cp_, ps->health_, ps->queue_, logger);
   } else {
     link = std::make_unique<RemoteCoordinator>(*ps->cp_, name);

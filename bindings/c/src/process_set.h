@@ -55,6 +55,12 @@ struct SetOptions {
   bool shm = true;
   int64_t shmChunkBytes = 4 << 20;
   int64_t shmMinBytes = 0;
+  // Online autotune (core/autotune.h, controllers/autotune_driver.h): on, its
+  // CSV log, its seed, and the parameters that stay as configured.
+  bool autotune = true;
+  std::string autotuneLog;
+  uint64_t autotuneSeed = 0;
+  bool autotunePinned[kTuneDims] = {};
   // Point-to-point (ops/p2p/p2p_engine.h).
   int64_t p2pRingBytes = 1 << 20;
   int64_t p2pEagerBytes = 64 << 10;

@@ -542,6 +542,23 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   so.shm = p.getBool("HORA_SHM");
   so.shmChunkBytes = p.getInt("HORA_SHM_CHUNK_BYTES");
   so.shmMinBytes = p.getInt("HORA_SHM_MIN_BYTES");
+  so.autotune = p.getBool("HORA_AUTOTUNE");
+  so.autotuneLog = p.getString("HORA_AUTOTUNE_LOG");
+  so.autotuneSeed = static_cast<uint64_t>(p.getInt("HORA_AUTOTUNE_SEED"));
+  {
+    // What the user set stays as set, unless HORA_AUTOTUNE=1 is explicit
+    // too: then it is only where the search starts (docs/performance.md).
+    const bool tuneAll = so.autotune && p.isSet("HORA_AUTOTUNE");
+    auto pin = [&](TuneDim d, bool set) {
+      so.autotunePinned[static_cast<int>(d)] = !tuneAll && set;
+    };
+    pin(TuneDim::kFusionThreshold,
+        c.fusion_threshold_bytes >= 0 || p.isSet("HORA_FUSION_THRESHOLD_BYTES"));
+    pin(TuneDim::kCycleTime, c.cycle_time_ms >= 0 || p.isSet("HORA_CYCLE_TIME_MS"));
+    pin(TuneDim::kShmChunk, p.isSet("HORA_SHM_CHUNK_BYTES"));
+    pin(TuneDim::kShmMinBytes, p.isSet("HORA_SHM_MIN_BYTES"));
+    pin(TuneDim::kGlooBcubeMax, p.isSet("HORA_GLOO_ALGORITHM"));
+  }
   so.p2pRingBytes = p.getInt("HORA_P2P_RING_BYTES");
   so.p2pEagerBytes = p.getInt("HORA_P2P_EAGER_BYTES");
   so.p2pFastBytes = p.getInt("HORA_P2P_FAST_BYTES");
