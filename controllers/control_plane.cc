@@ -110,6 +110,9 @@ struct ControlPlane::Peer {
   tcp::socket sock;
   std::string addr;
   std::deque<std::string> outq;
+  // TCP frames that wait until the lane has written what was sent before
+  // them (the lane is a stream of its own: a frame must not overtake it).
+  std::deque<std::pair<FrameType, std::string>> afterLane;
   bool writing = false;
   bool lost = false;
   bool saidGoodbye = false;
@@ -454,9 +457,13 @@ void ControlPlane::send(int peer, FrameType type, std::string payload) {
   if (peer < 0 || peer >= static_cast<int>(peers_.size())) return;
   auto& p = peers_[isCoordinator() ? peer : 0];
   if (!p || p->lost) return;
+  const int lanePeer = isCoordinator() ? peer : 0;
   if (lane_ && isNegotiationFrame(type)) {
-    if (lane_->send(isCoordinator() ? peer : 0, type, payload))
-      sendFrame(p, FrameType::kDoorbell, "");
+    if (lane_->send(lanePeer, type, payload)) sendFrame(p, FrameType::kDoorbell, "");
+    return;
+  }
+  if (lane_ && (!p->afterLane.empty() || lane_->hasPendingFor(lanePeer))) {
+    p->afterLane.emplace_back(type, std::move(payload));
     return;
   }
   sendFrame(p, type, payload);
@@ -535,6 +542,13 @@ bool ControlPlane::pollLane() {
     if (p && !p->lost) sendFrame(p, FrameType::kDoorbell, "");
   };
   const bool moved = lane_->poll(h);
+  for (auto& p : peers_)
+    if (p && !p->lost && !p->afterLane.empty() &&
+        !lane_->hasPendingFor(isCoordinator() ? p->rank : 0))
+      while (!p->afterLane.empty()) {
+        sendFrame(p, p->afterLane.front().first, p->afterLane.front().second);
+        p->afterLane.pop_front();
+      }
   inLanePoll_ = false;
   return moved;
 }

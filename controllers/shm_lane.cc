@@ -110,6 +110,12 @@ bool ShmLane::hasPending() const {
   return false;
 }
 
+bool ShmLane::hasPendingFor(int peer) const {
+  for (const auto& s : streams_)
+    if (s.peer == peer && !s.dropped && s.outOff < s.out.size()) return true;
+  return false;
+}
+
 void ShmLane::setPolling(bool on) {
   mb_->polling(rank_).store(on ? 1 : 0, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);

@@ -54,6 +54,7 @@ class ShmLane {
   // Whether some ring holds bytes to read, or frames wait to be written.
   bool hasInput() const;
   bool hasPending() const;
+  bool hasPendingFor(int peer) const;
   // This rank's "polling" word: set while its control thread polls.
   void setPolling(bool on);
   // A lost peer: its streams are forgotten.
