@@ -235,7 +235,8 @@ int main(int argc, char** argv) {
   // Ranks print in order (rank r after r-1's line is out), best effort.
   std::this_thread::sleep_for(std::chrono::milliseconds(50 * rank));
   std::printf(
-      "PROBE rank=%d size=%d bytes=%zu iters=%d median_us=%.2f p10_us=%.2f total_us=%.2f negotiation_us=%.2f queue_us=%.2f "
+      "PROBE rank=%d size=%d bytes=%zu iters=%d median_us=%.2f p10_us=%.2f total_us=%.2f "
+      "negotiation_us=%.2f queue_us=%.2f "
       "data_plane_us=%.2f rest_us=%.2f wrong=%zu\n",
       rank, size, bytes, iters, median, p10, total, neg, q, dp, total - neg - q - dp, wrong);
   std::fflush(stdout);

@@ -44,8 +44,8 @@ enum class FrameType : uint8_t {
   kResponses = 4,  // coordinator -> all: encoded ResponseList
   kNack = 5,       // coordinator -> one worker: RequestList of stale hits
   kHeartbeat = 6,
-  kAbort = 7,    // coordinator -> all: the set failed (payload: i32 code, message)
-  kGoodbye = 8,  // a rank is shutting down cleanly
+  kAbort = 7,     // coordinator -> all: the set failed (payload: i32 code, message)
+  kGoodbye = 8,   // a rank is shutting down cleanly
   kDoorbell = 9,  // empty: the shared-memory lane has frames for a rank that slept
 };
 

@@ -66,9 +66,9 @@ class ShmLane {
   struct Stream {
     int peer = -1;
     uint32_t outRing = 0, inRing = 0;
-    std::string out;     // frames not yet written
-    size_t outOff = 0;   // bytes of `out` already written
-    std::string in;      // bytes read, not yet a complete frame
+    std::string out;    // frames not yet written
+    size_t outOff = 0;  // bytes of `out` already written
+    std::string in;     // bytes read, not yet a complete frame
     bool dropped = false;
   };
   Stream* stream(int peer);

@@ -55,9 +55,8 @@ class ShmMailbox {
  public:
   // Creates `dir`/`name` for `ranks` ranks with rings of `ringBytes` (a
   // power of two, at least 4096), its memory reserved up front.
-  static Result<std::unique_ptr<ShmMailbox>> create(const std::string& dir,
-                                                    const std::string& name, int ranks,
-                                                    uint64_t ringBytes);
+  static Result<std::unique_ptr<ShmMailbox>> create(const std::string& dir, const std::string& name,
+                                                    int ranks, uint64_t ringBytes);
   // Maps a mailbox the coordinator created and checks its header.
   static Result<std::unique_ptr<ShmMailbox>> open(const std::string& path, int ranks);
   ~ShmMailbox();
@@ -83,8 +82,7 @@ class ShmMailbox {
   void unlink() noexcept;
 
  private:
-  ShmMailbox(void* base, size_t bytes, int ranks, uint64_t ringBytes, std::string path,
-             bool owner);
+  ShmMailbox(void* base, size_t bytes, int ranks, uint64_t ringBytes, std::string path, bool owner);
   ShmMailboxRing& ctl(uint32_t ring) const;
   uint8_t* data(uint32_t ring) const;
 

@@ -70,17 +70,16 @@ class ShmNegotiationSizes : public ::testing::TestWithParam<int> {};
 
 TEST_P(ShmNegotiationSizes, ProcessesAgreeThroughTheLaneAndGetExactResults) {
   const int size = GetParam();
-  auto results = runProcesses(
-      size,
-      [size](int rank) -> int {
-        hora_runtime_t rt;
-        if (hora_init(nullptr, &rt) != HORA_SUCCESS) return 10;
-        int rc = smallLoop(rt, rank, size, 300);
-        if (rc == 0) allreduceSweep(rank, size, rt, kDLCPU);
-        if (hora_shutdown(rt) != HORA_SUCCESS) return 11;
-        return rc;
-      },
-      120, nullptr, {{"HORA_LOG_LEVEL", "info"}});
+  auto results = runProcesses(size,
+                              [size](int rank) -> int {
+                                hora_runtime_t rt;
+                                if (hora_init(nullptr, &rt) != HORA_SUCCESS) return 10;
+                                int rc = smallLoop(rt, rank, size, 300);
+                                if (rc == 0) allreduceSweep(rank, size, rt, kDLCPU);
+                                if (hora_shutdown(rt) != HORA_SUCCESS) return 11;
+                                return rc;
+                              },
+                              120, nullptr, {{"HORA_LOG_LEVEL", "info"}});
   for (int r = 0; r < size; ++r) {
     EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
     if (size > 1)
@@ -103,16 +102,16 @@ TEST_P(ShmNegotiationSizes, ThreadsAgreeThroughTheLaneWithAndWithoutPolling) {
 
 TEST_P(ShmNegotiationSizes, ProcessesOverTcpWhenTheLaneIsOff) {
   const int size = GetParam();
-  auto results = runProcesses(
-      size,
-      [size](int rank) -> int {
-        hora_runtime_t rt;
-        if (hora_init(nullptr, &rt) != HORA_SUCCESS) return 10;
-        int rc = smallLoop(rt, rank, size, 100);
-        if (hora_shutdown(rt) != HORA_SUCCESS) return 11;
-        return rc;
-      },
-      120, nullptr, {{"HORA_LOG_LEVEL", "info"}, {"HORA_SHM_NEGOTIATION", "0"}});
+  auto results =
+      runProcesses(size,
+                   [size](int rank) -> int {
+                     hora_runtime_t rt;
+                     if (hora_init(nullptr, &rt) != HORA_SUCCESS) return 10;
+                     int rc = smallLoop(rt, rank, size, 100);
+                     if (hora_shutdown(rt) != HORA_SUCCESS) return 11;
+                     return rc;
+                   },
+                   120, nullptr, {{"HORA_LOG_LEVEL", "info"}, {"HORA_SHM_NEGOTIATION", "0"}});
   for (int r = 0; r < size; ++r) {
     EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
     if (size > 1)

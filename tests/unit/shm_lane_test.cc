@@ -4,6 +4,8 @@
 // (sizes 2-4): frames in order through rings smaller than the frames,
 // the order of lane frames against TCP frames and a lost peer, and the
 // set-up's fallback to TCP with its reason. Every wait has a deadline.
+#include "controllers/shm_lane.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -18,7 +20,6 @@
 #include <vector>
 
 #include "controllers/control_plane.h"
-#include "controllers/shm_lane.h"
 #include "core/memory_store.h"
 #include "core/shm_mailbox.h"
 
