@@ -64,7 +64,7 @@ Status parseFrameHeader(const char hdr[5], uint32_t* payloadLen, FrameType* type
   uint32_t len = 0;
   std::memcpy(&len, hdr, 4);
   uint8_t t = static_cast<uint8_t>(hdr[4]);
-  if (len < 1 || len > kMaxFrameBytes || t < 1 || t > static_cast<uint8_t>(FrameType::kGoodbye))
+  if (len < 1 || len > kMaxFrameBytes || t < 1 || t > static_cast<uint8_t>(FrameType::kDoorbell))
     return protocolError("type " + std::to_string(t) + ", length " + std::to_string(len) +
                          ": is a different program or hora version talking to this port?");
   *payloadLen = len - 1;
@@ -98,6 +98,8 @@ const char* frameTypeName(FrameType t) {
       return "abort";
     case FrameType::kGoodbye:
       return "goodbye";
+    case FrameType::kDoorbell:
+      return "doorbell";
   }
   return "unknown";
 }
@@ -108,6 +110,9 @@ struct ControlPlane::Peer {
   tcp::socket sock;
   std::string addr;
   std::deque<std::string> outq;
+  // TCP frames that wait until the lane has written what was sent before
+  // them (the lane is a stream of its own: a frame must not overtake it).
+  std::deque<std::pair<FrameType, std::string>> afterLane;
   bool writing = false;
   bool lost = false;
   bool saidGoodbye = false;
@@ -146,6 +151,7 @@ Result<std::unique_ptr<ControlPlane>> ControlPlane::create(std::shared_ptr<Store
     Status s =
         cp->isCoordinator() ? cp->rendezvousCoordinator(*store) : cp->rendezvousWorker(*store);
     if (!s.isOk()) return s;
+    if (cp->opts_.shmLane) HORA_RETURN_IF_ERROR(cp->setUpLane(*store));
   }
   return cp;
 }
@@ -356,7 +362,12 @@ void ControlPlane::start(ControlPlaneCallbacks callbacks) {
   if (opts_.size > 1) tick();
 }
 
-void ControlPlane::run() { io_.run(); }
+void ControlPlane::run() {
+  if (lane_)
+    runWithLane();
+  else
+    io_.run();
+}
 
 void ControlPlane::stop() {
   asio::post(io_, [this] {
@@ -403,6 +414,9 @@ void ControlPlane::readBody(std::shared_ptr<Peer> p, uint32_t len) {
     }
     p->lastHeard = SteadyClock::now();
     auto type = static_cast<FrameType>(p->hdr[4]);
+    // What the peer put in the lane before this frame comes first.
+    if (lane_) pollLane();
+    if (p->lost) return;
     if (type == FrameType::kGoodbye) {
       // Keep reading: the connection's close is what ends the set (see
       // closeGracefully); the goodbye only says new work cannot include it.
@@ -414,7 +428,7 @@ void ControlPlane::readBody(std::shared_ptr<Peer> p, uint32_t len) {
               Status(Code::kShutDown, peerName(p->rank) + " has shut down (called hora_shutdown)"));
         updateDone();
       }
-    } else if (type != FrameType::kHeartbeat && cb_.onFrame) {
+    } else if (type != FrameType::kHeartbeat && type != FrameType::kDoorbell && cb_.onFrame) {
       std::string payload = std::move(p->body);
       p->body.clear();
       cb_.onFrame(isCoordinator() ? p->rank : 0, type, std::move(payload));
@@ -443,6 +457,20 @@ void ControlPlane::send(int peer, FrameType type, std::string payload) {
   if (peer < 0 || peer >= static_cast<int>(peers_.size())) return;
   auto& p = peers_[isCoordinator() ? peer : 0];
   if (!p || p->lost) return;
+  const int lanePeer = isCoordinator() ? peer : 0;
+  if (lane_ && isNegotiationFrame(type)) {
+    if (lane_->send(lanePeer, type, payload)) sendFrame(p, FrameType::kDoorbell, "");
+    return;
+  }
+  if (lane_ && (!p->afterLane.empty() || lane_->hasPendingFor(lanePeer))) {
+    p->afterLane.emplace_back(type, std::move(payload));
+    return;
+  }
+  sendFrame(p, type, payload);
+}
+
+void ControlPlane::sendFrame(const std::shared_ptr<Peer>& p, FrameType type,
+                             const std::string& payload) {
   p->outq.push_back(frame(type, payload));
   if (!p->writing) flush(p);
 }
@@ -474,7 +502,11 @@ void ControlPlane::flush(std::shared_ptr<Peer> p) {
 
 void ControlPlane::lose(const std::shared_ptr<Peer>& p, Status why) {
   if (p->lost) return;
+  // Frames the peer put in the lane before it went are handled first.
+  if (lane_) pollLane();
+  if (p->lost) return;
   p->lost = true;
+  if (lane_) lane_->drop(isCoordinator() ? p->rank : 0);
   boost::system::error_code ec;
   p->sock.close(ec);
   // After a goodbye (or while this rank is closing) the close is expected.
@@ -483,6 +515,42 @@ void ControlPlane::lose(const std::shared_ptr<Peer>& p, Status why) {
     if (cb_.onPeerLost) cb_.onPeerLost(isCoordinator() ? p->rank : 0, why);
   }
   updateDone();
+}
+
+bool ControlPlane::pollLane() {
+  if (!lane_ || inLanePoll_) return false;
+  inLanePoll_ = true;
+  ShmLane::Handlers h;
+  h.deliver = [this](int from, FrameType type, std::string payload) {
+    auto& p = peers_[isCoordinator() ? from : 0];
+    if (!p || p->lost) return;
+    if (!isNegotiationFrame(type)) {
+      lose(p, protocolError(std::string("unexpected ") + frameTypeName(type) + " frame from " +
+                            peerName(p->rank) + " in the shared-memory lane"));
+      return;
+    }
+    if (cb_.onFrame) cb_.onFrame(from, type, std::move(payload));
+  };
+  h.bad = [this](int from, Status why) {
+    auto& p = peers_[isCoordinator() ? from : 0];
+    if (p && !p->lost)
+      lose(p, why.withContext("malformed frame from " + peerName(p->rank) +
+                              " in the shared-memory lane"));
+  };
+  h.ring = [this](int peer) {
+    auto& p = peers_[isCoordinator() ? peer : 0];
+    if (p && !p->lost) sendFrame(p, FrameType::kDoorbell, "");
+  };
+  const bool moved = lane_->poll(h);
+  for (auto& p : peers_)
+    if (p && !p->lost && !p->afterLane.empty() &&
+        !lane_->hasPendingFor(isCoordinator() ? p->rank : 0))
+      while (!p->afterLane.empty()) {
+        sendFrame(p, p->afterLane.front().first, p->afterLane.front().second);
+        p->afterLane.pop_front();
+      }
+  inLanePoll_ = false;
+  return moved;
 }
 
 void ControlPlane::tick() {

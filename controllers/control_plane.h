@@ -29,7 +29,9 @@
 #include <string>
 #include <vector>
 
+#include "controllers/shm_lane.h"
 #include "core/logging.h"
+#include "core/spin_wait.h"
 #include "core/status.h"
 #include "core/store.h"
 
@@ -42,9 +44,15 @@ enum class FrameType : uint8_t {
   kResponses = 4,  // coordinator -> all: encoded ResponseList
   kNack = 5,       // coordinator -> one worker: RequestList of stale hits
   kHeartbeat = 6,
-  kAbort = 7,    // coordinator -> all: the set failed (payload: i32 code, message)
-  kGoodbye = 8,  // a rank is shutting down cleanly
+  kAbort = 7,     // coordinator -> all: the set failed (payload: i32 code, message)
+  kGoodbye = 8,   // a rank is shutting down cleanly
+  kDoorbell = 9,  // empty: the shared-memory lane has frames for a rank that slept
 };
+
+// Negotiation frames: the ones the shared-memory lane carries when it is up.
+inline bool isNegotiationFrame(FrameType t) {
+  return t == FrameType::kRequests || t == FrameType::kResponses || t == FrameType::kNack;
+}
 
 struct ControlPlaneOptions {
   int rank = 0;  // rank within the set
@@ -58,6 +66,15 @@ struct ControlPlaneOptions {
   std::chrono::milliseconds heartbeatInterval{1000};
   std::chrono::milliseconds peerTimeout{30000};
   std::string setName = "global";
+  // The shared-memory lane (shm_lane.h): tried at create() when true and
+  // every rank of the set reports the same host identity; the set
+  // negotiates over TCP otherwise (laneStatus() says why).
+  bool shmLane = false;
+  std::string hostId;
+  uint64_t laneRingBytes = 1 << 20;
+  std::string laneDir = "/dev/shm";
+  // How long run() polls after its last work before it sleeps (spin_wait.h).
+  SpinPolicy spin;
 };
 
 struct ControlPlaneCallbacks {
@@ -89,6 +106,10 @@ class ControlPlane {
   void send(int peer, FrameType type, std::string payload);
   void broadcast(FrameType type, const std::string& payload);
   bool isCoordinator() const { return opts_.rank == 0; }
+  // Whether negotiation frames travel through shared memory, and if not, why
+  // ("" when the lane is up).
+  bool laneUp() const { return lane_ != nullptr; }
+  const std::string& laneStatus() const { return laneWhyNot_; }
   // Says goodbye to every peer. Sockets stay open so the peers can finish
   // work already agreed; the coordinator closes them once every worker has
   // said goodbye (or was lost), which is the workers' signal that the set is
@@ -109,6 +130,16 @@ class ControlPlane {
   void lose(const std::shared_ptr<Peer>& p, Status why);
   void tick();
   std::string peerName(int peer) const;
+  // The lane's set-up through the store after the TCP rendezvous
+  // (control_plane_lane.cc); a failure leaves the set on TCP, a store
+  // failure fails create().
+  Status setUpLane(Store& store);
+  // Reads the lane and hands its frames on (also before any TCP frame and
+  // before a lost peer, which keeps the order); true if anything moved.
+  bool pollLane();
+  // The event loop with the lane: polls both while there is work.
+  void runWithLane();
+  void sendFrame(const std::shared_ptr<Peer>& p, FrameType type, const std::string& payload);
 
   ControlPlaneOptions opts_;
   Logger logger_;
@@ -120,6 +151,9 @@ class ControlPlane {
   void updateDone();
   bool closing_ = false;
   std::atomic<bool> peersDone_{false};
+  std::unique_ptr<ShmLane> lane_;
+  std::string laneWhyNot_ = "not tried";
+  bool inLanePoll_ = false;
 };
 
 const char* frameTypeName(FrameType t);

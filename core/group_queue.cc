@@ -40,6 +40,7 @@ void GroupQueue::push(AgreedGroup group) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     queue_.push_back(std::move(group));
+    queued_.store(static_cast<int>(queue_.size()), std::memory_order_release);
     ++inFlight_;
   }
   ready_.notify_one();
@@ -55,11 +56,16 @@ bool GroupQueue::tryBeginInline() {
 void GroupQueue::endInline() { leave(); }
 
 bool GroupQueue::pop(AgreedGroup* out) {
+  spinUntil(spin_, [&] {
+    return queued_.load(std::memory_order_acquire) > 0 ||
+           closedFlag_.load(std::memory_order_acquire);
+  });
   std::unique_lock<std::mutex> lk(mu_);
   ready_.wait(lk, [&] { return !queue_.empty() || closed_; });
   if (closed_) return false;
   *out = std::move(queue_.front());
   queue_.pop_front();
+  queued_.store(static_cast<int>(queue_.size()), std::memory_order_release);
   running_ = describe(*out);
   return true;
 }
@@ -104,6 +110,7 @@ void GroupQueue::close() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     closed_ = true;
+    closedFlag_.store(true, std::memory_order_release);
   }
   ready_.notify_all();
 }
@@ -112,6 +119,7 @@ std::deque<AgreedGroup> GroupQueue::takeRemaining() {
   std::lock_guard<std::mutex> lk(mu_);
   std::deque<AgreedGroup> left;
   left.swap(queue_);
+  queued_.store(0, std::memory_order_release);
   return left;
 }
 

@@ -13,8 +13,13 @@
 // The "group done" hook runs on the executor thread after each popped group
 // (the coordinator uses it to emit what became ready while it was busy). It is
 // set before the executor starts. Thread-safe.
+//
+// pop() polls for a group for up to the spin window (core/spin_wait.h) before
+// it sleeps, so a group pushed right after the last one finished costs no
+// wake-up of the executor.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -23,12 +28,15 @@
 
 #include "core/agreed_group.h"
 #include "core/clock.h"
+#include "core/spin_wait.h"
 
 namespace hora {
 
 class GroupQueue {
  public:
   void setGroupDoneHook(std::function<void()> hook) { doneHook_ = std::move(hook); }
+  // How long pop() polls before it sleeps; set before the executor starts.
+  void setSpin(SpinPolicy spin) { spin_ = spin; }
 
   void push(AgreedGroup group);
   // True (and counted in flight) when nothing is queued or running: the
@@ -59,6 +67,10 @@ class GroupQueue {
   std::condition_variable ready_;  // a group was pushed, or closed
   std::condition_variable idle_;   // inFlight_ dropped
   std::deque<AgreedGroup> queue_;
+  // queue_.size() and closed_, readable without mu_ (pop()'s polling).
+  std::atomic<int> queued_{0};
+  std::atomic<bool> closedFlag_{false};
+  SpinPolicy spin_;
   int inFlight_ = 0;
   bool closed_ = false;
   std::string running_;  // the popped group, described; "" after finished()

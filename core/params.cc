@@ -111,6 +111,15 @@ const std::vector<ParamSpec>& paramRegistry() {
        "of 64)."},
       {"HORA_SHM_MIN_BYTES", ParamType::kInt, "0",
        "Allreduce payloads smaller than this go through Gloo even when shared memory is on."},
+      {"HORA_SHM_NEGOTIATION", ParamType::kBool, "1",
+       "Negotiate through shared memory (request bits, cache hits, response lists) when every rank "
+       "of a process set runs on one host; the TCP control plane stays for heartbeats, lost peers "
+       "and aborts. 0 negotiates over TCP. Compared at set-up: if the ranks differ, the set "
+       "negotiates over TCP and the reason is logged."},
+      {"HORA_SPIN_US", ParamType::kInt, "100",
+       "Microseconds the control thread, the executor and a thread in hora_wait poll for the next "
+       "hand-off before they sleep (0 = sleep at once). When the ranks' threads outnumber the "
+       "cores each poll gives the core away (sched_yield)."},
       {"HORA_P2P_RING_BYTES", ParamType::kInt, "1048576",
        "Point-to-point (send/recv) ring per sending peer in each rank's shared-memory inbox (a "
        "power of two, at least 4096); created on a set's first send or receive."},

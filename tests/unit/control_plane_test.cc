@@ -1008,7 +1008,7 @@ INSTANTIATE_TEST_SUITE_P(Frames, MalformedFrameTest,
                                            BadFrame{"JustOver64MiB", header((64u << 20) + 1, 3)},
                                            BadFrame{"ZeroLength", header(0, 3)},
                                            BadFrame{"TypeZero", header(1, 0)},
-                                           BadFrame{"UnknownType", header(4, 9) + "abc"},
+                                           BadFrame{"UnknownType", header(4, 10) + "abc"},
                                            BadFrame{"HttpRequest", "GET / HTTP/1.1\r\n\r\n"}),
                          [](const ::testing::TestParamInfo<BadFrame>& i) { return i.param.name; });
 

@@ -241,6 +241,7 @@ hora_status_t submit(const CallContext& c, std::vector<std::shared_ptr<hora::Ten
   st->alloc = c.o.alloc;
   st->allocUser = c.o.alloc_user;
   if (input) st->dlType = input->dtype;
+  st->waitSpin = c.set->spin();
   auto* h = new hora_request_s();
   h->state = st;
   st->handle = h;
@@ -756,6 +757,11 @@ HORA_API hora_status_t hora_wait(hora_request_t r, double timeout_s) {
     // a few microseconds away is worth more than a sleep and a wake-up.
     if (const auto& p2p = r->state->p2p; p2p && !r->state->finished.load(std::memory_order_acquire))
       p2p->poll(r->state->finished);
+    // A collective: poll for a moment too (the executor completes it on
+    // another thread; a sleep and a wake-up cost more than a short poll).
+    else if (timeout_s != 0 && r->state->waitSpin.enabled())
+      hora::spinUntil(r->state->waitSpin,
+                      [&] { return r->state->finished.load(std::memory_order_acquire); });
     // Finished: status was written before `finished` (release), so it is
     // read without the lock.
     if (r->state->finished.load(std::memory_order_acquire)) return setError(r->state->status);

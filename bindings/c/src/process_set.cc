@@ -62,6 +62,8 @@ ProcessSet::ProcessSet(std::string name, std::vector<int> globalRanks, int rank,
       opts_(std::move(options)),
       health_(name_, opts_.logger) {
   health_.setElastic(opts_.elastic);
+  spin_ = spinPolicyFor(opts_.spinUs, opts_.localSize);
+  queue_.setSpin(spin_);
 }
 
 Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
@@ -94,9 +96,16 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   cpo.heartbeatInterval = o.heartbeatInterval;
   cpo.peerTimeout = o.peerTimeout;
   cpo.setName = name;
+  cpo.shmLane = o.shmNegotiation;
+  cpo.hostId = o.shmNegotiation ? hostIdentity() : "";
+  cpo.spin = ps->spin_;
   auto cp = ControlPlane::create(std::make_shared<PrefixStore>(store, "ctrl"), cpo, logger);
   if (!cp.isOk()) return cp.status();
   ps->cp_ = cp.take();
+  if (ps->size() > 1)
+    HORA_LOG(logger, kInfo) << "process set " << name << ": negotiation "
+                            << (ps->cp_->laneUp() ? "through shared memory"
+                                                  : "over TCP (" + ps->cp_->laneStatus() + ")");
 
   // Data plane: Gloo, wrapped in shared memory when every rank is on one
   // host (the ranks agree on it at set-up, else the set stays on Gloo).

@@ -67,6 +67,12 @@ struct SetOptions {
   int64_t p2pFastBytes = 32;
   int p2pSpinUs = 50;
   std::string p2pTransport = "auto";
+  // Polling before a thread sleeps on a hand-off (core/spin_wait.h), and the
+  // runtime's ranks on this host (whether the polls must yield the core).
+  int64_t spinUs = 100;
+  int localSize = 1;
+  // Negotiation through shared memory when every rank is on one host.
+  bool shmNegotiation = true;
   // Elastic mode: member-caused failures are kMembership (SetHealth).
   bool elastic = false;
   std::vector<std::string> workerIds;  // global rank -> worker id (elastic mode)
@@ -114,6 +120,8 @@ class ProcessSet {
   int size() const { return static_cast<int>(globalRanks_.size()); }
   int globalRank(int setRank) const { return globalRanks_[setRank]; }
   const std::string& name() const { return name_; }
+  // How a thread in hora_wait polls this set's requests before it sleeps.
+  const SpinPolicy& spin() const { return spin_; }
   const Telemetry& telemetry() const { return *telemetry_; }
   // Sends and receives (any framework thread); shared with the requests
   // whose waiters drive its progress.
@@ -126,6 +134,7 @@ class ProcessSet {
   const std::vector<int> globalRanks_;
   const int rank_;
   const SetOptions opts_;
+  SpinPolicy spin_;
   // Outlives the threads that report into it.
   std::unique_ptr<Telemetry> telemetry_;
   // Destroyed in reverse order: the threads' owners first.

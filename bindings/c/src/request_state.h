@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "core/spin_wait.h"
 #include "core/status.h"
 #include "core/tensor_entry.h"
 #include "hora/hora.h"
@@ -60,6 +61,9 @@ struct RequestState : RequestSink {
   // Point-to-point requests: a waiter polls the engine's progress itself
   // before it sleeps (hora_wait), which saves a thread hand-off per message.
   std::shared_ptr<P2pEngine> p2p;
+  // Collectives: how long hora_wait polls `finished` before it sleeps (the
+  // set's HORA_SPIN_US policy, core/spin_wait.h).
+  SpinPolicy waitSpin;
 
   // Results written by the executor before completion, read after.
   std::vector<int64_t> outShape;

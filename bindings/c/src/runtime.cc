@@ -575,6 +575,11 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
         std::to_string(so.p2pRingBytes) + ", " + std::to_string(so.p2pEagerBytes) + ", " +
         std::to_string(spinUs) + ")");
   so.p2pSpinUs = static_cast<int>(spinUs);
+  so.spinUs = p.getInt("HORA_SPIN_US");
+  if (so.spinUs < 0 || so.spinUs > 1000000)
+    return invalidArgument("HORA_SPIN_US must be 0..1000000 (got " + std::to_string(so.spinUs) +
+                           ")");
+  so.shmNegotiation = p.getBool("HORA_SHM_NEGOTIATION");
   so.p2pTransport = p.getString("HORA_P2P_TRANSPORT");  // the registry checked the choice
   so.gpu.plugin = std::make_shared<GpuPlugin>(p.getString("HORA_GPU_PLUGIN"));
   const int64_t flight = p.getInt("HORA_FLIGHT_RECORDER_ENTRIES");
@@ -653,6 +658,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   }
 
   so.gpu.localRank = rt->id_.localRank;
+  so.localSize = rt->id_.localSize;
   std::vector<int> all(id.size);
   for (int r = 0; r < id.size; ++r) all[r] = r;
   auto g = ProcessSet::create("global", all, id.rank,

@@ -1,0 +1,245 @@
+// hora-negotiation-probe: where the time of one small allreduce goes (issue 20).
+//
+//   bench/negotiation_probe.sh -np 2 [--bytes 4] [--iters 2000] [--warmup 200]
+//   (or N copies with HORA_RANK, HORA_SIZE, HORA_STORE_ADDR, HORA_STORE_PORT)
+//
+// Every rank runs `iters` float32 sum allreduces of `bytes` back to back
+// (one stable name, so the response cache is hit as in training) through the
+// C ABI, timing hora_allreduce_async + hora_wait + hora_request_free, then
+// reads its own set's metrics (core/telemetry.h), which split each tensor's
+// life on the runtime's threads:
+//   negotiation  submit (framework thread) -> agreed (control thread applied
+//                the coordinator's response), per tensor;
+//   queue        agreed -> the executor starts the group;
+//   data plane   the group on the data plane (shared memory / Gloo);
+//   rest         total - the three: enqueue, completion and the waiter's
+//                wake-up, request create/free.
+// Before that it measures the costs of the hops those stages are made of on
+// this machine, each as a ping-pong between two threads (half a round trip):
+// a condition-variable wake-up, a Boost.Asio post to a sleeping io_context,
+// and a TCP loopback message (both ends in this process).
+//
+// Output: one line per rank ("PROBE rank=.. median_us=.. p10_us=.. total_us=..
+// negotiation_us=.."; total and the split are means, median and p10 of the
+// per-iteration times),
+// rank 0 first prints the hop costs ("HOP ..."). Means over the timed
+// iterations. Exit 1 if a result is wrong.
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <boost/asio.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "hora/hora.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double usSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+void check(hora_status_t s, const char* what) {
+  if (s == HORA_SUCCESS) return;
+  std::fprintf(stderr, "negotiation-probe: %s failed: %s\n", what, hora_last_error_message());
+  std::exit(2);
+}
+
+// Half a round trip of a condition-variable ping-pong between two threads.
+double hopCondvar(int rounds) {
+  std::mutex mu;
+  std::condition_variable cv;
+  int turn = 0;
+  std::thread other([&] {
+    for (int i = 0; i < rounds; ++i) {
+      std::unique_lock<std::mutex> lk(mu);
+      cv.wait(lk, [&] { return turn == 1; });
+      turn = 0;
+      cv.notify_all();
+    }
+  });
+  auto t0 = Clock::now();
+  for (int i = 0; i < rounds; ++i) {
+    std::unique_lock<std::mutex> lk(mu);
+    turn = 1;
+    cv.notify_all();
+    cv.wait(lk, [&] { return turn == 0; });
+  }
+  double us = usSince(t0) / rounds / 2;
+  other.join();
+  return us;
+}
+
+// Half a round trip of posting to an io_context that sleeps in run().
+double hopAsioPost(int rounds) {
+  boost::asio::io_context io;
+  auto guard = boost::asio::make_work_guard(io);
+  std::thread runner([&] { io.run(); });
+  std::mutex mu;
+  std::condition_variable cv;
+  bool back = false;
+  auto t0 = Clock::now();
+  for (int i = 0; i < rounds; ++i) {
+    boost::asio::post(io, [&] {
+      std::lock_guard<std::mutex> lk(mu);
+      back = true;
+      cv.notify_all();
+    });
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return back; });
+    back = false;
+  }
+  double us = usSince(t0) / rounds / 2;
+  guard.reset();
+  io.stop();
+  runner.join();
+  return us;
+}
+
+// Half a round trip of a small TCP message over loopback, between threads.
+double hopTcp(int rounds) {
+  int ls = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(ls, 1) != 0 ||
+      getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    return -1;
+  int c = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return -1;
+  int s = accept(ls, nullptr, nullptr);
+  int one = 1;
+  setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  std::thread echo([&] {
+    char b[64];
+    for (int i = 0; i < rounds; ++i) {
+      if (read(s, b, 32) != 32 || write(s, b, 32) != 32) return;
+    }
+  });
+  char b[64] = {};
+  auto t0 = Clock::now();
+  for (int i = 0; i < rounds; ++i)
+    if (write(c, b, 32) != 32 || read(c, b, 32) != 32) break;
+  double us = usSince(t0) / rounds / 2;
+  echo.join();
+  close(c);
+  close(s);
+  close(ls);
+  return us;
+}
+
+double jsonNumber(const std::string& j, const std::string& key) {
+  auto p = j.find("\"" + key + "\":");
+  if (p == std::string::npos) return -1;
+  return std::atof(j.c_str() + p + key.size() + 3);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  size_t bytes = 4;
+  int iters = 2000, warmup = 200;
+  bool hops = true;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? argv[++i] : (std::exit(2), ""); };
+    if (a == "--bytes")
+      bytes = std::strtoull(next(), nullptr, 10);
+    else if (a == "--iters")
+      iters = std::atoi(next());
+    else if (a == "--warmup")
+      warmup = std::atoi(next());
+    else if (a == "--no-hops")
+      hops = false;
+    else {
+      std::fprintf(stderr, "usage: %s [--bytes N] [--iters N] [--warmup N] [--no-hops]\n", argv[0]);
+      return 2;
+    }
+  }
+  hora_config_t cfg;
+  hora_config_init(&cfg);
+  hora_runtime_t rt = nullptr;
+  check(hora_init(&cfg, &rt), "hora_init");
+  int32_t rank = 0, size = 1;
+  hora_rank(rt, &rank);
+  hora_size(rt, &size);
+  if (rank == 0 && hops)
+    std::printf("HOP condvar_us=%.2f asio_post_us=%.2f tcp_loopback_us=%.2f\n", hopCondvar(5000),
+                hopAsioPost(5000), hopTcp(5000));
+
+  const size_t count = std::max<size_t>(1, bytes / 4);
+  std::vector<float> buf(count);
+  int64_t shape[1] = {static_cast<int64_t>(count)};
+  DLTensor t{};
+  t.data = buf.data();
+  t.device.device_type = kDLCPU;
+  t.ndim = 1;
+  t.dtype.code = kDLFloat;
+  t.dtype.bits = 32;
+  t.dtype.lanes = 1;
+  t.shape = shape;
+  hora_options_t o;
+  hora_options_init(&o);
+  o.name = "probe";
+  o.op = HORA_OP_SUM;
+  size_t wrong = 0;
+  auto one = [&](int it) {
+    for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>((rank + it + i) % 7);
+    hora_request_t req = nullptr;
+    check(hora_allreduce_async(rt, &t, &t, &o, &req), "hora_allreduce_async");
+    check(hora_wait(req, -1.0), "hora_wait");
+    hora_request_free(req);
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int r = 0; r < size; ++r) want += static_cast<float>((r + it + i) % 7);
+      wrong += buf[i] != want;
+    }
+  };
+  for (int it = 0; it < warmup; ++it) one(it);
+  auto metrics = [&] {
+    size_t need = 0;
+    hora_metrics_snapshot(rt, nullptr, HORA_METRICS_JSON, nullptr, 0, &need);
+    std::string s(need + 4096, '\0');
+    check(hora_metrics_snapshot(rt, nullptr, HORA_METRICS_JSON, &s[0], s.size(), &need),
+          "hora_metrics_snapshot");
+    return s;
+  };
+  std::string m0 = metrics();
+  std::vector<double> samples(iters);
+  auto t0 = Clock::now();
+  for (int it = 0; it < iters; ++it) {
+    auto s0 = Clock::now();
+    one(warmup + it);
+    samples[it] = usSince(s0);
+  }
+  double total = usSince(t0) / iters;
+  std::sort(samples.begin(), samples.end());
+  const double median = samples[samples.size() / 2], p10 = samples[samples.size() / 10];
+  std::string m1 = metrics();
+  auto d = [&](const char* k) { return (jsonNumber(m1, k) - jsonNumber(m0, k)) * 1e6 / iters; };
+  double neg = d("negotiation_s"), q = d("queue_s"), dp = d("data_plane_s");
+  // Ranks print in order (rank r after r-1's line is out), best effort.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50 * rank));
+  std::printf(
+      "PROBE rank=%d size=%d bytes=%zu iters=%d median_us=%.2f p10_us=%.2f total_us=%.2f "
+      "negotiation_us=%.2f queue_us=%.2f "
+      "data_plane_us=%.2f rest_us=%.2f wrong=%zu\n",
+      rank, size, bytes, iters, median, p10, total, neg, q, dp, total - neg - q - dp, wrong);
+  std::fflush(stdout);
+  check(hora_shutdown(rt), "hora_shutdown");
+  return wrong ? 1 : 0;
+}

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# shm_negotiation_bench.sh: allreduce latency of hora before / after a change
+# and of Open MPI, interleaved in one run (issue 20).
+#
+#   bench/shm_negotiation_bench.sh [-reps N] [-np "2 4"] [-sizes "4 65536 1048576 16777216"]
+#
+# For each repetition, world size and size, in this order: hora "before"
+# (hora-negotiation-probe with LD_LIBRARY_PATH=$BEFORE_LIB, e.g. a copy of
+# main's build/bindings/c), hora "after" (this tree's libhora), and
+# MPI_Allreduce (mpi-allreduce-bench through mpirun --oversubscribe), each in
+# fresh processes. Prints every raw line, then per (np, size) the median over
+# repetitions of: hora's per-iteration median (max over ranks) before and
+# after, Open MPI's median (max over ranks), and the ratios after/MPI and
+# after/before.
+#
+# Environment: BUILD_DIR (default build), BEFORE_LIB (required for the
+# "before" column; empty skips it), HORA_* pass through to hora's ranks.
+set -u
+REPS=3
+NPS="2 4"
+SIZES="4 65536 1048576 16777216"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -reps) REPS=$2; shift 2 ;;
+    -np) NPS=$2; shift 2 ;;
+    -sizes) SIZES=$2; shift 2 ;;
+    *) echo "usage: $0 [-reps N] [-np LIST] [-sizes LIST]" >&2; exit 2 ;;
+  esac
+done
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${BUILD_DIR:-$REPO/build}"
+PROBE="$BUILD_DIR/bench/hora-negotiation-probe"
+MPIB="$BUILD_DIR/bench/mpi-allreduce-bench"
+BEFORE_LIB="${BEFORE_LIB:-}"
+[ -x "$PROBE" ] || { echo "no $PROBE (ninja -C $BUILD_DIR hora-negotiation-probe)" >&2; exit 2; }
+[ -x "$MPIB" ] || { echo "no $MPIB (needs Open MPI: scripts/install_deps.sh --mpi)" >&2; exit 2; }
+
+iters_for() {  # as hora-bench: clamp(256 MiB / size, 10, 200), 2000 for tiny sizes
+  local s=$1
+  if [ "$s" -le 64 ]; then echo 2000; return; fi
+  local i=$(( (256 << 20) / s )); [ $i -lt 10 ] && i=10; [ $i -gt 200 ] && i=200; echo $i
+}
+
+hora_run() {  # np bytes iters libdir -> "max median over ranks"
+  local np=$1 bytes=$2 iters=$3 lib=$4 port out pids=() r
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  out=$(mktemp -d)
+  for ((r = 0; r < np; r++)); do
+    HORA_RANK=$r HORA_SIZE=$np HORA_STORE_ADDR=127.0.0.1 HORA_STORE_PORT=$port \
+      HORA_SECRET=bench LD_LIBRARY_PATH="$lib" timeout 300 "$PROBE" --bytes "$bytes" \
+      --iters "$iters" --warmup $((iters / 10 + 1)) --no-hops >"$out/$r" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  grep -h PROBE "$out"/* | sed 's/.*median_us=\([0-9.]*\).*wrong=\([0-9]*\).*/\1 \2/' |
+    awk '{ if ($1 > m) m = $1; w += $2 } END { printf "%s %d\n", m, w }'
+  cat "$out"/* >&2
+  rm -rf "$out"
+}
+
+mpi_run() {  # np bytes iters -> median
+  timeout 300 mpirun --allow-run-as-root --oversubscribe -np "$1" "$MPIB" --sizes "$2" \
+    --iters "$3" 2>/dev/null | grep RESULT | sed 's/.*mpi_med_us=\([0-9.]*\).*mpi_wrong=\([0-9]*\).*/\1 \2/'
+}
+
+echo "# shm_negotiation_bench: reps $REPS, np $NPS, sizes $SIZES; $(uptime)"
+for ((rep = 1; rep <= REPS; rep++)); do
+  for np in $NPS; do
+    for s in $SIZES; do
+      it=$(iters_for "$s")
+      if [ -n "$BEFORE_LIB" ]; then echo "RAW rep=$rep np=$np bytes=$s impl=before $(hora_run "$np" "$s" "$it" "$BEFORE_LIB" 2>/dev/null)"; fi
+      echo "RAW rep=$rep np=$np bytes=$s impl=after $(hora_run "$np" "$s" "$it" "" 2>/dev/null)"
+      echo "RAW rep=$rep np=$np bytes=$s impl=mpi $(mpi_run "$np" "$s" "$it")"
+    done
+  done
+  echo "# after rep $rep: $(uptime)"
+done | tee /tmp/shm_negotiation_bench.$$.log
+python3 - /tmp/shm_negotiation_bench.$$.log <<'PY'
+import sys, statistics, collections
+d = collections.defaultdict(list); wrong = 0
+for line in open(sys.argv[1]):
+    if not line.startswith("RAW"): continue
+    f = dict(kv.split("=") for kv in line.split()[1:5])
+    v = line.split()[5:]
+    if len(v) >= 1:
+        d[(int(f["np"]), int(f["bytes"]), f["impl"])].append(float(v[0]))
+        wrong += int(v[1]) if len(v) > 1 else 0
+print("\n| np | bytes | hora before (us) | hora after (us) | Open MPI (us) | after/MPI | after/before |")
+print("|---|---|---|---|---|---|---|")
+for (np, b) in sorted({(k[0], k[1]) for k in d}):
+    med = {i: statistics.median(d[(np, b, i)]) if d[(np, b, i)] else float("nan") for i in ("before", "after", "mpi")}
+    print(f"| {np} | {b} | {med['before']:.1f} | {med['after']:.1f} | {med['mpi']:.1f} | "
+          f"{med['after']/med['mpi']:.2f} | {med['after']/med['before']:.2f} |")
+print(f"\n#wrong total: {wrong}")
+PY
+rm -f /tmp/shm_negotiation_bench.$$.log

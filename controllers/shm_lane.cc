@@ -1,0 +1,134 @@
+#include "controllers/shm_lane.h"
+
+#include <cstring>
+
+#include "controllers/control_plane.h"
+
+namespace hora {
+
+ShmLane::ShmLane(std::unique_ptr<ShmMailbox> mailbox, int rank)
+    : mb_(std::move(mailbox)), rank_(rank), buf_(64 << 10) {
+  if (rank_ == 0) {
+    for (int r = 1; r < mb_->ranks(); ++r) {
+      Stream s;
+      s.peer = r;
+      s.outRing = ShmMailbox::downRing(r);
+      s.inRing = ShmMailbox::upRing(r);
+      streams_.push_back(std::move(s));
+    }
+  } else {
+    Stream s;
+    s.peer = 0;
+    s.outRing = ShmMailbox::upRing(rank_);
+    s.inRing = ShmMailbox::downRing(rank_);
+    streams_.push_back(std::move(s));
+  }
+}
+
+ShmLane::Stream* ShmLane::stream(int peer) {
+  for (auto& s : streams_)
+    if (s.peer == peer) return s.dropped ? nullptr : &s;
+  return nullptr;
+}
+
+bool ShmLane::peerPolling(int peer) {
+  // Pairs with the reader's store of its word before its last look at the
+  // rings (setPolling): either it sees these bytes, or this sees it asleep.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return mb_->polling(peer).load(std::memory_order_seq_cst) != 0;
+}
+
+bool ShmLane::flush(Stream& s) {
+  if (s.outOff == s.out.size()) return false;
+  const size_t n = mb_->write(s.outRing, s.out.data() + s.outOff, s.out.size() - s.outOff);
+  s.outOff += n;
+  if (s.outOff == s.out.size()) {
+    s.out.clear();
+    s.outOff = 0;
+  }
+  return n > 0;
+}
+
+bool ShmLane::send(int peer, FrameType type, const std::string& payload) {
+  Stream* s = stream(peer);
+  if (!s) return false;
+  const uint32_t len = static_cast<uint32_t>(payload.size() + 1);
+  char hdr[5];
+  std::memcpy(hdr, &len, 4);
+  hdr[4] = static_cast<char>(type);
+  s->out.append(hdr, 5);
+  s->out.append(payload);
+  return flush(*s) && !peerPolling(peer);
+}
+
+bool ShmLane::poll(const Handlers& h) {
+  bool moved = false;
+  for (auto& s : streams_) {
+    if (s.dropped) continue;
+    if (flush(s)) {
+      moved = true;
+      if (!peerPolling(s.peer) && h.ring) h.ring(s.peer);
+    }
+    for (;;) {
+      const size_t n = mb_->read(s.inRing, buf_.data(), buf_.size());
+      if (n == 0) break;
+      moved = true;
+      s.in.append(buf_.data(), n);
+    }
+    // Complete frames, in order.
+    size_t at = 0;
+    while (!s.dropped && s.in.size() - at >= 5) {
+      uint32_t payloadLen = 0;
+      FrameType type;
+      Status ok = parseFrameHeader(s.in.data() + at, &payloadLen, &type);
+      if (!ok.isOk()) {
+        s.dropped = true;
+        s.in.clear();
+        at = 0;
+        if (h.bad) h.bad(s.peer, ok);
+        break;
+      }
+      if (s.in.size() - at - 5 < payloadLen) break;
+      std::string payload = s.in.substr(at + 5, payloadLen);
+      at += 5 + payloadLen;
+      if (h.deliver) h.deliver(s.peer, type, std::move(payload));
+    }
+    if (at > 0 && !s.dropped) s.in.erase(0, at);
+  }
+  return moved;
+}
+
+bool ShmLane::hasInput() const {
+  for (const auto& s : streams_)
+    if (!s.dropped && mb_->readable(s.inRing) > 0) return true;
+  return false;
+}
+
+bool ShmLane::hasPending() const {
+  for (const auto& s : streams_)
+    if (!s.dropped && s.outOff < s.out.size()) return true;
+  return false;
+}
+
+bool ShmLane::hasPendingFor(int peer) const {
+  for (const auto& s : streams_)
+    if (s.peer == peer && !s.dropped && s.outOff < s.out.size()) return true;
+  return false;
+}
+
+void ShmLane::setPolling(bool on) {
+  mb_->polling(rank_).store(on ? 1 : 0, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+void ShmLane::drop(int peer) {
+  for (auto& s : streams_)
+    if (s.peer == peer) {
+      s.dropped = true;
+      s.out.clear();
+      s.in.clear();
+      s.outOff = 0;
+    }
+}
+
+}  // namespace hora

@@ -1,0 +1,209 @@
+// Negotiation through shared memory (issue 20, controllers/shm_lane.h): every
+// rank of these sets is on one host, so the lane is up unless a test turns it
+// off. Sweeps over world sizes 1-4 as threads and as processes (results
+// checked exactly, the lane's log line checked), the steady state of cache
+// hits, mismatches reported as over TCP, and scenarios with deadlines for a
+// rank lost and a rank stalled while the others negotiate small tensors
+// through the lane. (The whole multirank suite runs with the lane on by
+// default; ctest runs failures_test once more with it off.)
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "rank_harness.h"
+
+using namespace htest;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+hora_status_t allreduceF32(hora_runtime_t rt, std::vector<float>& buf, const char* name,
+                           std::string* msg = nullptr, double timeoutS = 60) {
+  std::vector<int64_t> shape = {static_cast<int64_t>(buf.size())};
+  DLTensor t = makeTensor(buf.data(), dlType(kDLFloat, 32), &shape);
+  hora_options_t o;
+  hora_options_init(&o);
+  o.name = name;
+  hora_request_t req;
+  hora_status_t s = hora_allreduce_async(rt, &t, &t, &o, &req);
+  if (s != HORA_SUCCESS) {
+    if (msg) *msg = hora_last_error_message();
+    return s;
+  }
+  return waitAndFree(req, timeoutS, msg);
+}
+
+// Many small allreduces with one name (cache hits after the first) and a
+// few sizes, each result checked exactly; 0 = all correct.
+int smallLoop(hora_runtime_t rt, int rank, int size, int iters) {
+  for (int it = 0; it < iters; ++it) {
+    const size_t n = (it % 3 == 0) ? 1 : (it % 3 == 1) ? 17 : 4096;
+    std::vector<float> buf(n);
+    for (size_t i = 0; i < n; ++i) buf[i] = static_cast<float>((rank + it + i) % 13);
+    const std::string name = "small." + std::to_string(n);
+    std::string msg;
+    if (allreduceF32(rt, buf, name.c_str(), &msg) != HORA_SUCCESS) {
+      std::fprintf(stderr, "rank %d iteration %d: %s\n", rank, it, msg.c_str());
+      return 20;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      float want = 0;
+      for (int r = 0; r < size; ++r) want += static_cast<float>((r + it + i) % 13);
+      if (buf[i] != want) {
+        std::fprintf(stderr, "rank %d iteration %d element %zu: %f != %f\n", rank, it, i, buf[i],
+                     want);
+        return 21;
+      }
+    }
+  }
+  return 0;
+}
+
+class ShmNegotiationSizes : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShmNegotiationSizes, ProcessesAgreeThroughTheLaneAndGetExactResults) {
+  const int size = GetParam();
+  auto results = runProcesses(size,
+                              [size](int rank) -> int {
+                                hora_runtime_t rt;
+                                if (hora_init(nullptr, &rt) != HORA_SUCCESS) return 10;
+                                int rc = smallLoop(rt, rank, size, 300);
+                                if (rc == 0) allreduceSweep(rank, size, rt, kDLCPU);
+                                if (hora_shutdown(rt) != HORA_SUCCESS) return 11;
+                                return rc;
+                              },
+                              120, nullptr, {{"HORA_LOG_LEVEL", "info"}});
+  for (int r = 0; r < size; ++r) {
+    EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
+    if (size > 1)
+      EXPECT_NE(results[r].output.find("negotiation through shared memory"), std::string::npos)
+          << "rank " << r << ":\n"
+          << results[r].output;
+  }
+}
+
+TEST_P(ShmNegotiationSizes, ThreadsAgreeThroughTheLaneWithAndWithoutPolling) {
+  const int size = GetParam();
+  for (const char* spin : {"0", "100"}) {
+    setenv("HORA_SPIN_US", spin, 1);
+    runThreads(size, [size](int rank, hora_runtime_t rt) {
+      EXPECT_EQ(smallLoop(rt, rank, size, 200), 0);
+    });
+    unsetenv("HORA_SPIN_US");
+  }
+}
+
+TEST_P(ShmNegotiationSizes, ProcessesOverTcpWhenTheLaneIsOff) {
+  const int size = GetParam();
+  auto results =
+      runProcesses(size,
+                   [size](int rank) -> int {
+                     hora_runtime_t rt;
+                     if (hora_init(nullptr, &rt) != HORA_SUCCESS) return 10;
+                     int rc = smallLoop(rt, rank, size, 100);
+                     if (hora_shutdown(rt) != HORA_SUCCESS) return 11;
+                     return rc;
+                   },
+                   120, nullptr, {{"HORA_LOG_LEVEL", "info"}, {"HORA_SHM_NEGOTIATION", "0"}});
+  for (int r = 0; r < size; ++r) {
+    EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
+    if (size > 1)
+      EXPECT_NE(results[r].output.find("negotiation over TCP"), std::string::npos)
+          << results[r].output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, ShmNegotiationSizes, ::testing::Values(1, 2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return "np" + std::to_string(i.param);
+                         });
+
+TEST(ShmNegotiation, MismatchThroughTheLaneIsReportedOnEveryRank) {
+  std::vector<std::string> messages(3);
+  runThreads(3, [&](int rank, hora_runtime_t rt) {
+    // Cache hits first, then a shape that differs on one rank.
+    std::vector<float> same(8, 1.0f);
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(allreduceF32(rt, same, "w"), HORA_SUCCESS);
+    std::vector<float> buf(rank == 1 ? 16 : 8, 1.0f);
+    EXPECT_EQ(allreduceF32(rt, buf, "w", &messages[rank]), HORA_ERR_MISMATCH);
+  });
+  for (const auto& m : messages) {
+    EXPECT_NE(m.find("\"w\""), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 1 has float32[16]"), std::string::npos) << m;
+  }
+}
+
+// Survivors of a rank that dies while the set negotiates 4-byte tensors
+// through the lane: each fails naming it, long before the peer timeout.
+int loopUntilLost(int rank, int culprit, double deadlineS) {
+  hora_runtime_t rt;
+  if (hora_init(nullptr, &rt) != HORA_SUCCESS) return 10;
+  auto start = Clock::now();
+  std::vector<float> buf(1, 1.0f);
+  for (int it = 0;; ++it) {
+    std::string msg;
+    hora_status_t s = allreduceF32(rt, buf, "tiny", &msg, deadlineS);
+    if (s != HORA_SUCCESS) {
+      double t = std::chrono::duration<double>(Clock::now() - start).count();
+      std::fprintf(stderr, "rank %d: step %d failed after %.2f s with %d: %s\n", rank, it, t, s,
+                   msg.c_str());
+      CHILD_CHECK(s == HORA_ERR_REMOTE, "unexpected status %d", s);
+      const std::string want = "rank " + std::to_string(culprit);
+      CHILD_CHECK(msg.find(want) != std::string::npos, "message does not name %s", want.c_str());
+      std::vector<float> more(1, 1.0f);
+      CHILD_CHECK(allreduceF32(rt, more, "after", nullptr, 5) == HORA_ERR_REMOTE,
+                  "a later call did not fail at once");
+      CHILD_CHECK(hora_shutdown(rt) == HORA_SUCCESS, "shutdown failed");
+      return 0;
+    }
+    if (std::chrono::duration<double>(Clock::now() - start).count() > deadlineS) return 11;
+  }
+}
+
+TEST(ShmNegotiation, RankKilledDuringLaneNegotiationFailsSurvivorsQuickly) {
+  for (int culprit : {0, 2}) {  // the coordinator, and a worker
+    auto t0 = Clock::now();
+    std::atomic<int64_t> killedAtMs{0};
+    auto results = runProcesses(
+        3, [culprit](int rank) -> int { return loopUntilLost(rank, culprit, 40); }, 60,
+        [&](const std::vector<int>& pids) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+          kill(pids[culprit], SIGKILL);
+          killedAtMs =
+              std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+        },
+        {{"HORA_PEER_TIMEOUT_S", "30"}});
+    EXPECT_EQ(results[culprit].signal, SIGKILL) << results[culprit].output;
+    for (int r = 0; r < 3; ++r)
+      if (r != culprit)
+        EXPECT_EQ(results[r].exitCode, 0) << "culprit " << culprit << ", rank " << r << ":\n"
+                                          << results[r].output;
+    const double total = std::chrono::duration<double>(Clock::now() - t0).count();
+    EXPECT_LT(total - killedAtMs.load() / 1000.0, 10.0) << "survivors took too long to fail";
+  }
+}
+
+TEST(ShmNegotiation, RankStalledDuringLaneNegotiationIsLostAfterThePeerTimeout) {
+  auto t0 = Clock::now();
+  auto results = runProcesses(
+      3, [](int rank) -> int { return loopUntilLost(rank, 1, 40); }, 60,
+      [](const std::vector<int>& pids) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        kill(pids[1], SIGSTOP);  // alive, its end of the lane and its sockets open, silent
+        std::this_thread::sleep_for(std::chrono::seconds(6));
+        kill(pids[1], SIGKILL);
+      },
+      {{"HORA_PEER_TIMEOUT_S", "2"}});
+  for (int r : {0, 2})
+    EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 40);
+}
+
+}  // namespace
