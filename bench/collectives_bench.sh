@@ -38,6 +38,7 @@ if command -v ompi_info >/dev/null 2>&1 && ! ompi_info 2>/dev/null | grep -q 'MC
   ompi_info 2>/dev/null | grep -q 'MCA btl: sm' && SHM_BTL=sm
 fi
 LOG_DIR="${COLL_LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/hora-coll-bench.XXXXXX")}"
+mkdir -p "$LOG_DIR" || exit 2
 echo "collectives_bench.sh: logs in $LOG_DIR; load: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 STATUS=0
 run() {  # name np command...
