@@ -179,7 +179,8 @@ Status ShmBackend::waitFor(int peer, ShmCounter ShmHeader::*which, uint32_t want
 }
 
 Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
-                                const UnpackFn& unpack, const std::string& what) {
+                                const UnpackFn& unpack, const std::string& what,
+                                const CrossFn* cross) {
   const size_t es = dataTypeSize(dtype);
   const ReduceFn reduce = reduceFunction(dtype, op);
   ShmSegment& own = *segs_[rank_];
@@ -198,7 +199,7 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
       if (j == rank_) continue;
       HORA_RETURN_IF_ERROR(waitFor(j, &ShmHeader::packed, next, "pack its input", what));
     }
-    if (len * es <= scratch_.size()) {
+    if (cross == nullptr && len * es <= scratch_.size()) {
       // 2'. Small chunk: every rank reduces all of it, in rank order (so every
       // rank computes the same bits), into private scratch.
       uint8_t* acc = scratch_.data();
@@ -217,6 +218,7 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
         uint8_t* acc = mine + lo * es;
         for (int j = 0; j < size_; ++j)
           if (j != rank_) reduce(acc, acc, segs_[j]->slot(c) + lo * es, hi - lo);
+        if (cross != nullptr) HORA_RETURN_IF_ERROR((*cross)(acc, hi - lo));
       }
       publish(&ShmHeader::reduced, next);
       // 3. Every part from the slot that holds it, this rank's first.
@@ -246,6 +248,18 @@ Status ShmBackend::allreduceGather(void* staging, size_t count, DataType dtype, 
         what, [&] { return fallback_->allreduceGather(staging, count, dtype, op, pack, unpack); });
   }
   Status s = shmAllreduce(count, dtype, op, pack, unpack, what);
+  return s.isOk() ? s : fail(s);
+}
+
+Status ShmBackend::allreduceCross(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
+                                  const UnpackFn& unpack, const CrossFn& cross) {
+  const std::string what = describe(count, dtype, op) + " inside a host";
+  HORA_RETURN_IF_ERROR(checkUsable(what));
+  if (reduceFunction(dtype, op) == nullptr || !reduceOpSupported(op, dtype))
+    return invalidArgument(what + ": unsupported dtype/op");
+  if (count == 0) return Status::ok();
+  if (size_ == 1) return internalError(what + ": a host with one rank has no local stage");
+  Status s = shmAllreduce(count, dtype, op, pack, unpack, what, &cross);
   return s.isOk() ? s : fail(s);
 }
 
@@ -436,7 +450,7 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
            " on this rank is not a positive multiple of 64";
   } else {
     self = "ok " + std::to_string(opts.chunkBytes) + " " + std::to_string(opts.minBytes) + " " +
-           hostIdentity();
+           (opts.hostId.empty() ? hostIdentity() : opts.hostId);
   }
   auto hosts = exchange(*store, "host", rank, size, self, opts.startTimeout);
   if (!hosts.isOk()) return hosts.status();

@@ -42,6 +42,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -70,6 +71,9 @@ struct ShmBackendOptions {
   // Where segments are created (tmpfs). Tests point one rank elsewhere to
   // simulate a rank that cannot use shared memory.
   std::string dir = "/dev/shm";
+  // This rank's host identity as its peers must see it (HORA_HOST_ID);
+  // empty: hostIdentity().
+  std::string hostId;
 };
 
 class ShmBackend : public Backend {
@@ -98,10 +102,25 @@ class ShmBackend : public Backend {
   Status barrier() override;
   void abort() noexcept override;
 
+  // Exchanges this rank's reduced part of a chunk with the other hosts
+  // (HierBackend): `part` holds `count` elements reduced over this host, in
+  // this rank's own slot, and must hold them reduced over every host on
+  // return. Called only for non-empty parts; the same parts on every host.
+  using CrossFn = std::function<Status(void* part, size_t count)>;
+  // The hierarchical allreduce's local stages: per chunk, this host's ranks
+  // reduce-scatter through shared memory (always split into one part per
+  // rank, never the small-chunk path, so that every part has one owner),
+  // each owner runs `cross` on its part, and every rank gathers all parts.
+  // pack/unpack as for allreduceGather; size_ > 1 and op supported.
+  Status allreduceCross(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
+                        const UnpackFn& unpack, const CrossFn& cross);
+
  private:
   // The shared-memory allreduce; size_ > 1, count > 0, op supported.
+  // With `cross` (may be null) run on this rank's part before it is published.
   Status shmAllreduce(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
-                      const UnpackFn& unpack, const std::string& what);
+                      const UnpackFn& unpack, const std::string& what,
+                      const CrossFn* cross = nullptr);
   // Each rank copies chunk k of its part into its slot, then every part's
   // chunk k out of the slots; size_ > 1, byte sizes and offsets per rank.
   Status shmAllgatherv(const uint8_t* in, uint8_t* out, const std::vector<size_t>& bytes,

@@ -55,6 +55,10 @@ struct SetOptions {
   bool shm = true;
   int64_t shmChunkBytes = 4 << 20;
   int64_t shmMinBytes = 0;
+  // HORA_HIER_ALLREDUCE (auto|hier|flat) and this rank's host identity
+  // (core/host_identity.h, HORA_HOST_ID applied): which ranks share a host.
+  std::string hierAllreduce = "auto";
+  std::string hostId;
   // Point-to-point (ops/p2p/p2p_engine.h).
   int64_t p2pRingBytes = 1 << 20;
   int64_t p2pEagerBytes = 64 << 10;

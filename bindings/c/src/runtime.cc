@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/host_identity.h"
 #include "core/memory_store.h"
 #include "dump_signal.h"
 
@@ -508,6 +509,8 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   const std::string& storeAddr = rt->storeAddr_;
   if (host.empty()) host = (storeAddr.empty() || isLoopback(storeAddr)) ? "127.0.0.1" : hostName();
   so.hostname = host;
+  so.hierAllreduce = p.getString("HORA_HIER_ALLREDUCE");  // the registry checked the choice
+  so.hostId = hostIdentity(p.getString("HORA_HOST_ID"), host);
   HORA_RETURN_IF_ERROR(rt->joinStore(c, host));
   if (rt->elastic_) rt->logger_ = Logger(level, "[hora rank " + std::to_string(id.rank) + "]");
   so.logger = rt->logger_;
