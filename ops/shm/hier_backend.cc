@@ -218,8 +218,7 @@ Status HierBackend::broadcast(void* data, size_t count, DataType dtype, int root
 
 Status HierBackend::alltoallv(const void* in, const std::vector<int64_t>& send, void* out,
                               const std::vector<int64_t>& recv, DataType dtype) {
-  return delegate("hier alltoallv",
-                  [&] { return flat_->alltoallv(in, send, out, recv, dtype); });
+  return delegate("hier alltoallv", [&] { return flat_->alltoallv(in, send, out, recv, dtype); });
 }
 
 Status HierBackend::reducescatter(void* inout, const std::vector<size_t>& counts, DataType dtype,
@@ -234,8 +233,8 @@ Status HierBackend::barrier() {
 
 // ------------------------------------------------------------ set-up
 
-Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store, int rank,
-                                                   int size, const HierBackendOptions& opts,
+Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store, int rank, int size,
+                                                   const HierBackendOptions& opts,
                                                    std::unique_ptr<Backend> flat,
                                                    const ConnectFn& connect, HierOutcome* outcome,
                                                    std::string* whyNot) {
@@ -246,23 +245,33 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
     return flat;
   }
   const auto timeout = opts.shm.startTimeout;
-  // Round 1: every rank's host and settings. The mode and HORA_SHM are
-  // compared so that all ranks decide alike (a rank that would not take
-  // part in the local stage cannot leave its host waiting for it).
+  // Round 1: every rank's host and settings. The mode, HORA_SHM and the
+  // chunk size are compared so that all ranks decide alike (a rank that would
+  // not take part in the local stage cannot leave its host waiting for it)
+  // and every host cuts its chunks into the same parts (the cross stage pairs
+  // part k of chunk c on every host).
   const std::string hostId = opts.shm.hostId.empty() ? hostIdentity() : opts.shm.hostId;
-  const std::string mode =
-      opts.mode == HierMode::kFlat ? "flat" : opts.mode == HierMode::kHier ? "hier" : "auto";
-  const std::string mine = mode + (opts.shm.enabled ? " shm " : " noshm ") + hostId;
+  const std::string mode = opts.mode == HierMode::kFlat   ? "flat"
+                           : opts.mode == HierMode::kHier ? "hier"
+                                                          : "auto";
+  const std::string mine = mode + (opts.shm.enabled ? " shm " : " noshm ") +
+                           std::to_string(opts.shm.chunkBytes) + " " + hostId;
   auto all = exchange(*store, "host", rank, iota(size), mine, timeout);
   if (!all.isOk()) return all.status();
-  // "<mode> <shm|noshm> <host id>": the settings are the first two words.
-  auto settings = [](const std::string& v) { return v.substr(0, v.find(' ', v.find(' ') + 1)); };
+  // "<mode> <shm|noshm> <chunk bytes> <host id>": the settings are the first
+  // three words, the host id (which may contain spaces) the rest.
+  auto settingsEnd = [](const std::string& v) {
+    size_t end = 0;
+    for (int w = 0; w < 3 && end != std::string::npos; ++w) end = v.find(' ', end + (w > 0));
+    return end == std::string::npos ? v.size() : end;
+  };
+  auto settings = [&](const std::string& v) { return v.substr(0, settingsEnd(v)); };
   std::vector<std::string> hosts(size);
   int differs = -1;
   for (int r = 0; r < size; ++r) {
     const std::string& v = all.value()[r];
     if (differs < 0 && settings(v) != settings(mine)) differs = r;
-    hosts[r] = v.substr(settings(v).size() + 1);
+    hosts[r] = v.substr(std::min(v.size(), settingsEnd(v) + 1));
   }
   const HostLayout layout = layoutHosts(hosts, rank);
   if (layout.hosts == 1) {
@@ -271,9 +280,10 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
     return flat;
   }
   if (differs >= 0) {
-    *whyNot = "HORA_HIER_ALLREDUCE / HORA_SHM differ between ranks " + std::to_string(rank) +
-              " and " + std::to_string(differs) + " (\"" + settings(mine) + "\" vs \"" +
-              settings(all.value()[differs]) + "\"); every rank must use the same values";
+    *whyNot = "HORA_HIER_ALLREDUCE / HORA_SHM / HORA_SHM_CHUNK_BYTES differ between ranks " +
+              std::to_string(rank) + " and " + std::to_string(differs) + " (\"" + settings(mine) +
+              "\" vs \"" + settings(all.value()[differs]) +
+              "\"); every rank must use the same values";
     return flat;
   }
   if (!opts.shm.enabled) {
@@ -284,9 +294,12 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
 
   // Round 2: shared memory among this host's ranks.
   std::string noShm;
+  ShmBackendOptions localOpts = opts.shm;
+  localOpts.hostId = hostId;
+  localOpts.rankNames = layout.local;  // errors name set ranks, not local indices
   auto local = createShmBackend(
       std::make_shared<PrefixStore>(store, "local" + std::to_string(layout.hostIndex)),
-      layout.localRank, layout.perHost, opts.shm,
+      layout.localRank, layout.perHost, localOpts,
       std::unique_ptr<Backend>(new NoBackend(layout.localRank, layout.perHost)), &noShm);
   if (!local.isOk()) return local.status().withContext("hierarchical allreduce: local stage");
   std::unique_ptr<Backend> localBackend = local.take();

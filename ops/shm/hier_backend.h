@@ -130,8 +130,8 @@ enum class HierOutcome {
 // agree that every host succeeded (else all stay flat), and each rank
 // connects its cross communicator with `connect`. Fails only when an
 // exchange or a connection fails (then the set cannot start).
-Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store, int rank,
-                                                   int size, const HierBackendOptions& opts,
+Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store, int rank, int size,
+                                                   const HierBackendOptions& opts,
                                                    std::unique_ptr<Backend> flat,
                                                    const ConnectFn& connect, HierOutcome* outcome,
                                                    std::string* whyNot);

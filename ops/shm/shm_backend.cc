@@ -111,6 +111,11 @@ void ShmBackend::abort() noexcept {
   shmFutexWakeAll(segs_[rank_]->header().doorbell.value);
 }
 
+std::string ShmBackend::rankName(int r) const {
+  const bool named = static_cast<size_t>(r) < opts_.rankNames.size();
+  return "rank " + std::to_string(named ? opts_.rankNames[r] : r);
+}
+
 void ShmBackend::publish(ShmCounter ShmHeader::*which, uint32_t value) {
   (segs_[rank_]->header().*which).value.store(value, std::memory_order_seq_cst);
   // Pairs with the waiter's sleeping=1 / re-check (both seq_cst): either it
@@ -155,7 +160,7 @@ Status ShmBackend::waitFor(int peer, ShmCounter ShmHeader::*which, uint32_t want
   ShmHeader& me = segs_[rank_]->header();
   const auto deadline = Clock::now() + opts_.timeout;
   const pid_t peerPid = segs_[peer]->header().pid;
-  const std::string who = "rank " + std::to_string(peer) + " (pid " + std::to_string(peerPid) + ")";
+  const std::string who = rankName(peer) + " (pid " + std::to_string(peerPid) + ")";
   for (;;) {
     me.sleeping.value.store(1, std::memory_order_seq_cst);
     const uint32_t bell = me.doorbell.value.load(std::memory_order_seq_cst);

@@ -42,8 +42,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -74,6 +74,10 @@ struct ShmBackendOptions {
   // This rank's host identity as its peers must see it (HORA_HOST_ID);
   // empty: hostIdentity().
   std::string hostId;
+  // How errors name each rank of this communicator: rankNames[r] is rank
+  // r's rank in the process set (HierBackend's host-local communicator);
+  // empty: r itself.
+  std::vector<int> rankNames;
 };
 
 class ShmBackend : public Backend {
@@ -136,6 +140,8 @@ class ShmBackend : public Backend {
   // Waits until rank `peer`'s counter `which` reaches `want`.
   Status waitFor(int peer, ShmCounter ShmHeader::*which, uint32_t want, const char* phase,
                  const std::string& what);
+  // "rank <set rank>" for communicator rank r (opts_.rankNames).
+  std::string rankName(int r) const;
   // Publishes this rank's counter and wakes peers that sleep.
   void publish(ShmCounter ShmHeader::*which, uint32_t value);
   Status checkUsable(const std::string& what) const;
