@@ -106,6 +106,9 @@ const std::vector<ParamSpec>& paramRegistry() {
        "Needs the same number of ranks on every host and HORA_SHM=1 (else flat, logged). "
        "Compared at start: must be the same on every rank.",
        "auto|hier|flat"},
+      {"HORA_HIER_OVERLAP", ParamType::kBool, "1",
+       "Hierarchical allreduce: 1 lets each shared-memory chunk cross hosts while the next chunk "
+       "is reduced inside the host; 0 runs the stages one after the other."},
       {"HORA_HOST_ID", ParamType::kString, "",
        "Test-only: the identity that tells which ranks share a host (shared memory, hierarchy, "
        "point-to-point). Empty: the host name and kernel boot id; 'address': this rank's "

@@ -131,15 +131,71 @@ bool wantsHierarchy(const HostLayout& layout, HierMode mode, std::string* whyNot
 }
 
 HierBackend::HierBackend(std::unique_ptr<ShmBackend> local, std::unique_ptr<Backend> cross,
-                         std::unique_ptr<Backend> flat, int rank, int size, int hosts)
+                         std::unique_ptr<Backend> flat, int rank, int size, int hosts, bool overlap)
     : local_(std::move(local)),
       cross_(std::move(cross)),
       flat_(std::move(flat)),
       rank_(rank),
       size_(size),
-      hosts_(hosts) {}
+      hosts_(hosts),
+      overlap_(overlap) {
+  crossThread_ = std::thread([this] { crossLoop(); });
+}
 
-HierBackend::~HierBackend() = default;
+HierBackend::~HierBackend() {
+  {
+    std::lock_guard<std::mutex> lock(crossMu_);
+    crossStop_ = true;
+  }
+  crossCv_.notify_all();
+  crossThread_.join();
+}
+
+void HierBackend::crossLoop() {
+  std::unique_lock<std::mutex> lock(crossMu_);
+  for (;;) {
+    // The oldest job not yet run (jobs run in the order started).
+    auto next = std::find_if(crossJobs_.begin(), crossJobs_.end(),
+                             [](const CrossJob& j) { return !j.done; });
+    if (next == crossJobs_.end()) {
+      if (crossStop_) return;
+      crossCv_.wait(lock);
+      continue;
+    }
+    // A deque keeps its elements in place on push_back (crossStart), and
+    // crossWait pops only jobs that are done: `job` stays valid.
+    CrossJob* job = &*next;
+    const CrossJob what = *job;
+    lock.unlock();
+    Status s = cross_->allreduce(what.part, what.count, what.dtype, what.op);
+    lock.lock();
+    job->status = std::move(s);
+    job->done = true;
+    crossCv_.notify_all();
+  }
+}
+
+void HierBackend::crossStart(void* part, size_t count, DataType dtype, ReduceOp op) {
+  {
+    std::lock_guard<std::mutex> lock(crossMu_);
+    CrossJob job;
+    job.part = part;
+    job.count = count;
+    job.dtype = dtype;
+    job.op = op;
+    crossJobs_.push_back(std::move(job));
+  }
+  crossCv_.notify_all();
+}
+
+Status HierBackend::crossWait() {
+  std::unique_lock<std::mutex> lock(crossMu_);
+  if (crossJobs_.empty()) return internalError("hierarchical allreduce: no exchange to wait for");
+  crossCv_.wait(lock, [this] { return crossJobs_.front().done; });
+  Status s = std::move(crossJobs_.front().status);
+  crossJobs_.pop_front();
+  return s;
+}
 
 std::string HierBackend::name() const {
   return "hier(" + std::to_string(hosts_) + " hosts x " + std::to_string(local_->size()) +
@@ -187,11 +243,20 @@ Status HierBackend::allreduceGather(void* staging, size_t count, DataType dtype,
   if (reduceFunction(dtype, op) == nullptr || !reduceOpSupported(op, dtype))
     return invalidArgument(what + ": unsupported dtype/op");
   if (count == 0) return Status::ok();
-  const ShmBackend::CrossFn cross = [&](void* part, size_t n) {
-    return cross_->allreduce(part, n, dtype, op);
-  };
-  Status s = local_->allreduceCross(count, dtype, op, pack, unpack, cross);
-  return s.isOk() ? s : fail(s);
+  ShmBackend::CrossStage cross;
+  cross.start = [&](void* part, size_t n) { crossStart(part, n, dtype, op); };
+  cross.wait = [&] { return crossWait(); };
+  Status s = local_->allreduceCross(count, dtype, op, pack, unpack, cross, overlap_);
+  if (s.isOk()) return s;
+  s = fail(s);  // aborts the cross communicator: an exchange still running ends at once
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(crossMu_);
+      if (crossJobs_.empty()) break;
+    }
+    (void)crossWait();  // its failure is a consequence of `s`
+  }
+  return s;
 }
 
 Status HierBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
@@ -245,24 +310,27 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
     return flat;
   }
   const auto timeout = opts.shm.startTimeout;
-  // Round 1: every rank's host and settings. The mode, HORA_SHM and the
-  // chunk size are compared so that all ranks decide alike (a rank that would
-  // not take part in the local stage cannot leave its host waiting for it)
-  // and every host cuts its chunks into the same parts (the cross stage pairs
-  // part k of chunk c on every host).
+  // Round 1: every rank's host and settings. The mode, HORA_SHM, the chunk
+  // size and the overlap are compared so that all ranks decide alike (a rank
+  // that would not take part in the local stage cannot leave its host waiting
+  // for it), every host cuts its chunks into the same parts (the cross stage
+  // pairs part k of chunk c on every host), and the ranks of a host wait for
+  // each other's chunks in the same order (a rank without overlap would wait
+  // for a part that its peer publishes only after this rank's next chunk).
   const std::string hostId = opts.shm.hostId.empty() ? hostIdentity() : opts.shm.hostId;
   const std::string mode = opts.mode == HierMode::kFlat   ? "flat"
                            : opts.mode == HierMode::kHier ? "hier"
                                                           : "auto";
   const std::string mine = mode + (opts.shm.enabled ? " shm " : " noshm ") +
-                           std::to_string(opts.shm.chunkBytes) + " " + hostId;
+                           std::to_string(opts.shm.chunkBytes) +
+                           (opts.overlap ? " overlap " : " serial ") + hostId;
   auto all = exchange(*store, "host", rank, iota(size), mine, timeout);
   if (!all.isOk()) return all.status();
-  // "<mode> <shm|noshm> <chunk bytes> <host id>": the settings are the first
-  // three words, the host id (which may contain spaces) the rest.
+  // "<mode> <shm|noshm> <chunk bytes> <overlap|serial> <host id>": the
+  // settings are the first four words, the host id (may contain spaces) the rest.
   auto settingsEnd = [](const std::string& v) {
     size_t end = 0;
-    for (int w = 0; w < 3 && end != std::string::npos; ++w) end = v.find(' ', end + (w > 0));
+    for (int w = 0; w < 4 && end != std::string::npos; ++w) end = v.find(' ', end + (w > 0));
     return end == std::string::npos ? v.size() : end;
   };
   auto settings = [&](const std::string& v) { return v.substr(0, settingsEnd(v)); };
@@ -280,10 +348,11 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
     return flat;
   }
   if (differs >= 0) {
-    *whyNot = "HORA_HIER_ALLREDUCE / HORA_SHM / HORA_SHM_CHUNK_BYTES differ between ranks " +
-              std::to_string(rank) + " and " + std::to_string(differs) + " (\"" + settings(mine) +
-              "\" vs \"" + settings(all.value()[differs]) +
-              "\"); every rank must use the same values";
+    *whyNot =
+        "HORA_HIER_ALLREDUCE / HORA_SHM / HORA_SHM_CHUNK_BYTES / HORA_HIER_OVERLAP differ "
+        "between ranks " +
+        std::to_string(rank) + " and " + std::to_string(differs) + " (\"" + settings(mine) +
+        "\" vs \"" + settings(all.value()[differs]) + "\"); every rank must use the same values";
     return flat;
   }
   if (!opts.shm.enabled) {
@@ -323,7 +392,8 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
   localBackend.release();
   *outcome = HierOutcome::kHierarchical;
   return std::unique_ptr<Backend>(new HierBackend(std::unique_ptr<ShmBackend>(shm), cross.take(),
-                                                  std::move(flat), rank, size, layout.hosts));
+                                                  std::move(flat), rank, size, layout.hosts,
+                                                  opts.overlap));
 }
 
 }  // namespace hora

@@ -26,17 +26,23 @@
 // order by Gloo, then copied.
 //
 // Threads: created on the process set's init thread; collectives from its
-// executor thread; abort() from any thread (aborts all three backends).
+// executor thread; abort() from any thread (aborts all three backends). The
+// cross communicator runs on a thread of its own (one per HierBackend), fed
+// by the executor thread one part at a time, so that with overlap on chunk
+// k crosses hosts while the executor packs and reduces chunk k+1.
 // Failure model: a failure in any stage (a lost local peer, a lost peer on
 // another host, abort) makes this and every later call fail at once; the
 // other stages' backends are aborted so that no rank waits for one that
 // gave up.
 #pragma once
 
+#include <condition_variable>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/backend.h"
@@ -68,8 +74,10 @@ class HierBackend : public Backend {
  public:
   // `local`: this host's ranks (size > 1); `cross`: the ranks with this
   // rank's local index on every host, in host order; `flat`: all ranks.
+  // `overlap`: chunk k crosses hosts while chunk k+1 is reduced inside the
+  // host (ShmBackend::allreduceCross).
   HierBackend(std::unique_ptr<ShmBackend> local, std::unique_ptr<Backend> cross,
-              std::unique_ptr<Backend> flat, int rank, int size, int hosts);
+              std::unique_ptr<Backend> flat, int rank, int size, int hosts, bool overlap);
   ~HierBackend() override;
 
   std::string name() const override;
@@ -91,6 +99,11 @@ class HierBackend : public Backend {
   void abort() noexcept override;
 
  private:
+  // The cross stage's thread: runs cross_->allreduce on the parts handed to
+  // it, in order, so that the executor thread can go on with the next chunk.
+  void crossLoop();
+  void crossStart(void* part, size_t count, DataType dtype, ReduceOp op);
+  Status crossWait();
   Status checkUsable(const std::string& what) const;
   Status fail(Status s);  // records the first failure, aborts every stage
   template <typename F>
@@ -102,6 +115,22 @@ class HierBackend : public Backend {
   const int rank_;
   const int size_;
   const int hosts_;
+  const bool overlap_;
+
+  struct CrossJob {
+    void* part = nullptr;
+    size_t count = 0;
+    DataType dtype = DataType::kFloat32;
+    ReduceOp op = ReduceOp::kSum;
+    bool done = false;
+    Status status;
+  };
+  std::mutex crossMu_;
+  std::condition_variable crossCv_;
+  std::deque<CrossJob> crossJobs_;  // guarded by crossMu_; started, not yet waited for
+  bool crossStop_ = false;          // guarded by crossMu_
+  std::thread crossThread_;
+
   mutable std::mutex brokenMu_;
   Status broken_;  // guarded by brokenMu_
 };
@@ -116,6 +145,9 @@ struct HierBackendOptions {
   // The local stage's shared memory (enabled, chunk, timeouts, hostId: this
   // rank's host identity, which decides the layout).
   ShmBackendOptions shm;
+  // HORA_HIER_OVERLAP: cross hosts with chunk k while chunk k+1 is reduced
+  // inside the host.
+  bool overlap = true;
 };
 
 enum class HierOutcome {

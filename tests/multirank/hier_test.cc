@@ -292,7 +292,8 @@ TEST(Hier, ProcessesModeDifferingBetweenRanksKeepsEveryRankFlat) {
       120, nullptr, kProcEnv);
   expectDataPlane(res,
                   "gloo (no shared memory: ranks on several hosts, no hierarchy: "
-                  "HORA_HIER_ALLREDUCE / HORA_SHM / HORA_SHM_CHUNK_BYTES differ between ranks");
+                  "HORA_HIER_ALLREDUCE / HORA_SHM / HORA_SHM_CHUNK_BYTES / HORA_HIER_OVERLAP "
+                  "differ between ranks");
 }
 
 TEST(Hier, ProcessesFlatModeStaysFlat) {

@@ -149,6 +149,7 @@ struct HierWorld {
 struct RankSetup {
   std::string hostId;
   HierMode mode = HierMode::kAuto;
+  bool overlap = true;
   ShmBackendOptions shm;
 };
 
@@ -168,6 +169,7 @@ std::unique_ptr<HierWorld> makeHierWorld(const std::vector<RankSetup>& ranks) {
     threads.emplace_back([&, r] {
       HierBackendOptions ho;
       ho.mode = ranks[r].mode;
+      ho.overlap = ranks[r].overlap;
       ho.shm = ranks[r].shm;
       ho.shm.hostId = ranks[r].hostId;
       GlooBackendOptions go;
@@ -202,10 +204,12 @@ std::unique_ptr<HierWorld> makeHierWorld(const std::vector<RankSetup>& ranks) {
 // `hosts` x `perHost` ranks, host of rank r = r % hosts (interleaved, so set
 // ranks and local ranks differ), every rank with the same options.
 std::unique_ptr<HierWorld> makeGrid(int hosts, int perHost, size_t chunkBytes,
-                                    milliseconds timeout = milliseconds(10000)) {
+                                    milliseconds timeout = milliseconds(10000),
+                                    bool overlap = true) {
   std::vector<RankSetup> ranks(hosts * perHost);
   for (int r = 0; r < hosts * perHost; ++r) {
     ranks[r].hostId = "host" + std::to_string(r % hosts);
+    ranks[r].overlap = overlap;
     ranks[r].shm.chunkBytes = chunkBytes;
     ranks[r].shm.timeout = timeout;
   }
@@ -214,12 +218,19 @@ std::unique_ptr<HierWorld> makeGrid(int hosts, int perHost, size_t chunkBytes,
 
 struct Grid {
   int hosts, perHost;
+  bool overlap;
 };
 
-class HierGridTest : public ::testing::TestWithParam<Grid> {};
+class HierGridTest : public ::testing::TestWithParam<Grid> {
+ protected:
+  std::unique_ptr<HierWorld> grid(size_t chunkBytes) {
+    return makeGrid(GetParam().hosts, GetParam().perHost, chunkBytes, milliseconds(10000),
+                    GetParam().overlap);
+  }
+};
 
 TEST_P(HierGridTest, ChoosesTheHierarchy) {
-  auto w = makeGrid(GetParam().hosts, GetParam().perHost, 4096);
+  auto w = grid(4096);
   const std::string want = "hier(" + std::to_string(GetParam().hosts) + " hosts x " +
                            std::to_string(GetParam().perHost) + " ranks";
   for (size_t r = 0; r < w->world.size(); ++r) {
@@ -234,7 +245,7 @@ TEST_P(HierGridTest, AllreduceEveryDtypeAndOpManyChunks) {
   // 4 KiB chunks: many chunks per call, parts of one 64-byte unit or none;
   // 64 KiB: a few large chunks and a short tail.
   for (size_t chunk : {size_t{4096}, size_t{64} << 10}) {
-    auto w = makeGrid(GetParam().hosts, GetParam().perHost, chunk);
+    auto w = grid(chunk);
     for (DataType dt : kAllTypes) {
       for (ReduceOp op : kReduceOps) {
         if (!reduceOpSupported(op, dt)) continue;
@@ -246,7 +257,7 @@ TEST_P(HierGridTest, AllreduceEveryDtypeAndOpManyChunks) {
 }
 
 TEST_P(HierGridTest, AllreduceGatherPacksAndUnpacksEveryElementOnce) {
-  auto w = makeGrid(GetParam().hosts, GetParam().perHost, 4096);
+  auto w = grid(4096);
   for (DataType dt : {DataType::kFloat32, DataType::kInt32, DataType::kFloat16})
     for (ReduceOp op : kReduceOps)
       for (size_t count : {size_t{1}, size_t{1001}, size_t{30011}})
@@ -254,8 +265,8 @@ TEST_P(HierGridTest, AllreduceGatherPacksAndUnpacksEveryElementOnce) {
 }
 
 TEST_P(HierGridTest, OnlyHostReducedPartsCrossHosts) {
-  const int hosts = GetParam().hosts, perHost = GetParam().perHost;
-  auto w = makeGrid(hosts, perHost, 4096);
+  const int hosts = GetParam().hosts;
+  auto w = grid(4096);
   const size_t count = 100003;  // many chunks, not divisible by the ranks
   checkAllreduce(w->world, DataType::kFloat32, ReduceOp::kSum, count);
   // Every element crosses once per host (each host's owner of its part
@@ -264,7 +275,7 @@ TEST_P(HierGridTest, OnlyHostReducedPartsCrossHosts) {
 }
 
 TEST_P(HierGridTest, FloatsAreBitIdenticalOnEveryRankAndCloseToTheReference) {
-  auto w = makeGrid(GetParam().hosts, GetParam().perHost, 4096);
+  auto w = grid(4096);
   const int size = static_cast<int>(w->world.size());
   const size_t count = 50021;
   for (DataType dt : {DataType::kFloat32, DataType::kFloat64}) {
@@ -303,7 +314,7 @@ TEST_P(HierGridTest, FloatsAreBitIdenticalOnEveryRankAndCloseToTheReference) {
 }
 
 TEST_P(HierGridTest, OtherCollectivesRunOnTheFlatBackend) {
-  auto w = makeGrid(GetParam().hosts, GetParam().perHost, 4096);
+  auto w = grid(4096);
   const int size = static_cast<int>(w->world.size());
   std::vector<size_t> counts(size);
   for (int r = 0; r < size; ++r) counts[r] = static_cast<size_t>(r * 3 + (r == 1 ? 0 : 1));
@@ -337,10 +348,12 @@ TEST_P(HierGridTest, OtherCollectivesRunOnTheFlatBackend) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, HierGridTest,
-                         ::testing::Values(Grid{2, 2}, Grid{2, 3}, Grid{3, 2}),
+                         ::testing::Values(Grid{2, 2, true}, Grid{2, 2, false}, Grid{2, 3, true},
+                                           Grid{3, 2, true}, Grid{3, 2, false}),
                          [](const ::testing::TestParamInfo<Grid>& info) {
                            return std::to_string(info.param.hosts) + "hosts_x" +
-                                  std::to_string(info.param.perHost);
+                                  std::to_string(info.param.perHost) +
+                                  (info.param.overlap ? "" : "_serial");
                          });
 
 // ------------------------------------------------------------ fallbacks
@@ -397,7 +410,16 @@ TEST(HierFallbackTest, ModeDifferingBetweenRanksKeepsEveryRankFlat) {
   auto w = makeHierWorld(s);
   expectFlat(*w, "differ between ranks");
   EXPECT_NE(w->whyNot[0].find("ranks 0 and 2"), std::string::npos) << w->whyNot[0];
-  EXPECT_NE(w->whyNot[0].find("\"flat shm 4096\""), std::string::npos) << w->whyNot[0];
+  EXPECT_NE(w->whyNot[0].find("\"flat shm 4096 overlap\""), std::string::npos) << w->whyNot[0];
+}
+
+TEST(HierFallbackTest, OverlapDifferingBetweenRanksKeepsEveryRankFlat) {
+  // Inside a host, a rank with overlap and one without would wait for each
+  // other's chunks in different orders.
+  auto s = setups({"a", "b", "a", "b"});
+  s[0].overlap = false;
+  auto w = makeHierWorld(s);
+  expectFlat(*w, "HORA_HIER_OVERLAP differ between ranks");
 }
 
 TEST(HierFallbackTest, ChunkSizeDifferingBetweenHostsKeepsEveryRankFlat) {
@@ -405,7 +427,8 @@ TEST(HierFallbackTest, ChunkSizeDifferingBetweenHostsKeepsEveryRankFlat) {
   auto s = setups({"a", "b", "a", "b"});
   s[1].shm.chunkBytes = s[3].shm.chunkBytes = 8192;
   auto w = makeHierWorld(s);
-  expectFlat(*w, "HORA_SHM_CHUNK_BYTES differ");
+  expectFlat(*w, "HORA_SHM_CHUNK_BYTES / HORA_HIER_OVERLAP differ between ranks");
+  EXPECT_NE(w->whyNot[0].find("\"auto shm 8192 overlap\""), std::string::npos) << w->whyNot[0];
 }
 
 TEST(HierFallbackTest, SharedMemoryOffOnOneRankKeepsEveryRankFlat) {

@@ -95,13 +95,15 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   // (ops/shm/hier_backend.h); on one host: shared memory for the whole set.
   HierBackendOptions ho;
   ho.shm = sho;
+  ho.overlap = o.hierOverlap;
   if (!parseHierMode(o.hierAllreduce, &ho.mode))
     return invalidArgument("HORA_HIER_ALLREDUCE: '" + o.hierAllreduce + "' is not auto|hier|flat");
   GlooBackendOptions crossGo = go;
   auto connectCross = [crossGo](std::shared_ptr<Store> s, int r,
                                 int n) mutable -> Result<std::unique_ptr<Backend>> {
     // With two hosts ring and bcube exchange the same data (see above).
-    if (crossGo.algorithm == GlooAlgorithm::kAuto && n == 2) crossGo.algorithm = GlooAlgorithm::kRing;
+    if (crossGo.algorithm == GlooAlgorithm::kAuto && n == 2)
+      crossGo.algorithm = GlooAlgorithm::kRing;
     return createGlooBackend(std::move(s), "gloo", r, n, crossGo);
   };
   HierOutcome outcome;
