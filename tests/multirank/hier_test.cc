@@ -273,7 +273,7 @@ TEST(Hier, ProcessesOneRankPerHostStayOnTheFlatRing) {
       2, [](int rank) { return runChild(rank, 2, rank ? "hostB" : "hostA"); }, 120, nullptr,
       kProcEnv);
   expectDataPlane(res,
-                  "gloo (no shared memory: ranks on several hosts, no hierarchy: one rank "
+                  "gloo (no shared memory: ranks run on different hosts, no hierarchy: one rank "
                   "per host");
 }
 
@@ -291,7 +291,7 @@ TEST(Hier, ProcessesModeDifferingBetweenRanksKeepsEveryRankFlat) {
       },
       120, nullptr, kProcEnv);
   expectDataPlane(res,
-                  "gloo (no shared memory: ranks on several hosts, no hierarchy: "
+                  "gloo (no shared memory: ranks run on different hosts, no hierarchy: "
                   "HORA_HIER_ALLREDUCE / HORA_SHM / HORA_SHM_CHUNK_BYTES / HORA_HIER_OVERLAP "
                   "differ between ranks");
 }
@@ -301,7 +301,7 @@ TEST(Hier, ProcessesFlatModeStaysFlat) {
       4, [](int rank) { return runChild(rank, 4, rank % 2 ? "hostB" : "hostA", "flat"); }, 120,
       nullptr, kProcEnv);
   expectDataPlane(res,
-                  "gloo (no shared memory: ranks on several hosts, no hierarchy: "
+                  "gloo (no shared memory: ranks run on different hosts, no hierarchy: "
                   "HORA_HIER_ALLREDUCE=flat)");
 }
 

@@ -121,7 +121,8 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
     ps->backend_ = sb.take();
   } else {
     ps->backend_ = hb.take();
-    if (outcome == HierOutcome::kFlat) noShm = "ranks on several hosts, no hierarchy: " + noHier;
+    if (outcome == HierOutcome::kFlat)
+      noShm = "ranks run on different hosts, no hierarchy: " + noHier;
   }
   if (ps->size() > 1)
     HORA_LOG(logger, kInfo) << "process set " << name << ": data plane " << ps->backend_->name()
