@@ -3,22 +3,27 @@
 # and Open MPI in the same run, over the same network namespaces.
 #
 #   bench/multihost_bench.sh [--rate 1gbit] [--hosts 2] [--per-host 2] [--rounds 1]
-#                            [--sizes 4:64M] [--iters N] [--md FILE]
+#                            [--sizes 4:64M] [--iters N] [--modes "hier flat"] [--md FILE]
 #
 # Builds a test bed with bench/netns_bed.sh (HOSTS network + UTS namespaces on
 # a bridge, links shaped with tbf at RATE), then, RANKS = HOSTS x PER_HOST:
 #   1. hora-bench --sections sweep through horarun on host 0, remote ranks
 #      started through the bed's remote-shell wrapper (--ssh-command): hora
 #      (C ABI) and raw Gloo ring and bcube on the same buffers, size by size;
+#      once per hora mode in --modes: "hier" (HORA_HIER_ALLREDUCE=auto, the
+#      default: the hierarchical allreduce when every host runs several
+#      ranks) and "flat" (HORA_HIER_ALLREDUCE=flat: one Gloo ring over all);
 #   2. mpi-allreduce-bench through mpirun on host 0, remote daemons started
 #      through the same wrapper (--mca plm_rsh_agent), TCP BTL only
 #      (--mca btl tcp,self), interfaces limited to the bed's subnet.
-# --rounds N repeats 1-2 N times (alternating) and reports medians per size.
+# --rounds N repeats 1-2 N times (the hora modes in alternating order) and
+# reports medians per size (raw Gloo: over every hora-bench run).
 # Float32 sum, in place; every result element is checked by both benches
 # (a wrong element fails the run). Prints busbw per implementation, the
-# ratios hora/MPI and hora/best raw Gloo (nccl-tests style, >1: hora faster),
-# the bytes that crossed host 0's link during each bench, and hora's data
-# plane choice (its INFO line); --md FILE also writes the table as markdown.
+# ratios hier/flat, hier/MPI and hier/best raw Gloo (nccl-tests style, >1:
+# hier faster), the bytes that crossed host 0's link during each bench, and
+# hora's data plane choice per mode (its INFO line); --md FILE also writes
+# the table as markdown.
 #
 # Environment:
 #   BUILD_DIR    build tree (default <repo>/build-bench, configured when missing); horarun,
@@ -30,7 +35,7 @@
 # Needs root (namespaces), iproute2, util-linux, Open MPI (scripts/install_deps.sh --mpi).
 set -u
 
-RATE=1gbit HOSTS=2 PER_HOST=2 ROUNDS=1 SIZES=4:64M ITERS= MD=
+RATE=1gbit HOSTS=2 PER_HOST=2 ROUNDS=1 SIZES=4:64M ITERS= MD= MODES="hier flat"
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 while [ $# -gt 0 ]; do
   case $1 in
@@ -41,11 +46,14 @@ while [ $# -gt 0 ]; do
     --sizes) SIZES=${2:?}; shift 2 ;;
     --iters) ITERS=${2:?}; shift 2 ;;
     --md) MD=${2:?}; shift 2 ;;
+    --modes) MODES=${2:?}; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "multihost_bench.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
   esac
 done
 die() { echo "multihost_bench.sh: $*" >&2; exit 2; }
+for m in $MODES; do case $m in hier|flat) ;; *) die "--modes: '$m' is not hier or flat" ;; esac; done
+[ -n "$MODES" ] || die "--modes is empty"
 [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces)"
 command -v mpirun >/dev/null || die "no mpirun (scripts/install_deps.sh --mpi)"
 
@@ -98,29 +106,41 @@ echo "# hora: horarun -np $NP -H $HOSTLIST --ssh-command '$RSH {host}' hora-benc
 echo "# mpi:  mpirun ${MPI_ARGS[*]} mpi-allreduce-bench ${BENCH_ARGS[*]}"
 
 STATUS=0
+# hier: HORA_HIER_ALLREDUCE=auto (what a job gets by default); flat: one Gloo ring.
+mode_value() { [ "$1" = flat ] && echo flat || echo auto; }
 for ((round = 1; round <= ROUNDS; round++)); do
-  b0=$(link_total)
-  HORA_LOG_LEVEL=${HORA_LOG_LEVEL:-info} on0 "$HORARUN" -np "$NP" -H "$HOSTLIST" --ssh-command "$RSH {host}" \
-    "$HORA_BENCH" --sections sweep "${BENCH_ARGS[@]}" >"$LOG_DIR/hora.$round.out" 2>"$LOG_DIR/hora.$round.err"
-  rc=$?
+  order=$MODES
+  # Alternate the modes' order per round, so that neither always runs first.
+  [ $((round % 2)) -eq 0 ] && order=$(echo "$MODES" | tr ' ' '\n' | tac | tr '\n' ' ')
+  for mode in $order; do
+    b0=$(link_total)
+    HORA_HIER_ALLREDUCE=$(mode_value "$mode") HORA_LOG_LEVEL=${HORA_LOG_LEVEL:-info} on0 "$HORARUN" -np "$NP" -H "$HOSTLIST" \
+      --ssh-command "$RSH {host}" \
+      "$HORA_BENCH" --sections sweep "${BENCH_ARGS[@]}" >"$LOG_DIR/$mode.$round.out" 2>"$LOG_DIR/$mode.$round.err"
+    rc=$?
+    b1=$(link_total)
+    echo "# round $round: hora-bench ($mode, load $(cut -d' ' -f1 /proc/loadavg)) exit $rc, host 0 link rx+tx $(((b1 - b0) >> 20)) MiB"
+    [ $rc -eq 0 ] || { STATUS=1; echo "hora-bench ($mode) failed (exit $rc):" >&2; tail -n 20 "$LOG_DIR/$mode.$round.err" >&2; }
+    echo "${mode}_link_bytes=$((b1 - b0))" >>"$LOG_DIR/link.$round"
+  done
   b1=$(link_total)
-  echo "# round $round: hora-bench exit $rc, host 0 link rx+tx $(((b1 - b0) >> 20)) MiB"
-  [ $rc -eq 0 ] || { STATUS=1; echo "hora-bench failed (exit $rc):" >&2; tail -n 20 "$LOG_DIR/hora.$round.err" >&2; }
-  echo "hora_link_bytes=$((b1 - b0))" >>"$LOG_DIR/link.$round"
   on0 mpirun "${MPI_ARGS[@]}" "$MPI_BENCH" "${BENCH_ARGS[@]}" >"$LOG_DIR/mpi.$round.out" 2>"$LOG_DIR/mpi.$round.err"
   rc=$?
   b2=$(link_total)
-  echo "# round $round: mpi-allreduce-bench exit $rc, host 0 link rx+tx $(((b2 - b1) >> 20)) MiB"
+  echo "# round $round: mpi-allreduce-bench (load $(cut -d' ' -f1 /proc/loadavg)) exit $rc, host 0 link rx+tx $(((b2 - b1) >> 20)) MiB"
   [ $rc -eq 0 ] || { STATUS=1; echo "mpi-allreduce-bench failed (exit $rc):" >&2; tail -n 20 "$LOG_DIR/mpi.$round.err" >&2; }
   echo "mpi_link_bytes=$((b2 - b1))" >>"$LOG_DIR/link.$round"
 done
 echo "# load at end: $(cut -d' ' -f1-3 /proc/loadavg)"
-plane=$(grep -h "data plane" "$LOG_DIR"/hora.*.err | sed 's/.*INFO //' | sort | uniq -c | sed 's/^ *//')
-echo "# hora's data plane (ranks reporting it): ${plane:-no INFO line (HORA_LOG_LEVEL above info?)}"
+for mode in $MODES; do
+  plane=$(grep -h "data plane" "$LOG_DIR"/$mode.*.err 2>/dev/null | sed 's/.*INFO //' | sort | uniq -c | sed 's/^ *//')
+  echo "# hora's data plane, $mode (ranks reporting it): ${plane:-no INFO line (HORA_LOG_LEVEL above info?)}"
+done
 
-/usr/bin/env python3 - "$LOG_DIR" "$ROUNDS" "$NP" "$HOSTS" "${MD:-}" <<'PY' || STATUS=1
-import glob, os, re, statistics, sys
+/usr/bin/env python3 - "$LOG_DIR" "$ROUNDS" "$NP" "$HOSTS" "${MD:-}" "$MODES" <<'PY' || STATUS=1
+import os, re, statistics, sys
 log, rounds, np_, hosts, md = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+modes = sys.argv[6].split()
 def results(path):
     out = {}
     if not os.path.exists(path):
@@ -131,29 +151,39 @@ def results(path):
             kv = dict(f.split("=", 1) for f in line.split()[1:] if "=" in f)
             out[int(kv["bytes"])] = kv
     return out
-runs = [(results(f"{log}/hora.{r}.out"), results(f"{log}/mpi.{r}.out")) for r in range(1, rounds + 1)]
-sizes = sorted(set().union(*[set(h) | set(m) for h, m in runs]))
+rs = range(1, rounds + 1)
+hora = {m: [results(f"{log}/{m}.{r}.out") for r in rs] for m in modes}
+mpi = [results(f"{log}/mpi.{r}.out") for r in rs]
+allruns = [run for m in modes for run in hora[m]]
+sizes = sorted(set().union(*[set(run) for run in allruns + mpi]))
 def med(vals):
     vals = [v for v in vals if v is not None]
     return statistics.median(vals) if vals else None
-rows, wrong, payload = [], 0, 0
+def col(runs, s, key):
+    return med([float(run[s][key]) if s in run else None for run in runs])
+ratio = lambda peer_us, own_us: (peer_us / own_us) if peer_us is not None and own_us else None
+rows, wrong, payload = [], 0, {m: 0 for m in modes}
 for s in sizes:
-    def col(which, key):
-        return med([float(run[which][s][key]) if s in run[which] else None for run in runs])
-    hora, ring, bcube = col(0, "hora_busbw"), col(0, "ring_busbw"), col(0, "bcube_busbw")
-    hus, mus = col(0, "hora_us"), col(1, "mpi_us")
-    mpi = col(1, "mpi_busbw")
-    for run in runs:
-        if s in run[0]:
-            wrong += sum(int(run[0][s][k]) for k in ("hora_wrong", "ring_wrong", "bcube_wrong"))
-            payload += s * (int(run[0][s]["iters"]) + int(run[0][s]["warmup"]))
-        if s in run[1]:
-            wrong += int(run[1][s]["mpi_wrong"])
-    rus, bus = col(0, "ring_us"), col(0, "bcube_us")
-    best_us = min([v for v in (rus, bus) if v is not None], default=None)
-    # busbw ratio = time ratio inverted (computed from times: tiny busbw values round to 0)
-    ratio = lambda peer_us, own_us: (peer_us / own_us) if peer_us is not None and own_us else None
-    rows.append((s, hus, hora, ring, bcube, mus, mpi, ratio(mus, hus), ratio(best_us, hus)))
+    r = {"size": s}
+    for m in modes:
+        r[m + "_us"], r[m] = col(hora[m], s, "hora_us"), col(hora[m], s, "hora_busbw")
+    r["ring"], r["bcube"] = col(allruns, s, "ring_busbw"), col(allruns, s, "bcube_busbw")
+    r["ring_us"], r["bcube_us"] = col(allruns, s, "ring_us"), col(allruns, s, "bcube_us")
+    r["mpi_us"], r["mpi"] = col(mpi, s, "mpi_us"), col(mpi, s, "mpi_busbw")
+    for m in modes:
+        for run in hora[m]:
+            if s in run:
+                wrong += sum(int(run[s][k]) for k in ("hora_wrong", "ring_wrong", "bcube_wrong"))
+                payload[m] += s * (int(run[s]["iters"]) + int(run[s]["warmup"]))
+    for run in mpi:
+        if s in run:
+            wrong += int(run[s]["mpi_wrong"])
+    best_us = min([v for v in (r["ring_us"], r["bcube_us"]) if v is not None], default=None)
+    lead = modes[0]  # the ratios are of the first mode (hier by default)
+    r["vs_flat"] = ratio(r.get("flat_us"), r.get("hier_us"))
+    r["vs_mpi"] = ratio(r["mpi_us"], r[lead + "_us"])
+    r["vs_gloo"] = ratio(best_us, r[lead + "_us"])
+    rows.append(r)
 def f(v, fmt):
     return "-" if v is None else fmt % v
 def size(b):
@@ -161,34 +191,44 @@ def size(b):
         if b >= 1 << sh and b % (1 << sh) == 0:
             return f"{b >> sh} {unit}"
     return f"{b} B"
+lead = modes[0]
 print(f"\n# busbw in GB/s (algbw x 2(n-1)/n, n = {np_}); time = mean per allreduce, max over ranks;"
-      f" median of {rounds} round(s)")
-hdr = ("size", "hora us", "hora", "gloo ring", "gloo bcube", "mpi us", "mpi", "hora/mpi", "hora/best gloo")
-print("%10s %10s %8s %10s %10s %10s %8s %9s %14s" % hdr)
-for s, hus, hora, ring, bcube, mus, mpi, rm, rg in rows:
-    print("%10s %10s %8s %10s %10s %10s %8s %9s %14s" % (size(s), f(hus, "%.1f"), f(hora, "%.4f"),
-          f(ring, "%.4f"), f(bcube, "%.4f"), f(mus, "%.1f"), f(mpi, "%.4f"), f(rm, "%.2f"), f(rg, "%.2f")))
+      f" median of {rounds} round(s); ratios of hora {lead} (times inverted, >1: {lead} faster)")
+cols = [("size", lambda r: size(r["size"]))]
+for m in modes:
+    cols += [(f"{m} us", lambda r, m=m: f(r[m + "_us"], "%.1f")), (m, lambda r, m=m: f(r[m], "%.4f"))]
+cols += [("gloo ring", lambda r: f(r["ring"], "%.4f")), ("gloo bcube", lambda r: f(r["bcube"], "%.4f")),
+         ("mpi us", lambda r: f(r["mpi_us"], "%.1f")), ("mpi", lambda r: f(r["mpi"], "%.4f"))]
+if "hier" in modes and "flat" in modes:
+    cols += [("hier/flat", lambda r: f(r["vs_flat"], "%.2f"))]
+cols += [(f"{lead}/mpi", lambda r: f(r["vs_mpi"], "%.2f")), (f"{lead}/best gloo", lambda r: f(r["vs_gloo"], "%.2f"))]
+print(" ".join("%12s" % c for c, _ in cols))
+for r in rows:
+    print(" ".join("%12s" % fn(r) for _, fn in cols))
 print(f"# wrong elements (all implementations, all rounds): {wrong}")
 # An allreduce across two hosts moves at least its size each way per host;
 # hora-bench's own hora iterations alone must have put that much on the link.
-link = 0
-for r in range(1, rounds + 1):
+link = {m: 0 for m in modes}
+for r in rs:
     for line in open(f"{log}/link.{r}"):
-        if line.startswith("hora_link_bytes="):
-            link += int(line.split("=")[1])
-print(f"# host 0 link during hora-bench: {link} B rx+tx; hora's payload alone needs >= {2 * payload} B")
+        k, _, v = line.strip().partition("=")
+        if k.endswith("_link_bytes") and k[:-len("_link_bytes")] in link:
+            link[k[:-len("_link_bytes")]] += int(v)
+short = []
+for m in modes:
+    print(f"# host 0 link during hora-bench ({m}): {link[m]} B rx+tx; hora's payload alone needs >= {2 * payload[m]} B")
+    if hosts > 1 and link[m] < 2 * payload[m]:
+        short.append(m)
 if md:
     with open(md, "w") as o:
-        o.write("| size | hora busbw | raw Gloo ring | raw Gloo bcube | Open MPI | hora / MPI | hora / best Gloo | hora time | MPI time |\n")
-        o.write("|---|---|---|---|---|---|---|---|---|\n")
-        for s, hus, hora, ring, bcube, mus, mpi, rm, rg in rows:
-            o.write(f"| {size(s)} | {f(hora, '%.4f')} | {f(ring, '%.4f')} | {f(bcube, '%.4f')} | {f(mpi, '%.4f')} |"
-                    f" {f(rm, '%.2f')} | {f(rg, '%.2f')} | {f(hus, '%.1f')} us | {f(mus, '%.1f')} us |\n")
-bad = wrong > 0 or not rows or (hosts > 1 and link < 2 * payload)
-if hosts > 1 and link < 2 * payload:
-    print("FAIL: hora-bench moved less over host 0's link than hora's allreduces need: not across hosts?")
+        o.write("| " + " | ".join(c for c, _ in cols) + " |\n")
+        o.write("|" + "---|" * len(cols) + "\n")
+        for r in rows:
+            o.write("| " + " | ".join(fn(r) for _, fn in cols) + " |\n")
+for m in short:
+    print(f"FAIL: hora-bench ({m}) moved less over host 0's link than hora's allreduces need: not across hosts?")
 if wrong:
     print("FAIL: wrong results")
-sys.exit(1 if bad else 0)
+sys.exit(1 if wrong > 0 or not rows or short else 0)
 PY
 exit $STATUS

@@ -15,4 +15,10 @@ std::string hostIdentity() {
   return std::string(host) + "/" + boot;
 }
 
+std::string hostIdentity(const std::string& override, const std::string& address) {
+  if (override.empty()) return hostIdentity();
+  if (override == "address") return "address:" + address;
+  return "id:" + override;
+}
+
 }  // namespace hora

@@ -12,4 +12,9 @@ namespace hora {
 // that share a kernel: the hostname plus the kernel's boot id.
 std::string hostIdentity();
 
+// The identity a rank reports to its peers: hostIdentity() unless the
+// test-only HORA_HOST_ID (`override`) says otherwise: "address" stands for
+// `address` (the rank's HORA_HOSTNAME), any other non-empty value for itself.
+std::string hostIdentity(const std::string& override, const std::string& address);
+
 }  // namespace hora

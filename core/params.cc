@@ -120,6 +120,22 @@ const std::vector<ParamSpec>& paramRegistry() {
        "Microseconds the control thread, the executor and a thread in hora_wait poll for the next "
        "hand-off before they sleep (0 = sleep at once). When the ranks' threads outnumber the "
        "cores each poll gives the core away (sched_yield)."},
+      {"HORA_HIER_ALLREDUCE", ParamType::kString, "auto",
+       "Allreduce of a process set that spans several hosts with several ranks on each: auto and "
+       "hier reduce inside each host through shared memory, allreduce across hosts over Gloo "
+       "(every local rank owns a slice, exchanged with the same local rank of the other hosts) "
+       "and gather back through shared memory; flat keeps the one Gloo ring over all ranks. "
+       "Needs the same number of ranks on every host and HORA_SHM=1 (else flat, logged). "
+       "Compared at start: must be the same on every rank.",
+       "auto|hier|flat"},
+      {"HORA_HIER_OVERLAP", ParamType::kBool, "1",
+       "Hierarchical allreduce: 1 lets each shared-memory chunk cross hosts while the next chunk "
+       "is reduced inside the host; 0 runs the stages one after the other."},
+      {"HORA_HOST_ID", ParamType::kString, "",
+       "Test-only: the identity that tells which ranks share a host (shared memory, hierarchy, "
+       "point-to-point). Empty: the host name and kernel boot id; 'address': this rank's "
+       "HORA_HOSTNAME (tests as threads give ranks different loopback addresses to emulate "
+       "hosts); anything else: that literal value (tests as processes)."},
       {"HORA_P2P_RING_BYTES", ParamType::kInt, "1048576",
        "Point-to-point (send/recv) ring per sending peer in each rank's shared-memory inbox (a "
        "power of two, at least 4096); created on a set's first send or receive."},

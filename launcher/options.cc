@@ -64,6 +64,8 @@ const char kUsage[] =
     "  --stall-check-warning-time-seconds S   HORA_STALL_WARNING_TIME_S\n"
     "  --stall-check-shutdown-time-seconds S  HORA_STALL_SHUTDOWN_TIME_S (0 = never)\n"
     "  --no-stall-check             no stall warnings and no stall shutdown (HORA_STALL_CHECK=0)\n"
+    "  --hierarchical-allreduce     HORA_HIER_ALLREDUCE=hier (auto already picks it)\n"
+    "  --no-hierarchical-allreduce  HORA_HIER_ALLREDUCE=flat (one Gloo ring across hosts)\n"
     "  --peer-timeout-seconds S     HORA_PEER_TIMEOUT_S\n"
     "  --gloo-timeout-seconds S     the same (horovodrun's name)\n"
     "  -v, --version                print versions\n"
@@ -72,11 +74,11 @@ const char kUsage[] =
     "  --tcp                        NCCL_IB_DISABLE=1 for the ranks\n"
     "  -cb, --check-build           print versions and what hora is built with\n"
     "  --gloo, --disable-cache, --mpi-threads-disable, --log-without-timestamp,\n"
-    "  --no-hierarchical-allreduce, --no-hierarchical-allgather, --no-torus-allreduce,\n"
+    "  --no-hierarchical-allgather, --no-torus-allreduce,\n"
     "  --num-nccl-streams 1         accepted with a note: hora already behaves so\n"
     "  --timeline-filename FILE     HORA_TIMELINE (one Chrome trace of every rank)\n"
     "  --timeline-mark-cycles       HORA_TIMELINE_MARK_CYCLES=1\n"
-    "  --autotune, --hierarchical-allreduce, --mpi, --mpi-args, ...\n"
+    "  --autotune, --hierarchical-allgather, --mpi, --mpi-args, ...\n"
     "                               refused: \"not supported by hora: ...\"\n";
 
 // Decimal only: strtod alone would also take "nan", "inf" and hex floats,
@@ -345,9 +347,6 @@ bool parse(int argc, char** argv, Options* o, std::string* error) {
       {"--autotune-steps-per-sample", "hora has no autotuner"},
       {"--autotune-bayes-opt-max-samples", "hora has no autotuner"},
       {"--autotune-gaussian-process-noise", "hora has no autotuner"},
-      {"--hierarchical-allreduce",
-       "hora's allreduce is not hierarchical (one host: shared memory; else Gloo or NCCL); drop "
-       "the flag"},
       {"--hierarchical-allgather", "hora's allgather is not hierarchical; drop the flag"},
       {"--torus-allreduce", "hora has no torus allreduce; drop the flag"},
       {"--mpi",
@@ -373,7 +372,6 @@ bool parse(int argc, char** argv, Options* o, std::string* error) {
       {"--log-without-timestamp", "hora's log lines keep their time"},
       {"--log-hide-timestamp", "hora's log lines keep their time"},
       {"--log-with-timestamp", "hora's log lines always carry the time"},
-      {"--no-hierarchical-allreduce", "hora's allreduce is never hierarchical"},
       {"--no-hierarchical-allgather", "hora's allgather is never hierarchical"},
       {"--no-torus-allreduce", "hora has no torus allreduce"},
   };
@@ -456,6 +454,12 @@ bool parse(int argc, char** argv, Options* o, std::string* error) {
       addEnv(o, "HORA_LOG_LEVEL", level);
     } else if (a == "--no-stall-check") {
       addEnv(o, "HORA_STALL_CHECK", "0");
+    } else if (a == "--hierarchical-allreduce") {
+      // hora chooses it by itself where it applies (several hosts, several
+      // ranks on each); "hier" says so explicitly.
+      addEnv(o, "HORA_HIER_ALLREDUCE", "hier");
+    } else if (a == "--no-hierarchical-allreduce") {
+      addEnv(o, "HORA_HIER_ALLREDUCE", "flat");
     } else if (a == "--timeline-filename") {
       // One trace for the whole job (docs/observability.md); relative to
       // horarun's folder, which remote ranks do not share.

@@ -111,9 +111,12 @@ void Executor::fail(AgreedGroup& g, const Status& why) {
   if (ctx_.telemetry && ctx_.telemetry->options().flightEntries > 0)
     (void)ctx_.telemetry->dumpFlight("a collective failed on rank " + std::to_string(me) + ": " +
                                      why.message());
-  if (ctx_.health->suspected()) {
+  if (ctx_.health->suspected() || ctx_.health->broken()) {
     // The data plane failed: the entries get the set's final status (the
-    // lost peer, named by the control thread) when there is one.
+    // lost peer, named by the control thread) when there is one. Broken
+    // counts too: the control thread may break the set between the data
+    // plane's failure and here, and a set that is broken has no suspicion
+    // left (dataPlaneFailure's suspect() came too late), only its status.
     ctx_.health->whenBroken([entries = g.entries, me](const Status& final) {
       for (auto& e : entries)
         if (e) e->complete(entryFailure(*e, me, final));

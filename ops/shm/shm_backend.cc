@@ -101,6 +101,11 @@ void ShmBackend::abort() noexcept {
   shmFutexWakeAll(segs_[rank_]->header().doorbell.value);
 }
 
+std::string ShmBackend::rankName(int r) const {
+  const bool named = static_cast<size_t>(r) < opts_.rankNames.size();
+  return "rank " + std::to_string(named ? opts_.rankNames[r] : r);
+}
+
 void ShmBackend::publish(ShmCounter ShmHeader::*which, uint32_t value) {
   (segs_[rank_]->header().*which).value.store(value, std::memory_order_seq_cst);
   // Pairs with the waiter's sleeping=1 / re-check (both seq_cst): either it
@@ -112,10 +117,10 @@ void ShmBackend::publish(ShmCounter ShmHeader::*which, uint32_t value) {
   }
 }
 
-Status ShmBackend::waitSlotFree(const std::string& what) {
+Status ShmBackend::waitSlotFree(uint32_t c, const std::string& what) {
   // The slot of chunk c last held chunk c-2: every peer must be done reading it.
-  if (chunks_ < 2) return Status::ok();
-  const uint32_t want = static_cast<uint32_t>(chunks_) - 1;
+  if (c < 2 && chunks_ < 2) return Status::ok();
+  const uint32_t want = c - 1;
   for (int j = 0; j < size_; ++j) {
     if (j == rank_) continue;
     HORA_RETURN_IF_ERROR(
@@ -145,7 +150,7 @@ Status ShmBackend::waitFor(int peer, ShmCounter ShmHeader::*which, uint32_t want
   ShmHeader& me = segs_[rank_]->header();
   const auto deadline = Clock::now() + opts_.timeout;
   const pid_t peerPid = segs_[peer]->header().pid;
-  const std::string who = "rank " + std::to_string(peer) + " (pid " + std::to_string(peerPid) + ")";
+  const std::string who = rankName(peer) + " (pid " + std::to_string(peerPid) + ")";
   for (;;) {
     me.sleeping.value.store(1, std::memory_order_seq_cst);
     const uint32_t bell = me.doorbell.value.load(std::memory_order_seq_cst);
@@ -190,7 +195,7 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
     const size_t len = std::min(chunkElems, count - base);
     const uint32_t c = static_cast<uint32_t>(chunks_);
     const uint32_t next = c + 1;
-    HORA_RETURN_IF_ERROR(waitSlotFree(what));
+    HORA_RETURN_IF_ERROR(waitSlotFree(c, what));
     uint8_t* mine = own.slot(c);
     pack(base, base + len, mine);
     publish(&ShmHeader::packed, next);
@@ -249,6 +254,100 @@ Status ShmBackend::allreduceGather(void* staging, size_t count, DataType dtype, 
   return s.isOk() ? s : fail(s);
 }
 
+Status ShmBackend::allreduceCross(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
+                                  const UnpackFn& unpack, const CrossStage& cross, bool overlap) {
+  const std::string what = describe(count, dtype, op) + " inside a host";
+  HORA_RETURN_IF_ERROR(checkUsable(what));
+  if (reduceFunction(dtype, op) == nullptr || !reduceOpSupported(op, dtype))
+    return invalidArgument(what + ": unsupported dtype/op");
+  if (count == 0) return Status::ok();
+  if (size_ == 1) return internalError(what + ": a host with one rank has no local stage");
+  Status s = shmAllreduceCross(count, dtype, op, pack, unpack, what, cross, overlap);
+  return s.isOk() ? s : fail(s);
+}
+
+Status ShmBackend::shmAllreduceCross(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
+                                     const UnpackFn& unpack, const std::string& what,
+                                     const CrossStage& cross, bool overlap) {
+  const size_t es = dataTypeSize(dtype);
+  const ReduceFn reduce = reduceFunction(dtype, op);
+  ShmSegment& own = *segs_[rank_];
+  const size_t chunkElems = std::max<size_t>(1, own.slotBytes() / es);
+  const size_t align = std::max<size_t>(1, kPartAlignBytes / es);
+  const size_t n = static_cast<size_t>(size_);
+  struct Chunk {
+    size_t base = 0, len = 0, partElems = 0;
+    bool crossing = false;  // this rank's part was handed to `cross`
+  };
+  auto partLo = [&](const Chunk& k, size_t j) { return std::min(k.len, j * k.partElems); };
+  auto partHi = [&](const Chunk& k, size_t j) { return std::min(k.len, (j + 1) * k.partElems); };
+  // Stage 1 of chunk c: pack it, reduce this rank's part over the host, hand
+  // the part to the cross stage.
+  auto local = [&](Chunk& k, uint32_t c) -> Status {
+    HORA_RETURN_IF_ERROR(waitSlotFree(c, what));
+    uint8_t* mine = own.slot(c);
+    pack(k.base, k.base + k.len, mine);
+    publish(&ShmHeader::packed, c + 1);
+    for (int j = 0; j < size_; ++j) {
+      if (j == rank_) continue;
+      HORA_RETURN_IF_ERROR(waitFor(j, &ShmHeader::packed, c + 1, "pack its input", what));
+    }
+    const size_t per = (k.len + n - 1) / n;
+    k.partElems = (per + align - 1) / align * align;
+    const size_t lo = partLo(k, rank_), hi = partHi(k, rank_);
+    if (hi > lo) {
+      uint8_t* acc = mine + lo * es;
+      for (int j = 0; j < size_; ++j)
+        if (j != rank_) reduce(acc, acc, segs_[j]->slot(c) + lo * es, hi - lo);
+      cross.start(acc, hi - lo);
+      k.crossing = true;
+    }
+    return Status::ok();
+  };
+  // Stage 3 of the oldest chunk in flight (chunks_): once its exchange is
+  // done, publish the part and gather every part from its owner's slot.
+  auto gather = [&](Chunk& k) -> Status {
+    const uint32_t c = static_cast<uint32_t>(chunks_);
+    if (k.crossing) {
+      k.crossing = false;
+      HORA_RETURN_IF_ERROR(cross.wait());
+    }
+    publish(&ShmHeader::reduced, c + 1);
+    for (int i = 0; i < size_; ++i) {
+      const int j = (rank_ + i) % size_;
+      const size_t plo = partLo(k, j), phi = partHi(k, j);
+      if (phi <= plo) continue;
+      if (j != rank_)
+        HORA_RETURN_IF_ERROR(
+            waitFor(j, &ShmHeader::reduced, c + 1, "reduce its part across hosts", what));
+      unpack(k.base + plo, k.base + phi, segs_[j]->slot(c) + plo * es);
+    }
+    finishChunk();
+    return Status::ok();
+  };
+  // With overlap the order is local(0), local(1), gather(0), local(2),
+  // gather(1), ...: chunk k crosses while chunk k+1 is packed and reduced.
+  // Every wait is for a chunk no later than the waiter's own, so no rank
+  // waits for one that waits for it.
+  Chunk pending;
+  bool inFlight = false;
+  for (size_t base = 0; base < count; base += chunkElems) {
+    Chunk k;
+    k.base = base;
+    k.len = std::min(chunkElems, count - base);
+    HORA_RETURN_IF_ERROR(local(k, static_cast<uint32_t>(chunks_) + (inFlight ? 1 : 0)));
+    if (inFlight) HORA_RETURN_IF_ERROR(gather(pending));
+    if (overlap) {
+      pending = k;
+      inFlight = true;
+    } else {
+      HORA_RETURN_IF_ERROR(gather(k));
+    }
+  }
+  if (inFlight) HORA_RETURN_IF_ERROR(gather(pending));
+  return Status::ok();
+}
+
 bool ShmBackend::needsStaging(size_t count, DataType dtype) const {
   return delegates(count * dataTypeSize(dtype));
 }
@@ -305,7 +404,7 @@ Status ShmBackend::shmAllgatherv(const uint8_t* in, uint8_t* out, const std::vec
   for (size_t lo = 0; lo < most; lo += slot) {
     const uint32_t c = static_cast<uint32_t>(chunks_);
     const uint32_t next = c + 1;
-    HORA_RETURN_IF_ERROR(waitSlotFree(what));
+    HORA_RETURN_IF_ERROR(waitSlotFree(c, what));
     auto len = [&](int q) { return lo < bytes[q] ? std::min(slot, bytes[q] - lo) : size_t{0}; };
     if (len(rank_) > 0) std::memcpy(own.slot(c), in + lo, len(rank_));
     publish(&ShmHeader::packed, next);
@@ -344,7 +443,7 @@ Status ShmBackend::shmBroadcast(uint8_t* data, size_t bytes, int root, const std
     const uint32_t c = static_cast<uint32_t>(chunks_);
     const uint32_t next = c + 1;
     if (rank_ == root) {
-      HORA_RETURN_IF_ERROR(waitSlotFree(what));
+      HORA_RETURN_IF_ERROR(waitSlotFree(c, what));
       std::memcpy(own.slot(c), data + base, len);
     }
     publish(&ShmHeader::packed, next);  // by every rank: see finishChunk
@@ -420,7 +519,7 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
            " on this rank is not a positive multiple of 64";
   } else {
     self = "ok " + std::to_string(opts.chunkBytes) + " " + std::to_string(opts.minBytes) + " " +
-           hostIdentity();
+           (opts.hostId.empty() ? hostIdentity() : opts.hostId);
   }
   auto hosts = exchange(*store, "host", rank, size, self, opts.startTimeout);
   if (!hosts.isOk()) return hosts.status();

@@ -44,6 +44,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -71,6 +72,13 @@ struct ShmBackendOptions {
   // Where segments are created (tmpfs). Tests point one rank elsewhere to
   // simulate a rank that cannot use shared memory.
   std::string dir = "/dev/shm";
+  // This rank's host identity as its peers must see it (HORA_HOST_ID);
+  // empty: hostIdentity().
+  std::string hostId;
+  // How errors name each rank of this communicator: rankNames[r] is rank
+  // r's rank in the process set (HierBackend's host-local communicator);
+  // empty: r itself.
+  std::vector<int> rankNames;
 };
 
 class ShmBackend : public Backend {
@@ -101,10 +109,37 @@ class ShmBackend : public Backend {
   // The chunk (at most the slot) and the cut-over to the fallback.
   void tune(const TuningValues& values) override;
 
+  // The cross stage of the hierarchical allreduce (HierBackend): start(part,
+  // count) hands over this rank's part of a chunk (`count` elements in its
+  // own slot, reduced over this host) to be allreduced with the other hosts
+  // and returns at once; wait() blocks until the oldest exchange not yet
+  // waited for has left its part reduced over every host, and returns its
+  // status. Exchanges run in the order started; only non-empty parts, the
+  // same parts on every host.
+  struct CrossStage {
+    std::function<void(void* part, size_t count)> start;
+    std::function<Status()> wait;
+  };
+  // The hierarchical allreduce's local stages: per chunk, this host's ranks
+  // reduce-scatter through shared memory (always split into one part per
+  // rank, never the small-chunk path, so that every part has one owner),
+  // each owner hands its part to `cross`, and every rank gathers all parts
+  // once their owners published them. `overlap`: chunk k's exchange runs
+  // while this rank packs and reduces chunk k+1 (in the other slot); else
+  // each exchange is waited for at once. On failure an exchange may still
+  // be running: the caller aborts it and waits it out. pack/unpack as for
+  // allreduceGather; size_ > 1 and op supported.
+  Status allreduceCross(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
+                        const UnpackFn& unpack, const CrossStage& cross, bool overlap);
+
  private:
   // The shared-memory allreduce; size_ > 1, count > 0, op supported.
   Status shmAllreduce(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
                       const UnpackFn& unpack, const std::string& what);
+  // allreduceCross's pipeline; same preconditions.
+  Status shmAllreduceCross(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
+                           const UnpackFn& unpack, const std::string& what, const CrossStage& cross,
+                           bool overlap);
   // Each rank copies chunk k of its part into its slot, then every part's
   // chunk k out of the slots; size_ > 1, byte sizes and offsets per rank.
   Status shmAllgatherv(const uint8_t* in, uint8_t* out, const std::vector<size_t>& bytes,
@@ -120,13 +155,15 @@ class ShmBackend : public Backend {
                       const std::string& what);
   // One rank (no peers) or a payload below minBytes: the fallback runs it.
   bool delegates(size_t bytes) const { return size_ == 1 || bytes < minBytes_; }
-  // Before writing this rank's slot for the next chunk.
-  Status waitSlotFree(const std::string& what);
+  // Before writing this rank's slot for chunk `c` (that slot last held c-2).
+  Status waitSlotFree(uint32_t c, const std::string& what);
   // Publishes the chunk consumed (and every counter current) and counts it.
   void finishChunk();
   // Waits until rank `peer`'s counter `which` reaches `want`.
   Status waitFor(int peer, ShmCounter ShmHeader::*which, uint32_t want, const char* phase,
                  const std::string& what);
+  // "rank <set rank>" for communicator rank r (opts_.rankNames).
+  std::string rankName(int r) const;
   // Publishes this rank's counter and wakes peers that sleep.
   void publish(ShmCounter ShmHeader::*which, uint32_t value);
   Status checkUsable(const std::string& what) const;

@@ -69,7 +69,7 @@ Status ShmBackend::shmReducescatter(uint8_t* data, const std::vector<size_t>& co
     const size_t len = std::min(chunkElems, total - base);
     const uint32_t c = static_cast<uint32_t>(chunks_);
     const uint32_t next = c + 1;
-    HORA_RETURN_IF_ERROR(waitSlotFree(what));
+    HORA_RETURN_IF_ERROR(waitSlotFree(static_cast<uint32_t>(chunks_), what));
     // Every rank's whole chunk is visible to the others; this rank writes
     // only its own region, which later chunks never pack.
     std::memcpy(own.slot(c), data + base * es, len * es);
@@ -138,7 +138,7 @@ Status ShmBackend::shmAlltoallv(const uint8_t* in, const std::vector<size_t>& se
   {
     const uint32_t c = static_cast<uint32_t>(chunks_);
     const uint32_t next = c + 1;
-    HORA_RETURN_IF_ERROR(waitSlotFree(what));
+    HORA_RETURN_IF_ERROR(waitSlotFree(static_cast<uint32_t>(chunks_), what));
     std::memcpy(own.slot(c), &most, sizeof most);
     publish(&ShmHeader::packed, next);
     for (int j = 0; j < size_; ++j) {
@@ -157,7 +157,7 @@ Status ShmBackend::shmAlltoallv(const uint8_t* in, const std::vector<size_t>& se
     const size_t lo = k * box;
     const uint32_t c = static_cast<uint32_t>(chunks_);
     const uint32_t next = c + 1;
-    HORA_RETURN_IF_ERROR(waitSlotFree(what));
+    HORA_RETURN_IF_ERROR(waitSlotFree(static_cast<uint32_t>(chunks_), what));
     uint8_t* mine = own.slot(c);
     for (int j = 0; j < size_; ++j) {
       if (j == rank_ || lo >= sendBytes[j]) continue;
@@ -184,7 +184,7 @@ Status ShmBackend::barrier() {
   Status s = [&]() -> Status {
     const uint32_t next = static_cast<uint32_t>(chunks_) + 1;
     // No data, but the counters must stay in step with the slots' reuse.
-    HORA_RETURN_IF_ERROR(waitSlotFree(what));
+    HORA_RETURN_IF_ERROR(waitSlotFree(static_cast<uint32_t>(chunks_), what));
     publish(&ShmHeader::packed, next);
     for (int j = 0; j < size_; ++j) {
       if (j == rank_) continue;

@@ -776,7 +776,7 @@ TEST_F(OptionsTest, HorovodrunFlagsHoraHasNoAnswerForAreRefused) {
       "--autotune", "--autotune-log-file",
       "--autotune-warmup-samples", "--autotune-steps-per-sample",
       "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise",
-      "--hierarchical-allreduce", "--hierarchical-allgather", "--torus-allreduce", "--mpi",
+      "--hierarchical-allgather", "--torus-allreduce", "--mpi",
       "--jsrun", "--mpi-args", "--binding-args", "--thread-affinity", "--config-file",
       "--prefix-output-with-timestamp", "-prefix-timestamp"};
   // clang-format on
@@ -798,7 +798,7 @@ TEST_F(OptionsTest, HorovodrunNoOpFlagsAreAcceptedWithANote) {
   // clang-format off
   const char* const kNoted[] = {
       "--gloo", "--disable-cache", "--mpi-threads-disable", "--log-without-timestamp",
-      "--log-hide-timestamp", "--log-with-timestamp", "--no-hierarchical-allreduce",
+      "--log-hide-timestamp", "--log-with-timestamp",
       "--no-hierarchical-allgather", "--no-torus-allreduce"};
   // clang-format on
   for (const char* flag : kNoted) {
@@ -813,6 +813,15 @@ TEST_F(OptionsTest, HorovodrunNoOpFlagsAreAcceptedWithANote) {
               std::string(flag) + " takes no value (got '" + flag + "=1')");
   }
   EXPECT_TRUE(parseOk({"-np", "2", "c"}).opt.notes.empty());
+}
+
+TEST_F(OptionsTest, HierarchicalAllreduceFlagsSetTheMode) {
+  EXPECT_EQ(parseOk({"-np", "2", "--hierarchical-allreduce", "c"}).opt.env,
+            (Env{{"HORA_HIER_ALLREDUCE", "hier"}, {"HORA_START_TIMEOUT_S", "30"}}));
+  EXPECT_EQ(parseOk({"-np", "2", "--no-hierarchical-allreduce", "c"}).opt.env,
+            (Env{{"HORA_HIER_ALLREDUCE", "flat"}, {"HORA_START_TIMEOUT_S", "30"}}));
+  EXPECT_EQ(parseError({"-np", "2", "--hierarchical-allreduce=1", "c"}),
+            "--hierarchical-allreduce takes no value (got '--hierarchical-allreduce=1')");
 }
 
 TEST_F(OptionsTest, HorovodrunFlagsThatMapToHora) {
@@ -861,7 +870,8 @@ TEST_F(OptionsTest, ATypicalHorovodrunCommandLineRuns) {
   EXPECT_EQ(p.opt.np, 4);
   EXPECT_EQ(p.env().at("HORA_FUSION_THRESHOLD_BYTES"), "33554432");
   EXPECT_EQ(p.env().at("HORA_LOG_LEVEL"), "info");
-  EXPECT_EQ(p.opt.notes.size(), 2u);
+  EXPECT_EQ(p.env().at("HORA_HIER_ALLREDUCE"), "flat");
+  EXPECT_EQ(p.opt.notes.size(), 1u);  // --gloo
 }
 
 }  // namespace

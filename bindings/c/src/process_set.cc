@@ -6,6 +6,7 @@
 #include "controllers/settings_agreement.h"
 #include "core/host_identity.h"
 #include "hora/version.h"
+#include "ops/shm/hier_backend.h"
 #include "ops/shm/shm_backend.h"
 
 namespace hora {
@@ -127,12 +128,40 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   sho.minBytes = static_cast<size_t>(std::max<int64_t>(o.shmMinBytes, 0));
   sho.timeout = o.peerTimeout;
   sho.startTimeout = o.startTimeout;
+  sho.hostId = o.hostId;
+  // Across hosts with several ranks on each: the hierarchical allreduce
+  // (ops/shm/hier_backend.h); on one host: shared memory for the whole set.
+  HierBackendOptions ho;
+  ho.shm = sho;
+  ho.overlap = o.hierOverlap;
+  if (!parseHierMode(o.hierAllreduce, &ho.mode))
+    return invalidArgument("HORA_HIER_ALLREDUCE: '" + o.hierAllreduce + "' is not auto|hier|flat");
+  GlooBackendOptions crossGo = go;
+  auto connectCross = [crossGo](std::shared_ptr<Store> s, int r,
+                                int n) mutable -> Result<std::unique_ptr<Backend>> {
+    // With two hosts ring and bcube exchange the same data (see above).
+    if (crossGo.algorithm == GlooAlgorithm::kAuto && n == 2)
+      crossGo.algorithm = GlooAlgorithm::kRing;
+    return createGlooBackend(std::move(s), "gloo", r, n, crossGo);
+  };
+  HierOutcome outcome;
+  std::string noHier;
+  auto hb = createHierBackend(std::make_shared<PrefixStore>(store, "hier"), rank, ps->size(), ho,
+                              be.take(), connectCross, &outcome, &noHier);
+  if (!hb.isOk())
+    return hb.status().withContext("process set " + name + ": setting up the hierarchy");
   std::string noShm;
-  auto sb = createShmBackend(std::make_shared<PrefixStore>(store, "shm"), rank, ps->size(), sho,
-                             be.take(), &noShm);
-  if (!sb.isOk())
-    return sb.status().withContext("process set " + name + ": setting up shared memory");
-  ps->backend_ = sb.take();
+  if (outcome == HierOutcome::kOneHost) {
+    auto sb = createShmBackend(std::make_shared<PrefixStore>(store, "shm"), rank, ps->size(), sho,
+                               hb.take(), &noShm);
+    if (!sb.isOk())
+      return sb.status().withContext("process set " + name + ": setting up shared memory");
+    ps->backend_ = sb.take();
+  } else {
+    ps->backend_ = hb.take();
+    if (outcome == HierOutcome::kFlat)
+      noShm = "ranks run on different hosts, no hierarchy: " + noHier;
+  }
   if (ps->size() > 1)
     HORA_LOG(logger, kInfo) << "process set " << name << ": data plane " << ps->backend_->name()
                             << (noShm.empty() ? "" : " (no shared memory: " + noShm + ")");
@@ -152,7 +181,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   po.rank = rank;
   po.globalRanks = globalRanks;
   po.store = std::make_shared<PrefixStore>(store, "p2p");
-  po.hostId = hostIdentity();
+  po.hostId = o.hostId.empty() ? hostIdentity() : o.hostId;
   po.ringBytes = static_cast<uint64_t>(o.p2pRingBytes);
   po.eagerBytes = static_cast<uint64_t>(o.p2pEagerBytes);
   po.fastBytes = static_cast<uint64_t>(o.p2pFastBytes);

@@ -61,6 +61,11 @@ struct SetOptions {
   std::string autotuneLog;
   uint64_t autotuneSeed = 0;
   bool autotunePinned[kTuneDims] = {};
+  // HORA_HIER_ALLREDUCE (auto|hier|flat) and this rank's host identity
+  // (core/host_identity.h, HORA_HOST_ID applied): which ranks share a host.
+  std::string hierAllreduce = "auto";
+  bool hierOverlap = true;  // HORA_HIER_OVERLAP
+  std::string hostId;
   // Point-to-point (ops/p2p/p2p_engine.h).
   int64_t p2pRingBytes = 1 << 20;
   int64_t p2pEagerBytes = 64 << 10;

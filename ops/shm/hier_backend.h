@@ -1,0 +1,173 @@
+// HierBackend: the data plane of a process set that spans several hosts with
+// several ranks on each. Allreduce is hierarchical; every other collective
+// (and a forced flat allreduce) runs on the flat backend over all ranks.
+//
+// Why: the flat Gloo ring over 2 hosts x 2 ranks sends 2(n-1)/n = 1.5x the
+// payload each way over each host's link, and moves the bytes between the
+// two ranks of one host through TCP. Here each host's ranks reduce through
+// shared memory first, so only host-reduced data crosses: each host sends
+// about 1.0x the payload each way (2(H-1)/H for H hosts), whatever the ranks
+// per host.
+//
+// Algorithm, per shared-memory chunk (ShmBackend::allreduceCross):
+//   1. every local rank packs the chunk into its slot; each local rank
+//      reduces its own part (1/L of the chunk) over the host's ranks;
+//   2. each local rank allreduces its part with the ranks of the same local
+//      index on the other hosts, over its own Gloo communicator ("cross"),
+//      so every local rank (its core, its TCP streams) works at once;
+//   3. every local rank copies all parts out of the slots that hold them.
+// With overlap (HORA_HIER_OVERLAP, default) stage 2 of chunk k runs on the
+// cross thread while the executor does stage 1 of chunk k+1 in the other of
+// its segment's two slots, then stage 3 of chunk k: the link stays busy
+// while the host reduces. Measured: bench/results/2026-11-24-hier-allreduce.md.
+//
+// Results: integer ops give the flat path's bits (the reduction is
+// associative); float sums are those of another summation order (rounding
+// only). Every rank gets the same bits: each part is reduced once, in host
+// order by Gloo, then copied.
+//
+// Threads: created on the process set's init thread; collectives from its
+// executor thread; abort() from any thread (aborts all three backends). The
+// cross communicator runs on a thread of its own (one per HierBackend), fed
+// by the executor thread one part at a time, so that with overlap on chunk
+// k crosses hosts while the executor packs and reduces chunk k+1.
+//
+// Failure model: a failure in any stage (a lost local peer, a lost peer on
+// another host, abort) makes this and every later call fail at once; the
+// other stages' backends are aborted so that no rank waits for one that
+// gave up.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/status.h"
+#include "core/store.h"
+#include "ops/shm/shm_backend.h"
+
+namespace hora {
+
+// HORA_HIER_ALLREDUCE.
+enum class HierMode { kAuto, kHier, kFlat };
+bool parseHierMode(const std::string& text, HierMode* out);
+
+// Where each rank of a set runs: which ranks share a host (pure logic).
+struct HostLayout {
+  int hosts = 0;           // distinct host identities
+  int perHost = 0;         // ranks on every host; 0 when hosts differ in it
+  int hostIndex = -1;      // this rank's host, numbered by first appearance
+  int localRank = -1;      // this rank among its host's ranks, in set order
+  std::vector<int> local;  // set ranks on this rank's host, in set order
+};
+HostLayout layoutHosts(const std::vector<std::string>& hostIds, int rank);
+
+// Whether `layout` gets the hierarchical allreduce under `mode`; if not,
+// *whyNot says why (for the log).
+bool wantsHierarchy(const HostLayout& layout, HierMode mode, std::string* whyNot);
+
+class HierBackend : public Backend {
+ public:
+  // `local`: this host's ranks (size > 1); `cross`: the ranks with this
+  // rank's local index on every host, in host order; `flat`: all ranks.
+  // `overlap`: chunk k crosses hosts while chunk k+1 is reduced inside the
+  // host (ShmBackend::allreduceCross).
+  HierBackend(std::unique_ptr<ShmBackend> local, std::unique_ptr<Backend> cross,
+              std::unique_ptr<Backend> flat, int rank, int size, int hosts, bool overlap);
+  ~HierBackend() override;
+
+  std::string name() const override;
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  Status allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
+  Status allreduceGather(void* staging, size_t count, DataType dtype, ReduceOp op,
+                         const PackFn& pack, const UnpackFn& unpack) override;
+  bool needsStaging(size_t, DataType) const override { return false; }
+  Status allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
+                    DataType dtype) override;
+  Status broadcast(void* data, size_t count, DataType dtype, int root) override;
+  Status alltoallv(const void* in, const std::vector<int64_t>& send, void* out,
+                   const std::vector<int64_t>& recv, DataType dtype) override;
+  Status reducescatter(void* inout, const std::vector<size_t>& counts, DataType dtype,
+                       ReduceOp op) override;
+  Status barrier() override;
+  void abort() noexcept override;
+
+ private:
+  // The cross stage's thread: runs cross_->allreduce on the parts handed to
+  // it, in order, so that the executor thread can go on with the next chunk.
+  void crossLoop();
+  void crossStart(void* part, size_t count, DataType dtype, ReduceOp op);
+  Status crossWait();
+  Status checkUsable(const std::string& what) const;
+  Status fail(Status s);  // records the first failure, aborts every stage
+  template <typename F>
+  Status delegate(const std::string& what, F&& call);
+
+  std::unique_ptr<ShmBackend> local_;
+  std::unique_ptr<Backend> cross_;
+  std::unique_ptr<Backend> flat_;
+  const int rank_;
+  const int size_;
+  const int hosts_;
+  const bool overlap_;
+
+  struct CrossJob {
+    void* part = nullptr;
+    size_t count = 0;
+    DataType dtype = DataType::kFloat32;
+    ReduceOp op = ReduceOp::kSum;
+    bool done = false;
+    Status status;
+  };
+  std::mutex crossMu_;
+  std::condition_variable crossCv_;
+  std::deque<CrossJob> crossJobs_;  // guarded by crossMu_; started, not yet waited for
+  bool crossStop_ = false;          // guarded by crossMu_
+  std::thread crossThread_;
+
+  mutable std::mutex brokenMu_;
+  Status broken_;  // guarded by brokenMu_
+};
+
+// Connects a Gloo (or, in tests, fake) communicator of `size` ranks whose
+// keys live under `store`; `rank` is this rank's index in it.
+using ConnectFn = std::function<Result<std::unique_ptr<Backend>>(std::shared_ptr<Store> store,
+                                                                 int rank, int size)>;
+
+struct HierBackendOptions {
+  HierMode mode = HierMode::kAuto;
+  // The local stage's shared memory (enabled, chunk, timeouts, hostId: this
+  // rank's host identity, which decides the layout).
+  ShmBackendOptions shm;
+  // HORA_HIER_OVERLAP: cross hosts with chunk k while chunk k+1 is reduced
+  // inside the host.
+  bool overlap = true;
+};
+
+enum class HierOutcome {
+  kHierarchical,  // the result is a HierBackend
+  kOneHost,       // every rank on one host: the caller sets up plain shm
+  kFlat,          // the result is `flat`, unchanged; *whyNot says why
+};
+
+// Collective over the set's ranks (keys under `store`). Every rank publishes
+// its host identity; all compute the same layout and decision. For a
+// hierarchy every host sets up shared memory among its ranks, all ranks
+// agree that every host succeeded (else all stay flat), and each rank
+// connects its cross communicator with `connect`. Fails only when an
+// exchange or a connection fails (then the set cannot start).
+Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store, int rank, int size,
+                                                   const HierBackendOptions& opts,
+                                                   std::unique_ptr<Backend> flat,
+                                                   const ConnectFn& connect, HierOutcome* outcome,
+                                                   std::string* whyNot);
+
+}  // namespace hora
