@@ -78,7 +78,12 @@ const char kUsage[] =
     "  --num-nccl-streams 1         accepted with a note: hora already behaves so\n"
     "  --timeline-filename FILE     HORA_TIMELINE (one Chrome trace of every rank)\n"
     "  --timeline-mark-cycles       HORA_TIMELINE_MARK_CYCLES=1\n"
-    "  --autotune, --hierarchical-allgather, --mpi, --mpi-args, ...\n"
+    "  --autotune                   HORA_AUTOTUNE=1 (on by default; HORA_AUTOTUNE=0 turns it off)\n"
+    "  --autotune-log-file FILE     HORA_AUTOTUNE_LOG (a CSV of every tried setting)\n"
+    "  --autotune-warmup-samples N, --autotune-steps-per-sample N,\n"
+    "  --autotune-bayes-opt-max-samples N, --autotune-gaussian-process-noise X\n"
+    "                               accepted with a note: hora's tuner has no such knobs\n"
+    "  --hierarchical-allgather, --mpi, --mpi-args, ...\n"
     "                               refused: \"not supported by hora: ...\"\n";
 
 // Decimal only: strtod alone would also take "nan", "inf" and hex floats,
@@ -340,13 +345,6 @@ bool parse(int argc, char** argv, Options* o, std::string* error) {
     const char* why;
   };
   static const Refused kRefused[] = {
-      {"--autotune",
-       "hora has no autotuner; set --fusion-threshold-mb and --cycle-time-ms instead"},
-      {"--autotune-log-file", "hora has no autotuner"},
-      {"--autotune-warmup-samples", "hora has no autotuner"},
-      {"--autotune-steps-per-sample", "hora has no autotuner"},
-      {"--autotune-bayes-opt-max-samples", "hora has no autotuner"},
-      {"--autotune-gaussian-process-noise", "hora has no autotuner"},
       {"--hierarchical-allgather", "hora's allgather is not hierarchical; drop the flag"},
       {"--torus-allreduce", "hora has no torus allreduce; drop the flag"},
       {"--mpi",
@@ -460,6 +458,24 @@ bool parse(int argc, char** argv, Options* o, std::string* error) {
       addEnv(o, "HORA_HIER_ALLREDUCE", "hier");
     } else if (a == "--no-hierarchical-allreduce") {
       addEnv(o, "HORA_HIER_ALLREDUCE", "flat");
+    } else if (a == "--autotune") {
+      // On by default in hora; the flag makes it explicit (docs/performance.md).
+      addEnv(o, "HORA_AUTOTUNE", "1");
+    } else if (a == "--autotune-log-file") {
+      if (!value(a, &v)) return false;
+      if (v.empty()) {
+        *error = a + ": the file name is empty";
+        return false;
+      }
+      addEnv(o, "HORA_AUTOTUNE_LOG", v);
+    } else if (a == "--autotune-warmup-samples" || a == "--autotune-steps-per-sample" ||
+               a == "--autotune-bayes-opt-max-samples" ||
+               a == "--autotune-gaussian-process-noise") {
+      // Knobs of Horovod's Bayesian search; hora's tuner has none of them.
+      if (!number(a, {0, 1e9, true}, &d)) return false;
+      o->notes.push_back(a + " " + formatNumber(d) +
+                         ": accepted, no effect (hora's autotuner searches one setting at a "
+                         "time, one training step per sample; docs/performance.md)");
     } else if (a == "--timeline-filename") {
       // One trace for the whole job (docs/observability.md); relative to
       // horarun's folder, which remote ranks do not share.

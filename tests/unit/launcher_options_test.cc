@@ -773,9 +773,6 @@ TEST_F(ElasticOptionsTest, ResetLimitIsPassedToTheWorkers) {
 TEST_F(OptionsTest, HorovodrunFlagsHoraHasNoAnswerForAreRefused) {
   // clang-format off
   const char* const kRefused[] = {
-      "--autotune", "--autotune-log-file",
-      "--autotune-warmup-samples", "--autotune-steps-per-sample",
-      "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise",
       "--hierarchical-allgather", "--torus-allreduce", "--mpi",
       "--jsrun", "--mpi-args", "--binding-args", "--thread-affinity", "--config-file",
       "--prefix-output-with-timestamp", "-prefix-timestamp"};
@@ -790,8 +787,23 @@ TEST_F(OptionsTest, HorovodrunFlagsHoraHasNoAnswerForAreRefused) {
       EXPECT_TRUE(contains(parseError({"-np", "2", std::string(flag) + "=1", "c"}),
                            "not supported by hora"));
   }
-  EXPECT_TRUE(contains(parseError({"-np", "2", "--autotune", "c"}), "--fusion-threshold-mb"));
   EXPECT_TRUE(contains(parseError({"-np", "2", "--mpi", "c"}), "without mpirun"));
+}
+
+TEST_F(OptionsTest, HorovodrunAutotuneFlagsMapToHorasTuner) {
+  Parsed p =
+      parseOk({"-np", "2", "--autotune", "--autotune-log-file=/tmp/at.csv",
+               "--autotune-warmup-samples", "3", "--autotune-gaussian-process-noise=0.8", "c"});
+  EXPECT_EQ(p.env().at("HORA_AUTOTUNE"), "1");
+  EXPECT_EQ(p.env().at("HORA_AUTOTUNE_LOG"), "/tmp/at.csv");
+  ASSERT_EQ(p.opt.notes.size(), 2u);
+  EXPECT_TRUE(contains(p.opt.notes[0], "--autotune-warmup-samples 3: accepted, no effect"));
+  EXPECT_TRUE(contains(p.opt.notes[1], "--autotune-gaussian-process-noise 0.8"));
+  EXPECT_EQ(p.opt.command, std::vector<std::string>{"c"});  // the values were consumed
+  EXPECT_TRUE(contains(parseError({"-np", "2", "--autotune-steps-per-sample", "x", "c"}),
+                       "--autotune-steps-per-sample expects a number"));
+  EXPECT_TRUE(contains(parseError({"-np", "2", "--autotune-log-file=", "c"}), "empty"));
+  EXPECT_TRUE(contains(parseError({"-np", "2", "--autotune=1", "c"}), "takes no value"));
 }
 
 TEST_F(OptionsTest, HorovodrunNoOpFlagsAreAcceptedWithANote) {
