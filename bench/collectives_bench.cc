@@ -27,44 +27,15 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
-int gRank = 0;
+bench_util::Who gWho{"hora-coll-bench"};
 
-[[noreturn]] void fatal(const std::string& what) {
-  std::fprintf(stderr, "[hora-coll-bench rank %d] %s\n", gRank, what.c_str());
-  std::exit(2);
-}
-
-void check(hora_status_t s, const std::string& what) {
-  if (s != HORA_SUCCESS)
-    fatal(what + ": " + hora_status_string(s) + ": " + hora_last_error_message());
-}
-
-size_t parseBytes(const std::string& s) {
-  char* end = nullptr;
-  unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-  if (end == s.c_str()) fatal("bad size '" + s + "'");
-  if (*end == 'K' || *end == 'k')
-    v <<= 10, ++end;
-  else if (*end == 'M' || *end == 'm')
-    v <<= 20, ++end;
-  if (*end != '\0') fatal("bad size '" + s + "'");
-  return static_cast<size_t>(v);
-}
-
-std::vector<std::string> splitList(const std::string& list) {
-  std::vector<std::string> out;
-  size_t at = 0;
-  while (at <= list.size()) {
-    size_t comma = list.find(',', at);
-    if (comma == std::string::npos) comma = list.size();
-    if (comma > at) out.push_back(list.substr(at, comma - at));
-    at = comma + 1;
-  }
-  return out;
-}
+[[noreturn]] void fatal(const std::string& what) { bench_util::fatal(gWho, what); }
+void check(hora_status_t s, const std::string& what) { bench_util::check(gWho, s, what); }
 
 struct Tensor {
   int64_t shape[1];
@@ -120,10 +91,9 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--ops" && i + 1 < argc) {
-      ops = splitList(argv[++i]);
+      ops = bench_util::splitList(argv[++i]);
     } else if (a == "--sizes" && i + 1 < argc) {
-      sizes.clear();
-      for (const auto& s : splitList(argv[++i])) sizes.push_back(parseBytes(s));
+      sizes = bench_util::parseSizes(gWho, argv[++i]);
     } else if (a == "--iters" && i + 1 < argc) {
       itersOverride = std::atoi(argv[++i]);
     } else {
@@ -135,7 +105,7 @@ int main(int argc, char** argv) {
   int32_t rank = 0, size = 1;
   check(hora_rank(rt, &rank), "hora_rank");
   check(hora_size(rt, &size), "hora_size");
-  gRank = rank;
+  gWho.rank = rank;
   const char* shm = std::getenv("HORA_SHM");
   const std::string plane = (shm && std::string(shm) == "0") ? "gloo" : "shm";
   long wrongTotal = 0;

@@ -34,34 +34,16 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "p2p_bench_sizes.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-int gRank = 0;
+bench_util::Who gWho{"hora-p2p-bench"};
 
-[[noreturn]] void fatal(const std::string& what) {
-  std::fprintf(stderr, "[hora-p2p-bench rank %d] %s\n", gRank, what.c_str());
-  std::exit(2);
-}
-
-void check(hora_status_t s, const std::string& what) {
-  if (s != HORA_SUCCESS)
-    fatal(what + ": " + hora_status_string(s) + ": " + hora_last_error_message());
-}
-
-size_t parseBytes(const std::string& s) {
-  char* end = nullptr;
-  unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-  if (end == s.c_str()) fatal("bad size '" + s + "'");
-  if (*end == 'K' || *end == 'k')
-    v <<= 10, ++end;
-  else if (*end == 'M' || *end == 'm')
-    v <<= 20, ++end;
-  if (*end != '\0') fatal("bad size '" + s + "'");
-  return static_cast<size_t>(v);
-}
+[[noreturn]] void fatal(const std::string& what) { bench_util::fatal(gWho, what); }
+void check(hora_status_t s, const std::string& what) { bench_util::check(gWho, s, what); }
 
 struct Tensor {
   int64_t shape[1];
@@ -120,15 +102,7 @@ int main(int argc, char** argv) {
     if (a == "--quick") {
       quick = true;
     } else if (a == "--sizes" && i + 1 < argc) {
-      sizes.clear();
-      std::string list = argv[++i];
-      size_t at = 0;
-      while (at <= list.size()) {
-        size_t comma = list.find(',', at);
-        if (comma == std::string::npos) comma = list.size();
-        sizes.push_back(parseBytes(list.substr(at, comma - at)));
-        at = comma + 1;
-      }
+      sizes = bench_util::parseSizes(gWho, argv[++i]);
     } else if (a == "--mode" && i + 1 < argc) {
       std::string m = argv[++i];
       if (m != "blocking" && m != "prepost") fatal("--mode is blocking or prepost");
@@ -145,7 +119,7 @@ int main(int argc, char** argv) {
   int32_t rank = 0, size = 0;
   check(hora_rank(rt, &rank), "hora_rank");
   check(hora_size(rt, &size), "hora_size");
-  gRank = rank;
+  gWho.rank = rank;
   if (size != 2) fatal("needs exactly 2 ranks (HORA_SIZE=2), got " + std::to_string(size));
   const int peer = 1 - rank;
 
