@@ -31,9 +31,16 @@ done
 "$HORARUN" -np 1 --timeline-filename "$WORK/t.json" --timeline-mark-cycles "$PROBE" env >"$WORK/timeline.out" 2>&1 || fail "--timeline-filename refused"
 expect_grep "HORA_TIMELINE=$WORK/t.json" "$WORK/timeline.out" "--timeline-filename did not set HORA_TIMELINE"
 expect_grep "HORA_TIMELINE_MARK_CYCLES=1" "$WORK/timeline.out" "--timeline-mark-cycles did not set HORA_TIMELINE_MARK_CYCLES"
-# So are horovodrun's flags hora has no answer for; its no-op flags are accepted with a note.
-"$HORARUN" -np 1 --autotune "$PROBE" env >/dev/null 2>"$WORK/autotune.err" && fail "--autotune accepted"
-expect_grep "not supported by hora: --autotune" "$WORK/autotune.err" "--autotune refusal not explained"
+# So are its autotune flags (Horovod's Bayesian-search knobs: accepted with a note).
+"$HORARUN" -np 1 --autotune --autotune-log-file "$WORK/at.csv" --autotune-warmup-samples 3 "$PROBE" env \
+  >"$WORK/autotune.out" 2>"$WORK/autotune.err" || fail "--autotune refused"
+expect_grep "HORA_AUTOTUNE=1" "$WORK/autotune.out" "--autotune did not set HORA_AUTOTUNE"
+expect_grep "HORA_AUTOTUNE_LOG=$WORK/at.csv" "$WORK/autotune.out" "--autotune-log-file did not set HORA_AUTOTUNE_LOG"
+expect_grep "horarun: --autotune-warmup-samples 3: accepted, no effect" "$WORK/autotune.err" "--autotune-warmup-samples note missing"
+# horovodrun's flags hora has no answer for are refused naming why; its no-op flags are
+# accepted with a note.
+"$HORARUN" -np 1 --torus-allreduce "$PROBE" env >/dev/null 2>"$WORK/torus.err" && fail "--torus-allreduce accepted"
+expect_grep "not supported by hora: --torus-allreduce" "$WORK/torus.err" "--torus-allreduce refusal not explained"
 "$HORARUN" -np 1 --gloo --disable-cache "$PROBE" env >/dev/null 2>"$WORK/noop.err" || fail "--gloo refused"
 expect_grep "horarun: --disable-cache: accepted, no effect" "$WORK/noop.err" "--disable-cache note missing"
 # The secret never appears on a command line: run a job and read every

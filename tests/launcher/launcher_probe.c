@@ -257,6 +257,8 @@ static int do_env(void) {
                                 "HORA_PEER_TIMEOUT_S",
                                 "HORA_TIMELINE",
                                 "HORA_TIMELINE_MARK_CYCLES",
+                                "HORA_AUTOTUNE",
+                                "HORA_AUTOTUNE_LOG",
                                 "PROBE_EXTRA"};
   for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); ++k) {
     const char* v = getenv(names[k]);
