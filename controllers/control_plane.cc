@@ -479,6 +479,28 @@ void ControlPlane::broadcast(FrameType type, const std::string& payload) {
   for (int r = 1; r < static_cast<int>(peers_.size()); ++r) send(r, type, payload);
 }
 
+bool ControlPlane::allSent() const {
+  for (const auto& p : peers_)
+    if (p && !p->lost && (p->writing || !p->outq.empty() || !p->afterLane.empty())) return false;
+  return true;
+}
+
+void ControlPlane::whenSent(std::chrono::milliseconds bound, std::function<void()> done) {
+  // Polled rather than hooked into every write's completion: this runs once,
+  // when a set fails, and a millisecond's granularity is plenty there.
+  pollSent(std::make_shared<asio::steady_timer>(io_), SteadyClock::now() + bound, std::move(done));
+}
+
+void ControlPlane::pollSent(std::shared_ptr<asio::steady_timer> timer,
+                            SteadyClock::time_point deadline, std::function<void()> done) {
+  if (lane_) pollLane();  // frames waiting behind the lane move on as it drains
+  if (allSent() || SteadyClock::now() >= deadline) return done();
+  timer->expires_after(std::chrono::milliseconds(1));
+  timer->async_wait([this, timer, deadline, done = std::move(done)](boost::system::error_code ec) {
+    if (!ec) pollSent(timer, deadline, done);
+  });
+}
+
 void ControlPlane::flush(std::shared_ptr<Peer> p) {
   if (p->outq.empty() || p->lost) {
     p->writing = false;

@@ -105,6 +105,11 @@ class ControlPlane {
   // Control thread only.
   void send(int peer, FrameType type, std::string payload);
   void broadcast(FrameType type, const std::string& payload);
+  // Calls `done` (on the control thread) once every frame queued so far is
+  // in the kernel for every live peer, or after `bound`, whichever is first:
+  // a rank that found a failure tells its peers before its user can exit on
+  // it (SetHealth::holdForPeers). Not called if the loop stops first.
+  void whenSent(std::chrono::milliseconds bound, std::function<void()> done);
   bool isCoordinator() const { return opts_.rank == 0; }
   // Whether negotiation frames travel through shared memory, and if not, why
   // ("" when the lane is up).
@@ -140,6 +145,9 @@ class ControlPlane {
   // The event loop with the lane: polls both while there is work.
   void runWithLane();
   void sendFrame(const std::shared_ptr<Peer>& p, FrameType type, const std::string& payload);
+  bool allSent() const;
+  void pollSent(std::shared_ptr<boost::asio::steady_timer> timer,
+                std::chrono::steady_clock::time_point deadline, std::function<void()> done);
 
   ControlPlaneOptions opts_;
   Logger logger_;

@@ -10,6 +10,13 @@ namespace hora {
 
 namespace asio = boost::asio;
 
+namespace {
+// How long a rank that found a failure waits for its abort frames to reach
+// the kernel before its user learns of it anyway: a peer stopped with a full
+// receive buffer must not hold the error back.
+constexpr std::chrono::milliseconds kTellPeersBound(200);
+}  // namespace
+
 SetController::SetController(SetControllerOptions options, ControlPlane& cp,
                              std::unique_ptr<CoordinatorLink> link, SetHealth& health,
                              GroupQueue& queue, Logger logger)
@@ -24,6 +31,7 @@ SetController::SetController(SetControllerOptions options, ControlPlane& cp,
       telemetryTimer_(cp.io()) {
   link_->attach(this);
   health_.addListener([this](const Status& why, bool tellPeers) { onBroken(why, tellPeers); });
+  health_.holdForPeers(size() > 1);
   // A data-plane failure the control plane does not name within the grace
   // period breaks the set as it is (SetHealth::suspect).
   health_.setSuspectHook([this](Clock::time_point deadline) {
@@ -74,8 +82,10 @@ Status SetController::enqueue(std::vector<EntryPtr> entries) {
                                          std::to_string(myGlobalRank()) +
                                          " is shut down; no new collectives can start");
     // Checked under tableMu_: a set that breaks after this check fails the
-    // entries below through failPending, which takes the same lock.
-    if (health_.broken()) return health_.status();
+    // entries below through failPending, which takes the same lock. A
+    // failure not released yet (its peers are being told) fails them the
+    // same way, once released: failPending runs after release().
+    if (health_.released()) return health_.status();
     std::unordered_set<std::string> inCall;
     for (const auto& e : entries) {
       const std::string& n = e->request.name;
@@ -400,14 +410,22 @@ void SetController::onBroken(const Status& why, bool tellPeers) {
   }
   if (why.code() != Code::kShutDown || unagreed)
     dumpFlight("the process set failed: " + why.message());
-  if (tellPeers && size() > 1) {
-    // Failures found off the control thread (the executor's) reach the
-    // peers through it.
-    if (isControlThread())
-      link_->reportFailure(why);
-    else if (!stopping_)
-      asio::post(cp_.io(), [this, why] { link_->reportFailure(why); });
-  }
+  if (!tellPeers || size() <= 1) return failPending(why);
+  // The peers learn of it before this rank's user does (SetHealth's hold):
+  // the pending work fails once the abort is in the kernel, bounded for a
+  // peer that reads nothing. Failures found off the control thread (the
+  // executor's) reach the peers through it.
+  auto tell = [this, why] {
+    link_->reportFailure(why);
+    cp_.whenSent(kTellPeersBound, [this, why] {
+      health_.release();
+      failPending(why);
+    });
+  };
+  if (isControlThread()) return tell();
+  if (!stopping_) return asio::post(cp_.io(), tell);
+  // Shutting down: the control thread may be gone (shutdown releases too).
+  health_.release();
   failPending(why);
 }
 

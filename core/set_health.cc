@@ -22,20 +22,52 @@ bool SetHealth::fail(Status why, bool tellPeers) {
   if (elastic_ && causedByMember(why.code()))
     why = membershipError(why.message() +
                           " [elastic: restore the last commit and re-form the job (hora_reform)]");
+  const bool held = hold_ && tellPeers;
   std::vector<std::function<void(const Status&)>> deferred;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (broken_.load(std::memory_order_relaxed)) return false;
     status_ = why;
     suspicion_ = Status::ok();
-    deferred.swap(deferred_);
+    // Released together with the break, so released() is never false for a
+    // failure whose listeners already failed the pending work.
+    if (!held) {
+      released_ = true;
+      deferred.swap(deferred_);
+    }
     broken_.store(true, std::memory_order_release);
   }
+  if (!held) releasedCv_.notify_all();
   if (why.code() != Code::kShutDown)
     HORA_LOG(logger_, kError) << "process set " << setName_ << " failed: " << why.message();
   for (const auto& l : listeners_) l(why, tellPeers);
   for (auto& fn : deferred) fn(why);
   return true;
+}
+
+void SetHealth::release() {
+  std::vector<std::function<void(const Status&)>> deferred;
+  Status why;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!broken_.load(std::memory_order_relaxed) || released_) return;
+    released_ = true;
+    why = status_;
+    deferred.swap(deferred_);
+  }
+  releasedCv_.notify_all();
+  for (auto& fn : deferred) fn(why);
+}
+
+bool SetHealth::released() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return released_;
+}
+
+bool SetHealth::awaitRelease(Clock::duration bound) const {
+  std::unique_lock<std::mutex> lk(mu_);
+  return releasedCv_.wait_for(
+      lk, bound, [this] { return released_ || !broken_.load(std::memory_order_relaxed); });
 }
 
 Status SetHealth::status() const {
@@ -74,7 +106,7 @@ void SetHealth::whenBroken(std::function<void(const Status&)> fn) {
   Status now;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (!broken_.load(std::memory_order_relaxed)) {
+    if (!released_) {
       deferred_.push_back(std::move(fn));
       return;
     }

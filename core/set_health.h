@@ -19,11 +19,21 @@
 // set with the suspicion itself. Work that failed meanwhile is completed with
 // the final status through whenBroken().
 //
-// Thread-safe. Listeners and the suspect hook are set before any thread that
-// may break the set starts, and never change afterwards.
+// Telling the peers comes before telling the user. A program that exits the
+// moment it sees an error (most do) would otherwise take the news with it:
+// its abort frames still queued, the peers would see only its closed
+// connection and name it instead of the rank that actually failed. So with
+// holdForPeers(true), a failure this rank found (tellPeers) reaches the user
+// (whenBroken's work, and the caller's awaitRelease) only once release() is
+// called, which the set's controller does when the abort is on the wire or a
+// short bound has passed. Failures reported to this rank are released at once.
+//
+// Thread-safe. Listeners, the hold and the suspect hook are set before any
+// thread that may break the set starts, and never change afterwards.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -50,6 +60,16 @@ class SetHealth {
   // kMembership, which tells the caller to restore and re-form rather than
   // give up; the message stays the one that names the member.
   void setElastic(bool elastic) { elastic_ = elastic; }
+  // Whether failures this rank finds wait for release(); see above.
+  void holdForPeers(bool hold) { hold_ = hold; }
+  // Lets the failure reach the user: runs whenBroken()'s waiters and wakes
+  // awaitRelease(). Any thread; only the first call after a failure counts.
+  void release();
+  // Broken and released: the failure may reach the user now.
+  bool released() const;
+  // Waits (at most `bound`) until a failure is released; true when it is, or
+  // when the set is not broken at all.
+  bool awaitRelease(Clock::duration bound) const;
   // Called (on the suspecting thread) with the deadline after which settle()
   // should break the set with the suspicion.
   void setSuspectHook(std::function<void(Clock::time_point deadline)> hook);
@@ -70,8 +90,9 @@ class SetHealth {
   // Breaks the set with the suspicion now (shutdown: no timer will fire).
   void settleNow() { settle(Clock::time_point::max()); }
 
-  // Runs fn(status) once the set is broken: at once when it is, else on the
-  // thread that breaks it, after the listeners.
+  // Runs fn(status) once the set is broken and the failure released: at once
+  // when it is, else on the thread that releases it (the breaking thread
+  // after the listeners, unless the failure is held for the peers).
   void whenBroken(std::function<void(const Status&)> fn);
 
  private:
@@ -79,11 +100,14 @@ class SetHealth {
   const Logger logger_;
   const Seconds grace_;
   bool elastic_ = false;
+  bool hold_ = false;
   std::vector<Listener> listeners_;
   std::function<void(Clock::time_point)> suspectHook_;
 
-  mutable std::mutex mu_;  // guards status_, suspicion_, deadline_, deferred_
+  mutable std::mutex mu_;  // guards status_, suspicion_, deadline_, deferred_, released_
+  mutable std::condition_variable releasedCv_;
   std::atomic<bool> broken_{false};
+  bool released_ = false;
   Status status_;
   Status suspicion_;  // OK: none
   Clock::time_point deadline_{};

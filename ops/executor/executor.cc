@@ -127,9 +127,12 @@ void Executor::fail(AgreedGroup& g, const Status& why) {
   // others inside the collective, and letting this rank go on would pair its
   // next collective with their current one: the set is done (this tells the
   // peers; a no-op if the set is already broken).
+  // The entries fail once the peers were told (SetHealth::holdForPeers).
   ctx_.health->fail(why, /*tellPeers=*/true);
-  for (auto& e : g.entries)
-    if (e) e->complete(entryFailure(*e, me, why));
+  ctx_.health->whenBroken([entries = g.entries, me](const Status& final) {
+    for (auto& e : entries)
+      if (e) e->complete(entryFailure(*e, me, final));
+  });
 }
 
 }  // namespace hora

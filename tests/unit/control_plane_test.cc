@@ -927,6 +927,48 @@ RawSocket fakeWorker(CpSet& set) {
   return s;
 }
 
+// whenSent: a rank that found a failure tells its peers before its user can
+// exit on it. Frames a peer does not read keep it waiting up to its bound,
+// never longer; once the peer reads, it comes as soon as the last byte is out.
+TEST(ControlPlaneTest, WhenSentWaitsForQueuedFramesButNotPastItsBound) {
+  CpSet set(2);
+  set.beginCreate(0);
+  RawSocket fake = fakeWorker(set);
+  ASSERT_TRUE(fake.valid()) << "the fake worker was not welcomed";
+  ASSERT_TRUE(set.finishCreate(0).isOk());
+  set.start(0);
+  // 16 MiB the fake does not read: more than loopback's socket buffers hold.
+  constexpr int kFrames = 32;
+  const std::string payload(512 * 1024, 'x');
+  auto firstDone = std::make_shared<std::promise<void>>();
+  auto first = firstDone->get_future();
+  const auto began = Clock::now();
+  ASSERT_TRUE(set.onControl(0, [&](ControlPlane& cp) {
+    for (int i = 0; i < kFrames; ++i) cp.send(1, FrameType::kResponses, payload);
+    cp.whenSent(300ms, [firstDone] { firstDone->set_value(); });
+  }));
+  ASSERT_EQ(first.wait_for(kDeadline), std::future_status::ready) << "whenSent ignored its bound";
+  EXPECT_GE(elapsedMs(began), 290) << "called back with frames still queued for a silent peer";
+
+  // Now the peer reads: the next whenSent comes once everything is out.
+  auto secondDone = std::make_shared<std::promise<void>>();
+  auto second = secondDone->get_future();
+  std::atomic<int> read{0};
+  ASSERT_TRUE(set.onControl(0, [&](ControlPlane& cp) {
+    cp.whenSent(std::chrono::milliseconds(60000), [secondDone] { secondDone->set_value(); });
+  }));
+  std::thread reader([&] {
+    uint8_t type = 0;
+    std::string got;
+    while (read.load() < kFrames && readFrame(fake, &type, &got))
+      if (type == static_cast<uint8_t>(FrameType::kResponses)) ++read;
+  });
+  ASSERT_EQ(second.wait_for(kDeadline), std::future_status::ready)
+      << "whenSent never came after the peer read everything";
+  reader.join();
+  EXPECT_EQ(read.load(), kFrames);
+}
+
 struct BadFrame {
   const char* name;
   std::string bytes;

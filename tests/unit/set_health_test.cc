@@ -117,5 +117,57 @@ TEST(SetHealthTest, SettleNowEndsASuspicionAndNothingIsSuspectedOnceBroken) {
   EXPECT_EQ(h.status().message(), "eof");
 }
 
+TEST(SetHealthTest, AHeldFailureReachesTheUserOnlyWhenReleased) {
+  // A rank that found the failure tells its peers first: until release(),
+  // whenBroken's work waits and awaitRelease blocks, so a program that exits
+  // on the error cannot do so before the abort frames are out.
+  SetHealth h("global", quiet());
+  h.holdForPeers(true);
+  Status early, late;
+  h.whenBroken([&](const Status& s) { early = s; });
+  EXPECT_TRUE(h.fail(Status(Code::kRemoteError, "rank 2 lost"), /*tellPeers=*/true));
+  EXPECT_TRUE(h.broken());
+  EXPECT_FALSE(h.released());
+  EXPECT_TRUE(early.isOk()) << "ran before release";
+  h.whenBroken([&](const Status& s) { late = s; });
+  EXPECT_TRUE(late.isOk()) << "ran before release";
+  EXPECT_FALSE(h.awaitRelease(std::chrono::milliseconds(20)));
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(30ms);
+    h.release();
+  });
+  EXPECT_TRUE(h.awaitRelease(std::chrono::seconds(5)));
+  releaser.join();
+  EXPECT_TRUE(h.released());
+  EXPECT_EQ(early.message(), "rank 2 lost");
+  EXPECT_EQ(late.message(), "rank 2 lost");
+  h.release();  // a second release changes nothing
+  EXPECT_EQ(h.status().message(), "rank 2 lost");
+}
+
+TEST(SetHealthTest, AFailureReportedToThisRankIsNotHeld) {
+  // Nothing to tell the peers (the coordinator told this rank): released
+  // with the break, before the listeners fail the pending work.
+  SetHealth h("global", quiet());
+  h.holdForPeers(true);
+  bool releasedInListener = false;
+  h.addListener([&](const Status&, bool) { releasedInListener = h.released(); });
+  Status seen;
+  h.whenBroken([&](const Status& s) { seen = s; });
+  h.fail(Status(Code::kRemoteError, "the coordinator aborted"), /*tellPeers=*/false);
+  EXPECT_TRUE(releasedInListener);
+  EXPECT_EQ(seen.message(), "the coordinator aborted");
+  EXPECT_TRUE(h.awaitRelease(std::chrono::milliseconds(0)));
+}
+
+TEST(SetHealthTest, AnUnbrokenSetHasNothingToAwait) {
+  SetHealth h("global", quiet());
+  h.holdForPeers(true);
+  EXPECT_FALSE(h.released());
+  EXPECT_TRUE(h.awaitRelease(std::chrono::milliseconds(0)));
+  h.release();  // not broken: no effect
+  EXPECT_FALSE(h.broken());
+}
+
 }  // namespace
 }  // namespace hora

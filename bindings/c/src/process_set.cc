@@ -314,6 +314,8 @@ void ProcessSet::shutdown(const std::string& reason) {
   // A data-plane failure still waiting for the control thread to name its
   // cause: that thread is gone, so the failure stands as it is.
   health_.settleNow();
+  // The control thread that would release a held failure is gone.
+  health_.release();
   for (auto& g : queue_.takeRemaining())
     for (auto& e : g.entries)
       if (e) e->complete(entryFailure(*e, globalRank(rank_), why));
