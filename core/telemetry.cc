@@ -282,6 +282,22 @@ void Telemetry::stall(const std::string& warning) {
                "{\"warning\":\"" + jsonEscape(warning) + "\"}");
 }
 
+void Telemetry::p2pDone(bool send, int peer, int64_t tag, int64_t bytes, int64_t postedNs,
+                        const Status& s) {
+  relaxedAdd(send ? p2pSends_ : p2pRecvs_, 1);
+  if (s.isOk()) relaxedAdd(p2pBytes_, static_cast<uint64_t>(std::max<int64_t>(bytes, 0)));
+  if (!s.isOk()) relaxedAdd(p2pErrors_, 1);
+  Timeline* tl = timelineOn();
+  if (!tl || postedNs == 0) return;
+  // The name carries direction and peer (what one looks for in a pipeline's
+  // trace); tag and bytes vary, so they go to the args.
+  tl->record(TimelineLane::kPointToPoint,
+             std::string(send ? "send to " : "recv from ") + std::to_string(peer),
+             send ? "send" : "recv", postedNs, std::max(nowNs(), postedNs + 1),
+             "{\"tag\":" + std::to_string(tag) + ",\"bytes\":" + std::to_string(bytes) +
+                 ",\"status\":\"" + codeName(s.code()) + "\"}");
+}
+
 void Telemetry::flushTimeline() {
   if (opts_.timeline) opts_.timeline->flush();
 }
@@ -332,6 +348,10 @@ MetricsSnapshot Telemetry::snapshot() const {
   m.gpuGroups = load(gpuGroups_);
   const uint64_t sub = load(submittedCount_), fin = load(finishedCount_);
   m.inFlight = sub > fin ? sub - fin : 0;
+  m.p2pSends = load(p2pSends_);
+  m.p2pRecvs = load(p2pRecvs_);
+  m.p2pBytes = load(p2pBytes_);
+  m.p2pErrors = load(p2pErrors_);
   {
     std::lock_guard<std::mutex> at(autotuneMu_);
     m.autotune = autotune_;
@@ -398,6 +418,7 @@ std::string Telemetry::flightText(const std::string& reason) const {
   for (const FlightRecord* r : open)
     o << "  " << collectiveName(r->kind) << " \"" << r->name << "\": " << flightStateName(r->state)
       << " for " << ago(r->state == FlightState::kRunning ? r->startNs : r->submitNs) << " s\n";
+  if (p2pReport_) o << p2pReport_();
   return o.str();
 }
 
@@ -468,8 +489,9 @@ std::string metricsJson(const MetricsSnapshot& m) {
     << ",\"errors\":" << m.errors << ",\"negotiation_s\":" << m.negotiationNs / 1e9
     << ",\"queue_s\":" << m.queueNs / 1e9 << ",\"data_plane_s\":" << m.dataPlaneNs / 1e9
     << ",\"cpu_groups\":" << m.cpuGroups << ",\"gpu_groups\":" << m.gpuGroups
-    << ",\"in_flight\":" << m.inFlight << ",\"straggler_samples\":" << m.stragglerSamples
-    << ",\"stragglers\":[";
+    << ",\"in_flight\":" << m.inFlight << ",\"p2p\":{\"sends\":" << m.p2pSends
+    << ",\"recvs\":" << m.p2pRecvs << ",\"bytes\":" << m.p2pBytes << ",\"errors\":" << m.p2pErrors
+    << "},\"straggler_samples\":" << m.stragglerSamples << ",\"stragglers\":[";
   for (size_t i = 0; i < m.stragglers.size(); ++i) {
     const auto& s = m.stragglers[i];
     o << (i ? "," : "") << "{\"rank\":" << s.rank << ",\"last\":" << s.last
@@ -524,6 +546,13 @@ std::string metricsPrometheus(const MetricsSnapshot& m) {
       m.dataPlaneNs / 1e9);
   one("in_flight", "gauge", "Collectives submitted and not finished.",
       static_cast<double>(m.inFlight));
+  metric("p2p_total", "counter", "Point-to-point operations completed, by direction.");
+  o << "hora_p2p_total{" << base << ",dir=\"send\"} " << m.p2pSends << '\n';
+  o << "hora_p2p_total{" << base << ",dir=\"recv\"} " << m.p2pRecvs << '\n';
+  one("p2p_bytes_total", "counter", "Bytes moved by point-to-point operations that succeeded.",
+      static_cast<double>(m.p2pBytes));
+  one("p2p_errors_total", "counter", "Point-to-point operations that failed.",
+      static_cast<double>(m.p2pErrors));
   if (!m.stragglers.empty()) {
     metric("straggler_wait_ms", "gauge",
            "Time the other ranks waited for this rank over the sliding window (coordinator's "
@@ -560,6 +589,13 @@ std::string metricsSummaryLine(const MetricsSnapshot& m) {
                 m.groups ? static_cast<double>(m.groupTensors) / m.groups : 0.0, hitRate,
                 static_cast<unsigned long long>(m.errors));
   std::string line = buf;
+  if (m.p2pSends + m.p2pRecvs > 0) {
+    std::snprintf(buf, sizeof buf, "; p2p %llu sends, %llu recvs, %.1f MB, errors %llu",
+                  static_cast<unsigned long long>(m.p2pSends),
+                  static_cast<unsigned long long>(m.p2pRecvs), m.p2pBytes / 1e6,
+                  static_cast<unsigned long long>(m.p2pErrors));
+    line += buf;
+  }
   if (m.autotune.enabled)
     line += std::string("; autotune ") +
             (m.autotune.tuner ? (m.autotune.settled ? "settled" : "searching") : "on") + " (" +

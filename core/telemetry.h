@@ -24,6 +24,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -108,6 +109,9 @@ struct MetricsSnapshot {
   uint64_t dataPlaneNs = 0;    // data plane, summed over groups
   uint64_t cpuGroups = 0, gpuGroups = 0;
   uint64_t inFlight = 0;  // submitted, not yet finished
+  // Point-to-point operations completed (failed ones in p2pErrors too), and
+  // the bytes they moved.
+  uint64_t p2pSends = 0, p2pRecvs = 0, p2pBytes = 0, p2pErrors = 0;
   // Set rank 0 only (the coordinator sees arrivals): ranked by waitMs.
   uint64_t stragglerSamples = 0;
   std::vector<StragglerScore> stragglers;
@@ -147,6 +151,18 @@ class Telemetry {
   void cycle();
   // Coordinator: a stall warning (a timeline marker carrying its text).
   void stall(const std::string& warning);
+  // Point-to-point (ops/p2p's engine, on whichever thread completes the
+  // operation): counted in the metrics, and with the timeline recording a
+  // span from post to completion on its own lane. `peer`: the global rank;
+  // `postedNs`: Clock nanoseconds at post, 0 when not taken (the engine
+  // reads the clock only while the timeline records: p2pTimed()).
+  void p2pDone(bool send, int peer, int64_t tag, int64_t bytes, int64_t postedNs, const Status& s);
+  bool p2pTimed() const { return timelineOn() != nullptr; }
+  // What the point-to-point engine has pending, appended to every flight
+  // dump (sends and receives do not pass the ring: they are matched by the
+  // peers, not negotiated). Set once by the assembly, before any thread
+  // may dump; the report runs on the dumping thread.
+  void setP2pReport(std::function<std::string()> report) { p2pReport_ = std::move(report); }
   // Control thread tick: writes the timeline's buffered events.
   void flushTimeline();
   // Autotune: whether it runs and the configured values (assembly); values
@@ -189,6 +205,8 @@ class Telemetry {
   std::atomic<uint64_t> negotiationNs_{0}, queueNs_{0}, dataPlaneNs_{0};
   std::atomic<uint64_t> cpuGroups_{0}, gpuGroups_{0};
   std::atomic<uint64_t> submittedCount_{0}, finishedCount_{0};
+  std::atomic<uint64_t> p2pSends_{0}, p2pRecvs_{0}, p2pBytes_{0}, p2pErrors_{0};
+  std::function<std::string()> p2pReport_;
   mutable std::atomic<uint64_t> dumps_{0};
 
   mutable std::mutex ringMu_;  // guards ring_, nextSeq_

@@ -30,6 +30,8 @@ const char* laneName(int lane) {
       return "queued";
     case 2:
       return "data plane";
+    case 4:
+      return "point-to-point";
     default:
       return "markers";
   }
@@ -170,7 +172,7 @@ void Timeline::flush() {
            ",\"args\":{\"name\":\"rank " + pid + " (" + jsonEscape(opts_.host) + ")\"}},\n";
     out += "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":" + pid +
            ",\"args\":{\"sort_index\":" + pid + "}},\n";
-    for (int lane = 0; lane < 4; ++lane)
+    for (int lane = 0; lane < kTimelineLanes; ++lane)
       out += "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + pid +
              ",\"tid\":" + std::to_string(lane) + ",\"args\":{\"name\":\"" + laneName(lane) +
              "\"}},\n";

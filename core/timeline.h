@@ -42,7 +42,14 @@ namespace hora {
 // escaped); also what core/telemetry.cc writes its JSON with.
 std::string jsonEscape(const std::string& s);
 
-enum class TimelineLane : uint8_t { kNegotiation = 0, kQueue = 1, kDataPlane = 2, kMarkers = 3 };
+enum class TimelineLane : uint8_t {
+  kNegotiation = 0,
+  kQueue = 1,
+  kDataPlane = 2,
+  kMarkers = 3,
+  kPointToPoint = 4,
+};
+constexpr int kTimelineLanes = 5;
 
 struct TimelineOptions {
   int rank = 0;  // global

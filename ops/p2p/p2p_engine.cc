@@ -64,10 +64,18 @@ Status P2pEngine::post(P2pOp* ops, size_t count) {
     // Coarse: posted times feed only the stall checks (seconds), and
     // progress paces connection attempts in milliseconds.
     const auto now = coarseNow();
+    // The precise clock only while a timeline records (it cost a seventh
+    // of a polling round; see drive()).
+    const int64_t postedNs =
+        opts_.telemetry && opts_.telemetry->p2pTimed()
+            ? std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+                  .count()
+            : 0;
     for (size_t i = 0; i < count; ++i) {
       auto op = std::make_shared<Op>();
       op->p = std::move(ops[i]);
       op->posted = now;
+      op->postedNs = postedNs;
       incoming_.push_back(std::move(op));
       // Changed only under mu_: a load and a store, no locked instruction
       // (which would wait for this core's pending stores to reach memory).
@@ -120,10 +128,49 @@ void P2pEngine::deliver(Taken& done, std::vector<Status>& fatal) {
 
 size_t P2pEngine::pending() const { return live_.load(std::memory_order_acquire); }
 
+std::string P2pEngine::pendingReport() const {
+  // A dump runs on a thread that found a failure; a round of progress holds
+  // the lock for microseconds, so a short wait is enough, and a dump never
+  // waits on a stuck engine.
+  std::unique_lock<std::mutex> lk(mu_, std::defer_lock);
+  for (int i = 0; i < 200 && !lk.try_lock(); ++i)
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  if (!lk.owns_lock()) return "point-to-point: the engine is busy; its operations are not listed\n";
+  std::vector<OpPtr> all(incoming_.begin(), incoming_.end());
+  for (const auto& pp : peers_) {
+    for (const auto& op : pp->recvs) all.push_back(op);
+    for (const auto& kv : pp->sends) all.push_back(kv.second);
+    for (const auto& op : pp->fastBusy)
+      if (op) all.push_back(op);
+    for (const auto& kv : pp->large) all.push_back(kv.second);
+    for (const auto& f : pp->outq)
+      if (f.completes) all.push_back(f.completes);
+  }
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  all.erase(std::remove_if(all.begin(), all.end(), [](const OpPtr& op) { return op->done; }),
+            all.end());
+  if (all.empty()) return "";
+  std::sort(all.begin(), all.end(),
+            [](const OpPtr& a, const OpPtr& b) { return a->posted < b->posted; });
+  const auto now = Clock::now();
+  std::ostringstream os;
+  os << "point-to-point operations not finished: " << all.size() << "\n";
+  char secs[32];
+  for (const auto& op : all) {
+    std::snprintf(secs, sizeof secs, "%.1f", Seconds(now - op->posted).count());
+    os << "  " << describe(*op) << ": posted " << secs << " s ago\n";
+  }
+  return os.str();
+}
+
 void P2pEngine::complete(OpPtr op, const Status& s) {
   if (op->done) return;
   op->done = true;
   live_.store(live_.load(std::memory_order_relaxed) - 1, std::memory_order_release);
+  if (opts_.telemetry)
+    opts_.telemetry->p2pDone(op->p.kind == P2pOp::kSend, opts_.globalRanks[op->p.peer], op->p.tag,
+                             static_cast<int64_t>(op->p.bytes), op->postedNs, s);
   if (s.isOk()) {
     completions_.emplace_back(std::move(op), s);
   } else {

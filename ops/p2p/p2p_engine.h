@@ -51,6 +51,7 @@
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/store.h"
+#include "core/telemetry.h"
 #include "core/tensor_entry.h"
 #include "core/types.h"
 #include "ops/gpu/gpu_plugin_loader.h"
@@ -101,6 +102,9 @@ struct P2pEngineOptions {
   std::shared_ptr<GpuPlugin> gpuPlugin;
   int localRank = 0;
   std::chrono::milliseconds peerTimeout{30000};
+  // The set's metrics, timeline and flight recorder (null: none): each
+  // completed operation is counted there (Telemetry::p2pDone).
+  std::shared_ptr<Telemetry> telemetry;
   // Breaks the set (SetHealth::fail, telling the peers): a peer's process
   // is gone, a frame is malformed, or an operation passed the stall
   // shutdown. Called without the engine's lock; the set's listener then
@@ -140,6 +144,9 @@ class P2pEngine {
 
   // Operations posted and not completed (for tests and the stall report).
   size_t pending() const;
+  // Those operations, one line each with how long they have waited, for the
+  // flight recorder's dump (any thread; "" when there are none).
+  std::string pendingReport() const;
   // Sends that went through the fast box so far (tests, metrics).
   uint64_t fastSends() const { return fastSends_.load(std::memory_order_relaxed); }
 

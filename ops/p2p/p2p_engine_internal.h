@@ -74,6 +74,7 @@ struct P2pEngine::Op {
   P2pOp p;
   uint64_t seq = 0;
   Clock::time_point posted;
+  int64_t postedNs = 0;  // precise, for the timeline's span; 0 when it does not record
   int64_t fastSeq = -1;  // a send that went through the fast box: its number there
   bool warned = false;
   bool done = false;

@@ -321,3 +321,69 @@ TEST(Observability, BadInputGetsAClearErrorAndTrainingGoesOn) {
   });
   unsetenv("HORA_FLIGHT_RECORDER_DIR");
 }
+
+// Point-to-point in the metrics, the flight recorder and the timeline: sends
+// and receives are counted by direction with their bytes, a receive still
+// waiting is listed in the flight dump naming its peer and tag, and each
+// completed operation is a span on the timeline's point-to-point lane.
+TEST(Observability, PointToPointIsCountedDumpedAndTraced) {
+  const std::string dir = tempDir("p2p");
+  ASSERT_FALSE(dir.empty());
+  const std::string trace = dir + "/timeline.json";
+  runThreads(2, [&](int rank, hora_runtime_t rt) {
+    hora_options_t o;
+    hora_options_init(&o);
+    hora_request_t req = nullptr;
+    auto barrier = [&] {
+      ASSERT_EQ(hora_barrier_async(rt, &o, &req), HORA_SUCCESS);
+      ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << htest::lastMessage();
+    };
+    // Rank 0 creates the file before rank 1 appends to it.
+    if (rank == 0) ASSERT_EQ(hora_timeline_start(rt, trace.c_str(), 0), HORA_SUCCESS);
+    barrier();
+    if (rank == 1) ASSERT_EQ(hora_timeline_start(rt, trace.c_str(), 0), HORA_SUCCESS);
+    std::vector<int64_t> shape{16};
+    std::vector<float> buf(16, 1.f), late(16, 0.f);
+    DLTensor t = makeTensor(buf.data(), DLDataType{kDLFloat, 32, 1}, &shape);
+    DLTensor tl = makeTensor(late.data(), DLDataType{kDLFloat, 32, 1}, &shape);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_EQ(rank == 0 ? hora_send_async(rt, &t, 1, 5, nullptr, &req)
+                          : hora_recv_async(rt, &t, 0, 5, nullptr, &req),
+                HORA_SUCCESS)
+          << hora_last_error_message();
+      ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << htest::lastMessage();
+    }
+    hora_request_t pending = nullptr;
+    if (rank == 1) {
+      // Nobody has sent tag 9 yet: the dump lists it.
+      ASSERT_EQ(hora_recv_async(rt, &tl, 0, 9, nullptr, &pending), HORA_SUCCESS);
+      const std::string flight = metrics(rt, HORA_METRICS_FLIGHT_RECORDER);
+      EXPECT_NE(flight.find("point-to-point operations not finished: 1"), std::string::npos)
+          << flight;
+      EXPECT_NE(flight.find("from rank 0 (tag 9)"), std::string::npos) << flight;
+    }
+    barrier();
+    if (rank == 0) ASSERT_EQ(hora_send_async(rt, &t, 1, 9, nullptr, &pending), HORA_SUCCESS);
+    ASSERT_EQ(waitAndFree(pending), HORA_SUCCESS) << htest::lastMessage();
+    if (rank == 1) EXPECT_EQ(late[0], 1.f);
+    const std::string m = metrics(rt);
+    const std::string want = rank == 0
+                                 ? "\"p2p\":{\"sends\":4,\"recvs\":0,\"bytes\":256,\"errors\":0}"
+                                 : "\"p2p\":{\"sends\":0,\"recvs\":4,\"bytes\":256,\"errors\":0}";
+    EXPECT_NE(m.find(want), std::string::npos) << "rank " << rank << ": " << m;
+    const std::string prom = metrics(rt, HORA_METRICS_PROMETHEUS);
+    EXPECT_NE(prom.find("hora_p2p_total{set=\"global\",rank=\"" + std::to_string(rank) +
+                        "\",dir=\"" + (rank == 0 ? "send" : "recv") + "\"} 4"),
+              std::string::npos)
+        << prom;
+    const std::string flight = metrics(rt, HORA_METRICS_FLIGHT_RECORDER);
+    EXPECT_EQ(flight.find("point-to-point operations not finished"), std::string::npos) << flight;
+    barrier();
+    ASSERT_EQ(hora_timeline_stop(rt), HORA_SUCCESS);
+  });
+  const std::string json = readFile(trace);
+  EXPECT_NE(json.find("\"name\":\"point-to-point\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"name\":\"send to 1\",\"cat\":\"send\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"name\":\"recv from 0\",\"cat\":\"recv\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"tag\":9"), std::string::npos) << json;
+}

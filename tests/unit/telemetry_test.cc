@@ -121,6 +121,27 @@ TEST(Telemetry, OffRecorderStillCounts) {
   EXPECT_FALSE(t.dumpFlight("x").isOk());
 }
 
+TEST(Telemetry, PointToPointCountsByDirectionAndTheEngineReportJoinsTheDump) {
+  Telemetry t(opts(4));
+  t.p2pDone(true, 1, 5, 64, 0, Status::ok());
+  t.p2pDone(true, 1, 6, 32, 0, Status::ok());
+  t.p2pDone(false, 1, 5, 128, 0, Status::ok());
+  t.p2pDone(false, 1, 7, 512, 0, Status(Code::kRemoteError, "rank 1 exited"));
+  MetricsSnapshot m = t.snapshot();
+  EXPECT_EQ(m.p2pSends, 2u);
+  EXPECT_EQ(m.p2pRecvs, 2u);
+  EXPECT_EQ(m.p2pBytes, 224u) << "a failed operation moved nothing";
+  EXPECT_EQ(m.p2pErrors, 1u);
+  EXPECT_NE(metricsJson(m).find("\"p2p\":{\"sends\":2,\"recvs\":2,\"bytes\":224,\"errors\":1}"),
+            std::string::npos)
+      << metricsJson(m);
+  EXPECT_NE(metricsSummaryLine(m).find("p2p 2 sends, 2 recvs"), std::string::npos)
+      << metricsSummaryLine(m);
+  EXPECT_EQ(t.flightText("x").find("point-to-point"), std::string::npos);
+  t.setP2pReport([] { return std::string("point-to-point operations not finished: 1\n  recv\n"); });
+  EXPECT_NE(t.flightText("x").find("point-to-point operations not finished: 1"), std::string::npos);
+}
+
 TEST(Telemetry, StragglerWindowRanksByWaitingCaused) {
   Telemetry t(opts(0));
   // Window of 4: the first two arrivals fall out.

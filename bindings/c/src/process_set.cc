@@ -175,6 +175,18 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
     if (why.code() != Code::kShutDown) backend->abort();
   });
 
+  // Metrics, flight recorder and timeline, before the threads that report into them.
+  TelemetryOptions to;
+  to.setName = name;
+  to.setRank = rank;
+  to.globalRanks = globalRanks;
+  to.flightEntries = o.telemetry ? o.flightEntries : 0;
+  to.stragglerWindow = o.stragglerWindow;
+  to.dumpDir = o.dumpDir;
+  to.host = o.hostname;
+  to.timeline = o.timeline;
+  ps->telemetry_ = std::make_shared<Telemetry>(std::move(to));
+
   // Point-to-point: nothing is created until the first send or receive.
   P2pEngineOptions po;
   po.setName = name;
@@ -194,6 +206,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   po.gpuPlugin = o.gpu.plugin;
   po.localRank = o.gpu.localRank;
   po.peerTimeout = o.peerTimeout;
+  if (o.telemetry) po.telemetry = ps->telemetry_;
   SetHealth* health = &ps->health_;
   po.onFatal = [health](const Status& why) { health->fail(why, true); };
   ps->p2p_ = std::make_shared<P2pEngine>(std::move(po));
@@ -204,17 +217,11 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   ps->health_.addListener([p2p](const Status& why, bool) {
     if (why.code() != Code::kShutDown) p2p->fail(why);
   });
-
-  TelemetryOptions to;
-  to.setName = name;
-  to.setRank = rank;
-  to.globalRanks = globalRanks;
-  to.flightEntries = o.telemetry ? o.flightEntries : 0;
-  to.stragglerWindow = o.stragglerWindow;
-  to.dumpDir = o.dumpDir;
-  to.host = o.hostname;
-  to.timeline = o.timeline;
-  ps->telemetry_ = std::make_unique<Telemetry>(std::move(to));
+  // Weak: the engine holds the telemetry, not the other way round.
+  ps->telemetry_->setP2pReport([weak = std::weak_ptr<P2pEngine>(ps->p2p_)] {
+    auto engine = weak.lock();
+    return engine ? engine->pendingReport() : std::string();
+  });
 
   // Autotune: every rank starts from the configured values (the shm ones
   // were agreed at set-up) and applies what set rank 0 sends.

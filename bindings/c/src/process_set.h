@@ -141,7 +141,7 @@ class ProcessSet {
   const SetOptions opts_;
   SpinPolicy spin_;
   // Outlives the threads that report into it.
-  std::unique_ptr<Telemetry> telemetry_;
+  std::shared_ptr<Telemetry> telemetry_;  // shared with the p2p engine
   // Destroyed in reverse order: the threads' owners first.
   std::unique_ptr<ControlPlane> cp_;
   std::unique_ptr<Backend> backend_;
