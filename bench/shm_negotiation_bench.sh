@@ -3,6 +3,11 @@
 # and of Open MPI, interleaved in one run (issue 20).
 #
 #   bench/shm_negotiation_bench.sh [-reps N] [-np "2 4"] [-sizes "4 65536 1048576 16777216"]
+#                                  [-variants "NAME[:VAR=V,VAR=V] ..."]
+#
+# -variants runs this tree's library once per variant instead of
+# before/after, each with its own HORA_* settings, interleaved the same way,
+# e.g. -variants "spin100 spin0:HORA_SPIN_US=0 tcp:HORA_SHM_NEGOTIATION=0".
 #
 # For each repetition, world size and size, in this order: hora "before"
 # (hora-negotiation-probe with LD_LIBRARY_PATH=$BEFORE_LIB, e.g. a copy of
@@ -17,6 +22,7 @@
 # "before" column; empty skips it), HORA_* pass through to hora's ranks.
 set -u
 REPS=3
+VARIANTS=""
 NPS="2 4"
 SIZES="4 65536 1048576 16777216"
 while [ $# -gt 0 ]; do
@@ -24,7 +30,8 @@ while [ $# -gt 0 ]; do
     -reps) REPS=$2; shift 2 ;;
     -np) NPS=$2; shift 2 ;;
     -sizes) SIZES=$2; shift 2 ;;
-    *) echo "usage: $0 [-reps N] [-np LIST] [-sizes LIST]" >&2; exit 2 ;;
+    -variants) VARIANTS=$2; shift 2 ;;
+    *) echo "usage: $0 [-reps N] [-np LIST] [-sizes LIST] [-variants LIST]" >&2; exit 2 ;;
   esac
 done
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -68,8 +75,19 @@ for ((rep = 1; rep <= REPS; rep++)); do
   for np in $NPS; do
     for s in $SIZES; do
       it=$(iters_for "$s")
-      if [ -n "$BEFORE_LIB" ]; then echo "RAW rep=$rep np=$np bytes=$s impl=before $(hora_run "$np" "$s" "$it" "$BEFORE_LIB" 2>/dev/null)"; fi
-      echo "RAW rep=$rep np=$np bytes=$s impl=after $(hora_run "$np" "$s" "$it" "" 2>/dev/null)"
+      if [ -n "$VARIANTS" ]; then
+        for v in $VARIANTS; do
+          name=${v%%:*} assigns=""
+          [ "$name" != "$v" ] && assigns=${v#*:}
+          echo "RAW rep=$rep np=$np bytes=$s impl=$name $(
+            [ -n "$assigns" ] && export ${assigns//,/ }
+            hora_run "$np" "$s" "$it" "" 2>/dev/null
+          )"
+        done
+      else
+        if [ -n "$BEFORE_LIB" ]; then echo "RAW rep=$rep np=$np bytes=$s impl=before $(hora_run "$np" "$s" "$it" "$BEFORE_LIB" 2>/dev/null)"; fi
+        echo "RAW rep=$rep np=$np bytes=$s impl=after $(hora_run "$np" "$s" "$it" "" 2>/dev/null)"
+      fi
       echo "RAW rep=$rep np=$np bytes=$s impl=mpi $(mpi_run "$np" "$s" "$it")"
     done
   done
@@ -85,12 +103,16 @@ for line in open(sys.argv[1]):
     if len(v) >= 1:
         d[(int(f["np"]), int(f["bytes"]), f["impl"])].append(float(v[0]))
         wrong += int(v[1]) if len(v) > 1 else 0
-print("\n| np | bytes | hora before (us) | hora after (us) | Open MPI (us) | after/MPI | after/before |")
-print("|---|---|---|---|---|---|---|")
+impls = []
+for k in d:
+    if k[2] != "mpi" and k[2] not in impls: impls.append(k[2])
+print("\n| np | bytes | " + " | ".join(f"hora {i} (us)" for i in impls) + " | Open MPI (us) | " +
+      " | ".join(f"{i}/MPI" for i in impls) + " |")
+print("|---|---|" + "---|" * (2 * len(impls) + 1))
 for (np, b) in sorted({(k[0], k[1]) for k in d}):
-    med = {i: statistics.median(d[(np, b, i)]) if d[(np, b, i)] else float("nan") for i in ("before", "after", "mpi")}
-    print(f"| {np} | {b} | {med['before']:.1f} | {med['after']:.1f} | {med['mpi']:.1f} | "
-          f"{med['after']/med['mpi']:.2f} | {med['after']/med['before']:.2f} |")
+    med = {i: statistics.median(d[(np, b, i)]) if d[(np, b, i)] else float("nan") for i in impls + ["mpi"]}
+    print(f"| {np} | {b} | " + " | ".join(f"{med[i]:.1f}" for i in impls) + f" | {med['mpi']:.1f} | " +
+          " | ".join(f"{med[i]/med['mpi']:.2f}" for i in impls) + " |")
 print(f"\n#wrong total: {wrong}")
 PY
 rm -f /tmp/shm_negotiation_bench.$$.log
