@@ -13,9 +13,9 @@ job is killed and its logs kept). Then every rank's report is checked:
     as missing, and the job goes on to the end;
   - time to error (a survivor's error time minus the faulty rank's fault time, wall clocks of one
     host) within the bound for its kind (BOUNDS below).
-Prints a summary and exits 1 if anything was wrong, hung, unreported or failed unexpectedly.
+Stops at the first limit reached (--seconds, --collectives, --jobs). Prints a summary and exits 1 if anything was wrong, hung, unreported or failed unexpectedly.
 
-Usage: scripts/soak.py --build build [--seconds S | --collectives N | --jobs N] [--steps N]
+Usage: scripts/soak.py --build build [--seconds S] [--collectives N] [--jobs N] [--steps N]
        [--fault-percent P] [--base-seed N] [--keep DIR] [--summary FILE] [--ci]
 Called by ctest (label soak, --ci: fixed seeds, every fault kind) and by scripts/soak.sh.
 Runs on this driver's thread only; each job's processes are killed before the next starts.
@@ -47,7 +47,8 @@ BOUNDS = {
     "missing": STALL_SHUTDOWN_S["missing"] + 2,
     "mismatch": 2.0,
 }
-STATUS = {"mismatch": 11, "missing": 8}
+# The status every survivor's first error must carry (hora.h).
+STATUS = {"kill9": 7, "sigstop": 7, "mismatch": 11, "missing": 8}
 # horarun's SIGTERM-to-SIGKILL delay. The survivors ignore SIGTERM until they saw their error,
 # so this must exceed every bound: a survivor still without its error then is killed and counted.
 GRACE_S = 5
@@ -166,13 +167,14 @@ def check_job(job, reports, steps):
                             % (r, first.get("step"), fstep, msg[:300]))
         if not names_rank(msg, frank):
             problems.append("rank %d: the error does not name rank %d: %s" % (r, frank, msg[:300]))
-        if fault in STATUS:
+        if int(first.get("status", -1)) != STATUS[fault]:
+            problems.append("rank %d: status %s, want %d" % (r, first.get("status"), STATUS[fault]))
+        if fault in ("mismatch", "missing"):
             if len(errors) != 1 or first.get("expected") != "1":
                 problems.append("rank %d: %d errors, want exactly the fault's tensor" % (r, len(errors)))
-            if int(first.get("status", -1)) != STATUS[fault]:
-                problems.append("rank %d: status %s, want %d" % (r, first.get("status"), STATUS[fault]))
             if ('"%s"' % first.get("name")) not in msg:
                 problems.append("rank %d: the error does not name the tensor %s" % (r, first.get("name")))
+        job.setdefault("example", msg)
         if fault_t is not None and "t" in first:
             dt = float(first["t"]) - fault_t
             tte.append(dt)
@@ -211,7 +213,7 @@ def run_job(args, i, horarun, binary, workdir):
     if fault != "none":
         cmd += ["--fault", fault, "--fault-rank", str(rank), "--fault-step", str(step)]
     job["cmd"] = " ".join(cmd)
-    deadline = 60 + args.steps * 0.02
+    deadline = 60 + args.steps * 0.03
     t0 = time.time()
     with open(os.path.join(d, "horarun.out"), "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -253,6 +255,11 @@ def summarize(jobs, elapsed):
     add("| none | %d | %d finished clean | - | - |" % (
         sum(1 for j in jobs if j["fault"] == "none"),
         sum(1 for j in jobs if j["fault"] == "none" and not j["problems"])))
+    for k in KINDS:
+        ex = next((j["example"] for j in jobs if j["fault"] == k and "example" in j), None)
+        if ex:
+            add("")
+            add("%s, a survivor's error: %s" % (k, ex[:400]))
     for j in jobs:
         if j["problems"]:
             add("")
@@ -297,6 +304,9 @@ def main():
                 flush=True)
             for p in job["problems"]:
                 print("  PROBLEM: " + p, flush=True)
+            if args.summary:  # after every job, so a run cut short still has its summary
+                with open(args.summary, "w") as f:
+                    f.write("\n".join(summarize(jobs, time.time() - t0)[0]) + "\n")
             i += 1
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
