@@ -227,6 +227,12 @@ def run_job(args, i, horarun, binary, workdir):
     problems, tte, coll, checks, wrong = check_job(job, read_reports(report), args.steps)
     if job["hang"]:
         problems.insert(0, "HANG: the job was still running after %.0f s" % deadline)
+    # A sanitizer build (ASan, LSan, UBSan) reports on the ranks' stderr, which horarun forwards.
+    with open(os.path.join(d, "horarun.out"), errors="replace") as f:
+        for line in f:
+            if re.search(r"ERROR: \w+Sanitizer|runtime error:", line):
+                problems.append("sanitizer: " + line.strip()[:300])
+                break
     job.update(problems=problems, tte=tte, collectives=coll, checks=checks, wrong=wrong, dir=d)
     return job
 

@@ -12,8 +12,11 @@
 // --fault KIND --fault-rank F --fault-step K makes rank F misbehave at step K (a global step):
 //   kill9 / sigstop: raise SIGKILL / SIGSTOP on itself, before or after submitting the step;
 //   mismatch: submit the step's first tensor with another trailing dimension or dtype;
-//   missing: never submit that tensor (then sleep HORA_STALL_SHUTDOWN_TIME_S, so that the
-//     survivors' stall error comes before its next tensors could stall in turn).
+//   missing: never submit that tensor; then wait until every survivor has written its stall
+//     error to the shared report file (all ranks run on one host) before going on. Going on
+//     earlier would be a race in the test, not in hora: the step's pool name, submitted again
+//     by this rank a few steps later, legitimately completes the survivors' pending request
+//     (names identify tensors), with data of another step.
 // The faulty rank writes its wall-clock fault time first. The others must get an error (never a
 // hang or a wrong result); they write it with its wall-clock time, and the driver checks that
 // it names rank F (and the tensor) and computes the time to error. After a mismatch or a missing
@@ -541,6 +544,35 @@ struct Soak {
     if (args.fault == "sigstop") raise(SIGSTOP);
   }
 
+  // The missing fault: waits until every other rank wrote "soak-error ... step=K" to the report
+  // file, at most 2 * HORA_STALL_SHUTDOWN_TIME_S + 10 s (a survivor without its error is then
+  // the driver's to report). Without a report file, sleeps the stall shutdown time.
+  void awaitSurvivorErrors(int64_t step) {
+    const char* v = std::getenv("HORA_STALL_SHUTDOWN_TIME_S");
+    const double stall = v ? std::atof(v) : 0;
+    if (args.reportPath == "-") {
+      if (stall > 0) usleep(useconds_t(stall * 1e6));
+      return;
+    }
+    const double until = wallNow() + 2 * stall + 10;
+    const std::string want = " step=" + std::to_string(step) + " ";
+    while (wallNow() < until) {
+      std::vector<bool> seen(size_t(size), false);
+      int count = 0;
+      if (FILE* f = std::fopen(args.reportPath.c_str(), "r")) {
+        char line[512];
+        int r = -1;
+        while (std::fgets(line, sizeof line, f))
+          if (std::sscanf(line, "soak-error rank=%d", &r) == 1 && r >= 0 && r < size && r != rank &&
+              !seen[size_t(r)] && std::strstr(line, want.c_str()))
+            seen[size_t(r)] = true, ++count;
+        std::fclose(f);
+      }
+      if (count == size - 1) return;
+      usleep(20000);
+    }
+  }
+
   void runStep(int64_t step) {
     std::vector<Op> ops;
     const int set = drawStep(step, &ops);
@@ -592,12 +624,7 @@ struct Soak {
       }
       hora_request_free(p.req);
     }
-    if (faulty && args.fault == "missing") {
-      // Let the survivors' stall error come first (see the header).
-      const char* v = std::getenv("HORA_STALL_SHUTDOWN_TIME_S");
-      const double d = v ? std::atof(v) : 0;
-      if (d > 0) usleep(useconds_t(d * 1e6));
-    }
+    if (faulty && args.fault == "missing") awaitSurvivorErrors(step);
   }
 
   int run() {
