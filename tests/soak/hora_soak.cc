@@ -668,6 +668,9 @@ struct Soak {
            " collectives=" + std::to_string(c.collectives) + " led=" + std::to_string(c.led) +
            " wrong=" + std::to_string(c.wrong) + " failed=" + std::to_string(c.failed) + buf);
     hora_shutdown(rt);
+    // After the shutdown a set handle is only released (no teardown to agree on with peers).
+    for (int k = 1; k < 3; ++k)
+      if (sets[k].handle) hora_process_set_destroy(sets[k].handle);
     // Non-zero after a failure, as a real program would, so horarun ends the job (a stopped
     // rank would otherwise keep it waiting).
     return c.wrong > 0 ? 1 : stop ? 3 : 0;
