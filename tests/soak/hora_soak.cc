@@ -408,12 +408,16 @@ struct Soak {
     opt.name = o.name.c_str();
     opt.op = o.op;
     opt.root = o.root;
-    const int dt = mismatch && (o.dataKey & 1) ? (o.dtype == 7 ? 8 : 7) : o.dtype;
+    // The mismatch fault: another dtype or trailing dimension; `m` describes what is submitted
+    // (its dtype sizes the buffer and the values written into it).
+    Op m = o;
+    if (mismatch && (o.dataKey & 1)) m.dtype = o.dtype == 7 ? 8 : 7;
+    const int dt = m.dtype;
     const int64_t cols = o.cols + (mismatch && !(o.dataKey & 1) ? 1 : 0);
     auto one = [&](int64_t rows) {
       p->in.emplace_back();
       p->in.back().make(dt, {rows, cols});
-      fillInput(o, 0, s, n, &p->in.back());
+      fillInput(m, 0, s, n, &p->in.back());
     };
     switch (o.kind) {
       case kAllreduce:
@@ -426,7 +430,7 @@ struct Soak {
           p->in.back().make(dt, {o.rows + t, cols});
         }
         for (int t = 0; t < o.groupSize; ++t) {
-          fillInput(o, t, s, n, &p->in[size_t(t)]);
+          fillInput(m, t, s, n, &p->in[size_t(t)]);
           ts.push_back(&p->in[size_t(t)].dl);
         }
         return hora_grouped_allreduce_async(rt, o.groupSize, ts.data(), ts.data(), &opt, &p->req);
