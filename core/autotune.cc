@@ -89,7 +89,11 @@ void Autotuner::beginSearch() {
   phase_ = warmupLeft_ > 0 ? Phase::kWarmup : Phase::kIncumbent;
 }
 
-void Autotuner::restart() { beginSearch(); }
+void Autotuner::restart() {
+  searchFromDrift_ = false;
+  driftHold_ = 0;
+  beginSearch();
+}
 
 void Autotuner::beginDim() {
   queue_.clear();
@@ -125,10 +129,14 @@ void Autotuner::beginDim() {
 }
 
 void Autotuner::settle() {
+  if (searchFromDrift_)
+    driftHold_ = std::min(kMaxDriftHold, std::max(2 * driftHold_, opts_.driftWindows));
+  searchFromDrift_ = false;
   phase_ = Phase::kWatch;
   current_ = best_;
   recent_.clear();
   watchWindows_ = 0;
+  heldWindows_ = 0;
 }
 
 int Autotuner::bestIndex() const {
@@ -249,12 +257,17 @@ Autotuner::Trial Autotuner::report(double cost) {
         }
         return t;
       }
+      if (heldWindows_ < driftHold_) {
+        ++heldWindows_;
+        return t;
+      }
       if (!(cost > 0) || !std::isfinite(cost)) return t;
       recent_.push_back(cost);
       if (recent_.size() > static_cast<size_t>(opts_.driftWindows)) recent_.erase(recent_.begin());
       if (recent_.size() == static_cast<size_t>(opts_.driftWindows)) {
         const double m = median(recent_);
         if (m > inc * opts_.driftRatio || m * opts_.driftRatio < inc) {
+          searchFromDrift_ = true;
           beginSearch();
           // The drift itself is the warm-up: measure the incumbent at once.
           phase_ = Phase::kIncumbent;

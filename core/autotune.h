@@ -38,7 +38,11 @@
 // (or after `maxTuningWindows`) it settles on the best values and only
 // watches: when the median of the last `driftWindows` windows moves more
 // than `driftRatio` away from the settled cost, or the meter reports a new
-// workload, it searches again from the settled values. The same seed and the
+// workload, it searches again from the settled values. Drift is also what
+// noise looks like (a microbenchmark's windows of one allreduce each vary
+// 2-4x here, and searches under such noise rarely end on the same values),
+// so each drift-started search doubles the windows watched before the next
+// drift check, up to 512; a new workload resets that. The same seed and the
 // same costs give the same sequence of values.
 //
 // Why not Horovod's Bayesian optimisation: its Gaussian process needs many
@@ -135,6 +139,12 @@ class Autotuner {
   int windows_ = 0, searches_ = 0, searchWindows_ = 0, warmupLeft_ = 0;
   int pass_ = 0;
   int watchWindows_ = 0;
+  // Each search that drift started makes the next drift check wait twice
+  // as long (driftHold_ more windows, up to kMaxDriftHold); a new workload
+  // (restart) resets the wait.
+  static constexpr int kMaxDriftHold = 512;
+  int driftHold_ = 0, heldWindows_ = 0;
+  bool searchFromDrift_ = false;
   bool passMoved_ = false;
   // The current dimension's line search.
   size_t dimPos_ = 0;
