@@ -263,7 +263,11 @@ TEST(Soak, RandomScheduleStaysExactAndNothingGrows) {
     EXPECT_EQ(fdsEnd, fdsWarm) << "file descriptors grew during the soak";
     EXPECT_EQ(threadsEnd, threadsWarm) << "threads grew during the soak";
     // Allocator caches and the fusion buffer's high-water mark may move a
-    // little; a leak per round would not stay under this.
+    // little; a leak per round would not stay under this. Not under TSan,
+    // whose shadow memory and history grow with every address touched (150 s
+    // grew 95 MiB there; its own leak checks are ASan's).
+#if !defined(__SANITIZE_THREAD__)
     EXPECT_LT(rssEnd - rssWarm, 64 * 1024) << "resident memory grew during the soak";
+#endif
   }
 }
