@@ -102,8 +102,8 @@ std::vector<double> runVariant(const Job& job, const Setting& s, bool autotune, 
     size_t done = 0;
     for (int i = nt - 1; i >= 0; --i) {
       done += job.shapes[i].count;
-      std::this_thread::sleep_until(
-          t0 + std::chrono::microseconds(static_cast<int64_t>(job.computeMs * 1000.0 * done / total)));
+      std::this_thread::sleep_until(t0 + std::chrono::microseconds(static_cast<int64_t>(
+                                             job.computeMs * 1000.0 * done / total)));
       DLTensor t;
       std::memset(&t, 0, sizeof t);
       t.data = g[i].data();
@@ -147,16 +147,26 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) fatal(a + " needs a value");
       return argv[++i];
     };
-    if (a == "--rounds") rounds = std::atoi(next().c_str());
-    else if (a == "--steps") steps = std::atoi(next().c_str());
-    else if (a == "--ref-steps") refSteps = std::atoi(next().c_str());
-    else if (a == "--grid-steps") gridSteps = std::atoi(next().c_str());
-    else if (a == "--compute-ms") job.computeMs = std::atof(next().c_str());
-    else if (a == "--bad-fusion") bad.fusion = std::atoll(next().c_str());
-    else if (a == "--bad-cycle-ms") bad.cycleMs = std::atof(next().c_str());
-    else if (a == "--shapes") shapesPath = next();
-    else if (a == "--log") logPath = next();
-    else fatal("unknown option " + a);
+    if (a == "--rounds")
+      rounds = std::atoi(next().c_str());
+    else if (a == "--steps")
+      steps = std::atoi(next().c_str());
+    else if (a == "--ref-steps")
+      refSteps = std::atoi(next().c_str());
+    else if (a == "--grid-steps")
+      gridSteps = std::atoi(next().c_str());
+    else if (a == "--compute-ms")
+      job.computeMs = std::atof(next().c_str());
+    else if (a == "--bad-fusion")
+      bad.fusion = std::atoll(next().c_str());
+    else if (a == "--bad-cycle-ms")
+      bad.cycleMs = std::atof(next().c_str());
+    else if (a == "--shapes")
+      shapesPath = next();
+    else if (a == "--log")
+      logPath = next();
+    else
+      fatal("unknown option " + a);
   }
   std::string err;
   if (!hora_bench::readShapeFile(shapesPath, &job.shapes, &err)) fatal(err);
@@ -211,9 +221,10 @@ int main(int argc, char** argv) {
       if (k >= 30)
         for (double x : at) after.push_back(x);
     }
-    std::printf("RESULT tuned steps 31..%d median %.2f ms = %.3fx hand-best (%.2f ms); bad start "
-                "%.3fx\n",
-                steps, median(after), median(after) / h, h, b / h);
+    std::printf(
+        "RESULT tuned steps 31..%d median %.2f ms = %.3fx hand-best (%.2f ms); bad start "
+        "%.3fx\n",
+        steps, median(after), median(after) / h, h, b / h);
   }
   if (wrong) {
     std::fprintf(stderr, "[rank %d] %zu wrong sums\n", gRank, wrong);

@@ -25,8 +25,10 @@ static int cmpd(const void* a, const void* b) {
 static size_t parse_bytes(const char* s) {
   char* end = NULL;
   unsigned long long v = strtoull(s, &end, 10);
-  if (*end == 'K' || *end == 'k') v <<= 10, ++end;
-  else if (*end == 'M' || *end == 'm') v <<= 20, ++end;
+  if (*end == 'K' || *end == 'k')
+    v <<= 10, ++end;
+  else if (*end == 'M' || *end == 'm')
+    v <<= 20, ++end;
   if (end == s || *end != '\0') {
     fprintf(stderr, "mpi-coll-bench: bad size '%s'\n", s);
     exit(2);
@@ -71,7 +73,9 @@ int main(int argc, char** argv) {
       if (o != 2 && count == 0) continue;
       size_t want_iters = bytes ? ((size_t)256 << 20) / bytes : 500;
       int iters = iters_override > 0 ? iters_override
-                                     : (int)(want_iters < 10 ? 10 : want_iters > 500 ? 500 : want_iters);
+                                     : (int)(want_iters < 10    ? 10
+                                             : want_iters > 500 ? 500
+                                                                : want_iters);
       int warmup = iters / 10 > 2 ? iters / 10 : 2;
       size_t block = count / (size_t)size;
       float* in = malloc((count ? count : 1) * sizeof(float));
@@ -112,9 +116,10 @@ int main(int argc, char** argv) {
       MPI_Allreduce(&wrong, &gwrong, 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
       wrong_total += gwrong;
       if (rank == 0)
-        printf("RESULT op=%s impl=mpi plane=mpi np=%d bytes=%zu iters=%d us=%.2f med_us=%.2f "
-               "wrong=%ld\n",
-               names[o], size, count * 4, iters, gmean, gmed, gwrong);
+        printf(
+            "RESULT op=%s impl=mpi plane=mpi np=%d bytes=%zu iters=%d us=%.2f med_us=%.2f "
+            "wrong=%ld\n",
+            names[o], size, count * 4, iters, gmean, gmed, gwrong);
       fflush(stdout);
       free(in);
       free(out);
