@@ -37,7 +37,6 @@ bool SetHealth::fail(Status why, bool tellPeers) {
     }
     broken_.store(true, std::memory_order_release);
   }
-  if (!held) releasedCv_.notify_all();
   if (why.code() != Code::kShutDown)
     HORA_LOG(logger_, kError) << "process set " << setName_ << " failed: " << why.message();
   for (const auto& l : listeners_) l(why, tellPeers);
@@ -55,19 +54,12 @@ void SetHealth::release() {
     why = status_;
     deferred.swap(deferred_);
   }
-  releasedCv_.notify_all();
   for (auto& fn : deferred) fn(why);
 }
 
 bool SetHealth::released() const {
   std::lock_guard<std::mutex> lk(mu_);
   return released_;
-}
-
-bool SetHealth::awaitRelease(Clock::duration bound) const {
-  std::unique_lock<std::mutex> lk(mu_);
-  return releasedCv_.wait_for(
-      lk, bound, [this] { return released_ || !broken_.load(std::memory_order_relaxed); });
 }
 
 Status SetHealth::status() const {

@@ -24,7 +24,7 @@
 // its abort frames still queued, the peers would see only its closed
 // connection and name it instead of the rank that actually failed. So with
 // holdForPeers(true), a failure this rank found (tellPeers) reaches the user
-// (whenBroken's work, and the caller's awaitRelease) only once release() is
+// (whenBroken's work; the controller fails pending requests then) only once release() is
 // called, which the set's controller does when the abort is on the wire or a
 // short bound has passed. Failures reported to this rank are released at once.
 //
@@ -33,7 +33,6 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -62,14 +61,11 @@ class SetHealth {
   void setElastic(bool elastic) { elastic_ = elastic; }
   // Whether failures this rank finds wait for release(); see above.
   void holdForPeers(bool hold) { hold_ = hold; }
-  // Lets the failure reach the user: runs whenBroken()'s waiters and wakes
-  // awaitRelease(). Any thread; only the first call after a failure counts.
+  // Lets the failure reach the user: runs whenBroken()'s waiters. Any
+  // thread; only the first call after a failure counts.
   void release();
   // Broken and released: the failure may reach the user now.
   bool released() const;
-  // Waits (at most `bound`) until a failure is released; true when it is, or
-  // when the set is not broken at all.
-  bool awaitRelease(Clock::duration bound) const;
   // Called (on the suspecting thread) with the deadline after which settle()
   // should break the set with the suspicion.
   void setSuspectHook(std::function<void(Clock::time_point deadline)> hook);
@@ -105,7 +101,6 @@ class SetHealth {
   std::function<void(Clock::time_point)> suspectHook_;
 
   mutable std::mutex mu_;  // guards status_, suspicion_, deadline_, deferred_, released_
-  mutable std::condition_variable releasedCv_;
   std::atomic<bool> broken_{false};
   bool released_ = false;
   Status status_;

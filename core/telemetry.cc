@@ -285,8 +285,10 @@ void Telemetry::stall(const std::string& warning) {
 void Telemetry::p2pDone(bool send, int peer, int64_t tag, int64_t bytes, int64_t postedNs,
                         const Status& s) {
   relaxedAdd(send ? p2pSends_ : p2pRecvs_, 1);
-  if (s.isOk()) relaxedAdd(p2pBytes_, static_cast<uint64_t>(std::max<int64_t>(bytes, 0)));
-  if (!s.isOk()) relaxedAdd(p2pErrors_, 1);
+  if (s.isOk())
+    relaxedAdd(p2pBytes_, static_cast<uint64_t>(std::max<int64_t>(bytes, 0)));
+  else
+    relaxedAdd(p2pErrors_, 1);
   Timeline* tl = timelineOn();
   if (!tl || postedNs == 0) return;
   // The name carries direction and peer (what one looks for in a pipeline's
