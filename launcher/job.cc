@@ -29,6 +29,8 @@ Job::Job(std::vector<WorkerPlan> plans, double graceS, bool verbose,
       attributionTimer_(io_),
       graceS_(graceS),
       verbose_(verbose),
+      stopWatchTimer_(io_),
+      stoppedTimeoutS_(stoppedTimeoutFromEnv()),
       elastic_(std::move(elastic)),
       pollTimer_(io_),
       belowMinTimer_(io_) {
@@ -86,6 +88,7 @@ int Job::run() {
   }
   reap();  // anything that died before the handler was armed
   maybeFinish();
+  watchStopped();
   io_.run();
 
   if (elastic_ && elasticError_.empty() && !interruptedBy_) chooseFinalFailure();
@@ -259,6 +262,8 @@ void Job::killAll(int sig) {
     w.stopRequested = true;
     if (w.proc.inFd >= 0) close(w.proc.inFd), w.proc.inFd = -1;
     kill(-w.proc.pid, sig);
+    // A stopped process acts on SIGTERM only once continued (SIGKILL acts at once).
+    if (sig == SIGTERM) kill(-w.proc.pid, SIGCONT);
   }
 }
 
@@ -312,7 +317,14 @@ void Job::printReport() const {
     r << "horarun: job FAILED: " << elasticError_ << "\n";
   } else if (firstFailure_ >= 0) {
     const Worker& silent = workers_[firstFailure_];
-    if (silentNoticedBy_ >= 0)
+    if (stoppedAlone_ == firstFailure_)
+      r << "horarun: job FAILED. First failure: " << who(silent) << " on host "
+        << silent.plan.slot.host << " (pid " << silent.proc.pid << ") stayed stopped ("
+        << silent.stoppedWhat << " in state T: SIGSTOP or SIGTSTP) for "
+        << static_cast<int>(stoppedTimeoutS_) << " s with no running rank left to need it, so "
+        << "horarun ended it (" << describeExit(silent)
+        << "); HORARUN_STOPPED_TIMEOUT_S sets how long it waits\n";
+    else if (silentNoticedBy_ >= 0)
       r << "horarun: job FAILED. First failure: " << who(silent) << " on host "
         << silent.plan.slot.host << " (pid " << silent.proc.pid
         << ") went silent while still running (stopped, or hung in the kernel or on its host); "

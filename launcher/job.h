@@ -64,6 +64,7 @@
 #include "elastic.h"
 #include "hosts.h"
 #include "output.h"
+#include "proc_state.h"
 #include "spawn.h"
 
 namespace horarun {
@@ -117,6 +118,12 @@ class Job {
     bool stopRequested = false;  // we sent SIGTERM/SIGKILL
     std::chrono::steady_clock::time_point exitedAt;
     std::unique_ptr<OutputStream> out, err;
+    // The stopped-rank watch (job_stopped.cc): since when a process of its
+    // group has been stopped, and whether horarun said so.
+    bool stopped = false;
+    bool stoppedWarned = false;
+    std::chrono::steady_clock::time_point stoppedSince;
+    std::string stoppedWhat;  // "process 123 (python3)"
   };
 
   static constexpr std::chrono::milliseconds kAttributionWindow{300};
@@ -134,6 +141,13 @@ class Job {
   bool startWorker(Worker& w, std::string* error);
   std::string who(const Worker& w) const;  // "rank 3" / "worker w3"
   int runningCount() const;
+  // The stopped-rank watch (job_stopped.cc): once a second, a local worker
+  // whose process group has a stopped process is noted; after
+  // kStoppedWarnAfter horarun says so, and when every running worker has
+  // been stopped for stoppedTimeoutS_ nothing can resume them but the user,
+  // so the job ends with that as its failure.
+  void watchStopped();
+  void checkStopped();
 
   // Elastic mode (job_elastic.cc).
   void elasticStart();
@@ -173,6 +187,9 @@ class Job {
   bool drainArmed_ = false;
   std::string spawnError_;
   long exitCounter_ = 0;
+  boost::asio::steady_timer stopWatchTimer_;
+  double stoppedTimeoutS_;  // HORARUN_STOPPED_TIMEOUT_S (default 60)
+  int stoppedAlone_ = -1;   // the worker horarun ended for staying stopped, or -1
 
   // Elastic mode; elastic_ null otherwise.
   std::unique_ptr<ElasticSetup> elastic_;
