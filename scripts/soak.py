@@ -92,6 +92,8 @@ def plan_job(args, i):
         env["HORA_CACHE_CAPACITY"] = str(r.choice([1, 8, 32]))  # evictions
     if r.randrange(4) == 0:
         env["HORA_FUSION_THRESHOLD_BYTES"] = str(r.choice([0, 4096, 65536]))
+    if r.randrange(4) == 0:
+        env["HORA_P2P_TRANSPORT"] = "tcp"  # point-to-point over sockets instead of shared memory
     return np, seed, fault, rank, step, env
 
 

@@ -3,11 +3,12 @@
 //
 // Every rank draws the same schedule from --seed: each step is a batch of 1-6 collectives in
 // flight at once (allreduce, so fusion happens, grouped allreduce, allgather with uneven rows,
-// broadcast from a random root, alltoall with uneven splits, reducescatter) over the global set
-// or one of two sub-sets, with every dtype and valid op, 0..64 Ki elements, names from a small
-// pool (a pool name always carries the same signature, so the response cache hits) or fresh.
-// Ranks outside a step's set skip it. Inputs are small integers, so sums are exact in every
-// dtype: each rank computes every peer's input and checks every element of every result.
+// broadcast from a random root, alltoall with uneven splits, reducescatter, and a ring exchange
+// through point-to-point send/recv posted as one batch) over the global set or one of two sub-sets,
+// with every dtype and valid op, 0..64 Ki elements, names from a small pool (a pool name always
+// carries the same signature, so the response cache hits) or fresh. Ranks outside a step's set skip
+// it. Inputs are small integers, so sums are exact in every dtype: each rank computes every peer's
+// input and checks every element of every result.
 //
 // --fault KIND --fault-rank F --fault-step K makes rank F misbehave at step K (a global step):
 //   kill9 / sigstop: raise SIGKILL / SIGSTOP on itself, before or after submitting the step;
@@ -17,6 +18,8 @@
 //     earlier would be a race in the test, not in hora: the step's pool name, submitted again
 //     by this rank a few steps later, legitimately completes the survivors' pending request
 //     (names identify tensors), with data of another step.
+// A fault's step has no point-to-point exchange (two survivors' exchange may complete before
+// they learn of the fault; every survivor must fail in that step).
 // The faulty rank writes its wall-clock fault time first. The others must get an error (never a
 // hang or a wrong result); they write it with its wall-clock time, and the driver checks that
 // it names rank F (and the tensor) and computes the time to error. After a mismatch or a missing
@@ -181,9 +184,20 @@ double load(int dt, const void* base, int64_t i) {
 }
 
 // ---- the schedule ----
-enum Kind { kAllreduce, kGrouped, kAllgather, kBroadcast, kAlltoall, kReducescatter, kNumKinds };
-const char* kKindNames[] = {"allreduce", "grouped",  "allgather",
-                            "broadcast", "alltoall", "reducescatter"};
+// kP2p: a ring exchange through point-to-point (each set rank sends its input
+// to the next and receives the previous one's), posted as one batch.
+enum Kind {
+  kAllreduce,
+  kGrouped,
+  kAllgather,
+  kBroadcast,
+  kAlltoall,
+  kReducescatter,
+  kP2p,
+  kNumKinds
+};
+const char* kKindNames[] = {"allreduce", "grouped",       "allgather", "broadcast",
+                            "alltoall",  "reducescatter", "p2p"};
 
 // One collective of a step, identical on every rank (rank-dependent parts are functions of it).
 struct Op {
@@ -209,11 +223,12 @@ int64_t drawCount(Rng& r) {
 Op drawOp(uint64_t key, int n) {
   Rng r(key);
   Op o{};
-  static const int kKindWeights[kNumKinds] = {35, 10, 15, 14, 12, 14};
+  static const int kKindWeights[kNumKinds] = {25, 10, 15, 14, 12, 14, 10};
   int64_t w = r.below(100);
   int k = 0;
   while (w >= kKindWeights[k]) w -= kKindWeights[k++];
   o.kind = Kind(k);
+  if (o.kind == kP2p && n < 2) o.kind = kAllreduce;  // no peer in a set of one
   o.dtype = int(r.below(kNumDtypes));
   o.groupSize = 2 + int(r.below(3));
   const bool reduces = o.kind == kAllreduce || o.kind == kGrouped || o.kind == kReducescatter;
@@ -387,6 +402,9 @@ struct Soak {
         if (faultHere && j == 0 && o.kind == kGrouped) o.kind = kAllreduce;
         o.name = "u" + std::to_string(step) + "." + std::to_string(j) + "." + kKindNames[o.kind];
       }
+      // A fault's step holds collectives only: every survivor must fail in that step, and a
+      // ring exchange between two survivors may complete before they learn of the fault.
+      if (faultHere && o.kind == kP2p) o.kind = kAllreduce, o.name += ".allreduce";
       o.dataKey = mix(args.seed ^ (uint64_t(step) << 16) ^ (uint64_t(j) << 4) ^ 0xda7aull);
       ops->push_back(std::move(o));
     }
@@ -447,6 +465,26 @@ struct Soak {
         one(rows);
         return hora_alltoall_async(rt, &p->in[0].dl, &o.splits[size_t(s) * n], n, &opt, &p->req);
       }
+      case kP2p: {
+        one(o.rows);
+        p->in.emplace_back();
+        p->in.back().make(dt, {o.rows, cols});  // the receive buffer, zeroed
+        hora_p2p_op_t ops[2];
+        for (hora_p2p_op_t& x : ops) {
+          std::memset(&x, 0, sizeof x);
+          x.struct_size = sizeof x;
+        }
+        const int64_t tag = int64_t(o.dataKey >> 2);
+        ops[0].kind = HORA_P2P_SEND;
+        ops[0].peer = (s + 1) % n;
+        ops[0].tag = tag;
+        ops[0].tensor = &p->in[0].dl;
+        ops[1].kind = HORA_P2P_RECV;
+        ops[1].peer = (s + n - 1) % n;
+        ops[1].tag = tag;
+        ops[1].tensor = &p->in[1].dl;
+        return hora_p2p_batch_async(rt, 2, ops, &opt, &p->req);
+      }
       default:
         one(o.rows);
         return hora_reducescatter_async(rt, &p->in[0].dl, &opt, &p->req);
@@ -487,6 +525,11 @@ struct Soak {
       case kBroadcast:
         return same(step, o, p.in[0].dl.data, 0, p.in[0].count(),
                     [&](int64_t i) { return inputValue(o, 0, o.root, n, i); });
+      case kP2p:  // the previous rank's input arrived; ours was not touched
+        return same(step, o, p.in[1].dl.data, 0, p.in[1].count(),
+                    [&](int64_t i) { return inputValue(o, 0, (s + n - 1) % n, n, i); }) &&
+               same(step, o, p.in[0].dl.data, 0, p.in[0].count(),
+                    [&](int64_t i) { return inputValue(o, 0, s, n, i); });
       default:
         break;
     }
