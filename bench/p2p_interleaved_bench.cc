@@ -13,8 +13,8 @@
 //
 // Started by mpirun with hora's store given (its identity comes from Open
 // MPI's environment):
-//   mpirun -np 2 --bind-to core -x HORA_STORE_ADDR=127.0.0.1 \
-//     -x HORA_STORE_PORT=<free port> -x HORA_SECRET=<any> \
+//   mpirun -np 2 --bind-to core -x HORA_STORE_ADDR=127.0.0.1
+//     -x HORA_STORE_PORT=<free port> -x HORA_SECRET=<any>
 //     build/bench/hora-mpi-p2p-bench [--sizes 4,32,1K] [--batches N] [--batch-iters N]
 // Each round trip is rank 0 -> rank 1 -> rank 0 of a uint8 buffer (hora:
 // hora_send_async + hora_wait, hora_recv_async + hora_wait, each request
