@@ -320,6 +320,8 @@ void StepMeter::reset() {
   windowStartNs_ = -1;
   windowBytes_ = 0;
   windowTensors_ = 0;
+  windowSteps_ = 0;
+  sinceAnchor_ = 0;
   lastTensors_ = 0;
   lastBytes_ = -1;
 }
@@ -327,11 +329,15 @@ void StepMeter::reset() {
 bool StepMeter::close(int64_t nowNs, Window* out) {
   Window w;
   w.seconds = static_cast<double>(nowNs - windowStartNs_) / 1e9;
-  w.bytes = windowBytes_;
-  w.tensors = windowTensors_;
   w.steps = !fallback_;
+  const int64_t steps = std::max<int64_t>(windowSteps_, 1);
+  w.stepCount = fallback_ ? 0 : steps;
+  w.bytes = fallback_ ? windowBytes_ : windowBytes_ / steps;
+  w.tensors = fallback_ ? windowTensors_
+                        : static_cast<size_t>((windowTensors_ + static_cast<size_t>(steps) / 2) /
+                                              static_cast<size_t>(steps));
   w.cost = fallback_ ? w.seconds * 1e9 / static_cast<double>(std::max<int64_t>(windowBytes_, 1))
-                     : w.seconds;
+                     : w.seconds / static_cast<double>(steps);
   if (!fallback_ && lastBytes_ >= 0) {
     const auto differs = [](double a, double b) { return std::fabs(a - b) > 0.05 * b; };
     w.workloadChanged =
@@ -362,6 +368,8 @@ bool StepMeter::observe(const std::string& name, int64_t bytes, int64_t nowNs, W
       windowStartNs_ = nowNs;
       windowBytes_ = bytes;
       windowTensors_ = 1;
+      windowSteps_ = 0;
+      sinceAnchor_ = 1;
       return false;
     }
     seen_.emplace(name, 0);
@@ -375,15 +383,24 @@ bool StepMeter::observe(const std::string& name, int64_t bytes, int64_t nowNs, W
     return false;
   }
   if (name == anchor_) {
+    ++windowSteps_;
+    sinceAnchor_ = 1;
+    if (nowNs - windowStartNs_ < opts_.minWindowNs) {  // a short step: the window goes on
+      windowBytes_ += bytes;
+      ++windowTensors_;
+      return false;
+    }
     close(nowNs, out);
     windowStartNs_ = nowNs;
     windowBytes_ = bytes;
     windowTensors_ = 1;
+    windowSteps_ = 0;
     return true;
   }
   windowBytes_ += bytes;
   ++windowTensors_;
-  if (lastBytes_ >= 0 && windowTensors_ > 4 * lastTensors_ + 1000) {
+  ++sinceAnchor_;
+  if (lastBytes_ >= 0 && sinceAnchor_ > 4 * lastTensors_ + 1000) {
     // The anchor stopped coming: a different workload. Learn it again.
     Window w;
     w.workloadChanged = true;

@@ -15,7 +15,10 @@
 // responses (Horovod's score) cannot: a setting that fuses more emits fewer,
 // larger responses and changes what "a window of responses" means. New
 // values take effect right after the anchor's emission, so a window measures
-// one setting only and needs no warm-up. When names never come back
+// one setting only and needs no warm-up. Steps shorter than 10 ms are
+// grouped: a window then spans whole steps until it lasted that long, and
+// its cost is its mean step time (single microbenchmark steps are noise).
+// When names never come back
 // (auto-named tensors), windows fall back to a fixed number of tensors and
 // the cost is seconds per GB moved. A step whose tensor count or bytes differ
 // from the previous one marks a workload change.
@@ -163,12 +166,19 @@ class StepMeter {
   struct Options {
     size_t maxStepTensors = 20000;  // no name back after this many: fallback windows
     size_t fallbackTensors = 256;   // tensors per fallback window
+    // A step window spans whole steps and lasts at least this long: a
+    // microbenchmark's "step" (one small allreduce, tens of microseconds)
+    // varies 2-4x from one to the next, and searching on single ones was
+    // searching noise (measured: up to 2x slower sweeps, a cut-over tuned to
+    // 1 MiB). Training steps (tens of milliseconds and up) stay one each.
+    int64_t minWindowNs = 10'000'000;
   };
   struct Window {
     double cost = 0;  // seconds per step, or (fallback) seconds per GB
     double seconds = 0;
-    int64_t bytes = 0;
-    size_t tensors = 0;
+    int64_t bytes = 0;             // step windows: per step (the window's mean)
+    size_t tensors = 0;            // step windows: per step (the window's mean)
+    int64_t stepCount = 0;         // step windows: the steps it spans
     bool steps = true;             // false: fallback windows
     bool workloadChanged = false;  // differs from the previous window's step
   };
@@ -192,6 +202,8 @@ class StepMeter {
   bool fallback_ = false;
   int64_t windowStartNs_ = -1, windowBytes_ = 0;
   size_t windowTensors_ = 0;
+  int64_t windowSteps_ = 0;
+  size_t sinceAnchor_ = 0;  // tensors since the anchor last came back
   size_t lastTensors_ = 0;
   int64_t lastBytes_ = -1;
 };

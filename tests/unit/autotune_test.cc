@@ -305,7 +305,9 @@ TEST(StepMeter, AChangedStepIsAWorkloadChange) {
 }
 
 TEST(StepMeter, AVanishedAnchorRelearns) {
-  StepMeter m;
+  StepMeter::Options o;
+  o.minWindowNs = 0;  // steps of 10 us, one window each
+  StepMeter m(o);
   StepMeter::Window w;
   int64_t now = 0;
   for (int s = 0; s < 3; ++s)
@@ -318,6 +320,34 @@ TEST(StepMeter, AVanishedAnchorRelearns) {
   for (int s = 0; s < 4; ++s)
     for (int i = 0; i < 10; ++i) windows += m.observe("b" + std::to_string(i), 8, now += 1000, &w);
   EXPECT_GE(windows, 2);
+}
+
+TEST(StepMeter, ShortStepsAreGroupedIntoWindowsOfAtLeastTheMinimum) {
+  StepMeter m;  // minWindowNs 10 ms
+  StepMeter::Window w;
+  int64_t now = 0;
+  std::vector<StepMeter::Window> got;
+  // Steps of 3 tensors (100, 200, 300 bytes) taking 1 ms, then 0.5 ms.
+  for (int s = 0; s < 60; ++s)
+    for (int i = 0; i < 3; ++i) {
+      if (m.observe("t" + std::to_string(i), 100 * (i + 1), now, &w)) got.push_back(w);
+      now += s < 30 ? 333334 : 166667;
+    }
+  // Step 0 learns, the window starts at step 1's anchor.
+  ASSERT_GE(got.size(), 3u);
+  for (const auto& x : got) {
+    EXPECT_GE(x.seconds, 0.010);
+    EXPECT_LT(x.seconds, 0.0111);  // whole steps: closed at the first anchor past 10 ms
+    EXPECT_EQ(x.tensors, 3u);      // per step
+    EXPECT_EQ(x.bytes, 600);
+    EXPECT_NEAR(x.cost, x.seconds / static_cast<double>(x.stepCount), 1e-12);
+    EXPECT_FALSE(x.workloadChanged);  // the same step, only faster
+  }
+  EXPECT_EQ(got.front().stepCount, 10);
+  EXPECT_NEAR(got.front().cost, 0.001, 1e-5);
+  EXPECT_EQ(got.back().stepCount, 20);
+  EXPECT_NEAR(got.back().cost, 0.0005, 1e-5);
+  // A step longer than the minimum is a window of its own (the first test: 100 ms steps).
 }
 
 TEST(StepMeter, NamesThatNeverRecurFallBackToByteWindows) {
