@@ -63,7 +63,13 @@ Autotuner::Autotuner(AutotuneOptions options)
   beginSearch();
 }
 
-double Autotuner::bestCost() const { return median(incumbentCosts_); }
+double Autotuner::bestCost() const {
+  // The last few only: a machine whose load changes makes older windows
+  // of the incumbent wrong for comparing the candidates measured now.
+  const size_t k = std::min<size_t>(incumbentCosts_.size(), kIncumbentSamples);
+  return median(std::vector<double>(incumbentCosts_.end() - static_cast<std::ptrdiff_t>(k),
+                                    incumbentCosts_.end()));
+}
 
 int Autotuner::index(TuneDim d, int64_t v) const {
   const auto& g = grid_[static_cast<int>(d)];
@@ -71,6 +77,7 @@ int Autotuner::index(TuneDim d, int64_t v) const {
 }
 
 void Autotuner::addIncumbentSample(double cost) {
+  incumbentAt_ = searchWindows_;
   incumbentCosts_.push_back(cost);
   if (incumbentCosts_.size() > 9) incumbentCosts_.erase(incumbentCosts_.begin());
 }
@@ -83,6 +90,7 @@ void Autotuner::beginSearch() {
   recent_.clear();
   pass_ = 0;
   passMoved_ = false;
+  rescanned_ = false;
   dimPos_ = 0;
   current_ = best_;
   if (order_.empty()) return settle();
@@ -186,9 +194,18 @@ void Autotuner::next() {
         beginDim();
         current_ = best_;
         phase_ = Phase::kRemeasure;
+        remeasureAccepted_ = true;
         return;
       }
       beginDim();
+      if (dimPos_ < order_.size() && searchWindows_ - incumbentAt_ > kIncumbentStaleWindows) {
+        // The incumbent was last measured long ago: measure it again before
+        // the next dimension's candidates are compared with it.
+        current_ = best_;
+        phase_ = Phase::kRemeasure;
+        remeasureAccepted_ = false;
+        return;
+      }
     }
     ++pass_;
     if (!passMoved_ || pass_ >= opts_.maxPasses) return settle();
@@ -228,9 +245,24 @@ Autotuner::Trial Autotuner::report(double cost) {
       return t;
     case Phase::kRemeasure:
       ++searchWindows_;
-      // The first window of newly accepted values.
-      t.event = outlier ? Event::kOutlier : Event::kAccepted;
-      if (!outlier) addIncumbentSample(cost);
+      // The first window of newly accepted values, or the incumbent again.
+      t.event = outlier              ? Event::kOutlier
+                : remeasureAccepted_ ? Event::kAccepted
+                                     : Event::kIncumbent;
+      if (!outlier && !remeasureAccepted_ && !rescanned_ && cost > inc * (1 + kLoadShift)) {
+        // The incumbent costs clearly more than when the candidates so far
+        // were compared with it: the load changed under the scan. Those
+        // comparisons were unfair to the candidates: scan this pass's
+        // dimensions again against what the incumbent costs now (once per
+        // search, so noise cannot keep it scanning).
+        rescanned_ = true;
+        incumbentCosts_.assign(1, cost);
+        incumbentAt_ = searchWindows_;
+        dimPos_ = 0;
+        beginDim();
+      } else if (!outlier) {
+        addIncumbentSample(cost);
+      }
       next();
       return t;
     case Phase::kProbe: {

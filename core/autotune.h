@@ -32,7 +32,11 @@
 // refinement around the best point with halving steps. The best point
 // replaces the incumbent only if it is cheaper by more than `margin`; then
 // one window re-measures it, and the incumbent's cost is the median of its
-// windows, so one lucky window cannot make a bad setting stick. Coarse scans
+// windows, so one lucky window cannot make a bad setting stick; before a
+// dimension whose predecessor took several windows, the incumbent is
+// measured again, and only its last three windows count; when it then costs
+// more than 10% above what the scans compared with, the load changed under
+// them and the pass starts over from that cost (once per search). Coarse scans
 // cross plateaus (fusion changes nothing until the threshold passes the
 // typical tensor) that a step-by-step search takes for an optimum. A window
 // more than `outlierRatio` times the incumbent's cost (a pause for
@@ -149,6 +153,19 @@ class Autotuner {
   int driftHold_ = 0, heldWindows_ = 0;
   bool searchFromDrift_ = false;
   bool passMoved_ = false;
+  // The incumbent's cost is the median of its last kIncumbentSamples
+  // windows, and it is measured again before a dimension's scan when its
+  // last window is more than kIncumbentStaleWindows old: candidates are
+  // compared with what the incumbent costs now (a load that changed during
+  // a scan made a lucky first window of a bad start look unbeatable).
+  static constexpr size_t kIncumbentSamples = 3;
+  static constexpr int kIncumbentStaleWindows = 8;
+  // A stale incumbent found this much dearer than it was: the load changed,
+  // and the pass's dimensions are scanned again (once per search).
+  static constexpr double kLoadShift = 0.10;
+  int incumbentAt_ = 0;  // searchWindows_ at its last sample
+  bool remeasureAccepted_ = false;
+  bool rescanned_ = false;
   // The current dimension's line search.
   size_t dimPos_ = 0;
   std::deque<int> queue_;        // grid indices still to try

@@ -113,7 +113,8 @@ TEST(Autotune, BadStartConvergesWithin5PercentIn30WindowsUnderNoise) {
   // 3% lognormal noise per window, 200 seeds (tuner and noise): at least 90%
   // of the runs end within 5% of the best, none beyond 10%. (Measured: 186
   // within 5%, worst 6.8%; with 10% noise 124 and 37%: noise that large
-  // needs longer windows, docs/performance.md.)
+  // needs longer windows, docs/performance.md. With the incumbent measured
+  // again before stale dimensions: 187, worst 6.8%.)
   FakeJob job;
   const double best = bestCost(job, badStart());
   int within = 0;
@@ -129,6 +130,38 @@ TEST(Autotune, BadStartConvergesWithin5PercentIn30WindowsUnderNoise) {
   }
   EXPECT_GE(within, 180);
   EXPECT_LE(worst, 1.10);
+}
+
+TEST(Autotune, ALoadThatChangesDuringTheScanDoesNotKeepABadStart) {
+  // The machine gets slower by a third right after the incumbent's first
+  // window (another job starts): every candidate then looks worse than that
+  // one lucky window of the bad start. The incumbent is measured again
+  // before each dimension, so the scans compare like with like. 200 seeds,
+  // 2% noise; the bad start costs 1.21x the best here (a realistic one,
+  // bench/results/2026-11-24-autotune.md). Measured: 196 of 200 within 5%;
+  // without the re-measure, 0.
+  FakeJob job;
+  job.computeS = 0.100;
+  AutotuneOptions start = badStart();
+  start.start.fusionThresholdBytes = 8 << 20;
+  start.start.cycleTimeUs = 8000;
+  const double best = bestCost(job, start);
+  int within = 0;
+  for (uint64_t s = 0; s < 200; ++s) {
+    AutotuneOptions o = start;
+    o.seed = s;
+    Autotuner t(o);
+    std::mt19937_64 rng(300 + s);
+    std::normal_distribution<double> noise(0, 0.02);
+    for (int w = 0; w < 40; ++w) {
+      const double load = t.windows() < 2 ? 1.0 : 1.33;
+      t.report(job.cost(t.current()) * load * std::exp(noise(rng)));
+    }
+    within += job.cost(t.best()) <= 1.05 * best;
+  }
+  EXPECT_GT(job.cost(start.start), 1.15 * best)
+      << "the start must be bad for the test to mean anything";
+  EXPECT_GE(within, 180) << "of 200 runs within 5% of the best after 40 windows";
 }
 
 TEST(Autotune, SettlesAndWatchesWithoutMoving) {
