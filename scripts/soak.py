@@ -68,6 +68,11 @@ def parse_args():
     p.add_argument("--keep", default="soak-logs", help="logs of failed or hung jobs go here")
     p.add_argument("--summary", default="", help="also write the summary to this file")
     p.add_argument("--ci", action="store_true", help="fixed plan: every fault kind, np 2..4")
+    p.add_argument("--bed", default="",
+                   help="run every job across two emulated hosts of a test bed of this name "
+                        "(bench/netns_bed.sh, brought up and down here; needs root): ranks split "
+                        "between the hosts, so the Gloo data plane and the hierarchy run too")
+    p.add_argument("--bed-rate", default="none", help="the bed's link rate (tc tbf), e.g. 1gbit")
     a = p.parse_args()
     if not (a.seconds or a.collectives or a.jobs):
         a.jobs = 10
@@ -194,6 +199,10 @@ def kill_job(proc, report):
             os.killpg(pg, signal.SIGKILL)
         except OSError:
             pass
+        try:  # a rank started through a remote shell need not lead its group
+            os.kill(pg, signal.SIGKILL)
+        except OSError:
+            pass
     proc.wait()
 
 
@@ -204,7 +213,15 @@ def run_job(args, i, horarun, binary, workdir):
     os.makedirs(d)
     report = os.path.join(d, "report.txt")
     stall = STALL_SHUTDOWN_S.get(fault, STALL_SHUTDOWN_OTHER_S)
-    cmd = [horarun, "-np", str(np), "--grace-seconds", str(GRACE_S),
+    prefix = []
+    if args.bed:
+        # horarun on host 0, the ranks split between the hosts (host 0 gets the odd one).
+        h0 = (np + 1) // 2
+        prefix = [args.bed_script, "exec", "--name", args.bed, "0"]
+        hosts = ["-H", "10.78.0.1:%d,10.78.0.2:%d" % (h0, np - h0),
+                 "--ssh-command", args.bed_rsh + " {host}"]
+    cmd = prefix + [horarun, "-np", str(np)] + (hosts if args.bed else []) + [
+           "--grace-seconds", str(GRACE_S),
            "--peer-timeout-seconds", str(PEER_TIMEOUT_S),
            "--stall-check-shutdown-time-seconds", str(stall),
            "--stall-check-warning-time-seconds", str(stall / 2),
@@ -286,6 +303,25 @@ def main():
     for f in (horarun, binary):
         if not os.access(f, os.X_OK):
             sys.exit("soak.py: %s not built (ninja -C %s horarun hora_soak)" % (f, args.build))
+    if args.bed:
+        args.bed_script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench",
+                                       "netns_bed.sh")
+        if os.geteuid() != 0:
+            print("SKIP: --bed needs root (network namespaces)")
+            sys.exit(77)
+        up = subprocess.run([args.bed_script, "up", "--name", args.bed, "--hosts", "2", "--rate",
+                             args.bed_rate, "--owner", str(os.getpid())],
+                            capture_output=True, text=True)
+        if up.returncode != 0:
+            if re.search(r"ip netns add|UTS namespace", up.stdout + up.stderr):
+                print("SKIP: no test bed here: " + (up.stdout + up.stderr).strip()[:300])
+                sys.exit(77)
+            sys.exit("soak.py: bed up failed: " + (up.stdout + up.stderr).strip()[:600])
+        args.bed_rsh = subprocess.run([args.bed_script, "rsh", "--name", args.bed],
+                                      capture_output=True, text=True, check=True).stdout.strip()
+        # Every path the ranks use must be absolute: the remote shell starts them in this
+        # directory, but the binaries are given as the driver saw them.
+        horarun, binary = os.path.abspath(horarun), os.path.abspath(binary)
     workdir = tempfile.mkdtemp(prefix="hora-soak.")
     jobs, t0, i = [], time.time(), 0
     try:
@@ -318,6 +354,8 @@ def main():
             i += 1
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        if args.bed:
+            subprocess.run([args.bed_script, "down", "--name", args.bed])
     lines, failed = summarize(jobs, time.time() - t0)
     print("\n".join(["", "== soak summary =="] + lines))
     if args.summary:
