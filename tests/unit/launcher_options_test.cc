@@ -297,11 +297,74 @@ TEST_F(OptionsTest, AValueMayLookLikeAFlag) {
 }
 
 TEST_F(OptionsTest, UnknownFlagsAreRefused) {
-  for (const char* flag : {"--bogus", "-n", "-", "---np", "--np", "-np=2", "--np=2", "-X"}) {
+  // Only horovodrun's own single-dash spellings are read as long names (-num-proc, --cb are not
+  // flags), and a value is never glued to a flag (-p22, -Ha).
+  for (const char* flag : {"--bogus", "-n", "-", "---np", "--np", "--np=2", "-X", "-num-proc",
+                           "-hosts", "--cb", "-p22", "-Ha", "-np2"}) {
     SCOPED_TRACE(flag);
     EXPECT_EQ(parseError({flag, "2", "python"}),
               "unknown option '" + std::string(flag) + "' (horarun --help lists them)");
   }
+}
+
+// horovodrun's single-dash long spellings (-np, -cb, -hostfile, -prefix-timestamp; CLI11 takes
+// one letter after a single dash) are read as their --long names before the COMMAND, in every
+// form argparse takes them: "-np 2" and "-np=2".
+TEST_F(OptionsTest, HorovodrunsSingleDashSpellingsAreItsLongFlags) {
+  EXPECT_EQ(parseOk({"-np", "2", "c"}).opt.np, 2);
+  EXPECT_EQ(parseOk({"-np=3", "c"}).opt.np, 3);
+  EXPECT_EQ(parseOk({"-np", "1", "-hostfile=/h", "c"}).opt.hostfile, "/h");
+  EXPECT_TRUE(parseOk({"-cb"}).opt.checkBuild);
+  EXPECT_EQ(parseError({"-np", "2", "-cb=1", "c"}), "-cb takes no value (got '-cb=1')");
+  EXPECT_EQ(parseError({"-np=0", "c"}), "-np expects an integer from 1 to 1048576, got '0'");
+  EXPECT_EQ(
+      parseError({"-np", "2", "-prefix-timestamp", "c"}),
+      "not supported by hora: -prefix-timestamp (horarun prefixes output with the rank only)");
+  // One-letter flags take "=value" too (as argparse does).
+  Parsed p = parseOk({"-np", "1", "-p=22", "-H=a:1", "-x=A=1", "-i=/k", "c"});
+  EXPECT_EQ(p.opt.sshPort, 22);
+  EXPECT_EQ(p.opt.hosts, "a:1");
+  EXPECT_EQ(p.env().at("A"), "1");
+  EXPECT_EQ(p.opt.sshIdentityFile, "/k");
+  EXPECT_EQ(parseError({"-np", "1", "-x=", "c"}),
+            "-x '': the variable name is empty (expected NAME=VALUE or NAME; a name is letters, "
+            "digits and '_', not starting with a digit)");
+}
+
+TEST_F(OptionsTest, SingleDashSpellingsAfterTheCommandOrAsValuesAreLeftAlone) {
+  Parsed p = parseOk({"-np", "2", "python", "-np", "3", "-cb", "-hostfile", "f", "-np=4"});
+  EXPECT_EQ(p.opt.np, 2);
+  EXPECT_FALSE(p.opt.checkBuild);
+  EXPECT_EQ(p.opt.hostfile, "");
+  EXPECT_EQ(p.opt.command,
+            (std::vector<std::string>{"python", "-np", "3", "-cb", "-hostfile", "f", "-np=4"}));
+  EXPECT_EQ(parseOk({"-np", "2", "--", "-cb", "-np"}).opt.command,
+            (std::vector<std::string>{"-cb", "-np"}));
+  // A flag's value, whatever it looks like.
+  Parsed q = parseOk({"-np", "1", "--output-filename", "-cb", "-H", "-hostfile", "c"});
+  EXPECT_EQ(q.opt.outputDir, "-cb");
+  EXPECT_EQ(q.opt.hosts, "-hostfile");
+  EXPECT_FALSE(q.opt.checkBuild);
+  EXPECT_EQ(q.opt.command, (std::vector<std::string>{"c"}));
+  EXPECT_EQ(parseError({"--blacklist-cooldown-range", "-0", "-np", "--max-np", "2", "c"}),
+            "--blacklist-cooldown-range HI expects a number of seconds from 0 to 1000000000, got "
+            "'-np'");
+}
+
+// A flag spelled two ways, given twice: each message names the spelling of the bad occurrence.
+TEST_F(OptionsTest, ErrorsNameTheSpellingOfTheBadOccurrence) {
+  EXPECT_EQ(parseError({"-np", "5", "--num-proc", "0", "c"}),
+            "--num-proc expects an integer from 1 to 1048576, got '0'");
+  EXPECT_EQ(parseError({"--num-proc", "5", "-np", "0", "c"}),
+            "-np expects an integer from 1 to 1048576, got '0'");
+  EXPECT_EQ(parseError({"-np", "1", "-p", "22", "--ssh-port=0", "c"}),
+            "--ssh-port expects an integer from 1 to 65535, got '0'");
+  EXPECT_EQ(parseError({"-np", "1", "--slots-per-host", "2", "--slots", "0", "--max-np", "2", "c"}),
+            "--slots expects an integer from 1 to 65536, got '0'");
+  EXPECT_EQ(parseError({"-np", "1", "--env", "A=1", "-x", "1A", "c"}).substr(0, 21),
+            "-x '1A': '1A' is not ");
+  // The last occurrence wins.
+  EXPECT_EQ(parseOk({"-np", "5", "--num-proc", "3", "c"}).opt.np, 3);
 }
 
 // Was a bug (found by tests/fuzz/fuzz_options.cc): arguments are echoed in errors, and one
@@ -579,6 +642,37 @@ TEST_F(OptionsTest, EveryFlagInTheUsageTextIsRecognized) {
     Parsed p = parse({f});
     EXPECT_FALSE(contains(p.error, "unknown option")) << p.error;
   }
+}
+
+// `horarun --help` groups the flags as the sections of horovodrun's help do, each with all its
+// spellings, on lines of at most 90 characters.
+TEST_F(OptionsTest, HelpShowsTheGroups) {
+  const std::string help = usageText();
+  EXPECT_EQ(help.rfind("usage: horarun -np N [options] COMMAND [ARGS...]\n", 0), 0u) << help;
+  size_t at = 0;
+  for (const char* group : {"\nhosts:\n", "\noutput and failures:\n", "\nelastic mode (",
+                            "\ntuning (", "\nhorovodrun's other flags ("}) {
+    SCOPED_TRACE(group);
+    const size_t found = help.find(group, at);
+    ASSERT_NE(found, std::string::npos) << help;
+    at = found;  // in this order
+  }
+  for (const char* line : {"\n  -np, --num-proc N ", "\n  -H, --hosts h1:s1,h2:s2 ",
+                           "\n  -hostfile, --hostfile FILE ", "\n  -cb, --check-build ",
+                           "\n  -x, --env NAME[=VALUE] ", "\n  --blacklist-cooldown-range LO HI\n",
+                           "\n  -prefix-timestamp, --prefix-output-with-timestamp\n",
+                           "\n  -h, --help ", "\n  -v, --version "})
+    EXPECT_TRUE(contains(help, line)) << line << " missing in:\n" << help;
+  // The flags of a group come after its heading: -cb among horovodrun's other flags.
+  EXPECT_GT(help.find("-cb, --check-build"), help.find("\nhorovodrun's other flags ("));
+  EXPECT_LT(help.find("-np, --num-proc"), help.find("\noutput and failures:"));
+  // Refused flags are listed with why.
+  EXPECT_TRUE(contains(help, "refused: horarun starts the ranks itself"));
+  std::istringstream lines(help);
+  std::string l;
+  while (std::getline(lines, l)) EXPECT_LE(l.size(), 90u) << l;
+  // Help is a flag like the others: it needs nothing else, in any spelling.
+  EXPECT_TRUE(parseOk({"-np", "2", "-h"}).opt.help);
 }
 
 // ---- --flag=value ----
