@@ -453,6 +453,8 @@ void CommandLine::addTuningFlags() {
       });
   flag("--no-stall-check", "no stall warnings and no stall shutdown (HORA_STALL_CHECK=0)",
        [o](const std::string&) { addEnv(o, "HORA_STALL_CHECK", "0"); });
+  flag("--stall-check", "HORA_STALL_CHECK=1 (the default; horovodrun's hidden negation)",
+       [o](const std::string&) { addEnv(o, "HORA_STALL_CHECK", "1"); });
   // hora chooses it by itself where it applies (several hosts, several ranks on
   // each); "hier" says so explicitly.
   flag("--hierarchical-allreduce", "HORA_HIER_ALLREDUCE=hier (auto already picks it)",
@@ -490,6 +492,9 @@ void CommandLine::addHorovodrunFlags() {
       {"--log-with-timestamp", "hora's log lines always carry the time"},
       {"--no-hierarchical-allgather", "hora's allgather is never hierarchical"},
       {"--no-torus-allreduce", "hora has no torus allreduce"},
+      // Hidden in horovodrun's help (argparse.SUPPRESS), taken all the same.
+      {"--no-mpi-threads-disable", "hora uses no MPI"},
+      {"--no-log-hide-timestamp", "hora's log lines always carry the time"},
   };
   for (const Noted& n : kNoted) {
     const std::string note = n.note;
@@ -516,9 +521,13 @@ void CommandLine::addHorovodrunFlags() {
         });
   flag("--timeline-mark-cycles", "HORA_TIMELINE_MARK_CYCLES=1",
        [o](const std::string&) { addEnv(o, "HORA_TIMELINE_MARK_CYCLES", "1"); });
+  flag("--no-timeline-mark-cycles", "HORA_TIMELINE_MARK_CYCLES=0 (the default)",
+       [o](const std::string&) { addEnv(o, "HORA_TIMELINE_MARK_CYCLES", "0"); });
   // On by default in hora; the flag makes it explicit (docs/performance.md).
   flag("--autotune", "HORA_AUTOTUNE=1 (on by default; HORA_AUTOTUNE=0 turns it off)",
        [o](const std::string&) { addEnv(o, "HORA_AUTOTUNE", "1"); });
+  flag("--no-autotune", "HORA_AUTOTUNE=0: no autotuning",
+       [o](const std::string&) { addEnv(o, "HORA_AUTOTUNE", "0"); });
   value("--autotune-log-file", "FILE", "HORA_AUTOTUNE_LOG (a CSV of every tried setting)",
         [o](const std::string& f, const std::string& v) {
           if (v.empty()) fail(f + ": the file name is empty");

@@ -876,10 +876,9 @@ TEST_F(OptionsTest, HorovodrunFlagsHoraHasNoAnswerForAreRefused) {
     const std::string e = parseError({"-np", "2", flag, "x", "c"});
     EXPECT_EQ(e.rfind(std::string("not supported by hora: ") + flag + " (", 0), 0u) << e;
     EXPECT_EQ(e.back(), ')') << e;
-    // Also in --flag=value form.
-    if (flag[1] == '-')
-      EXPECT_TRUE(contains(parseError({"-np", "2", std::string(flag) + "=1", "c"}),
-                           "not supported by hora"));
+    // Also in --flag=value form (and -prefix-timestamp=1).
+    EXPECT_TRUE(
+        contains(parseError({"-np", "2", std::string(flag) + "=1", "c"}), "not supported by hora"));
   }
   EXPECT_TRUE(contains(parseError({"-np", "2", "--mpi", "c"}), "without mpirun"));
 }
@@ -905,7 +904,8 @@ TEST_F(OptionsTest, HorovodrunNoOpFlagsAreAcceptedWithANote) {
   const char* const kNoted[] = {
       "--gloo", "--disable-cache", "--mpi-threads-disable", "--log-without-timestamp",
       "--log-hide-timestamp", "--log-with-timestamp",
-      "--no-hierarchical-allgather", "--no-torus-allreduce"};
+      "--no-hierarchical-allgather", "--no-torus-allreduce", "--no-mpi-threads-disable",
+      "--no-log-hide-timestamp"};
   // clang-format on
   for (const char* flag : kNoted) {
     SCOPED_TRACE(flag);
@@ -919,6 +919,20 @@ TEST_F(OptionsTest, HorovodrunNoOpFlagsAreAcceptedWithANote) {
               std::string(flag) + " takes no value (got '" + flag + "=1')");
   }
   EXPECT_TRUE(parseOk({"-np", "2", "c"}).opt.notes.empty());
+}
+
+// horovodrun takes negations it hides from its help (argparse.SUPPRESS); so does horarun.
+TEST_F(OptionsTest, HorovodrunsHiddenNegationsSetHorasDefaults) {
+  Parsed p = parseOk({"-np", "2", "--autotune", "--no-autotune", "--no-stall-check",
+                      "--stall-check", "--timeline-mark-cycles", "--no-timeline-mark-cycles", "c"});
+  EXPECT_EQ(p.env().at("HORA_AUTOTUNE"), "0");
+  EXPECT_EQ(p.env().at("HORA_STALL_CHECK"), "1");
+  EXPECT_EQ(p.env().at("HORA_TIMELINE_MARK_CYCLES"), "0");
+  EXPECT_TRUE(p.opt.notes.empty());
+  auto params = hora::Params::fromMap(p.env());
+  ASSERT_TRUE(params.isOk()) << params.status().toString();
+  EXPECT_FALSE(params.value().getBool("HORA_AUTOTUNE"));
+  EXPECT_TRUE(params.value().getBool("HORA_STALL_CHECK"));
 }
 
 TEST_F(OptionsTest, HierarchicalAllreduceFlagsSetTheMode) {
