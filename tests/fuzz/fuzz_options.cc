@@ -50,6 +50,9 @@ std::vector<std::string> horaFuzzSeeds() {
       argvText({"-np", "1", "--ssh-command", "ssh me@{host} -o 'ProxyCommand=nc {host} 22'",
                 "--output-filename", "/tmp/o", "--verbose", "c"}),
       argvText({"-np", "99999999999", "-x", "=v", "--timeline-filename", "t", "--bogus"}),
+      // horovodrun's single-dash spellings and argparse's "=value" forms (launcher/options_cli.cc).
+      argvText({"-np=2", "-hostfile", "/h", "-cb", "-p=22", "-x=A=1", "--", "-np", "x"}),
+      argvText({"-np", "1", "-H", "-np", "--no-autotune", "--stall-check", "-prefix-timestamp=1"}),
       // Found by this target: an unknown option with a newline split the error message.
       argvText({"-np", "2", "--num\xb6\x81\x11\n)k-nccl-streams", "--", "-x"}),
   };
