@@ -4,7 +4,8 @@
 // in the flag's and the parameter's name).
 //
 // Called once by main() on the main thread; pure logic (reads the environment
-// for defaults: HORARUN_SSH_COMMAND, HORARUN_START_TIMEOUT_S).
+// for defaults: HORARUN_SSH_COMMAND, HORARUN_START_TIMEOUT_S). The flags are
+// parsed with CLI11 (options_cli.h says how; CLI11 stays out of this header).
 #pragma once
 
 #include <string>
@@ -57,8 +58,10 @@ struct Options {
 
 // Parses argv. False with *error (a one-line message) on bad usage: an unknown
 // flag, a missing value, a number out of its range (the message names the
-// flag, the value and what is allowed), an unusable -x, inconsistent flags.
+// flag as typed, the value and what is allowed), an unusable -x, inconsistent
+// flags. Throws nothing.
 bool parseOptions(int argc, char** argv, Options* out, std::string* error);
+// `horarun --help`: usage lines and every flag in its group (CLI11's layout).
 const char* usageText();
 // `text` with control characters escaped (\n, \x1b), for a one-line message
 // that echoes user input.
