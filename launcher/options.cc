@@ -232,16 +232,31 @@ std::string oneLine(const std::string& text) {
   return out;
 }
 
-bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
+OptionParser::OptionParser() : commandLine_(cli::makeCommandLine(&defineError_)) {}
+
+bool OptionParser::parse(int argc, char** argv, Options* o, std::string* error) {
+  if (!commandLine_) {
+    *error = defineError_;
+    return false;
+  }
   if (const char* s = std::getenv("HORARUN_SSH_COMMAND")) o->sshCommand = s;
   bool startTimeoutGiven = false;
-  if (!cli::parseFlags(argc, argv, o, &startTimeoutGiven, error) ||
+  if (!cli::parseFlags(commandLine_.get(), argc, argv, o, &startTimeoutGiven, error) ||
       !validate(o, startTimeoutGiven, error)) {
     // Arguments are echoed in the message: a newline in one must not split it.
     *error = oneLine(*error);
     return false;
   }
   return true;
+}
+
+bool parseOptions(int argc, char** argv, Options* o, std::string* error) {
+  try {
+    return OptionParser().parse(argc, argv, o, error);
+  } catch (const std::exception& e) {  // std::bad_alloc
+    *error = std::string("horarun's command line: ") + e.what();
+    return false;
+  }
 }
 
 std::vector<std::string> remoteShellFor(const Options& opt, const std::string& host) {

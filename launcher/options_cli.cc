@@ -111,17 +111,20 @@ using Values = CLI::results_t;
 // What a flag does with its values; `flag` is the spelling the user typed.
 using Apply = std::function<void(const std::string& flag, const Values& values)>;
 
-// horarun's flags as one CLI11 App, filling *o. One per parse (or per help
-// text): the callbacks point into it.
+}  // namespace
+
+// horarun's flags as one CLI11 App, built once, filling the Options of each
+// parse (CLI11 clears an App's results when it parses again).
 class CommandLine {
  public:
-  CommandLine(Options* o, bool* startTimeoutGiven);
+  CommandLine();
   CommandLine(const CommandLine&) = delete;
   CommandLine& operator=(const CommandLine&) = delete;
 
-  // The normalisation pass, then CLI11's parse. False with *error on a flag
-  // the pass refuses; a bad value throws UsageError from its callback.
-  bool parse(int argc, char** argv, std::string* error);
+  // The normalisation pass, then CLI11's parse, into *o. False with *error on
+  // a flag the pass refuses; a bad value throws UsageError from its callback.
+  bool parse(int argc, char** argv, Options* o, std::string* error);
+  bool startTimeoutGiven() const { return startTimeoutGiven_; }
   std::string help() const { return app_.help(); }
 
  private:
@@ -149,16 +152,15 @@ class CommandLine {
   void addHorovodrunFlags();
 
   CLI::App app_{"", "horarun"};
-  Options* o_;
-  bool* startTimeoutGiven_;
+  Options* o_ = nullptr;  // this parse's
+  bool startTimeoutGiven_ = false;
   std::string group_;
-  std::map<const CLI::Option*, std::deque<std::string>> spellings_;
+  std::map<const CLI::Option*, std::deque<std::string>> spellings_;  // this parse's
   std::map<const CLI::Option*, std::string> refused_;  // horovodrun flag -> why hora refuses it
   std::map<const CLI::Option*, std::string> needs_;    // what a missing value message says
 };
 
-CommandLine::CommandLine(Options* o, bool* startTimeoutGiven)
-    : o_(o), startTimeoutGiven_(startTimeoutGiven) {
+CommandLine::CommandLine() {
   app_.set_help_flag();  // -h/--help is a flag of ours: it sets Options::help
   app_.formatter(std::make_shared<HelpFormatter>());
   app_.footer(kFooter);
@@ -203,7 +205,10 @@ std::string CommandLine::spelling(const CLI::Option* opt) {
   return s;
 }
 
-bool CommandLine::parse(int argc, char** argv, std::string* error) {
+bool CommandLine::parse(int argc, char** argv, Options* o, std::string* error) {
+  o_ = o;
+  startTimeoutGiven_ = false;
+  spellings_.clear();
   std::vector<std::string> flags;  // for CLI11: each flag's --long name, then its values
   int i = 1;
   for (; i < argc; ++i) {
@@ -264,52 +269,50 @@ bool CommandLine::parse(int argc, char** argv, std::string* error) {
 }
 
 void CommandLine::addHostFlags() {
-  Options* o = o_;
   group_ = "hosts";
   value("--num-proc", "N", "number of ranks (required; elastic mode: the starting count)",
-        [o](const std::string& f, const std::string& v) { o->np = integer(f, v, kRanks); });
+        [this](const std::string& f, const std::string& v) { o_->np = integer(f, v, kRanks); });
   value("-H,--hosts", "h1:s1,h2:s2", "hosts and slots, filled in order (default localhost:N)",
-        [o](const std::string&, const std::string& v) { o->hosts = v; });
+        [this](const std::string&, const std::string& v) { o_->hosts = v; });
   value("--hostfile", "FILE", "lines 'host slots=N'",
-        [o](const std::string&, const std::string& v) { o->hostfile = v; });
+        [this](const std::string&, const std::string& v) { o_->hostfile = v; });
   value("-p,--ssh-port", "PORT", "ssh port for remote hosts",
-        [o](const std::string& f, const std::string& v) {
-          o->sshPort = integer(f, v, {1, 65535, false});
+        [this](const std::string& f, const std::string& v) {
+          o_->sshPort = integer(f, v, {1, 65535, false});
         });
   value("-i,--ssh-identity-file", "F", "ssh identity file",
-        [o](const std::string&, const std::string& v) { o->sshIdentityFile = v; });
+        [this](const std::string&, const std::string& v) { o_->sshIdentityFile = v; });
   value("--ssh-command", "'CMD'",
         "remote shell; '{host}' is replaced by the host, else the "
         "host is appended (env HORARUN_SSH_COMMAND; default ssh)",
-        [o](const std::string&, const std::string& v) { o->sshCommand = v; });
+        [this](const std::string&, const std::string& v) { o_->sshCommand = v; });
   value("--network-interface", "IF",
         "bind the store to IF's IPv4 address (default: the address "
         "that routes to the hosts; loopback for local jobs)",
-        [o](const std::string&, const std::string& v) { o->networkInterface = v; });
-  bool* given = startTimeoutGiven_;
+        [this](const std::string&, const std::string& v) { o_->networkInterface = v; });
   value("--start-timeout", "S",
         "seconds for checks and for ranks to rendezvous (30; env HORARUN_START_TIMEOUT_S)",
-        [o, given](const std::string& f, const std::string& v) {
-          o->startTimeoutS = number(f, v, kTimeoutSeconds);
-          *given = true;
+        [this](const std::string& f, const std::string& v) {
+          o_->startTimeoutS = number(f, v, kTimeoutSeconds);
+          startTimeoutGiven_ = true;
         });
   flag("--check",
        "check hosts, store reachability and versions; with a "
        "COMMAND, run it only when every check passes",
-       [o](const std::string&) { o->check = true; });
+       [this](const std::string&) { o_->check = true; });
 }
 
 void CommandLine::addOutputFlags() {
-  Options* o = o_;
   group_ = "output and failures";
   value("--output-filename", "DIR", "also write DIR/rank.<r>/{stdout,stderr}",
-        [o](const std::string&, const std::string& v) { o->outputDir = v; });
-  value("--grace-seconds", "S", "SIGTERM to SIGKILL delay when stopping ranks (5)",
-        [o](const std::string& f, const std::string& v) { o->graceS = number(f, v, kSeconds); });
+        [this](const std::string&, const std::string& v) { o_->outputDir = v; });
+  value(
+      "--grace-seconds", "S", "SIGTERM to SIGKILL delay when stopping ranks (5)",
+      [this](const std::string& f, const std::string& v) { o_->graceS = number(f, v, kSeconds); });
   value("-x,--env", "NAME[=VALUE]",
         "export NAME to every rank (also to remote ones); NAME alone "
         "exports horarun's own value; repeat for more",
-        [o](const std::string& f, const std::string& v) {
+        [this](const std::string& f, const std::string& v) {
           // NAME=VALUE (VALUE may be empty), or NAME: its value here.
           const auto eq = v.find('=');
           const std::string name = v.substr(0, eq);
@@ -319,57 +322,56 @@ void CommandLine::addOutputFlags() {
                                : "'" + name + "' is not a variable name") +
                  " (expected NAME=VALUE or NAME; a name is letters, digits and '_', not starting "
                  "with a digit)");
-          if (eq != std::string::npos) return addEnv(o, name, v.substr(eq + 1));
+          if (eq != std::string::npos) return addEnv(o_, name, v.substr(eq + 1));
           const char* current = std::getenv(name.c_str());
           if (!current) fail("-x " + v + ": not set in horarun's environment (use -x NAME=VALUE)");
-          addEnv(o, name, current);
+          addEnv(o_, name, current);
         });
-  flag("--verbose", "say what horarun does", [o](const std::string&) { o->verbose = true; });
-  flag("-v,--version", "print versions", [o](const std::string&) { o->version = true; });
-  flag("-h,--help", "print this help", [o](const std::string&) { o->help = true; });
+  flag("--verbose", "say what horarun does", [this](const std::string&) { o_->verbose = true; });
+  flag("-v,--version", "print versions", [this](const std::string&) { o_->version = true; });
+  flag("-h,--help", "print this help", [this](const std::string&) { o_->help = true; });
 }
 
 void CommandLine::addElasticFlags() {
-  Options* o = o_;
   group_ = "elastic mode (docs/elastic.md; any of these turns it on)";
   value("--min-np,--min-num-proc", "N", "fewest workers the job runs with (default: -np, else 1)",
-        [o](const std::string& f, const std::string& v) {
-          o->minNp = integer(f, v, kRanks);
-          o->elastic = true;
+        [this](const std::string& f, const std::string& v) {
+          o_->minNp = integer(f, v, kRanks);
+          o_->elastic = true;
         });
   value("--max-np,--max-num-proc", "M", "most workers (default: unbounded)",
-        [o](const std::string& f, const std::string& v) {
-          o->maxNp = integer(f, v, kRanks);
-          o->elastic = true;
+        [this](const std::string& f, const std::string& v) {
+          o_->maxNp = integer(f, v, kRanks);
+          o_->elastic = true;
         });
   value("--host-discovery-script", "S", "prints 'host' or 'host:slots' lines; run every second",
-        [o](const std::string&, const std::string& v) {
-          o->discoveryScript = v;
-          o->elastic = true;
+        [this](const std::string&, const std::string& v) {
+          o_->discoveryScript = v;
+          o_->elastic = true;
         });
   value("--host-discovery-file", "F", "the same lines in a file, re-read every second",
-        [o](const std::string&, const std::string& v) {
-          o->discoveryFile = v;
-          o->elastic = true;
+        [this](const std::string&, const std::string& v) {
+          o_->discoveryFile = v;
+          o_->elastic = true;
         });
   // 65536: the most a discovery line may give a host (elastic.h).
   value("--slots,--slots-per-host", "N", "slots of a bare 'host' line (1)",
-        [o](const std::string& f, const std::string& v) {
-          o->slotsPerHost = integer(f, v, {1, 65536, false});
+        [this](const std::string& f, const std::string& v) {
+          o_->slotsPerHost = integer(f, v, {1, 65536, false});
         });
   value("--elastic-timeout", "S", "longest time below --min-np before the job fails (600)",
-        [o](const std::string& f, const std::string& v) {
-          o->elasticTimeoutS = number(f, v, kTimeoutSeconds);
+        [this](const std::string& f, const std::string& v) {
+          o_->elasticTimeoutS = number(f, v, kTimeoutSeconds);
         });
   value("--reset-limit", "N", "most re-formations of hvd.elastic.run (default: none)",
-        [o](const std::string& f, const std::string& v) {
-          o->resetLimit = integer(f, v, {0, 1e9, false});
+        [this](const std::string& f, const std::string& v) {
+          o_->resetLimit = integer(f, v, {0, 1e9, false});
         });
   CLI::Option* cooldown = add(
       "--blacklist-cooldown-range", 2, "LO HI",
       "a host whose worker failed gets none for a random "
       "LO..HI s, doubling per failure (default 1 600)",
-      [o](const std::string& f, const Values& v) {
+      [this](const std::string& f, const Values& v) {
         double lo = 0, hi = 0;
         std::string error;
         if (!parseNumber(f + " LO", v.at(0), kSeconds, &lo, &error) ||
@@ -377,15 +379,14 @@ void CommandLine::addElasticFlags() {
           fail(error);
         if (hi < lo)
           fail(f + " expects seconds LO HI with 0 <= LO <= HI, got '" + v[0] + "' '" + v[1] + "'");
-        o->cooldownLowS = lo, o->cooldownHighS = hi;
+        o_->cooldownLowS = lo, o_->cooldownHighS = hi;
       });
   needs_[cooldown] = "two values: LO HI (seconds)";
   flag("--elastic", "elastic on the -H/--hostfile hosts (no discovery)",
-       [o](const std::string&) { o->elastic = true; });
+       [this](const std::string&) { o_->elastic = true; });
 }
 
 void CommandLine::addTuningFlags() {
-  Options* o = o_;
   group_ = "tuning (set the ranks' HORA_* parameters, docs/params.md)";
   // Tuning flag -> parameter, with a scale factor (MiB -> bytes) and the range
   // the runtime can use (HORA_CACHE_CAPACITY is read as an int; bytes as int64).
@@ -430,10 +431,10 @@ void CommandLine::addTuningFlags() {
     const double scale = t.scale;
     const Range range = t.range;
     value(t.flag, t.valueText, t.doc,
-          [o, param, scale, range](const std::string& f, const std::string& v) {
+          [this, param, scale, range](const std::string& f, const std::string& v) {
             const double d = number(f, v, range);
             addEnv(
-                o, param,
+                o_, param,
                 scale != 1 ? std::to_string(static_cast<long long>(d * scale)) : formatNumber(d));
           });
   }
@@ -441,7 +442,7 @@ void CommandLine::addTuningFlags() {
       "--log-level", "LEVEL",
       "HORA_LOG_LEVEL: trace, debug, info, warning, error, off; "
       "horovodrun's upper-case names too (FATAL = error)",
-      [o](const std::string& f, const std::string& v) {
+      [this](const std::string& f, const std::string& v) {
         std::string level;
         for (char c : v) level += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
         if (level == "fatal") level = "error";  // hora's nearest to FATAL
@@ -449,35 +450,34 @@ void CommandLine::addTuningFlags() {
         if (std::none_of(std::begin(kLevels), std::end(kLevels),
                          [&level](const char* l) { return level == l; }))
           fail(f + " '" + v + "' is not one of trace, debug, info, warning, error, off (or fatal)");
-        addEnv(o, "HORA_LOG_LEVEL", level);
+        addEnv(o_, "HORA_LOG_LEVEL", level);
       });
   flag("--no-stall-check", "no stall warnings and no stall shutdown (HORA_STALL_CHECK=0)",
-       [o](const std::string&) { addEnv(o, "HORA_STALL_CHECK", "0"); });
+       [this](const std::string&) { addEnv(o_, "HORA_STALL_CHECK", "0"); });
   flag("--stall-check", "HORA_STALL_CHECK=1 (the default; horovodrun's hidden negation)",
-       [o](const std::string&) { addEnv(o, "HORA_STALL_CHECK", "1"); });
+       [this](const std::string&) { addEnv(o_, "HORA_STALL_CHECK", "1"); });
   // hora chooses it by itself where it applies (several hosts, several ranks on
   // each); "hier" says so explicitly.
   flag("--hierarchical-allreduce", "HORA_HIER_ALLREDUCE=hier (auto already picks it)",
-       [o](const std::string&) { addEnv(o, "HORA_HIER_ALLREDUCE", "hier"); });
+       [this](const std::string&) { addEnv(o_, "HORA_HIER_ALLREDUCE", "hier"); });
   flag("--no-hierarchical-allreduce", "HORA_HIER_ALLREDUCE=flat (one Gloo ring across hosts)",
-       [o](const std::string&) { addEnv(o, "HORA_HIER_ALLREDUCE", "flat"); });
+       [this](const std::string&) { addEnv(o_, "HORA_HIER_ALLREDUCE", "flat"); });
 }
 
 void CommandLine::addHorovodrunFlags() {
-  Options* o = o_;
   group_ = "horovodrun's other flags (docs/launching.md, \"horovodrun -> horarun\")";
   value("--network-interfaces", "IF", "one interface: --network-interface IF",
-        [o](const std::string& f, const std::string& v) {
+        [this](const std::string& f, const std::string& v) {
           // horovodrun's plural form: a comma-separated set; hora binds to one interface.
           if (v.empty() || v.find(',') != std::string::npos)
             fail("not supported by hora: " + f + " '" + v +
                  "' (horarun uses one interface: give exactly one, or --network-interface IF)");
-          o->networkInterface = v;
+          o_->networkInterface = v;
         });
   flag("--tcp", "NCCL_IB_DISABLE=1 for the ranks",  // what horovodrun --tcp sets
-       [o](const std::string&) { addEnv(o, "NCCL_IB_DISABLE", "1"); });
+       [this](const std::string&) { addEnv(o_, "NCCL_IB_DISABLE", "1"); });
   flag("--check-build", "print versions and what hora is built with",
-       [o](const std::string&) { o->checkBuild = true; });
+       [this](const std::string&) { o_->checkBuild = true; });
   // horovodrun flags that ask for what hora does anyway: accepted with a note.
   struct Noted {
     const char* flag;
@@ -498,50 +498,50 @@ void CommandLine::addHorovodrunFlags() {
   };
   for (const Noted& n : kNoted) {
     const std::string note = n.note;
-    flag(n.flag, "accepted, no effect: " + note, [o, note](const std::string& f) {
-      o->notes.push_back(f + ": accepted, no effect (" + note + ")");
+    flag(n.flag, "accepted, no effect: " + note, [this, note](const std::string& f) {
+      o_->notes.push_back(f + ": accepted, no effect (" + note + ")");
     });
   }
   value("--num-nccl-streams", "1", "accepted with a note (hora uses one); other counts refused",
-        [o](const std::string& f, const std::string& v) {
+        [this](const std::string& f, const std::string& v) {
           const double d = number(f, v, {0, 2147483647.0, false});
           if (d != 1)
             fail("not supported by hora: " + f + " " + formatNumber(d) +
                  " (hora uses one NCCL stream per process set; drop the flag)");
-          o->notes.push_back(f + " 1: accepted, no effect (hora uses one NCCL stream)");
+          o_->notes.push_back(f + " 1: accepted, no effect (hora uses one NCCL stream)");
         });
   // One trace for the whole job (docs/observability.md); relative to horarun's
   // folder, which remote ranks do not share.
   value("--timeline-filename", "FILE", "HORA_TIMELINE (one Chrome trace of every rank)",
-        [o](const std::string& f, std::string v) {
+        [this](const std::string& f, std::string v) {
           if (v.empty()) fail(f + ": the file name is empty");
           char cwd[4096];
           if (v[0] != '/' && ::getcwd(cwd, sizeof cwd)) v = std::string(cwd) + "/" + v;
-          addEnv(o, "HORA_TIMELINE", v);
+          addEnv(o_, "HORA_TIMELINE", v);
         });
   flag("--timeline-mark-cycles", "HORA_TIMELINE_MARK_CYCLES=1",
-       [o](const std::string&) { addEnv(o, "HORA_TIMELINE_MARK_CYCLES", "1"); });
+       [this](const std::string&) { addEnv(o_, "HORA_TIMELINE_MARK_CYCLES", "1"); });
   flag("--no-timeline-mark-cycles", "HORA_TIMELINE_MARK_CYCLES=0 (the default)",
-       [o](const std::string&) { addEnv(o, "HORA_TIMELINE_MARK_CYCLES", "0"); });
+       [this](const std::string&) { addEnv(o_, "HORA_TIMELINE_MARK_CYCLES", "0"); });
   // On by default in hora; the flag makes it explicit (docs/performance.md).
   flag("--autotune", "HORA_AUTOTUNE=1 (on by default; HORA_AUTOTUNE=0 turns it off)",
-       [o](const std::string&) { addEnv(o, "HORA_AUTOTUNE", "1"); });
+       [this](const std::string&) { addEnv(o_, "HORA_AUTOTUNE", "1"); });
   flag("--no-autotune", "HORA_AUTOTUNE=0: no autotuning",
-       [o](const std::string&) { addEnv(o, "HORA_AUTOTUNE", "0"); });
+       [this](const std::string&) { addEnv(o_, "HORA_AUTOTUNE", "0"); });
   value("--autotune-log-file", "FILE", "HORA_AUTOTUNE_LOG (a CSV of every tried setting)",
-        [o](const std::string& f, const std::string& v) {
+        [this](const std::string& f, const std::string& v) {
           if (v.empty()) fail(f + ": the file name is empty");
-          addEnv(o, "HORA_AUTOTUNE_LOG", v);
+          addEnv(o_, "HORA_AUTOTUNE_LOG", v);
         });
   // Knobs of Horovod's Bayesian search; hora's tuner has none of them.
   for (const char* knob : {"--autotune-warmup-samples", "--autotune-steps-per-sample",
                            "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise"})
     value(knob, "N", "accepted with a note: hora's tuner has no such knob",
-          [o](const std::string& f, const std::string& v) {
+          [this](const std::string& f, const std::string& v) {
             const double d = number(f, v, {0, 1e9, true});
-            o->notes.push_back(f + " " + formatNumber(d) +
-                               ": accepted, no effect (hora's autotuner searches one setting at a "
-                               "time, one training step per sample; docs/performance.md)");
+            o_->notes.push_back(f + " " + formatNumber(d) +
+                                ": accepted, no effect (hora's autotuner searches one setting at a "
+                                "time, one training step per sample; docs/performance.md)");
           });
   // horovodrun flags hora has no answer for: the normalisation pass refuses
   // them, naming why and what to do (listed here for the help).
@@ -568,12 +568,24 @@ void CommandLine::addHorovodrunFlags() {
   }
 }
 
-}  // namespace
+void CommandLineDeleter::operator()(CommandLine* c) const { delete c; }
 
-bool parseFlags(int argc, char** argv, Options* o, bool* startTimeoutGiven, std::string* error) {
+CommandLinePtr makeCommandLine(std::string* error) {
   try {
-    CommandLine commandLine(o, startTimeoutGiven);
-    return commandLine.parse(argc, argv, error);
+    return CommandLinePtr(new CommandLine);
+  } catch (const std::exception& e) {
+    // Not expected: CLI11 refuses a malformed or repeated flag name (a bug here).
+    *error = std::string("horarun's command line: could not define the flags: ") + e.what();
+  }
+  return nullptr;
+}
+
+bool parseFlags(CommandLine* commandLine, int argc, char** argv, Options* o,
+                bool* startTimeoutGiven, std::string* error) {
+  try {
+    if (!commandLine->parse(argc, argv, o, error)) return false;
+    *startTimeoutGiven = commandLine->startTimeoutGiven();
+    return true;
   } catch (const UsageError& e) {
     *error = e.message;
   } catch (const CLI::Error& e) {
@@ -590,9 +602,7 @@ bool parseFlags(int argc, char** argv, Options* o, bool* startTimeoutGiven, std:
 
 std::string helpText() {
   try {
-    Options o;
-    bool given = false;
-    return CommandLine(&o, &given).help();
+    return CommandLine().help();
   } catch (const std::exception& e) {
     return std::string("horarun: could not format the help: ") + e.what() + "\n";
   }

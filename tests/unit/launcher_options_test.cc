@@ -644,6 +644,39 @@ TEST_F(OptionsTest, EveryFlagInTheUsageTextIsRecognized) {
   }
 }
 
+// One OptionParser for many command lines (the fuzz target keeps one): each parse gives what a
+// fresh parseOptions gives, after errors in the normalisation pass or in CLI11's parse too.
+TEST_F(OptionsTest, AParserReusedParsesEachCommandLineAfresh) {
+  OptionParser parser;
+  const std::vector<std::vector<std::string>> lines = {
+      {"-np", "5", "--num-proc", "0", "c"},  // a callback's error, mid-parse
+      {"--num-proc", "2", "--bogus", "c"},   // the pass's error, --num-proc queued
+      {"-np", "0", "c"},                     // names -np, not the queued --num-proc
+      {"--num-proc", "3", "-x", "A=1", "--verbose", "--tcp", "c", "d"},
+      {"-np", "1", "c"},  // nothing left of the line before
+      {"--max-np", "2", "--blacklist-cooldown-range", "2", "1", "c"},
+      {"-h"},
+  };
+  for (const auto& line : lines) {
+    SCOPED_TRACE(::testing::PrintToString(line));
+    std::vector<std::string> args = line;
+    args.insert(args.begin(), "horarun");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(&a[0]);
+    Options o;
+    std::string error;
+    const bool ok = parser.parse(static_cast<int>(args.size()), argv.data(), &o, &error);
+    const Parsed fresh = parse(line);
+    EXPECT_EQ(ok, fresh.ok);
+    EXPECT_EQ(error, fresh.error);
+    EXPECT_EQ(o.np, fresh.opt.np);
+    EXPECT_EQ(o.env, fresh.opt.env);
+    EXPECT_EQ(o.verbose, fresh.opt.verbose);
+    EXPECT_EQ(o.help, fresh.opt.help);
+    EXPECT_EQ(o.command, fresh.opt.command);
+  }
+}
+
 // `horarun --help` groups the flags as the sections of horovodrun's help do, each with all its
 // spellings, on lines of at most 90 characters.
 TEST_F(OptionsTest, HelpShowsTheGroups) {
