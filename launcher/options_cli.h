@@ -9,14 +9,16 @@
 //     -prefix-timestamp; CLI11 takes only one letter after a single dash) as
 //     their --long names, finds where the COMMAND starts (the first argument
 //     that is not a flag or a flag's value, or the one after "--"), refuses
-//     unknown and refused flags, and hands CLI11 each flag as its long name
-//     followed by its values, so a value that looks like a flag stays a value.
+//     unknown and refused flags, splits "--flag=value" (and argparse's
+//     "-np=4"), and hands CLI11 each flag as its long name followed by its
+//     values, so a value that looks like a flag stays a value.
 //  2. CLI11 parses that: every flag's values reach its callback, in command-line
 //     order, which checks them (hora's strict decimal ranges) and sets Options.
 //  3. The COMMAND and everything after it are the job's, never parsed.
 // Errors name the spelling the user typed (-np or --num-proc).
 //
-// Called on the main thread only; no state outside one call.
+// One thread at a time per CommandLine (horarun: the main thread); no
+// process-wide state.
 #pragma once
 
 #include <memory>
