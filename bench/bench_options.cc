@@ -1,30 +1,12 @@
 #include "bench_options.h"
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 
 namespace hora_bench {
-
-void usage(const char* argv0) {
-  std::printf(
-      "usage: %s [--quick] [--sizes LIST] [--iters N] [--warmup N] [--steps N]\n"
-      "          [--step-warmup N] [--lat-iters N] [--lat-warmup N] [--sections LIST]\n"
-      "          [--shapes FILE] [--json FILE]\n"
-      "  --sizes LIST     comma list of byte sizes or MIN:MAX[:FACTOR] ranges (suffix K/M/G),\n"
-      "                   e.g. 4:64M (default, x4), 1M,4M, 4:1M:x2\n"
-      "  --iters N        timed iterations per sweep size (default: by size, 10..200)\n"
-      "  --steps N        timed ResNet-50 steps (default 10; warm-up 2)\n"
-      "  --lat-iters N    timed 4-byte iterations (default 2000; warm-up 200)\n"
-      "  --sections LIST  any of sweep,fused,latency (default all)\n"
-      "  --shapes FILE    gradient shapes (default %s)\n"
-      "  --json FILE      also write all results as JSON (rank 0)\n"
-      "  --quick          fewer sizes and iterations (CI smoke)\n"
-      "Run as N ranks with HORA_RANK/HORA_SIZE/HORA_STORE_ADDR/HORA_STORE_PORT set\n"
-      "(bench/run_bench.sh -np N does that).\n",
-      argv0, HORA_BENCH_SHAPES_DEFAULT);
-}
 
 namespace {
 
@@ -80,66 +62,80 @@ std::vector<size_t> parseSizes(const std::string& text) {
   return sizes;
 }
 
+// A count: decimal digits only, 0..1e8 ("1e3", "0x10", "-1" and "" are refused).
+int count(const std::string& flag, const std::string& v) {
+  if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos ||
+      std::stol(v) > 100000000)
+    throw std::runtime_error(flag + " expects an integer from 0 to 100000000, got '" + v + "'");
+  return static_cast<int>(std::stol(v));
+}
+
+// hora-bench's flags as a CLI11 App filling *o (and the --sizes text, parsed
+// after every flag: its default depends on --quick).
+void defineFlags(CLI::App& app, Options* o, std::string* sizesText) {
+  app.set_help_flag();  // -h/--help sets Options::help (usage printed by the caller)
+  app.footer(
+      "Run as N ranks with HORA_RANK/HORA_SIZE/HORA_STORE_ADDR/HORA_STORE_PORT set\n"
+      "(bench/run_bench.sh -np N does that).");
+  app.add_flag("--quick", o->quick, "fewer sizes and iterations (CI smoke)");
+  app.add_option("--sizes", *sizesText,
+                 "comma list of byte sizes or MIN:MAX[:FACTOR] ranges (suffix K/M/G), e.g. 4:64M "
+                 "(default, x4), 1M,4M, 4:1M:x2")
+      ->type_name("LIST");
+  struct Count {
+    const char* flag;
+    int* value;
+    const char* doc;
+  };
+  const Count counts[] = {
+      {"--iters", &o->iters, "timed iterations per sweep size (default: by size, 10..200)"},
+      {"--warmup", &o->warmup, "sweep warm-up iterations (default: by size)"},
+      {"--steps", &o->steps, "timed ResNet-50 steps (default 10)"},
+      {"--step-warmup", &o->stepWarmup, "ResNet-50 warm-up steps (default 2)"},
+      {"--lat-iters", &o->latIters, "timed 4-byte iterations (default 2000)"},
+      {"--lat-warmup", &o->latWarmup, "4-byte warm-up iterations (default 200)"},
+  };
+  for (const Count& c : counts) {
+    const std::string flag = c.flag;
+    int* value = c.value;
+    app.add_option_function<std::string>(
+           flag, [flag, value](const std::string& v) { *value = count(flag, v); }, c.doc)
+        ->type_name("N");
+  }
+  app.add_option_function<std::string>(
+         "--sections",
+         [o](const std::string& v) {
+           o->sweep = o->fused = o->latency = false;
+           std::stringstream ss(v);
+           std::string s;
+           while (std::getline(ss, s, ',')) {
+             if (s == "sweep")
+               o->sweep = true;
+             else if (s == "fused")
+               o->fused = true;
+             else if (s == "latency")
+               o->latency = true;
+             else
+               throw std::runtime_error("--sections: unknown section '" + s +
+                                        "' (expected sweep, fused, latency)");
+           }
+         },
+         "any of sweep,fused,latency (default all)")
+      ->type_name("LIST");
+  app.add_option("--shapes", o->shapes, "gradient shapes (default " HORA_BENCH_SHAPES_DEFAULT ")")
+      ->type_name("FILE");
+  app.add_option("--json", o->json, "also write all results as JSON (rank 0)")->type_name("FILE");
+  app.add_flag("-h,--help", o->help, "print this help");
+}
+
 void parseOrThrow(int argc, char** argv, Options* out) {
   Options& o = *out;
-  bool sizesGiven = false;
   std::string sizesText;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::runtime_error("option " + a + " needs a value");
-      return argv[++i];
-    };
-    auto nextInt = [&]() -> int {
-      std::string v = next();
-      char* end = nullptr;
-      long x = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || x < 0 || x > 100000000)
-        throw std::runtime_error("option " + a + ": bad number '" + v + "'");
-      return static_cast<int>(x);
-    };
-    if (a == "--quick")
-      o.quick = true;
-    else if (a == "--sizes")
-      sizesGiven = true, sizesText = next();
-    else if (a == "--iters")
-      o.iters = nextInt();
-    else if (a == "--warmup")
-      o.warmup = nextInt();
-    else if (a == "--steps")
-      o.steps = nextInt();
-    else if (a == "--step-warmup")
-      o.stepWarmup = nextInt();
-    else if (a == "--lat-iters")
-      o.latIters = nextInt();
-    else if (a == "--lat-warmup")
-      o.latWarmup = nextInt();
-    else if (a == "--json")
-      o.json = next();
-    else if (a == "--shapes")
-      o.shapes = next();
-    else if (a == "--sections") {
-      std::string v = next();
-      o.sweep = o.fused = o.latency = false;
-      std::stringstream ss(v);
-      std::string s;
-      while (std::getline(ss, s, ',')) {
-        if (s == "sweep")
-          o.sweep = true;
-        else if (s == "fused")
-          o.fused = true;
-        else if (s == "latency")
-          o.latency = true;
-        else
-          throw std::runtime_error("unknown section '" + s + "' (expected sweep, fused, latency)");
-      }
-    } else if (a == "-h" || a == "--help") {
-      o.help = true;
-      return;
-    } else {
-      throw std::runtime_error("unknown argument '" + a + "'");
-    }
-  }
+  CLI::App app("hora-bench: allreduce sweep, fused ResNet-50 steps and latency", "hora-bench");
+  defineFlags(app, &o, &sizesText);
+  app.parse(argc, argv);
+  if (o.help) return;
+  const bool sizesGiven = app.count("--sizes") > 0;
   try {
     o.sizes = parseSizes(sizesGiven ? sizesText : (o.quick ? "4:4M:16" : "4:64M:4"));
   } catch (const std::exception& e) {
@@ -152,6 +148,14 @@ void parseOrThrow(int argc, char** argv, Options* out) {
 }
 
 }  // namespace
+
+void usage(const char* argv0) {
+  Options o;
+  std::string sizesText;
+  CLI::App app("hora-bench: allreduce sweep, fused ResNet-50 steps and latency", argv0);
+  defineFlags(app, &o, &sizesText);
+  std::fputs(app.help().c_str(), stdout);
+}
 
 bool parseArgs(int argc, char** argv, Options* o, std::string* error) {
   try {

@@ -1,5 +1,6 @@
-// hora-bench's command line (bench/hora_bench.cc has the benchmark itself).
-// Parsed once on every rank before the benchmark starts.
+// hora-bench's command line (bench/hora_bench.cc has the benchmark itself),
+// parsed with CLI11 (as horarun's is) once on every rank before the benchmark
+// starts: --flag value or --flag=value.
 #pragma once
 
 #include <cstddef>

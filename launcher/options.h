@@ -4,9 +4,11 @@
 // in the flag's and the parameter's name).
 //
 // Called once by main() on the main thread; pure logic (reads the environment
-// for defaults: HORARUN_SSH_COMMAND, HORARUN_START_TIMEOUT_S).
+// for defaults: HORARUN_SSH_COMMAND, HORARUN_START_TIMEOUT_S). The flags are
+// parsed with CLI11 (options_cli.h says how; CLI11 stays out of this header).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,8 +59,33 @@ struct Options {
 
 // Parses argv. False with *error (a one-line message) on bad usage: an unknown
 // flag, a missing value, a number out of its range (the message names the
-// flag, the value and what is allowed), an unusable -x, inconsistent flags.
+// flag as typed, the value and what is allowed), an unusable -x, inconsistent
+// flags. Throws nothing.
 bool parseOptions(int argc, char** argv, Options* out, std::string* error);
+
+namespace cli {
+class CommandLine;
+struct CommandLineDeleter {
+  void operator()(CommandLine* c) const;
+};
+}  // namespace cli
+
+// parseOptions as an object that keeps its CLI11 App between command lines:
+// building that App is most of a parse's cost (about 0.5 ms), which matters to
+// a caller parsing thousands (tests/fuzz/fuzz_options.cc). Each parse is
+// independent of the ones before. One thread at a time.
+class OptionParser {
+ public:
+  OptionParser();  // throws only std::bad_alloc
+  // As parseOptions; *out should be a fresh Options.
+  bool parse(int argc, char** argv, Options* out, std::string* error);
+
+ private:
+  std::unique_ptr<cli::CommandLine, cli::CommandLineDeleter> commandLine_;
+  std::string defineError_;  // why commandLine_ is null (not expected)
+};
+
+// `horarun --help`: usage lines and every flag in its group (CLI11's layout).
 const char* usageText();
 // `text` with control characters escaped (\n, \x1b), for a one-line message
 // that echoes user input.

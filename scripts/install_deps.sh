@@ -21,8 +21,9 @@ set -euo pipefail
 
 # iproute2 (`ip netns`, `tc`) and util-linux (`unshare`, `nsenter`): the multi-host launcher
 # tests and the test bed bench/netns_bed.sh.
+# libcli11-dev: horarun's command-line parser (header-only, build time only).
 PACKAGES=(cmake ninja-build g++ make pkg-config libgloo-dev libboost-dev libgtest-dev libdlpack-dev
-  libssl-dev
+  libssl-dev libcli11-dev
   iproute2 util-linux)
 for arg in "$@"; do
   case "$arg" in

@@ -30,6 +30,18 @@ HORARUN_START_TIMEOUT_S=abc usage_error \
 usage_error "-x '=V': the variable name is empty" -np 1 -x =V "$PROBE"
 usage_error "--env 'A B=1': 'A B' is not a variable name" -np 1 --env "A B=1" "$PROBE"
 usage_error "-x needs a value" -np 1 -x
+# horovodrun's single-dash spellings, in both of argparse's forms; refused flags name why.
+usage_error "-np expects an integer from 1 to 1048576, got '0'" -np=0 "$PROBE"
+usage_error "not supported by hora: -prefix-timestamp \(" -np 1 -prefix-timestamp "$PROBE"
+usage_error "unknown option '--bogus' \(horarun --help lists them\)" -np 1 --bogus "$PROBE"
+
+# --help: exit 0, the usage and the groups on stdout, nothing on stderr.
+"$HORARUN" --help >"$WORK/help.out" 2>"$WORK/help.err" || fail "horarun --help exited $?"
+[ ! -s "$WORK/help.err" ] || fail "horarun --help wrote to stderr: $(cat "$WORK/help.err")"
+for want in "^usage: horarun -np N" "^hosts:$" "^output and failures:$" "^elastic mode \(" \
+  "^tuning \(" "^horovodrun's other flags \(" "^  -np, --num-proc N " "^  -cb, --check-build "; do
+  grep -qE -- "$want" "$WORK/help.out" || fail "horarun --help: no line '$want'"
+done
 
 # -x NAME= exports an empty value; a repeated host adds its slots up (4 ranks fit, 5 do not).
 "$HORARUN" -np 4 -H localhost:2,localhost:2 -x HORA_TEST_EMPTY= \
@@ -41,4 +53,4 @@ for r in 0 1 2 3; do
   expect_grep "^\[$r\]<stdout>: local=$r/4 cross=1 empty=\[\]$" "$WORK/job.out" "rank $r's identity"
 done
 usage_error "-np 5 needs 5 slots but the hosts offer 4" -np 5 -H localhost:2,localhost:2 "$PROBE"
-echo "usage errors exit 2 with their messages; repeated hosts merged"
+echo "usage errors exit 2 with their messages; --help groups the flags; repeated hosts merged"

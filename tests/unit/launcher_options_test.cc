@@ -297,11 +297,74 @@ TEST_F(OptionsTest, AValueMayLookLikeAFlag) {
 }
 
 TEST_F(OptionsTest, UnknownFlagsAreRefused) {
-  for (const char* flag : {"--bogus", "-n", "-", "---np", "--np", "-np=2", "--np=2", "-X"}) {
+  // Only horovodrun's own single-dash spellings are read as long names (-num-proc, --cb are not
+  // flags), and a value is never glued to a flag (-p22, -Ha).
+  for (const char* flag : {"--bogus", "-n", "-", "---np", "--np", "--np=2", "-X", "-num-proc",
+                           "-hosts", "--cb", "-p22", "-Ha", "-np2"}) {
     SCOPED_TRACE(flag);
     EXPECT_EQ(parseError({flag, "2", "python"}),
               "unknown option '" + std::string(flag) + "' (horarun --help lists them)");
   }
+}
+
+// horovodrun's single-dash long spellings (-np, -cb, -hostfile, -prefix-timestamp; CLI11 takes
+// one letter after a single dash) are read as their --long names before the COMMAND, in every
+// form argparse takes them: "-np 2" and "-np=2".
+TEST_F(OptionsTest, HorovodrunsSingleDashSpellingsAreItsLongFlags) {
+  EXPECT_EQ(parseOk({"-np", "2", "c"}).opt.np, 2);
+  EXPECT_EQ(parseOk({"-np=3", "c"}).opt.np, 3);
+  EXPECT_EQ(parseOk({"-np", "1", "-hostfile=/h", "c"}).opt.hostfile, "/h");
+  EXPECT_TRUE(parseOk({"-cb"}).opt.checkBuild);
+  EXPECT_EQ(parseError({"-np", "2", "-cb=1", "c"}), "-cb takes no value (got '-cb=1')");
+  EXPECT_EQ(parseError({"-np=0", "c"}), "-np expects an integer from 1 to 1048576, got '0'");
+  EXPECT_EQ(
+      parseError({"-np", "2", "-prefix-timestamp", "c"}),
+      "not supported by hora: -prefix-timestamp (horarun prefixes output with the rank only)");
+  // One-letter flags take "=value" too (as argparse does).
+  Parsed p = parseOk({"-np", "1", "-p=22", "-H=a:1", "-x=A=1", "-i=/k", "c"});
+  EXPECT_EQ(p.opt.sshPort, 22);
+  EXPECT_EQ(p.opt.hosts, "a:1");
+  EXPECT_EQ(p.env().at("A"), "1");
+  EXPECT_EQ(p.opt.sshIdentityFile, "/k");
+  EXPECT_EQ(parseError({"-np", "1", "-x=", "c"}),
+            "-x '': the variable name is empty (expected NAME=VALUE or NAME; a name is letters, "
+            "digits and '_', not starting with a digit)");
+}
+
+TEST_F(OptionsTest, SingleDashSpellingsAfterTheCommandOrAsValuesAreLeftAlone) {
+  Parsed p = parseOk({"-np", "2", "python", "-np", "3", "-cb", "-hostfile", "f", "-np=4"});
+  EXPECT_EQ(p.opt.np, 2);
+  EXPECT_FALSE(p.opt.checkBuild);
+  EXPECT_EQ(p.opt.hostfile, "");
+  EXPECT_EQ(p.opt.command,
+            (std::vector<std::string>{"python", "-np", "3", "-cb", "-hostfile", "f", "-np=4"}));
+  EXPECT_EQ(parseOk({"-np", "2", "--", "-cb", "-np"}).opt.command,
+            (std::vector<std::string>{"-cb", "-np"}));
+  // A flag's value, whatever it looks like.
+  Parsed q = parseOk({"-np", "1", "--output-filename", "-cb", "-H", "-hostfile", "c"});
+  EXPECT_EQ(q.opt.outputDir, "-cb");
+  EXPECT_EQ(q.opt.hosts, "-hostfile");
+  EXPECT_FALSE(q.opt.checkBuild);
+  EXPECT_EQ(q.opt.command, (std::vector<std::string>{"c"}));
+  EXPECT_EQ(parseError({"--blacklist-cooldown-range", "-0", "-np", "--max-np", "2", "c"}),
+            "--blacklist-cooldown-range HI expects a number of seconds from 0 to 1000000000, got "
+            "'-np'");
+}
+
+// A flag spelled two ways, given twice: each message names the spelling of the bad occurrence.
+TEST_F(OptionsTest, ErrorsNameTheSpellingOfTheBadOccurrence) {
+  EXPECT_EQ(parseError({"-np", "5", "--num-proc", "0", "c"}),
+            "--num-proc expects an integer from 1 to 1048576, got '0'");
+  EXPECT_EQ(parseError({"--num-proc", "5", "-np", "0", "c"}),
+            "-np expects an integer from 1 to 1048576, got '0'");
+  EXPECT_EQ(parseError({"-np", "1", "-p", "22", "--ssh-port=0", "c"}),
+            "--ssh-port expects an integer from 1 to 65535, got '0'");
+  EXPECT_EQ(parseError({"-np", "1", "--slots-per-host", "2", "--slots", "0", "--max-np", "2", "c"}),
+            "--slots expects an integer from 1 to 65536, got '0'");
+  EXPECT_EQ(parseError({"-np", "1", "--env", "A=1", "-x", "1A", "c"}).substr(0, 21),
+            "-x '1A': '1A' is not ");
+  // The last occurrence wins.
+  EXPECT_EQ(parseOk({"-np", "5", "--num-proc", "3", "c"}).opt.np, 3);
 }
 
 // Was a bug (found by tests/fuzz/fuzz_options.cc): arguments are echoed in errors, and one
@@ -581,6 +644,70 @@ TEST_F(OptionsTest, EveryFlagInTheUsageTextIsRecognized) {
   }
 }
 
+// One OptionParser for many command lines (the fuzz target keeps one): each parse gives what a
+// fresh parseOptions gives, after errors in the normalisation pass or in CLI11's parse too.
+TEST_F(OptionsTest, AParserReusedParsesEachCommandLineAfresh) {
+  OptionParser parser;
+  const std::vector<std::vector<std::string>> lines = {
+      {"-np", "5", "--num-proc", "0", "c"},  // a callback's error, mid-parse
+      {"--num-proc", "2", "--bogus", "c"},   // the pass's error, --num-proc queued
+      {"-np", "0", "c"},                     // names -np, not the queued --num-proc
+      {"--num-proc", "3", "-x", "A=1", "--verbose", "--tcp", "c", "d"},
+      {"-np", "1", "c"},  // nothing left of the line before
+      {"--max-np", "2", "--blacklist-cooldown-range", "2", "1", "c"},
+      {"-h"},
+  };
+  for (const auto& line : lines) {
+    SCOPED_TRACE(::testing::PrintToString(line));
+    std::vector<std::string> args = line;
+    args.insert(args.begin(), "horarun");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(&a[0]);
+    Options o;
+    std::string error;
+    const bool ok = parser.parse(static_cast<int>(args.size()), argv.data(), &o, &error);
+    const Parsed fresh = parse(line);
+    EXPECT_EQ(ok, fresh.ok);
+    EXPECT_EQ(error, fresh.error);
+    EXPECT_EQ(o.np, fresh.opt.np);
+    EXPECT_EQ(o.env, fresh.opt.env);
+    EXPECT_EQ(o.verbose, fresh.opt.verbose);
+    EXPECT_EQ(o.help, fresh.opt.help);
+    EXPECT_EQ(o.command, fresh.opt.command);
+  }
+}
+
+// `horarun --help` groups the flags as the sections of horovodrun's help do, each with all its
+// spellings, on lines of at most 90 characters.
+TEST_F(OptionsTest, HelpShowsTheGroups) {
+  const std::string help = usageText();
+  EXPECT_EQ(help.rfind("usage: horarun -np N [options] COMMAND [ARGS...]\n", 0), 0u) << help;
+  size_t at = 0;
+  for (const char* group : {"\nhosts:\n", "\noutput and failures:\n", "\nelastic mode (",
+                            "\ntuning (", "\nhorovodrun's other flags ("}) {
+    SCOPED_TRACE(group);
+    const size_t found = help.find(group, at);
+    ASSERT_NE(found, std::string::npos) << help;
+    at = found;  // in this order
+  }
+  for (const char* line : {"\n  -np, --num-proc N ", "\n  -H, --hosts h1:s1,h2:s2 ",
+                           "\n  -hostfile, --hostfile FILE ", "\n  -cb, --check-build ",
+                           "\n  -x, --env NAME[=VALUE] ", "\n  --blacklist-cooldown-range LO HI\n",
+                           "\n  -prefix-timestamp, --prefix-output-with-timestamp\n",
+                           "\n  -h, --help ", "\n  -v, --version "})
+    EXPECT_TRUE(contains(help, line)) << line << " missing in:\n" << help;
+  // The flags of a group come after its heading: -cb among horovodrun's other flags.
+  EXPECT_GT(help.find("-cb, --check-build"), help.find("\nhorovodrun's other flags ("));
+  EXPECT_LT(help.find("-np, --num-proc"), help.find("\noutput and failures:"));
+  // Refused flags are listed with why.
+  EXPECT_TRUE(contains(help, "refused: horarun starts the ranks itself"));
+  std::istringstream lines(help);
+  std::string l;
+  while (std::getline(lines, l)) EXPECT_LE(l.size(), 90u) << l;
+  // Help is a flag like the others: it needs nothing else, in any spelling.
+  EXPECT_TRUE(parseOk({"-np", "2", "-h"}).opt.help);
+}
+
 // ---- --flag=value ----
 
 TEST_F(OptionsTest, LongFlagsTakeTheirValueAfterAnEqualsSign) {
@@ -782,10 +909,9 @@ TEST_F(OptionsTest, HorovodrunFlagsHoraHasNoAnswerForAreRefused) {
     const std::string e = parseError({"-np", "2", flag, "x", "c"});
     EXPECT_EQ(e.rfind(std::string("not supported by hora: ") + flag + " (", 0), 0u) << e;
     EXPECT_EQ(e.back(), ')') << e;
-    // Also in --flag=value form.
-    if (flag[1] == '-')
-      EXPECT_TRUE(contains(parseError({"-np", "2", std::string(flag) + "=1", "c"}),
-                           "not supported by hora"));
+    // Also in --flag=value form (and -prefix-timestamp=1).
+    EXPECT_TRUE(
+        contains(parseError({"-np", "2", std::string(flag) + "=1", "c"}), "not supported by hora"));
   }
   EXPECT_TRUE(contains(parseError({"-np", "2", "--mpi", "c"}), "without mpirun"));
 }
@@ -811,7 +937,8 @@ TEST_F(OptionsTest, HorovodrunNoOpFlagsAreAcceptedWithANote) {
   const char* const kNoted[] = {
       "--gloo", "--disable-cache", "--mpi-threads-disable", "--log-without-timestamp",
       "--log-hide-timestamp", "--log-with-timestamp",
-      "--no-hierarchical-allgather", "--no-torus-allreduce"};
+      "--no-hierarchical-allgather", "--no-torus-allreduce", "--no-mpi-threads-disable",
+      "--no-log-hide-timestamp"};
   // clang-format on
   for (const char* flag : kNoted) {
     SCOPED_TRACE(flag);
@@ -825,6 +952,20 @@ TEST_F(OptionsTest, HorovodrunNoOpFlagsAreAcceptedWithANote) {
               std::string(flag) + " takes no value (got '" + flag + "=1')");
   }
   EXPECT_TRUE(parseOk({"-np", "2", "c"}).opt.notes.empty());
+}
+
+// horovodrun takes negations it hides from its help (argparse.SUPPRESS); so does horarun.
+TEST_F(OptionsTest, HorovodrunsHiddenNegationsSetHorasDefaults) {
+  Parsed p = parseOk({"-np", "2", "--autotune", "--no-autotune", "--no-stall-check",
+                      "--stall-check", "--timeline-mark-cycles", "--no-timeline-mark-cycles", "c"});
+  EXPECT_EQ(p.env().at("HORA_AUTOTUNE"), "0");
+  EXPECT_EQ(p.env().at("HORA_STALL_CHECK"), "1");
+  EXPECT_EQ(p.env().at("HORA_TIMELINE_MARK_CYCLES"), "0");
+  EXPECT_TRUE(p.opt.notes.empty());
+  auto params = hora::Params::fromMap(p.env());
+  ASSERT_TRUE(params.isOk()) << params.status().toString();
+  EXPECT_FALSE(params.value().getBool("HORA_AUTOTUNE"));
+  EXPECT_TRUE(params.value().getBool("HORA_STALL_CHECK"));
 }
 
 TEST_F(OptionsTest, HierarchicalAllreduceFlagsSetTheMode) {
