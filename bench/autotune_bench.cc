@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.h"
 #include "shapes_file.h"
 
 namespace {
@@ -147,20 +148,33 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) fatal(a + " needs a value");
       return argv[++i];
     };
+    auto count = [&](long long lo, long long hi) {
+      const std::string t = next();
+      long long v = 0;
+      if (!bench_util::readInt(t, lo, hi, &v))
+        fatal(bench_util::badNumber(a, t, static_cast<double>(lo), static_cast<double>(hi), true));
+      return v;
+    };
+    auto real = [&](double lo, double hi) {
+      const std::string t = next();
+      double v = 0;
+      if (!bench_util::readReal(t, lo, hi, &v)) fatal(bench_util::badNumber(a, t, lo, hi, false));
+      return v;
+    };
     if (a == "--rounds")
-      rounds = std::atoi(next().c_str());
+      rounds = static_cast<int>(count(1, 1000));
     else if (a == "--steps")
-      steps = std::atoi(next().c_str());
+      steps = static_cast<int>(count(1, 1000000));
     else if (a == "--ref-steps")
-      refSteps = std::atoi(next().c_str());
+      refSteps = static_cast<int>(count(1, 1000000));
     else if (a == "--grid-steps")
-      gridSteps = std::atoi(next().c_str());
+      gridSteps = static_cast<int>(count(1, 1000000));
     else if (a == "--compute-ms")
-      job.computeMs = std::atof(next().c_str());
+      job.computeMs = real(0, 1e6);
     else if (a == "--bad-fusion")
-      bad.fusion = std::atoll(next().c_str());
+      bad.fusion = count(0, int64_t{1} << 40);
     else if (a == "--bad-cycle-ms")
-      bad.cycleMs = std::atof(next().c_str());
+      bad.cycleMs = real(0, 1e6);
     else if (a == "--shapes")
       shapesPath = next();
     else if (a == "--log")

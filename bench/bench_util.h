@@ -1,10 +1,13 @@
 // Small helpers shared by the C-ABI benches (hora-p2p-bench,
-// hora-coll-bench): fatal errors that name the program and rank, a check of
-// hora's status codes, and "4,64K,1M" size lists. Header-only; main thread.
+// hora-coll-bench, ...): fatal errors that name the program and rank, a check
+// of hora's status codes, checked numeric flags and "4,64K,1M" size lists.
+// Header-only; main thread.
 #pragma once
 
 #include <hora/hora.h>
 
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -41,6 +44,45 @@ inline size_t parseBytes(const Who& who, const std::string& s) {
     v <<= 20, ++end;
   if (*end != '\0') fatal(who, "bad size '" + s + "'");
   return static_cast<size_t>(v);
+}
+
+// A numeric flag's value: a whole number (readInt) or a decimal (readReal)
+// within [lo, hi]. False for an empty, partial, non-finite or out-of-range
+// text, which atoi/atof would have read as 0 or as its prefix.
+inline bool readInt(const std::string& s, long long lo, long long hi, long long* out) {
+  if (s.empty() || s.find_first_not_of("+-0123456789") != std::string::npos) return false;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno || *end != '\0' || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+inline bool readReal(const std::string& s, double lo, double hi, double* out) {
+  if (s.empty() || s.find_first_not_of("+-.0123456789eE") != std::string::npos) return false;
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (*end != '\0' || !std::isfinite(v) || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+// "--iters expects an integer from 1 to 100000, got 'x'".
+inline std::string badNumber(const std::string& flag, const std::string& s, double lo, double hi,
+                             bool whole) {
+  char range[96];
+  std::snprintf(range, sizeof range, whole ? "%.0f to %.0f" : "%g to %g", lo, hi);
+  return flag + " expects " + (whole ? "an integer" : "a number") + " from " + range + ", got '" +
+         s + "'";
+}
+
+inline long long intFlag(const Who& who, const std::string& flag, const std::string& s,
+                         long long lo, long long hi) {
+  long long v = 0;
+  if (!readInt(s, lo, hi, &v))
+    fatal(who, badNumber(flag, s, static_cast<double>(lo), static_cast<double>(hi), true));
+  return v;
 }
 
 // "a,b,,c" -> {"a", "b", "c"}.

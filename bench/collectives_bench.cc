@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
     } else if (a == "--sizes" && i + 1 < argc) {
       sizes = bench_util::parseSizes(gWho, argv[++i]);
     } else if (a == "--iters" && i + 1 < argc) {
-      itersOverride = std::atoi(argv[++i]);
+      itersOverride = static_cast<int>(bench_util::intFlag(gWho, a, argv[++i], 1, 100000000));
     } else {
       fatal("unknown argument '" + a + "' (--ops LIST, --sizes LIST, --iters N)");
     }

@@ -73,16 +73,29 @@ Options parse(int argc, char** argv) {
       }
       return argv[++i];
     };
+    auto count = [&](long long lo, long long hi) {
+      // Whole numbers only: atoi read "x" as 0 and "5x" as 5.
+      const std::string t = next();
+      char* end = nullptr;
+      const long long v = std::strtoll(t.c_str(), &end, 10);
+      if (t.empty() || *end != '\0' || v < lo || v > hi) {
+        std::fprintf(stderr,
+                     "gpu-fusion-bench: %s expects an integer from %lld to %lld, got '%s'\n",
+                     a.c_str(), lo, hi, t.c_str());
+        std::exit(2);
+      }
+      return static_cast<int>(v);
+    };
     if (a == "--plugin") {
       o.plugin = next();
     } else if (a == "--shapes") {
       o.shapes = next();
     } else if (a == "--iters") {
-      o.iters = std::atoi(next().c_str());
+      o.iters = count(1, 100000000);
     } else if (a == "--warmup") {
-      o.warmup = std::atoi(next().c_str());
+      o.warmup = count(0, 100000000);
     } else if (a == "--device") {
-      o.device = std::atoi(next().c_str());
+      o.device = count(0, 1023);
     } else {
       std::fprintf(stderr,
                    "usage: gpu-fusion-bench [--shapes FILE] [--iters N] [--warmup N] "

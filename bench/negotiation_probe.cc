@@ -42,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.h"
 #include "hora/hora.h"
 
 namespace {
@@ -156,13 +157,31 @@ int main(int argc, char** argv) {
   bool hops = true;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    auto next = [&] { return i + 1 < argc ? argv[++i] : (std::exit(2), ""); };
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s: %s needs a value\n", argv[0], a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    auto count = [&](long long lo, long long hi) {
+      const std::string t = next();
+      long long v = 0;
+      if (!bench_util::readInt(t, lo, hi, &v)) {
+        std::fprintf(
+            stderr, "%s: %s\n", argv[0],
+            bench_util::badNumber(a, t, static_cast<double>(lo), static_cast<double>(hi), true)
+                .c_str());
+        std::exit(2);
+      }
+      return v;
+    };
     if (a == "--bytes")
-      bytes = std::strtoull(next(), nullptr, 10);
+      bytes = static_cast<size_t>(count(0, int64_t{1} << 40));
     else if (a == "--iters")
-      iters = std::atoi(next());
+      iters = static_cast<int>(count(1, 100000000));
     else if (a == "--warmup")
-      warmup = std::atoi(next());
+      warmup = static_cast<int>(count(0, 100000000));
     else if (a == "--no-hops")
       hops = false;
     else {

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "core/telemetry.h"
 #include "core/timeline.h"
 #include "shapes_file.h"
@@ -200,12 +201,19 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) fatal(a + " needs a value");
       return argv[++i];
     };
+    auto count = [&](long long lo, long long hi) {
+      const std::string t = next();
+      long long v = 0;
+      if (!bench_util::readInt(t, lo, hi, &v))
+        fatal(bench_util::badNumber(a, t, static_cast<double>(lo), static_cast<double>(hi), true));
+      return static_cast<int>(v);
+    };
     if (a == "--rounds")
-      rounds = std::atoi(next().c_str());
+      rounds = count(1, 1000);
     else if (a == "--steps")
-      steps = std::atoi(next().c_str());
+      steps = count(1, 1000000);
     else if (a == "--lat-iters")
-      lat = std::atoi(next().c_str());
+      lat = count(0, 100000000);
     else if (a == "--shapes")
       shapesPath = next();
     else if (a == "--timeline")

@@ -133,9 +133,9 @@ int main(int argc, char** argv) {
     if (a == "--sizes" && i + 1 < argc) {
       sizes = bench_util::parseSizes(gWho, argv[++i]);
     } else if (a == "--batches" && i + 1 < argc) {
-      batches = std::max(1, std::atoi(argv[++i]));
+      batches = static_cast<int>(bench_util::intFlag(gWho, a, argv[++i], 1, 100000));
     } else if (a == "--batch-iters" && i + 1 < argc) {
-      batchIters = std::max(1, std::atoi(argv[++i]));
+      batchIters = static_cast<int>(bench_util::intFlag(gWho, a, argv[++i], 1, 100000000));
     } else {
       bench_util::fatal(
           gWho, "unknown argument '" + a + "' (--sizes LIST, --batches N, --batch-iters N)");
