@@ -4,7 +4,8 @@
 # horarun says it is stopped, ends the job once it stayed stopped for
 # HORARUN_STOPPED_TIMEOUT_S (3 s here), names it as the first failure and
 # exits non-zero. Then the other side: a rank stopped for a moment and
-# continued finishes the job normally (exit 0, no failure).
+# continued finishes the job normally (exit 0, no failure). Last, the same in
+# elastic mode: the job ends with the elastic failure naming the worker.
 source "$(dirname "$0")/lib.sh"
 cat >"$WORK/rank.sh" <<'RANK'
 if [ "$HORA_RANK" = 2 ]; then
@@ -49,3 +50,31 @@ rc=$?
 expect_grep "rank 2 done" "$WORK/job2.out" "rank 2 did not finish after SIGCONT"
 if grep -q "FAILED" "$WORK/job2.err"; then fail "a continued rank was reported as a failure"; fi
 echo "rank 2 stopped 1.5 s and continued: job exited 0"
+
+# Elastic mode: worker w0 finishes (training is over), w1 stops itself: the job ends with the
+# elastic failure naming w1 instead of waiting for it.
+echo 'echo localhost:2' >"$WORK/discover.sh"
+chmod +x "$WORK/discover.sh"
+cat >"$WORK/worker.sh" <<'WORKER'
+if [ "$HORA_RANK" = 1 ]; then
+  echo "worker stopping pid $$"
+  kill -STOP $$
+fi
+echo "worker $HORA_RANK done"
+WORKER
+t0=$(now)
+HORARUN_STOPPED_TIMEOUT_S=3 "$HORARUN" -np 2 --min-np 1 --max-np 2 \
+  --host-discovery-script "$WORK/discover.sh" --grace-seconds 1 bash "$WORK/worker.sh" \
+  >"$WORK/job3.out" 2>"$WORK/job3.err" &
+hr=$!
+wait $hr
+rc=$?
+dt=$(elapsed "$t0")
+[ $rc -ne 0 ] || fail "elastic horarun exited 0 although worker w1 never finished"
+less_than "$dt" 20 || fail "elastic job took $dt s to end (stopped timeout 3 s)"
+expect_grep "job FAILED: worker w1 .*stayed stopped" "$WORK/job3.err" \
+  "the elastic job's failure does not name the stopped worker"
+pid=$(sed -nE 's/.*worker stopping pid ([0-9]+).*/\1/p' "$WORK/job3.out")
+[ -n "$pid" ] || fail "worker w1 never got to its stop"
+if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid"; fail "the stopped worker (pid $pid) survived"; fi
+echo "elastic: worker w1 stopped alone: job ended in $dt s (exit $rc)"
