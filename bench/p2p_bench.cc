@@ -36,6 +36,7 @@
 
 #include "bench_util.h"
 #include "p2p_bench_sizes.h"
+#include "p2p_bench_util.h"
 
 namespace {
 
@@ -45,40 +46,16 @@ bench_util::Who gWho{"hora-p2p-bench"};
 [[noreturn]] void fatal(const std::string& what) { bench_util::fatal(gWho, what); }
 void check(hora_status_t s, const std::string& what) { bench_util::check(gWho, s, what); }
 
-struct Tensor {
-  int64_t shape[1];
-  DLTensor t;
-  Tensor(void* data, size_t bytes) {
-    shape[0] = static_cast<int64_t>(bytes);
-    std::memset(&t, 0, sizeof t);
-    t.data = data;
-    t.device.device_type = kDLCPU;
-    t.ndim = 1;
-    t.dtype.code = kDLUInt;
-    t.dtype.bits = 8;
-    t.dtype.lanes = 1;
-    t.shape = shape;
-  }
-};
+using Tensor = p2p_bench::ByteTensor;
 
 void sendWait(hora_runtime_t rt, Tensor& b, int peer, int64_t tag) {
-  hora_request_t r = nullptr;
-  check(hora_send_async(rt, &b.t, peer, tag, nullptr, &r), "hora_send_async");
-  check(hora_wait(r, -1), "hora_wait (send)");
-  hora_request_free(r);
+  p2p_bench::sendWait(gWho, rt, b, peer, tag);
 }
-
 void recvWait(hora_runtime_t rt, Tensor& b, int peer, int64_t tag) {
-  hora_request_t r = nullptr;
-  check(hora_recv_async(rt, &b.t, peer, tag, nullptr, &r), "hora_recv_async");
-  check(hora_wait(r, -1), "hora_wait (recv)");
-  hora_request_free(r);
+  p2p_bench::recvWait(gWho, rt, b, peer, tag);
 }
-
 hora_request_t postRecv(hora_runtime_t rt, Tensor& b, int peer, int64_t tag) {
-  hora_request_t r = nullptr;
-  check(hora_recv_async(rt, &b.t, peer, tag, nullptr, &r), "hora_recv_async");
-  return r;
+  return p2p_bench::postRecv(gWho, rt, b, peer, tag);
 }
 
 void finish(hora_request_t r, const char* what) {

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "p2p_bench_util.h"
 
 namespace {
 
@@ -49,35 +50,7 @@ void checkMpi(int rc, const char* what) {
   if (rc != MPI_SUCCESS) bench_util::fatal(gWho, std::string(what) + " failed");
 }
 
-struct Tensor {
-  int64_t shape[1];
-  DLTensor t;
-  Tensor(void* data, size_t bytes) {
-    shape[0] = static_cast<int64_t>(bytes);
-    std::memset(&t, 0, sizeof t);
-    t.data = data;
-    t.device.device_type = kDLCPU;
-    t.ndim = 1;
-    t.dtype.code = kDLUInt;
-    t.dtype.bits = 8;
-    t.dtype.lanes = 1;
-    t.shape = shape;
-  }
-};
-
-void horaSend(hora_runtime_t rt, Tensor& b, int peer, int64_t tag) {
-  hora_request_t r = nullptr;
-  check(hora_send_async(rt, &b.t, peer, tag, nullptr, &r), "hora_send_async");
-  check(hora_wait(r, -1), "hora_wait (send)");
-  hora_request_free(r);
-}
-
-void horaRecv(hora_runtime_t rt, Tensor& b, int peer, int64_t tag) {
-  hora_request_t r = nullptr;
-  check(hora_recv_async(rt, &b.t, peer, tag, nullptr, &r), "hora_recv_async");
-  check(hora_wait(r, -1), "hora_wait (recv)");
-  hora_request_free(r);
-}
+using Tensor = p2p_bench::ByteTensor;
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -104,8 +77,8 @@ double batch(bool mpi, hora_runtime_t rt, int rank, std::vector<unsigned char>& 
                           MPI_STATUS_IGNORE),
                  "MPI_Recv");
       } else {
-        horaSend(rt, s, peer, tag);
-        horaRecv(rt, r, peer, tag);
+        p2p_bench::sendWait(gWho, rt, s, peer, tag);
+        p2p_bench::recvWait(gWho, rt, r, peer, tag);
       }
       rtt.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
     } else if (mpi) {
@@ -115,8 +88,8 @@ double batch(bool mpi, hora_runtime_t rt, int rank, std::vector<unsigned char>& 
       checkMpi(MPI_Send(rbuf.data(), static_cast<int>(bytes), MPI_BYTE, peer, tag, MPI_COMM_WORLD),
                "MPI_Send");
     } else {
-      horaRecv(rt, r, peer, tag);
-      horaSend(rt, r, peer, tag);
+      p2p_bench::recvWait(gWho, rt, r, peer, tag);
+      p2p_bench::sendWait(gWho, rt, r, peer, tag);
     }
   }
   return rank == 0 ? median(rtt) / 2 : 0;
