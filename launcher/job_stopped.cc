@@ -40,7 +40,9 @@ void Job::checkStopped() {
     ++running;
     if (w.plan.spec.remote) continue;
     const GroupState g = processGroupState(w.proc.pid);
-    if (!g.stopped) {
+    // A group where something still runs is a rank at work, even if it
+    // holds a stopped process (a helper child): never counted as stopped.
+    if (!g.stopped || g.active) {
       if (w.stoppedWarned) say(who(w) + " (pid " + std::to_string(w.proc.pid) + ") runs again");
       w.stopped = w.stoppedWarned = false;
       continue;

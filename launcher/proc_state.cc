@@ -56,6 +56,7 @@ GroupState processGroupState(pid_t pgid) {
     std::string comm;
     if (!parseProcStat(line, &state, &group, &comm) || group != pgid) continue;
     out.known = true;
+    if (state == 'R' || state == 'D') out.active = true;
     if (state == 'T' && !out.stopped) {
       out.stopped = true;
       out.stoppedPid = static_cast<pid_t>(std::atol(e->d_name));

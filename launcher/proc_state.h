@@ -15,6 +15,7 @@ namespace horarun {
 struct GroupState {
   bool known = false;    // /proc was readable and some process of the group exists
   bool stopped = false;  // some process of the group is stopped by a signal (state T)
+  bool active = false;   // some process of the group runs or waits on I/O (state R or D)
   pid_t stoppedPid = 0;  // that process
   std::string comm;      // and its command name
 };
@@ -22,6 +23,8 @@ struct GroupState {
 // The state of process group `pgid` (a worker is the leader of its own
 // group: its shell and the program it starts). A process stopped under a
 // debugger (state t, tracing stop) does not count: someone is looking at it.
+// `active` tells a rank that still works from one whose group holds a
+// stopped process only (a stopped helper child of a rank that runs on).
 GroupState processGroupState(pid_t pgid);
 
 // How long every running worker may stay stopped before horarun ends the

@@ -81,6 +81,35 @@ TEST(ProcessGroupState, SeesAStoppedMemberAndItsResumption) {
   EXPECT_FALSE(processGroupState(child).known);
 }
 
+TEST(ProcessGroupState, AGroupWhereSomethingRunsIsActive) {
+  // A group of two: a busy leader and a stopped child (a rank at work whose
+  // helper process was stopped): stopped and active, so never taken for a
+  // stopped rank.
+  const pid_t leader = fork();
+  ASSERT_GE(leader, 0);
+  if (leader == 0) {
+    setpgid(0, 0);
+    if (fork() == 0) {
+      raise(SIGSTOP);
+      _exit(0);
+    }
+    for (volatile unsigned long i = 0;; ++i) {
+    }
+  }
+  setpgid(leader, leader);
+  GroupState g;
+  for (int i = 0; i < 500; ++i) {
+    g = processGroupState(leader);
+    if (g.stopped && g.active) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(g.stopped);
+  EXPECT_TRUE(g.active);
+  kill(-leader, SIGKILL);
+  int st = 0;
+  waitpid(leader, &st, 0);
+}
+
 TEST(StoppedTimeout, ComesFromTheEnvironmentWithADefault) {
   unsetenv("HORARUN_STOPPED_TIMEOUT_S");
   EXPECT_EQ(stoppedTimeoutFromEnv(), 60);
