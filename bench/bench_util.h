@@ -8,8 +8,10 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -44,6 +46,34 @@ inline size_t parseBytes(const Who& who, const std::string& s) {
     v <<= 20, ++end;
   if (*end != '\0') fatal(who, "bad size '" + s + "'");
   return static_cast<size_t>(v);
+}
+
+// A 1-D CPU tensor of `count` elements of `dtype` over a caller's buffer.
+struct Tensor1d {
+  int64_t shape[1];
+  DLTensor t;
+  Tensor1d(void* data, size_t count, DLDataType dtype) {
+    shape[0] = static_cast<int64_t>(count);
+    std::memset(&t, 0, sizeof t);
+    t.data = data;
+    t.device.device_type = kDLCPU;
+    t.ndim = 1;
+    t.dtype = dtype;
+    t.shape = shape;
+  }
+};
+
+// hora_init with the default config (identity from the environment), this
+// rank and the world size; who->rank is set for later messages.
+inline hora_runtime_t initRuntime(Who* who, int32_t* rank, int32_t* size) {
+  hora_config_t cfg;
+  hora_config_init(&cfg);
+  hora_runtime_t rt = nullptr;
+  check(*who, hora_init(&cfg, &rt), "hora_init");
+  check(*who, hora_rank(rt, rank), "hora_rank");
+  check(*who, hora_size(rt, size), "hora_size");
+  who->rank = *rank;
+  return rt;
 }
 
 // A numeric flag's value: a whole number (readInt) or a decimal (readReal)

@@ -23,7 +23,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -37,20 +36,8 @@ bench_util::Who gWho{"hora-coll-bench"};
 [[noreturn]] void fatal(const std::string& what) { bench_util::fatal(gWho, what); }
 void check(hora_status_t s, const std::string& what) { bench_util::check(gWho, s, what); }
 
-struct Tensor {
-  int64_t shape[1];
-  DLTensor t;
-  Tensor(float* data, size_t count) {
-    shape[0] = static_cast<int64_t>(count);
-    std::memset(&t, 0, sizeof t);
-    t.data = data;
-    t.device.device_type = kDLCPU;
-    t.ndim = 1;
-    t.dtype.code = kDLFloat;
-    t.dtype.bits = 32;
-    t.dtype.lanes = 1;
-    t.shape = shape;
-  }
+struct Tensor : bench_util::Tensor1d {
+  Tensor(float* data, size_t count) : Tensor1d(data, count, DLDataType{kDLFloat, 32, 1}) {}
 };
 
 // Element i of rank r's input in iteration it: small integers, exact sums.
@@ -100,12 +87,8 @@ int main(int argc, char** argv) {
       fatal("unknown argument '" + a + "' (--ops LIST, --sizes LIST, --iters N)");
     }
   }
-  hora_runtime_t rt = nullptr;
-  check(hora_init(nullptr, &rt), "hora_init");
   int32_t rank = 0, size = 1;
-  check(hora_rank(rt, &rank), "hora_rank");
-  check(hora_size(rt, &size), "hora_size");
-  gWho.rank = rank;
+  hora_runtime_t rt = bench_util::initRuntime(&gWho, &rank, &size);
   const char* shm = std::getenv("HORA_SHM");
   const std::string plane = (shm && std::string(shm) == "0") ? "gloo" : "shm";
   long wrongTotal = 0;

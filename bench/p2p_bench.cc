@@ -89,14 +89,8 @@ int main(int argc, char** argv) {
     }
   }
 
-  hora_config_t cfg;
-  hora_config_init(&cfg);
-  hora_runtime_t rt = nullptr;
-  check(hora_init(&cfg, &rt), "hora_init");
   int32_t rank = 0, size = 0;
-  check(hora_rank(rt, &rank), "hora_rank");
-  check(hora_size(rt, &size), "hora_size");
-  gWho.rank = rank;
+  hora_runtime_t rt = bench_util::initRuntime(&gWho, &rank, &size);
   if (size != 2) fatal("needs exactly 2 ranks (HORA_SIZE=2), got " + std::to_string(size));
   const int peer = 1 - rank;
 

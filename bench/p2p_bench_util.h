@@ -8,26 +8,13 @@
 #include <hora/hora.h>
 
 #include <cstdint>
-#include <cstring>
 
 #include "bench_util.h"
 
 namespace p2p_bench {
 
-struct ByteTensor {
-  int64_t shape[1];
-  DLTensor t;
-  ByteTensor(void* data, size_t bytes) {
-    shape[0] = static_cast<int64_t>(bytes);
-    std::memset(&t, 0, sizeof t);
-    t.data = data;
-    t.device.device_type = kDLCPU;
-    t.ndim = 1;
-    t.dtype.code = kDLUInt;
-    t.dtype.bits = 8;
-    t.dtype.lanes = 1;
-    t.shape = shape;
-  }
+struct ByteTensor : bench_util::Tensor1d {
+  ByteTensor(void* data, size_t bytes) : Tensor1d(data, bytes, DLDataType{kDLUInt, 8, 1}) {}
 };
 
 inline hora_request_t postRecv(const bench_util::Who& who, hora_runtime_t rt, ByteTensor& b,

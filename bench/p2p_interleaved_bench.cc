@@ -117,14 +117,8 @@ int main(int argc, char** argv) {
   int mpiRank = 0, mpiSize = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &mpiRank);
   MPI_Comm_size(MPI_COMM_WORLD, &mpiSize);
-  hora_config_t cfg;
-  hora_config_init(&cfg);
-  hora_runtime_t rt = nullptr;
-  check(hora_init(&cfg, &rt), "hora_init");
   int32_t rank = 0, size = 0;
-  check(hora_rank(rt, &rank), "hora_rank");
-  check(hora_size(rt, &size), "hora_size");
-  gWho.rank = rank;
+  hora_runtime_t rt = bench_util::initRuntime(&gWho, &rank, &size);
   if (size != 2 || mpiSize != 2 || rank != mpiRank)
     bench_util::fatal(gWho, "needs exactly 2 ranks with the same numbering in MPI and hora (got " +
                                 std::to_string(mpiSize) + " MPI ranks, hora rank " +
