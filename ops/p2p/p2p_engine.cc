@@ -87,8 +87,10 @@ Status P2pEngine::post(P2pOp* ops, size_t count) {
     }
     // Make progress right here, under the lock taken anyway: a small send
     // leaves (and a receive whose message is here completes) without a
-    // thread hand-off and without taking the lock again.
-    progressLocked(now);
+    // thread hand-off and without taking the lock again. Only for what was
+    // posted: a full round (every peer, the listener, the stall checks) was
+    // half of a small send's own time.
+    progressPostedLocked(now);
     // The thread is needed only for what inline progress left behind (a
     // connection to make, a full ring); replies wake it through the doorbell.
     needed = !incoming_.empty();
@@ -581,6 +583,9 @@ void P2pEngine::failPeerLocked(Peer& p, const Status& why) {
   for (auto& op : p.fastBusy)
     if (op) complete(std::move(op), why);
   p.fastOutstanding = 0;
+  Watch& w = watch_[p.rank];
+  for (auto& a : w.ackWant) a.store(0, std::memory_order_relaxed);
+  w.fastOutstanding.store(0, std::memory_order_relaxed);
   p.recvs.clear();
   p.sends.clear();
   p.large.clear();
@@ -707,22 +712,94 @@ bool P2pEngine::progressLocked(Clock::time_point now) {
     if (!p->wanted && p->fd < 0 &&
         (!inbox_ || (inbox_->readable(static_cast<uint32_t>(p->rank)) == 0 && !fastWorkLocked(*p))))
       continue;
-    p->wanted = true;
-    // A receive needs the connection too: over TCP only the lower rank of
-    // a pair connects, whichever of them sends first.
-    if (!p->out && p->fd < 0) connect(*p, now);
-    if (!failed_.isOk()) return true;
-    moved |= drainFastLocked(*p);
-    if (!failed_.isOk()) return true;
-    moved |= pumpIn(*p);
-    if (!failed_.isOk()) return true;
-    moved |= drainFastLocked(*p);  // a ring message may have let a later fast one through
-    if (!failed_.isOk()) return true;
-    moved |= reapFastAcksLocked(*p);
-    moved |= pumpOut(*p, now);
+    moved |= progressPeerLocked(*p, now);
   }
+  if (!failed_.isOk()) return true;
   checkLocked(now);
+  quickLookCovers_.store(quickLookCoversLocked(), std::memory_order_release);
   return moved;
+}
+
+bool P2pEngine::progressPeerLocked(Peer& p, Clock::time_point now) {
+  p.wanted = true;
+  // A receive needs the connection too: over TCP only the lower rank of
+  // a pair connects, whichever of them sends first.
+  if (!p.out && p.fd < 0) connect(p, now);
+  if (!failed_.isOk()) return true;
+  bool moved = drainFastLocked(p);
+  if (!failed_.isOk()) return true;
+  moved |= pumpIn(p);
+  if (!failed_.isOk()) return true;
+  moved |= drainFastLocked(p);  // a ring message may have let a later fast one through
+  if (!failed_.isOk()) return true;
+  moved |= reapFastAcksLocked(p);
+  moved |= pumpOut(p, now);
+  return moved;
+}
+
+void P2pEngine::progressPostedLocked(Clock::time_point now) {
+  if (!failed_.isOk() || stopping_) return;
+  Status s = ensureInbox();
+  if (!s.isOk()) {
+    fatalLocked(s.withContext("process set " + opts_.setName + ": point-to-point set-up"));
+    return;
+  }
+  // The operations stay alive in the peers' queues (or completions_) after
+  // takeIncoming(); only their peers and whether a send went through the
+  // fast box are read afterwards.
+  boost::container::small_vector<Op*, 4> posted;
+  for (auto& op : incoming_) posted.push_back(op.get());
+  takeIncoming();
+  if (listenFd_ >= 0 && awaitingAccepts_ > 0) acceptLocked();
+  // A send in the fast box needs nothing more here (its acknowledgement is
+  // reaped by whoever waits on it); anything else gets its peer's round: a
+  // receive whose message is here completes, a frame is written.
+  uint64_t done = 0;  // peers already served, for sets up to 64 ranks
+  for (Op* op : posted) {
+    if (!failed_.isOk()) return;
+    if (op->p.kind == P2pOp::kSend && op->fastSeq >= 0) continue;
+    const int r = op->p.peer;
+    if (r < 64) {
+      if (done & (uint64_t(1) << r)) continue;
+      done |= uint64_t(1) << r;
+    }
+    progressPeerLocked(*peers_[r], now);
+  }
+  if (failed_.isOk()) quickLookCovers_.store(quickLookCoversLocked(), std::memory_order_release);
+}
+
+bool P2pEngine::quickLookCoversLocked() const {
+  if (!inbox_ || !incoming_.empty() || awaitingAccepts_ > 0 || !failed_.isOk() || stopping_)
+    return false;
+  for (const auto& pp : peers_) {
+    const Peer& p = *pp;
+    if (p.rank == opts_.rank) continue;
+    if (p.fd >= 0 || !p.outq.empty() || p.inPayload || p.curGot != 0 || (p.wanted && !p.out))
+      return false;
+  }
+  return true;
+}
+
+bool P2pEngine::quickLook() const {
+  if (!quickLookCovers_.load(std::memory_order_acquire)) return true;
+  const P2pInbox* in = inboxPtr_.load(std::memory_order_acquire);
+  if (!in) return true;
+  const uint32_t n = static_cast<uint32_t>(peers_.size());
+  for (uint32_t r = 0; r < n; ++r) {
+    if (r == static_cast<uint32_t>(opts_.rank)) continue;
+    const P2pFastArea& a = in->fast(r);
+    const Watch& w = watch_[r];
+    const uint32_t next = w.fastRead.load(std::memory_order_relaxed);
+    if (a.slots[next % kP2pFastSlots].stamp.load(std::memory_order_acquire) == next + 1)
+      return true;
+    if (in->readable(r) > 0) return true;
+    if (w.fastOutstanding.load(std::memory_order_relaxed) > 0)
+      for (uint32_t i = 0; i < kP2pFastSlots; ++i) {
+        const uint32_t want = w.ackWant[i].load(std::memory_order_relaxed);
+        if (want != 0 && a.acks.acked[i].load(std::memory_order_acquire) == want) return true;
+      }
+  }
+  return false;
 }
 
 void P2pEngine::fail(const Status& why) {

@@ -191,6 +191,26 @@ class P2pEngine {
   // wait for the line to leave the peer's cache, on the message's path.
   void ringLater(Peer& p);
   struct Rings;
+  // What poll() reads between rounds of progress, without the lock (see
+  // quickLook); one per peer.
+  struct Watch;
+  // Whether a round of progress could move anything, from the words a
+  // shared-memory peer writes into our inbox (the next fast-box slot's stamp,
+  // the acknowledgements of our fast sends, its ring's head) and their
+  // expected values mirrored under mu_. False means nothing arrived; true
+  // may be a stale mirror's false alarm, or that only a full round can tell
+  // (TCP peers, frames queued, a connection to make). Any thread.
+  bool quickLook() const;
+  // With mu_ held: whether quickLook() sees everything a round would (else
+  // it answers true); stored for it at the end of every round.
+  bool quickLookCoversLocked() const;
+  // The part of a round of progress for one peer (mu_ held).
+  bool progressPeerLocked(Peer& p, Clock::time_point now);
+  // A round for what post() just queued: the peers of the receives and of
+  // the sends that did not go through the fast box, and the listener when a
+  // connection is awaited; no stall checks (the progress thread and polling
+  // waiters make full rounds).
+  void progressPostedLocked(Clock::time_point now);
   // The send awaiting accept or reject with sequence number `seq`, taken out
   // of Peer::sends or Peer::fastBusy (null: it failed meanwhile).
   OpPtr takeSendLocked(Peer& p, uint64_t seq);
@@ -227,8 +247,11 @@ class P2pEngine {
   void gpuDone(const OpPtr& op, const Status& s);  // P2pGpu's thread, without mu_
 
   static constexpr std::chrono::milliseconds kAcceptEvery{10};
-  // poll(): idle rounds between looks at where the peers poll.
-  static constexpr unsigned kIdlePollsPerYieldCheck = 16;
+  // poll(): idle looks between checks of where the peers poll, and quick
+  // looks (quickLook) between full rounds of progress (which also make the
+  // stall checks and take connections).
+  static constexpr unsigned kIdlePollsPerYieldCheck = 64;
+  static constexpr unsigned kQuickLooksPerRound = 64;
 
   const P2pEngineOptions opts_;
   mutable std::mutex mu_;  // everything below; held for a whole round of progress
@@ -242,7 +265,9 @@ class P2pEngine {
   std::atomic<int> wakeFd_{-1};               // eventfd: wakes the thread in poll()
   std::vector<char> scratch_;                 // where discarded TCP bytes go
   std::vector<std::unique_ptr<Peer>> peers_;
-  std::vector<OpPtr> incoming_;  // posted, not yet taken by progress
+  std::unique_ptr<Watch[]> watch_;            // per peer, see quickLook()
+  std::atomic<bool> quickLookCovers_{false};  // quickLookCoversLocked() after the last round
+  std::vector<OpPtr> incoming_;               // posted, not yet taken by progress
   std::atomic<size_t> live_{0};
   std::atomic<uint64_t> fastSends_{0};  // posted and not completed; changed under mu_, read without
   std::vector<std::pair<OpPtr, Status>> completions_;  // run after mu_ is released

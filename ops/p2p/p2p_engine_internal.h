@@ -154,6 +154,19 @@ struct P2pEngine::Rings {
   }
 };
 
+// A peer's words for quickLook(), written under mu_ where Peer's fast-box
+// state changes, read without it.
+struct P2pEngine::Watch {
+  Watch() {
+    for (auto& a : ackWant) a.store(0, std::memory_order_relaxed);
+  }
+  std::atomic<uint32_t> fastRead{0};    // Peer::fastRead
+  std::atomic<int> fastOutstanding{0};  // Peer::fastOutstanding
+  // Slot i busy: its fast-box number + 1, the acknowledgement that
+  // completes it; 0: free.
+  std::atomic<uint32_t> ackWant[kP2pFastSlots];
+};
+
 struct P2pEngine::Peer {
   int rank = 0;
   std::unique_ptr<P2pInbox> out;  // the peer's inbox; we write ring[our rank]

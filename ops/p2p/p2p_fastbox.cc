@@ -42,6 +42,9 @@ bool P2pEngine::tryFastSendLocked(Peer& p, const OpPtr& op) {
   p.fastNext = n + 1;
   p.fastBusy[i] = op;
   ++p.fastOutstanding;
+  Watch& w = watch_[p.rank];
+  w.ackWant[i].store(n + 1, std::memory_order_relaxed);
+  w.fastOutstanding.store(p.fastOutstanding, std::memory_order_relaxed);
   op->fastSeq = n;
   // Written under the engine's lock only: no locked instruction needed.
   fastSends_.store(fastSends_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
@@ -90,6 +93,7 @@ bool P2pEngine::drainFastLocked(Peer& p) {
     if (h.bytes) std::memcpy(data, s.data, h.bytes);
     const int64_t fastSeq = p.fastRead;
     ++p.fastRead;
+    watch_[p.rank].fastRead.store(p.fastRead, std::memory_order_relaxed);
     ++p.nextRecvSeq;
     p.wanted = true;
     deliverLocked(p, h, data, fastSeq);
@@ -126,9 +130,11 @@ bool P2pEngine::reapFastAcksLocked(Peer& p) {
     OpPtr send = std::move(busy);
     busy = nullptr;
     --p.fastOutstanding;
+    watch_[p.rank].ackWant[i].store(0, std::memory_order_relaxed);
     complete(std::move(send), Status());
     moved = true;
   }
+  if (moved) watch_[p.rank].fastOutstanding.store(p.fastOutstanding, std::memory_order_relaxed);
   return moved;
 }
 
@@ -156,11 +162,16 @@ P2pEngine::OpPtr P2pEngine::takeSendLocked(Peer& p, uint64_t seq) {
   // A fast-box message rejected, or accepted by a frame (its receiver had
   // not mapped our inbox yet).
   if (p.fastOutstanding > 0)
-    for (OpPtr& busy : p.fastBusy)
+    for (uint32_t i = 0; i < kP2pFastSlots; ++i) {
+      OpPtr& busy = p.fastBusy[i];
       if (busy && busy->seq == seq) {
         --p.fastOutstanding;
+        Watch& w = watch_[p.rank];
+        w.ackWant[i].store(0, std::memory_order_relaxed);
+        w.fastOutstanding.store(p.fastOutstanding, std::memory_order_relaxed);
         return std::move(busy);
       }
+    }
   return nullptr;
 }
 

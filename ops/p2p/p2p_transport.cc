@@ -28,6 +28,7 @@ P2pEngine::P2pEngine(P2pEngineOptions options) : opts_(std::move(options)) {
     peers_.push_back(std::make_unique<Peer>());
     peers_.back()->rank = r;
   }
+  watch_ = std::make_unique<Watch[]>(static_cast<size_t>(n));
 }
 
 P2pEngine::~P2pEngine() { shutdown("the process set was destroyed"); }
@@ -75,15 +76,22 @@ void P2pEngine::poll(const std::atomic<bool>& done) {
   auto now = Clock::now();
   const auto until = now + std::chrono::microseconds(opts_.spinUs);
   beginDrive();
-  for (unsigned i = 1, idle = 0;; ++i) {
+  for (unsigned i = 1, idle = 0, looks = 0;; ++i) {
     if (done.load(std::memory_order_acquire)) break;
-    // drive() is the whole loop: for a small message this loop is most of
-    // the latency, so the clock is read every 16 rounds only.
-    if (drive(now)) {
-      idle = 0;
-      continue;
+    // For a small message this loop is most of the latency: between full
+    // rounds of progress (the lock, every peer) it only looks at the words
+    // a peer writes when it has something for us, and the clock is read
+    // every 64 looks.
+    if (looks < kQuickLooksPerRound && !quickLook()) {
+      ++looks;
+    } else {
+      looks = 0;
+      if (drive(now)) {
+        idle = 0;
+        continue;
+      }
     }
-    if ((i & 15) == 0 && (now = Clock::now()) >= until) break;
+    if ((i & 63) == 0 && (now = Clock::now()) >= until) break;
     cpuRelax();
     // A reply that is late may wait for a peer that polls on our CPU (more
     // ranks than cores, or the scheduler put them together): spinning would
