@@ -5,7 +5,9 @@
 //
 // Every rank runs `iters` float32 sum allreduces of `bytes` back to back
 // (one stable name, so the response cache is hit as in training) through the
-// C ABI, timing hora_allreduce_async + hora_wait + hora_request_free, then
+// C ABI, timing hora_allreduce_async + hora_wait + hora_request_free (not the
+// buffer's fill and check; from 256 KiB after a barrier, as
+// mpi-allreduce-bench times MPI_Allreduce), then
 // reads its own set's metrics (core/telemetry.h), which split each tensor's
 // life on the runtime's threads:
 //   negotiation  submit (framework thread) -> agreed (control thread applied
@@ -14,6 +16,8 @@
 //   data plane   the group on the data plane (shared memory / Gloo);
 //   rest         total - the three: enqueue, completion and the waiter's
 //                wake-up, request create/free.
+// From 256 KiB the metrics also count the barriers (negotiation and data
+// plane); the split is meant for the small sizes.
 // Before that it measures the costs of the hops those stages are made of on
 // this machine, each as a ping-pong between two threads (half a round trip):
 // a condition-variable wake-up, a Boost.Asio post to a sleeping io_context,
@@ -216,17 +220,35 @@ int main(int argc, char** argv) {
   o.name = "probe";
   o.op = HORA_OP_SUM;
   size_t wrong = 0;
+  // As mpi-allreduce-bench times MPI_Allreduce: the fill and the check stay
+  // outside the timed part (at 1 MiB they took longer than the allreduce),
+  // and from 256 KiB a barrier lines the ranks up before each timed call,
+  // so that no rank's time includes a peer still checking the last result.
+  const bool syncEach = bytes >= (256u << 10);
+  hora_options_t bo;
+  hora_options_init(&bo);
+  auto barrier = [&] {
+    hora_request_t req = nullptr;
+    check(hora_barrier_async(rt, &bo, &req), "hora_barrier_async");
+    check(hora_wait(req, -1.0), "hora_wait (barrier)");
+    hora_request_free(req);
+  };
+  // Returns the microseconds of the allreduce alone.
   auto one = [&](int it) {
     for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>((rank + it + i) % 7);
+    if (syncEach) barrier();
+    const auto s0 = Clock::now();
     hora_request_t req = nullptr;
     check(hora_allreduce_async(rt, &t, &t, &o, &req), "hora_allreduce_async");
     check(hora_wait(req, -1.0), "hora_wait");
     hora_request_free(req);
+    const double us = usSince(s0);
     for (size_t i = 0; i < count; ++i) {
       float want = 0;
       for (int r = 0; r < size; ++r) want += static_cast<float>((r + it + i) % 7);
       wrong += buf[i] != want;
     }
+    return us;
   };
   for (int it = 0; it < warmup; ++it) one(it);
   auto metrics = [&] {
@@ -239,13 +261,11 @@ int main(int argc, char** argv) {
   };
   std::string m0 = metrics();
   std::vector<double> samples(iters);
-  auto t0 = Clock::now();
+  double total = 0;  // mean, of the timed parts only
   for (int it = 0; it < iters; ++it) {
-    auto s0 = Clock::now();
-    one(warmup + it);
-    samples[it] = usSince(s0);
+    samples[it] = one(warmup + it);
+    total += samples[it] / iters;
   }
-  double total = usSince(t0) / iters;
   std::sort(samples.begin(), samples.end());
   const double median = samples[samples.size() / 2], p10 = samples[samples.size() / 10];
   std::string m1 = metrics();
