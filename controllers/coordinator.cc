@@ -201,6 +201,7 @@ void Coordinator::markReadyIfComplete(const std::string& name) {
   if (it == table_.end() || !complete(it->second)) return;
   ready_.push_back(constructResponse(name, it->second));
   table_.erase(it);
+  lastStallFailure_.clear();  // every rank took part since: the stall is over
 }
 
 Response Coordinator::constructResponse(const std::string& name, Pending& p) {
@@ -436,6 +437,7 @@ std::vector<std::string> Coordinator::inspectStalls(Clock::time_point now) {
                 "uneven data (use join), or a rank that is stuck or slow.";
       ready_.push_back(e);
       expired.push_back(name);
+      lastStallFailure_ = "\"" + name + "\" (missing on ranks " + rankList(missingRanks(p)) + ")";
     } else if (!p.warned && waited >= opts_.stallWarning) {
       p.warned = true;
       warnings.push_back(report + " (stall warning; fails after HORA_STALL_SHUTDOWN_TIME_S=" +
@@ -447,7 +449,10 @@ std::vector<std::string> Coordinator::inspectStalls(Clock::time_point now) {
 }
 
 std::string Coordinator::pendingSummary(size_t maxNames) const {
-  if (table_.empty()) return "no tensors pending";
+  if (table_.empty())
+    return lastStallFailure_.empty() ? "no tensors pending"
+                                     : "no tensors pending; the stall check had already failed " +
+                                           lastStallFailure_ + " after HORA_STALL_SHUTDOWN_TIME_S";
   std::string s;
   size_t n = 0;
   for (const auto& [name, p] : table_) {

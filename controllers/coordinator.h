@@ -82,7 +82,11 @@ class Coordinator {
   std::vector<std::string> inspectStalls(Clock::time_point now);
 
   // A one-line summary of what is pending and who is missing (for reports
-  // when a rank is lost or the job shuts down).
+  // when a rank is lost or the job shuts down). With nothing pending after
+  // the stall check failed tensors, it names the last of those and the ranks
+  // that never submitted it: a rank that stalled (SIGSTOP, a hung data
+  // loader) is usually lost later, and "no tensors pending" alone then read
+  // as if the loss came out of nowhere.
   std::string pendingSummary(size_t maxNames = 8) const;
 
   // The cross-rank hang report: for every rank, the pending tensors it
@@ -115,6 +119,8 @@ class Coordinator {
   std::deque<Response> ready_;  // constructed, in readiness order
   std::vector<bool> joined_;
   int joinedCount_ = 0;
+  // The last tensor the stall check failed: '"name" (missing on ranks 1,2)'.
+  std::string lastStallFailure_;
   int lastJoined_ = -1;
 };
 

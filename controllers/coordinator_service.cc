@@ -82,7 +82,7 @@ Status CoordinatorService::describeLoss(int, const Status& why) const {
   std::string report = coordinator_.pendingSummary();
   if (!running.empty())
     report = "running on the data plane: " + running +
-             (report == "no tensors pending" ? "" : "; " + report);
+             (report.rfind("no tensors pending", 0) == 0 ? "" : "; " + report);
   return Status(why.code(), why.message() + " [" + report + "]");
 }
 

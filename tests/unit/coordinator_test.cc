@@ -1122,8 +1122,14 @@ TEST_F(CoordinatorTest, StallWarningOnceThenTimeoutError) {
   EXPECT_FALSE(coord_->hasReady());
   EXPECT_EQ(coord_->pendingCount(), 1u);
 
+  EXPECT_TRUE(contains(coord_->pendingSummary(), "1 tensors pending")) << coord_->pendingSummary();
   EXPECT_TRUE(coord_->inspectStalls(t0_ + seconds(20)).empty());
   EXPECT_EQ(coord_->pendingCount(), 0u);
+  // A rank lost after this is reported with what the stall check failed,
+  // not with a bare "no tensors pending".
+  EXPECT_EQ(coord_->pendingSummary(),
+            "no tensors pending; the stall check had already failed \"slow\" (missing on ranks "
+            "2) after HORA_STALL_SHUTDOWN_TIME_S");
   ASSERT_TRUE(coord_->hasReady());
   Response e = emitOne();
   EXPECT_EQ(e.kind, ResponseKind::kError);
@@ -1132,6 +1138,10 @@ TEST_F(CoordinatorTest, StallWarningOnceThenTimeoutError) {
   EXPECT_TRUE(contains(e.error, "missing on ranks 2")) << e.error;
   EXPECT_TRUE(contains(e.error, "HORA_STALL_SHUTDOWN_TIME_S=20")) << e.error;
   EXPECT_TRUE(coord_->inspectStalls(t0_ + seconds(100)).empty());
+  // Once every rank takes part in a tensor again the stall is history.
+  for (int r = 0; r < 3; ++r)
+    ASSERT_TRUE(submit(r, allreduce("after", 4), t0_ + seconds(21)).isOk());
+  EXPECT_EQ(coord_->pendingSummary(), "no tensors pending");
 }
 
 TEST_F(CoordinatorTest, StallClockStartsAtFirstSubmission) {
