@@ -94,10 +94,16 @@ void ControlPlane::runWithLane() {
   lane_->setPolling(true);
   Clock::time_point lastWork = Clock::now();
   uint32_t rounds = 0;
+  uint64_t postsSeen = posted_.load(std::memory_order_acquire);
   while (!io_.stopped()) {
     bool did = pollLane();
-    // The event loop's own poll is a system call (epoll): every few rounds.
-    if (did || (++rounds & 7) == 0) did |= io_.poll() > 0;
+    // The event loop's own poll is a system call (epoll): every few rounds,
+    // or at once when post() queued a handler.
+    const uint64_t posts = posted_.load(std::memory_order_acquire);
+    if (did || posts != postsSeen || (++rounds & 7) == 0) {
+      postsSeen = posts;
+      did |= io_.poll() > 0;
+    }
     if (did) {
       lastWork = Clock::now();
       continue;

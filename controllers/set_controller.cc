@@ -43,7 +43,7 @@ SetController::SetController(SetControllerOptions options, ControlPlane& cp,
     });
   });
   if (link_->wantsExecutorIdle())
-    queue_.setGroupDoneHook([this] { asio::post(cp_.io(), [this] { link_->executorIdle(); }); });
+    queue_.setGroupDoneHook([this] { cp_.post([this] { link_->executorIdle(); }); });
 }
 
 SetController::~SetController() { stop(); }
@@ -113,7 +113,7 @@ Status SetController::enqueue(std::vector<EntryPtr> entries) {
       inbox_.push_back(e);
     }
   }
-  if (!drainPosted_.exchange(true)) asio::post(cp_.io(), [this] { drainInbox(); });
+  if (!drainPosted_.exchange(true)) cp_.post([this] { drainInbox(); });
   return Status::ok();
 }
 
