@@ -106,9 +106,10 @@ const std::vector<ParamSpec>& paramRegistry() {
        "stays "
        "on "
        "Gloo and the reason is logged."},
-      {"HORA_SHM_CHUNK_BYTES", ParamType::kInt, "4194304",
-       "Pipeline chunk of the shared-memory allreduce; each rank's segment holds two (a multiple "
-       "of 64)."},
+      {"HORA_SHM_CHUNK_BYTES", ParamType::kInt, "1048576",
+       "Pipeline chunk of the shared-memory allreduce, broadcast and allgather at start (a "
+       "multiple of 64; autotune may change it). Each rank's segment holds two slots of "
+       "max(this, 4 MiB); reducescatter and alltoall use whole slots."},
       {"HORA_SHM_MIN_BYTES", ParamType::kInt, "0",
        "Allreduce payloads smaller than this go through Gloo even when shared memory is on."},
       {"HORA_SHM_NEGOTIATION", ParamType::kBool, "1",

@@ -30,10 +30,17 @@ enum class TuneDim : int {
 };
 constexpr int kTuneDims = 5;
 
+// The shared-memory segments' slots are at least this large whatever chunk a
+// set starts with, so that autotune can try chunks up to it
+// (bench/results/2026-11-25-shm-chunk.md: 1 MiB chunks were faster for the
+// ResNet-50 step and for 2 ranks with a core each, 4 MiB ones for single
+// 4-16 MiB allreduces with more ranks than cores).
+constexpr int64_t kShmMinSlotBytes = int64_t{4} << 20;
+
 struct TuningValues {
   int64_t fusionThresholdBytes = int64_t{128} << 20;
   int64_t cycleTimeUs = 1000;
-  int64_t shmChunkBytes = int64_t{4} << 20;
+  int64_t shmChunkBytes = int64_t{1} << 20;
   int64_t shmMinBytes = 0;
   // Gloo allreduce payloads up to this many bytes use Gloo's own allreduce
   // (bcube under HORA_GLOO_ALGORITHM=auto); larger ones hora's overlapped ring.

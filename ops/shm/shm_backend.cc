@@ -58,7 +58,7 @@ ShmBackend::ShmBackend(std::vector<std::unique_ptr<ShmSegment>> segments, int ra
       size_(static_cast<int>(segs_.size())),
       fallback_(std::move(fallback)),
       opts_(opts),
-      chunkBytes_(segs_[rank_]->slotBytes()),
+      chunkBytes_(std::min(opts.chunkBytes, segs_[rank_]->slotBytes())),
       minBytes_(opts.minBytes) {
   // Touched now, not on the first small allreduce.
   scratch_.assign(std::min(kSmallChunkBytes, segs_[rank_]->slotBytes()), 0);
@@ -272,7 +272,7 @@ Status ShmBackend::shmAllreduceCross(size_t count, DataType dtype, ReduceOp op, 
   const size_t es = dataTypeSize(dtype);
   const ReduceFn reduce = reduceFunction(dtype, op);
   ShmSegment& own = *segs_[rank_];
-  const size_t chunkElems = std::max<size_t>(1, own.slotBytes() / es);
+  const size_t chunkElems = std::max<size_t>(1, chunkBytes_ / es);
   const size_t align = std::max<size_t>(1, kPartAlignBytes / es);
   const size_t n = static_cast<size_t>(size_);
   struct Chunk {
@@ -511,14 +511,17 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
   // all decide alike (a rank that refuses cannot leave the others waiting
   // for its segment, and unequal settings would route one allreduce through
   // shm on some ranks and Gloo on others).
+  const size_t slot = std::max(opts.slotBytes, opts.chunkBytes);
   std::string self;
   if (!opts.enabled) {
     self = "no HORA_SHM=0 on this rank";
-  } else if (opts.chunkBytes < 64 || opts.chunkBytes % 64 != 0) {
+  } else if (opts.chunkBytes < 64 || opts.chunkBytes % 64 != 0 || slot % 64 != 0) {
     self = "no HORA_SHM_CHUNK_BYTES=" + std::to_string(opts.chunkBytes) +
            " on this rank is not a positive multiple of 64";
   } else {
-    self = "ok " + std::to_string(opts.chunkBytes) + " " + std::to_string(opts.minBytes) + " " +
+    // chunk/slot in one field: the settings every rank must share.
+    self = "ok " + std::to_string(opts.chunkBytes) + "/" + std::to_string(slot) + " " +
+           std::to_string(opts.minBytes) + " " +
            (opts.hostId.empty() ? hostIdentity() : opts.hostId);
   }
   auto hosts = exchange(*store, "host", rank, size, self, opts.startTimeout);
@@ -542,7 +545,7 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
   const std::string name =
       "hora-" + std::to_string(::getpid()) + "-" + randomHex() + "-r" + std::to_string(rank);
   std::vector<std::unique_ptr<ShmSegment>> segs(size);
-  auto own = ShmSegment::create(opts.dir, name, opts.chunkBytes);
+  auto own = ShmSegment::create(opts.dir, name, slot);
   std::string mine = own.isOk() ? "ok " + name : "no " + own.status().message();
   if (own.isOk()) segs[rank] = own.take();
   auto created = exchange(*store, "created", rank, size, mine, opts.startTimeout);
@@ -553,7 +556,7 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
   std::string opened = "ok";
   for (int r = 0; r < size && opened == "ok"; ++r) {
     if (r == rank) continue;
-    auto seg = ShmSegment::open(opts.dir, created.value()[r].substr(3), opts.chunkBytes);
+    auto seg = ShmSegment::open(opts.dir, created.value()[r].substr(3), slot);
     if (seg.isOk()) {
       segs[r] = seg.take();
     } else {

@@ -61,8 +61,12 @@ struct ShmBackendOptions {
   // false: this rank takes part in the set-up exchange but refuses, so the
   // whole communicator stays on the fallback.
   bool enabled = true;
-  // Bytes per slot: the pipeline's chunk. Each rank's segment holds two.
-  size_t chunkBytes = 4 << 20;
+  // The pipeline's chunk of allreduce, broadcast and allgather at start
+  // (autotune may change it, up to the slot).
+  size_t chunkBytes = 1 << 20;
+  // Bytes per slot; each rank's segment holds two. Reducescatter and
+  // alltoall use whole slots. 0, or less than chunkBytes: chunkBytes.
+  size_t slotBytes = 0;
   // Allreduce payloads below this many bytes go to the fallback.
   size_t minBytes = 0;
   // Bounds every wait for a peer.

@@ -282,7 +282,7 @@ TEST(Autotune, CsvLines) {
             "window,search,event,fusion_threshold_bytes,cycle_time_us,shm_chunk_bytes,"
             "shm_min_bytes,gloo_bcube_max_bytes,cost,unit");
   EXPECT_EQ(autotuneCsvLine(tr, "s/step"),
-            "3,1,accepted,134217728,1000,4194304,0,1048576,0.125,s/step");
+            "3,1,accepted,134217728,1000,1048576,0,1048576,0.125,s/step");
 }
 
 // ---- StepMeter ----

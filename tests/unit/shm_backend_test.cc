@@ -366,6 +366,46 @@ TEST(ShmBackendTest, UnequalSettingsKeepEveryRankOnGloo) {
   checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 300);
 }
 
+TEST(ShmBackendTest, ChunkSmallerThanTheSlot) {
+  // The runtime's default: 4 MiB slots (reducescatter and alltoall use them
+  // whole), allreduce, broadcast and allgather pipelined in smaller chunks.
+  for (int size : {2, 3}) {
+    ShmWorld w = makeShmWorld(size, [](int) {
+      ShmBackendOptions so;
+      so.chunkBytes = 4096;
+      so.slotBytes = 64 << 10;
+      return so;
+    });
+    for (int r = 0; r < size; ++r) {
+      ASSERT_TRUE(w.world[r]);
+      EXPECT_EQ(w.world[r]->name(), "shm+gloo") << w.whyNot[r];
+    }
+    for (size_t count : {size_t{1}, size_t{1001}, size_t{100003}}) {
+      checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, count);
+      checkAllreduceGather(w.world, DataType::kFloat64, ReduceOp::kMax, count);
+    }
+    std::vector<size_t> counts(size);
+    for (int r = 0; r < size; ++r) counts[r] = 3001 * (r + 1);  // parts span several chunks
+    checkAllgatherv(w.world, counts);
+    checkAllreduce(w.world, DataType::kInt32, ReduceOp::kSum, 70001);
+  }
+}
+
+TEST(ShmBackendTest, UnequalSlotsKeepEveryRankOnGloo) {
+  ShmWorld w = makeShmWorld(2, [](int r) {
+    ShmBackendOptions so;
+    so.chunkBytes = 4096;
+    so.slotBytes = r == 0 ? 64 << 10 : 0;
+    return so;
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(w.world[r]);
+    EXPECT_EQ(w.world[r]->name(), "gloo");
+    EXPECT_NE(w.whyNot[r].find("differ between ranks 0 and 1"), std::string::npos) << w.whyNot[r];
+  }
+  checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 300);
+}
+
 // ------------------------------------------------------------ failure paths
 
 TEST(ShmBackendTest, StalledPeerTimesOutNamingIt) {
