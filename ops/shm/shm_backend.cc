@@ -272,7 +272,10 @@ Status ShmBackend::shmAllreduceCross(size_t count, DataType dtype, ReduceOp op, 
   const size_t es = dataTypeSize(dtype);
   const ReduceFn reduce = reduceFunction(dtype, op);
   ShmSegment& own = *segs_[rank_];
-  const size_t chunkElems = std::max<size_t>(1, chunkBytes_ / es);
+  // Whole slots, not the tuned chunk: each chunk also crosses hosts through
+  // Gloo, whose per-call cost across hosts is far above a local round (the
+  // hierarchy was measured with 4 MiB; bench/results/2026-11-24-hier-allreduce.md).
+  const size_t chunkElems = std::max<size_t>(1, own.slotBytes() / es);
   const size_t align = std::max<size_t>(1, kPartAlignBytes / es);
   const size_t n = static_cast<size_t>(size_);
   struct Chunk {

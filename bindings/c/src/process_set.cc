@@ -29,11 +29,6 @@ SharedSettings sharedSettings(const SetOptions& o) {
 
 namespace {
 
-// The slots of a set's shared-memory segments: at least
-// kShmMinSlotBytes, so that autotune can try chunks larger than the one a
-// set starts with (HORA_SHM_CHUNK_BYTES).
-int64_t shmSlotBytes(int64_t chunkBytes) { return std::max(chunkBytes, kShmMinSlotBytes); }
-
 // What set rank 0's autotune starts from and may change; null when it is off
 // (HORA_AUTOTUNE=0, a set of one rank, or nothing left to tune).
 std::shared_ptr<const AutotuneDriverOptions> autotuneOptions(const SetOptions& o,
@@ -44,7 +39,7 @@ std::shared_ptr<const AutotuneDriverOptions> autotuneOptions(const SetOptions& o
   auto at = std::make_shared<AutotuneDriverOptions>();
   at->tuner.start = start;
   at->tuner.seed = o.autotuneSeed;
-  at->tuner.shmSlotBytes = std::max<int64_t>(shmSlotBytes(o.shmChunkBytes), 64);
+  at->tuner.shmSlotBytes = std::max<int64_t>(std::max(o.shmSlotBytes, o.shmChunkBytes), 64);
   for (int d = 0; d < kTuneDims; ++d) at->tuner.tune[d] = !o.autotunePinned[d];
   // Only what the set's data plane uses: the shm values on shared memory,
   // the Gloo cut-over without it (and not when bcube is forced).
@@ -130,7 +125,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   ShmBackendOptions sho;
   sho.enabled = o.shm && o.shmChunkBytes > 0 && o.shmMinBytes >= 0;
   sho.chunkBytes = static_cast<size_t>(std::max<int64_t>(o.shmChunkBytes, 0));
-  sho.slotBytes = static_cast<size_t>(shmSlotBytes(o.shmChunkBytes));
+  sho.slotBytes = static_cast<size_t>(std::max<int64_t>(o.shmSlotBytes, 0));
   sho.minBytes = static_cast<size_t>(std::max<int64_t>(o.shmMinBytes, 0));
   sho.timeout = o.peerTimeout;
   sho.startTimeout = o.startTimeout;

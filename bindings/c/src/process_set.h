@@ -53,7 +53,10 @@ struct SetOptions {
   std::string glooIface;
   GlooAlgorithm glooAlgorithm = GlooAlgorithm::kAuto;
   bool shm = true;
-  int64_t shmChunkBytes = 4 << 20;
+  int64_t shmChunkBytes = 1 << 20;
+  // Each of a segment's two slots (runtime.cc: HORA_SHM_CHUNK_BYTES when set,
+  // else max(chunk, kShmMinSlotBytes)).
+  int64_t shmSlotBytes = int64_t{4} << 20;
   int64_t shmMinBytes = 0;
   // Online autotune (core/autotune.h, controllers/autotune_driver.h): on, its
   // CSV log, its seed, and the parameters that stay as configured.

@@ -542,6 +542,12 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
     return internalError("HORA_GLOO_ALGORITHM or HORA_GPU_BACKEND passed the registry's check");
   so.shm = p.getBool("HORA_SHM");
   so.shmChunkBytes = p.getInt("HORA_SHM_CHUNK_BYTES");
+  // Set: chunk and slot as before 1 MiB became the default chunk (a user's
+  // or a test's value keeps its meaning); unset: room for autotune to try
+  // chunks up to kShmMinSlotBytes.
+  so.shmSlotBytes = p.isSet("HORA_SHM_CHUNK_BYTES")
+                        ? so.shmChunkBytes
+                        : std::max<int64_t>(so.shmChunkBytes, kShmMinSlotBytes);
   so.shmMinBytes = p.getInt("HORA_SHM_MIN_BYTES");
   so.autotune = p.getBool("HORA_AUTOTUNE");
   so.autotuneLog = p.getString("HORA_AUTOTUNE_LOG");
