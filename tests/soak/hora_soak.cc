@@ -274,10 +274,15 @@ double inputValue(const Op& o, int t, int s, int n, int64_t i) {
   return x;
 }
 
-// The reduced value at element i over the n set ranks, as hora documents it (core/reduce.h).
-double reduced(const Op& o, int t, int n, int64_t i) {
-  double acc = inputValue(o, t, 0, n, i);
-  for (int s = 1; s < n; ++s) {
+// The reduced value at element i over the n set ranks, as hora documents it (core/reduce.h);
+// with `from`, over the ranks it marks only (a join step: joined ranks contribute the op's
+// identity; never an average there).
+double reduced(const Op& o, int t, int n, int64_t i, const std::vector<bool>* from = nullptr) {
+  int first = 0;
+  while (from && !(*from)[size_t(first)]) ++first;
+  double acc = inputValue(o, t, first, n, i);
+  for (int s = first + 1; s < n; ++s) {
+    if (from && !(*from)[size_t(s)]) continue;
     double x = inputValue(o, t, s, n, i);
     switch (o.op) {
       case 0:
@@ -620,7 +625,97 @@ struct Soak {
     }
   }
 
+  // A join step (the global set, never a fault's step, about 1 step in 25): rank r runs k_r
+  // allreduces (0-3, drawn alike on every rank) and then joins, as a rank with uneven data
+  // does after its last batch. Allreduce i is agreed once every rank has submitted it or
+  // joined, so it reduces over the ranks with k_r > i; a rank with the largest k_r finishes
+  // its last allreduce only after every other rank joined, so the join names one of those
+  // as the last to join.
+  bool joinStepAt(int64_t step) const {
+    if (size < 2 || (args.fault != "none" && step == args.faultStep)) return false;
+    Rng r(args.seed * 0x9e3779b97f4a7c15ull ^ uint64_t(step) ^ 0x70142ull);
+    return r.chance(4);
+  }
+
+  void runJoinStep(int64_t step) {
+    Rng r(args.seed ^ (uint64_t(step) << 20) ^ 0x70143ull);
+    std::vector<int> k(size_t(size), 0);
+    int most = 0;
+    for (int q = 0; q < size; ++q) most = std::max(most, k[size_t(q)] = int(r.below(4)));
+    std::vector<Pending> pending;
+    for (int i = 0; i < k[size_t(rank)]; ++i) {
+      Pending p;
+      p.op = drawOp(mix(args.seed ^ (uint64_t(step) << 8) ^ uint64_t(i) ^ 0x70144ull), size);
+      p.op.kind = kAllreduce;
+      if (p.op.op == 1) p.op.op = 0;  // no average: its quotient would depend on who joined
+      p.op.dataKey = mix(args.seed ^ (uint64_t(step) << 16) ^ (uint64_t(i) << 4) ^ 0x70145ull);
+      p.op.name = "j" + std::to_string(step) + "." + std::to_string(i) + ".allreduce";
+      p.index = i;
+      const hora_status_t st = submit(p.op, 0, false, &p);
+      if (st != HORA_SUCCESS) {
+        ++c.failed;
+        report("soak-error " + tag(step) + " name=" + p.op.name +
+               " submit status=" + std::to_string(st) + " msg=" + hora_last_error_message());
+        stop = true;
+        break;
+      }
+      pending.push_back(std::move(p));
+    }
+    for (Pending& p : pending) {
+      const hora_status_t st = hora_wait(p.req, -1);
+      if (st == HORA_SUCCESS) {
+        ++c.collectives;
+        // Counted once per job: by the lowest rank that submitted it.
+        int lowest = 0;
+        while (k[size_t(lowest)] <= p.index) ++lowest;
+        if (lowest == rank) ++c.led;
+        std::vector<bool> from(static_cast<size_t>(size));
+        for (int q = 0; q < size; ++q) from[size_t(q)] = k[size_t(q)] > p.index;
+        bool ok = true;
+        for (size_t t = 0; t < p.in.size() && ok; ++t)
+          ok = same(step, p.op, p.in[t].dl.data, 0, p.in[t].count(),
+                    [&](int64_t i) { return reduced(p.op, int(t), size, i, &from); });
+        if (!ok) ++c.wrong;
+      } else {
+        ++c.failed;
+        report("soak-error " + tag(step) + " name=" + p.op.name + " status=" + std::to_string(st) +
+               " expected=0 msg=" + hora_last_error_message());
+        stop = true;
+      }
+      hora_request_free(p.req);
+    }
+    hora_request_t join = nullptr;
+    hora_options_t opt;
+    hora_options_init(&opt);
+    if (!stop && hora_join_async(rt, &opt, &join) != HORA_SUCCESS) {
+      ++c.failed;
+      report("soak-error " + tag(step) + " name=join submit msg=" + hora_last_error_message());
+      stop = true;
+    }
+    if (!join) return;
+    const hora_status_t st = hora_wait(join, -1);
+    int32_t last = -1;
+    if (st == HORA_SUCCESS) {
+      ++c.collectives;
+      if (rank == 0) ++c.led;
+      if (hora_request_join_last_rank(join, &last) != HORA_SUCCESS || last < 0 || last >= size ||
+          k[size_t(last)] != most) {
+        ++c.wrong;
+        report("soak-wrong " + tag(step) + " name=join last joined rank " + std::to_string(last) +
+               " submitted " + (last >= 0 && last < size ? std::to_string(k[size_t(last)]) : "?") +
+               " allreduces; the last to join submitted " + std::to_string(most));
+      }
+    } else {
+      ++c.failed;
+      report("soak-error " + tag(step) + " name=join status=" + std::to_string(st) +
+             " expected=0 msg=" + hora_last_error_message());
+      stop = true;
+    }
+    hora_request_free(join);
+  }
+
   void runStep(int64_t step) {
+    if (joinStepAt(step)) return runJoinStep(step);
     std::vector<Op> ops;
     const int set = drawStep(step, &ops);
     if (sets[set].rank < 0) return;
