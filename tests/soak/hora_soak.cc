@@ -407,9 +407,11 @@ struct Soak {
         if (faultHere && j == 0 && o.kind == kGrouped) o.kind = kAllreduce;
         o.name = "u" + std::to_string(step) + "." + std::to_string(j) + "." + kKindNames[o.kind];
       }
-      // A fault's step holds collectives only: every survivor must fail in that step, and a
-      // ring exchange between two survivors may complete before they learn of the fault.
-      if (faultHere && o.kind == kP2p) o.kind = kAllreduce, o.name += ".allreduce";
+      // A fault's first op is a collective: every survivor must fail in that step, and a ring
+      // exchange between two survivors may complete before they learn of the fault. Later ring
+      // exchanges stay: the ones with the faulty rank must fail (or, for mismatch and missing,
+      // complete exactly), never hang.
+      if (faultHere && j == 0 && o.kind == kP2p) o.kind = kAllreduce, o.name += ".allreduce";
       o.dataKey = mix(args.seed ^ (uint64_t(step) << 16) ^ (uint64_t(j) << 4) ^ 0xda7aull);
       ops->push_back(std::move(o));
     }
