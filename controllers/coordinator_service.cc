@@ -80,9 +80,13 @@ Status CoordinatorService::describeLoss(int, const Status& why) const {
   // say what was running on the data plane instead of "no tensors pending".
   const std::string running = queue_.runningSummary();
   std::string report = coordinator_.pendingSummary();
-  if (!running.empty())
-    report = "running on the data plane: " + running +
-             (report.rfind("no tensors pending", 0) == 0 ? "" : "; " + report);
+  if (!running.empty()) {
+    // Keep what follows "no tensors pending; " (what the stall check failed).
+    const std::string none = "no tensors pending";
+    if (report.rfind(none, 0) == 0)
+      report = report.size() > none.size() + 2 ? report.substr(none.size() + 2) : "";
+    report = "running on the data plane: " + running + (report.empty() ? "" : "; " + report);
+  }
   return Status(why.code(), why.message() + " [" + report + "]");
 }
 

@@ -109,8 +109,8 @@ const std::vector<ParamSpec>& paramRegistry() {
       {"HORA_SHM_CHUNK_BYTES", ParamType::kInt, "1048576",
        "Pipeline chunk of the shared-memory allreduce, broadcast and allgather (a multiple of "
        "64). Each rank's segment holds two slots, which reducescatter and alltoall use whole: "
-       "of this size when set (autotune then leaves the chunk alone), of 4 MiB when unset, so "
-       "that autotune can try chunks from 256 KiB up to 4 MiB."},
+       "of this size when set (autotune then leaves the chunk alone unless HORA_AUTOTUNE=1 is set "
+       "too), of 4 MiB when unset, so that autotune can try chunks from 256 KiB up to 4 MiB."},
       {"HORA_SHM_MIN_BYTES", ParamType::kInt, "0",
        "Allreduce payloads smaller than this go through Gloo even when shared memory is on."},
       {"HORA_SHM_NEGOTIATION", ParamType::kBool, "1",

@@ -247,9 +247,9 @@ class P2pEngine {
   void gpuDone(const OpPtr& op, const Status& s);  // P2pGpu's thread, without mu_
 
   static constexpr std::chrono::milliseconds kAcceptEvery{10};
-  // poll(): idle looks between checks of where the peers poll, and quick
-  // looks (quickLook) between full rounds of progress (which also make the
-  // stall checks and take connections).
+  // poll(): idle ticks (a quick look 1, a full round 4) between checks of
+  // where the peers poll, and quick looks (quickLook) between full rounds of
+  // progress (which also make the stall checks and take connections).
   static constexpr unsigned kIdlePollsPerYieldCheck = 64;
   static constexpr unsigned kQuickLooksPerRound = 64;
 

@@ -43,6 +43,8 @@ bool P2pEngine::tryFastSendLocked(Peer& p, const OpPtr& op) {
   p.fastBusy[i] = op;
   ++p.fastOutstanding;
   Watch& w = watch_[p.rank];
+  // n + 1 wraps to 0 ("free") once every 2^32 sends: quickLook then misses
+  // that one acknowledgement until poll()'s next full round.
   w.ackWant[i].store(n + 1, std::memory_order_relaxed);
   w.fastOutstanding.store(p.fastOutstanding, std::memory_order_relaxed);
   op->fastSeq = n;

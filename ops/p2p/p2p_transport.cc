@@ -76,29 +76,40 @@ void P2pEngine::poll(const std::atomic<bool>& done) {
   auto now = Clock::now();
   const auto until = now + std::chrono::microseconds(opts_.spinUs);
   beginDrive();
-  for (unsigned i = 1, idle = 0, looks = 0;; ++i) {
+  // Ticks: a quick look counts 1, a full round (the lock, every peer, for
+  // TCP peers system calls) 4, so the clock and the CPU sharing are looked
+  // at every 64 looks or every 16 rounds.
+  constexpr unsigned kRoundTicks = 4;
+  for (unsigned ticks = 0, idle = 0, looks = 0;;) {
     if (done.load(std::memory_order_acquire)) break;
     // For a small message this loop is most of the latency: between full
-    // rounds of progress (the lock, every peer) it only looks at the words
-    // a peer writes when it has something for us, and the clock is read
-    // every 64 looks.
+    // rounds of progress it only looks at the words a peer writes when it
+    // has something for us.
+    unsigned cost = 1;
     if (looks < kQuickLooksPerRound && !quickLook()) {
       ++looks;
     } else {
       looks = 0;
+      cost = kRoundTicks;
       if (drive(now)) {
         idle = 0;
         continue;
       }
     }
-    if ((i & 63) == 0 && (now = Clock::now()) >= until) break;
+    if ((ticks += cost) >= 64) {
+      ticks = 0;
+      if ((now = Clock::now()) >= until) break;
+    }
     cpuRelax();
     // A reply that is late may wait for a peer that polls on our CPU (more
     // ranks than cores, or the scheduler put them together): spinning would
     // keep it off the CPU until our time slice ends, so we yield to it. A
     // yield is a system call (about a microsecond here), so a rank that
     // has its own core does not.
-    if (++idle % kIdlePollsPerYieldCheck == 0 && peerSharesCpu()) std::this_thread::yield();
+    if ((idle += cost) >= kIdlePollsPerYieldCheck) {
+      idle = 0;
+      if (peerSharesCpu()) std::this_thread::yield();
+    }
   }
   endDrive();
 }

@@ -321,12 +321,15 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
   const std::string mode = opts.mode == HierMode::kFlat   ? "flat"
                            : opts.mode == HierMode::kHier ? "hier"
                                                           : "auto";
+  // chunk/slot: the cross stage cuts whole slots, and the per-host set-up
+  // compares slots only among the ranks of one host.
   const std::string mine = mode + (opts.shm.enabled ? " shm " : " noshm ") +
-                           std::to_string(opts.shm.chunkBytes) +
+                           std::to_string(opts.shm.chunkBytes) + "/" +
+                           std::to_string(std::max(opts.shm.slotBytes, opts.shm.chunkBytes)) +
                            (opts.overlap ? " overlap " : " serial ") + hostId;
   auto all = exchange(*store, "host", rank, iota(size), mine, timeout);
   if (!all.isOk()) return all.status();
-  // "<mode> <shm|noshm> <chunk bytes> <overlap|serial> <host id>": the
+  // "<mode> <shm|noshm> <chunk/slot bytes> <overlap|serial> <host id>": the
   // settings are the first four words, the host id (may contain spaces) the rest.
   auto settingsEnd = [](const std::string& v) {
     size_t end = 0;

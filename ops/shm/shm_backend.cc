@@ -518,9 +518,12 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
   std::string self;
   if (!opts.enabled) {
     self = "no HORA_SHM=0 on this rank";
-  } else if (opts.chunkBytes < 64 || opts.chunkBytes % 64 != 0 || slot % 64 != 0) {
+  } else if (opts.chunkBytes < 64 || opts.chunkBytes % 64 != 0) {
     self = "no HORA_SHM_CHUNK_BYTES=" + std::to_string(opts.chunkBytes) +
            " on this rank is not a positive multiple of 64";
+  } else if (slot % 64 != 0) {
+    self = "no the shared-memory slot size " + std::to_string(slot) +
+           " on this rank is not a multiple of 64";
   } else {
     // chunk/slot in one field: the settings every rank must share.
     self = "ok " + std::to_string(opts.chunkBytes) + "/" + std::to_string(slot) + " " +
@@ -536,7 +539,9 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
     if (settings(hosts.value()[r]) != settings(hosts.value()[0])) {
       *whyNot = "HORA_SHM_CHUNK_BYTES / HORA_SHM_MIN_BYTES differ between ranks 0 and " +
                 std::to_string(r) + " (\"" + settings(hosts.value()[0]).substr(3) + "\" vs \"" +
-                settings(hosts.value()[r]).substr(3) + "\"); every rank must use the same values";
+                settings(hosts.value()[r]).substr(3) +
+                "\" as chunk/slot min; the slot is 4 MiB where HORA_SHM_CHUNK_BYTES is unset, "
+                "the chunk where it is set); every rank must use the same values";
       return fallback;
     }
     if (hosts.value()[r] != hosts.value()[0]) {

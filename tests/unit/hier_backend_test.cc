@@ -410,7 +410,7 @@ TEST(HierFallbackTest, ModeDifferingBetweenRanksKeepsEveryRankFlat) {
   auto w = makeHierWorld(s);
   expectFlat(*w, "differ between ranks");
   EXPECT_NE(w->whyNot[0].find("ranks 0 and 2"), std::string::npos) << w->whyNot[0];
-  EXPECT_NE(w->whyNot[0].find("\"flat shm 4096 overlap\""), std::string::npos) << w->whyNot[0];
+  EXPECT_NE(w->whyNot[0].find("\"flat shm 4096/4096 overlap\""), std::string::npos) << w->whyNot[0];
 }
 
 TEST(HierFallbackTest, OverlapDifferingBetweenRanksKeepsEveryRankFlat) {
@@ -428,7 +428,17 @@ TEST(HierFallbackTest, ChunkSizeDifferingBetweenHostsKeepsEveryRankFlat) {
   s[1].shm.chunkBytes = s[3].shm.chunkBytes = 8192;
   auto w = makeHierWorld(s);
   expectFlat(*w, "HORA_SHM_CHUNK_BYTES / HORA_HIER_OVERLAP differ between ranks");
-  EXPECT_NE(w->whyNot[0].find("\"auto shm 8192 overlap\""), std::string::npos) << w->whyNot[0];
+  EXPECT_NE(w->whyNot[0].find("\"auto shm 8192/8192 overlap\""), std::string::npos) << w->whyNot[0];
+}
+
+TEST(HierFallbackTest, SlotSizeDifferingBetweenHostsKeepsEveryRankFlat) {
+  // The same chunk, but the cross stage cuts whole slots: one host with
+  // HORA_SHM_CHUNK_BYTES set (slot = chunk), the other without (4 MiB slots).
+  auto s = setups({"a", "b", "a", "b"});
+  s[1].shm.slotBytes = s[3].shm.slotBytes = 65536;
+  auto w = makeHierWorld(s);
+  expectFlat(*w, "HORA_SHM_CHUNK_BYTES / HORA_HIER_OVERLAP differ between ranks");
+  EXPECT_NE(w->whyNot[0].find("/65536 overlap\""), std::string::npos) << w->whyNot[0];
 }
 
 TEST(HierFallbackTest, SharedMemoryOffOnOneRankKeepsEveryRankFlat) {
