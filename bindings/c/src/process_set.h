@@ -34,6 +34,7 @@
 #include "core/set_health.h"
 #include "core/store.h"
 #include "core/telemetry.h"
+#include "core/tuning.h"
 #include "ops/executor/executor.h"
 #include "ops/gloo/gloo_backend.h"
 #include "ops/p2p/p2p_engine.h"
@@ -56,7 +57,7 @@ struct SetOptions {
   int64_t shmChunkBytes = 1 << 20;
   // Each of a segment's two slots (runtime.cc: HORA_SHM_CHUNK_BYTES when set,
   // else max(chunk, kShmMinSlotBytes)).
-  int64_t shmSlotBytes = int64_t{4} << 20;
+  int64_t shmSlotBytes = kShmMinSlotBytes;
   int64_t shmMinBytes = 0;
   // Online autotune (core/autotune.h, controllers/autotune_driver.h): on, its
   // CSV log, its seed, and the parameters that stay as configured.
