@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "core/reduce.h"
+
 namespace hora {
 namespace {
 
@@ -91,6 +93,22 @@ Status checkRequest(const Request& r, int globalRank, int setSize) {
   return Status::ok();
 }
 
+// An allreduce payload (Request::payload) must hold exactly the tensor: the
+// coordinator reduces it with the others' and each rank copies the result
+// into its own tensor. Anything else cannot come from a correct peer.
+Status checkPayload(const Request& r, int globalRank) {
+  if (r.payload.empty()) return Status::ok();
+  const int64_t bytes = numElements(r.shape) * static_cast<int64_t>(dataTypeSize(r.dtype));
+  if (r.kind == CollectiveKind::kAllreduce && r.device.kind == DeviceKind::kCpu &&
+      static_cast<int64_t>(r.payload.size()) == bytes)
+    return Status::ok();
+  return protocolError("rank " + std::to_string(globalRank) + " sent " +
+                       std::to_string(r.payload.size()) + " bytes of inline data with " +
+                       r.describe() + " (" + std::to_string(bytes) +
+                       " bytes, host memory, allreduce only); the sender is corrupt or runs "
+                       "another hora version");
+}
+
 struct FusionKey {
   DataType dtype;
   ReduceOp op;
@@ -143,8 +161,10 @@ Status Coordinator::onRequests(int rank, const RequestList& list, Clock::time_po
     r.postscale = cached->postscale;
     r.name = cached->name;
     r.shape = cached->shape;
+    r.payload = hit.payload;
     requests.push_back(std::move(r));
   }
+  for (const auto& r : requests) HORA_RETURN_IF_ERROR(checkPayload(r, global(rank)));
   for (auto& r : requests) {
     r.rank = rank;
     if (r.kind == CollectiveKind::kJoin) {
@@ -363,8 +383,27 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
         return tooLarge("what rank " + std::to_string(global(d)) + " receives", rows,
                         "Send fewer rows per call (split the tensor along dimension 0).");
     }
+  } else if (first->kind == CollectiveKind::kAllreduce && joined.empty()) {
+    reduceInline(present, &resp);
   }
   return resp;
+}
+
+void Coordinator::reduceInline(const std::vector<const Request*>& present, Response* resp) const {
+  // Every rank must have sent its tensor: one without leaves the whole
+  // allreduce to the data plane, where every rank still holds its input.
+  for (const Request* q : present)
+    if (q->payload.empty()) return;
+  // Averaging divides on each rank after the sum (reductionOf), as the data plane does.
+  const ReduceOp op = resp->op == ReduceOp::kAverage ? ReduceOp::kSum : resp->op;
+  const ReduceFn reduce = reduceFunction(resp->dtype, op);
+  if (!reduce || !reduceOpSupported(resp->op, resp->dtype)) return;
+  // Rank order (present is sorted by rank): every rank gets these bits.
+  const size_t n = present.front()->payload.size() / dataTypeSize(resp->dtype);
+  std::string acc = present.front()->payload;
+  for (size_t i = 1; i < present.size(); ++i)
+    reduce(&acc[0], acc.data(), present[i]->payload.data(), n);
+  resp->inlineResult = std::move(acc);
 }
 
 ResponseList Coordinator::emit(std::vector<std::vector<Response>>* resolved) {
@@ -382,12 +421,20 @@ ResponseList Coordinator::emit(std::vector<std::vector<Response>>* resolved) {
         bit = cache_->lookup(resp.name, resp.signature);
         if (bit >= 0) {
           cache_->touch(static_cast<uint32_t>(bit));
-        } else {
+        } else if (resp.inlineResult.empty()) {
           cache_->put(resp);
+        } else {
+          Response kept = resp;  // the cache keeps what was agreed, not this step's data
+          kept.inlineResult.clear();
+          cache_->put(kept);
         }
       }
       item.cacheBit = bit;
-      if (bit < 0) item.response = resp;
+      if (bit < 0) {
+        item.response = resp;
+        item.response.inlineResult.clear();  // it travels as item.result
+      }
+      item.result = resp.inlineResult;
       wire.items.push_back(std::move(item));
     }
     list.groups.push_back(std::move(wire));

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "core/check.h"
+#include "core/reduce.h"
 
 namespace hora {
 
@@ -134,15 +135,31 @@ void SetController::drainInbox() {
                                r.kind == CollectiveKind::kReducescatter;
     const int32_t bit = cacheableKind ? cache_.lookup(r.name, r.signature()) : -1;
     if (opts_.telemetry) opts_.telemetry->sent(*e, bit >= 0);
+    std::string payload = inlinePayload(*e);
     if (bit >= 0) {
       const uint64_t sig = r.signature();
-      list.hits.push_back(CacheHit{static_cast<uint32_t>(bit), sig});
-      sentAsHits_[sig] = r;
+      Request& kept = sentAsHits_[sig] = r;  // resent in full after a nack
+      kept.payload = payload;
+      list.hits.push_back(CacheHit{static_cast<uint32_t>(bit), sig, std::move(payload)});
     } else {
       list.requests.push_back(r);
+      list.requests.back().payload = std::move(payload);
     }
   }
   link_->submit(std::move(list));
+}
+
+std::string SetController::inlinePayload(const TensorEntry& e) const {
+  const Request& r = e.request;
+  if (r.kind != CollectiveKind::kAllreduce || r.device.kind != DeviceKind::kCpu || size() <= 1)
+    return std::string();
+  const size_t n = static_cast<size_t>(numElements(r.shape)), esz = dataTypeSize(r.dtype);
+  const size_t bytes = n * esz;
+  if (bytes == 0 || bytes > std::min(opts_.inlineMaxBytes, kMaxInlineBytes)) return std::string();
+  // Prescaled here as the data plane's pack would: the coordinator only reduces.
+  std::string p(bytes, '\0');
+  scaleCopy(r.dtype, &p[0], e.in, n, r.prescale);
+  return p;
 }
 
 void SetController::onNacks(const std::vector<CacheHit>& hits) {
@@ -176,6 +193,7 @@ void SetController::onResponses(const ResponseList& list) {
         if (item.response.cacheable()) cache_.put(item.response);
         resolved.push_back(item.response);
       }
+      resolved.back().inlineResult = item.result;
       sentAsHits_.erase(resolved.back().signature);
       Status v = validateResponse(resolved.back());
       if (!v.isOk()) return failSet(v, true);
@@ -218,6 +236,11 @@ Status SetController::validateResponse(const Response& r) const {
   }
   for (int32_t j : r.joined)
     if (j < 0 || j >= size()) return bad("joined rank out of range");
+  if (!r.inlineResult.empty()) {
+    // Checked before the shape below only for the kind: the size check needs a valid shape.
+    if (r.kind != ResponseKind::kAllreduce || !r.joined.empty())
+      return bad("an inline result on a response that is not a plain allreduce");
+  }
   for (int64_t d : r.sizes)
     if (d < 0) return bad("negative size");
   // The executor computes element counts, byte sizes and offsets from the shape and sizes
@@ -237,6 +260,10 @@ Status SetController::validateResponse(const Response& r) const {
     s[0] = rows;
     return !overflow && shapeOverflowDim(s, esz) < 0;
   };
+  if (!r.inlineResult.empty() && static_cast<int64_t>(r.inlineResult.size()) !=
+                                     numElements(r.shape) * static_cast<int64_t>(esz))
+    return bad("an inline result of " + std::to_string(r.inlineResult.size()) + " bytes for " +
+               describeTensor(r.dtype, r.shape));
   if (r.kind == ResponseKind::kAllgather) {
     int64_t total = 0;
     bool overflow = false;
@@ -309,10 +336,11 @@ void SetController::queueGroup(std::vector<Response> responses) {
     pendingTuning_.reset();
   }
   if (opts_.telemetry) opts_.telemetry->agreed(g);
-  // Barrier/join/error groups need no data plane: complete them right here
-  // when nothing is queued ahead (one thread hand-off less). Collectives
-  // always go to the executor so this thread keeps heartbeats and loss
-  // detection running while they wait on peers.
+  // Barrier/join/error groups and allreduces the coordinator reduced inline
+  // need no data plane: complete them right here when nothing is queued
+  // ahead (one thread hand-off less). Every other collective goes to the
+  // executor so this thread keeps heartbeats and loss detection running
+  // while it waits on peers.
   if (!needsDataPlane(g) && !stopping_ && queue_.tryBeginInline()) {
     if (opts_.telemetry) opts_.telemetry->inlineDone(g);
     completeWithoutDataPlane(g, opts_.globalRanks);

@@ -63,6 +63,11 @@ struct SetControllerOptions {
   std::string prometheusDir;
   const std::atomic<uint64_t>* dumpRequests = nullptr;
   Seconds stallWarning{60};
+  // Allreduces of host tensors of 1..inlineMaxBytes bytes carry the tensor
+  // in their request (Request::payload; HORA_INLINE_MAX_BYTES, at most
+  // kMaxInlineBytes; 0 = never). Ranks need not agree: the coordinator
+  // reduces inline only when every rank sent its tensor.
+  size_t inlineMaxBytes = 0;
 };
 
 class SetController : public CoordinatorLink::Client {
@@ -105,6 +110,9 @@ class SetController : public CoordinatorLink::Client {
 
  private:
   void drainInbox();
+  // The entry's prescaled tensor when it may travel in its request
+  // (SetControllerOptions::inlineMaxBytes), else empty.
+  std::string inlinePayload(const TensorEntry& e) const;
   void onPeerLost(int peer, Status why);
   void onBroken(const Status& why, bool tellPeers);  // any thread
   Status validateResponse(const Response& r) const;

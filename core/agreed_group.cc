@@ -1,6 +1,9 @@
 #include "core/agreed_group.h"
 
+#include <algorithm>
+
 #include "core/check.h"
+#include "core/reduce.h"
 
 namespace hora {
 
@@ -9,10 +12,23 @@ bool needsDataPlane(ResponseKind kind) {
          kind != ResponseKind::kJoin;
 }
 
+bool needsDataPlane(const Response& r) { return needsDataPlane(r.kind) && r.inlineResult.empty(); }
+
 bool needsDataPlane(const AgreedGroup& group) {
   for (const auto& r : group.responses)
-    if (needsDataPlane(r.kind)) return true;
+    if (needsDataPlane(r)) return true;
   return false;
+}
+
+Reduction reductionOf(const Response& r, int size) {
+  Reduction x;
+  x.dtype = r.dtype;
+  x.elementSize = dataTypeSize(r.dtype);
+  x.op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
+  x.pre = r.prescale;
+  const int contributors = size - static_cast<int>(r.joined.size());
+  x.post = r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / std::max(1, contributors) : 1.0);
+  return x;
 }
 
 void completeWithoutDataPlane(AgreedGroup& group, const std::vector<int>& globalRanks) {
@@ -30,6 +46,19 @@ void completeWithoutDataPlane(AgreedGroup& group, const std::vector<int>& global
     case ResponseKind::kBarrier:
       // The response itself proves every rank arrived.
       if (es[0]) es[0]->complete(Status::ok());
+      return;
+    case ResponseKind::kAllreduce:
+      // The coordinator's sum (or min, max, product) of every rank's
+      // prescaled tensor; postscale and averaging here, as the data plane's
+      // unpack does. The result's size was checked (validateResponse).
+      for (size_t i = 0; i < es.size(); ++i) {
+        if (!es[i]) continue;
+        const Response& r = group.responses[i];
+        const Reduction x = reductionOf(r, static_cast<int>(globalRanks.size()));
+        scaleCopy(x.dtype, es[i]->out, r.inlineResult.data(), r.inlineResult.size() / x.elementSize,
+                  x.post);
+        es[i]->complete(Status::ok());
+      }
       return;
     case ResponseKind::kJoin:
       if (es[0]) {

@@ -4,9 +4,10 @@
 // the entries from its tensor table, so that a later failure of the set cannot
 // fail work every rank already agreed to run; the executor thread runs it.
 //
-// Groups that need no data plane (barrier, join, an error response) are
-// completed by completeWithoutDataPlane on whichever thread holds them: the
-// control thread when nothing is queued ahead, else the executor in order.
+// Groups that need no data plane (barrier, join, an error response, an
+// allreduce the coordinator reduced inline) are completed by
+// completeWithoutDataPlane on whichever thread holds them: the control thread
+// when nothing is queued ahead, else the executor in order.
 #pragma once
 
 #include <optional>
@@ -27,10 +28,26 @@ struct AgreedGroup {
 };
 
 bool needsDataPlane(ResponseKind kind);
+// False for inline allreduces (Response::inlineResult) too.
+bool needsDataPlane(const Response& r);
 bool needsDataPlane(const AgreedGroup& group);
 
-// Completes a barrier, join or error group. `globalRanks` maps set ranks to
-// global ranks (the last rank to join is reported as a global rank).
+// The arithmetic of a reducing response (allreduce, reducescatter): the
+// element type and its size, the op the data plane runs (average is a sum),
+// and the factors applied before it (prescale) and after it (postscale,
+// divided by the ranks that contributed for average).
+struct Reduction {
+  DataType dtype = DataType::kFloat32;
+  size_t elementSize = 4;
+  ReduceOp op = ReduceOp::kSum;
+  double pre = 1.0;
+  double post = 1.0;
+};
+Reduction reductionOf(const Response& r, int size);
+
+// Completes a barrier, join, error or inline-allreduce group. `globalRanks`
+// maps set ranks to global ranks (the last rank to join is reported as a
+// global rank; its size is the set's).
 void completeWithoutDataPlane(AgreedGroup& group, const std::vector<int>& globalRanks);
 
 }  // namespace hora

@@ -30,9 +30,9 @@ uint64_t fnvv(uint64_t h, const T& v) {
 // entries could fit in what is left, so a corrupt count cannot make the
 // decoder allocate more than a small multiple of the message's size.
 constexpr size_t kMinRequestBytes =
-    4 + 4 * 1 + 4 + 4 + 8 + 8 + 4 + 4 + 4;  // empty name/shape/splits
-constexpr size_t kMinHitBytes = 12;
-constexpr size_t kMinItemBytes = 4;  // a cache bit
+    4 + 4 * 1 + 4 + 4 + 8 + 8 + 4 + 4 + 4 + 4;  // empty name/shape/splits/payload
+constexpr size_t kMinHitBytes = 16;
+constexpr size_t kMinItemBytes = 8;  // a cache bit and an empty result
 // Entries (requests, hits, response items over all groups) in one list: far
 // above any real cycle, low enough that a 64 MiB frame of cache bits cannot
 // cost gigabytes of ResponseItems.
@@ -95,6 +95,7 @@ void encodeRequest(ByteWriter& w, const Request& r) {
   w.str(r.name);
   w.i64s(r.shape);
   w.i64s(r.splits);
+  w.str(r.payload);
 }
 
 Status decodeRequest(ByteReader& rd, Request* r) {
@@ -119,6 +120,10 @@ Status decodeRequest(ByteReader& rd, Request* r) {
   HORA_RETURN_IF_ERROR(rd.str(&r->name, "request name", 64 * 1024));
   HORA_RETURN_IF_ERROR(rd.i64s(&r->shape, "request shape", 64));
   HORA_RETURN_IF_ERROR(rd.i64s(&r->splits, "request splits", 1 << 20));
+  HORA_RETURN_IF_ERROR(rd.str(&r->payload, "request payload", kMaxInlineBytes));
+  if (!r->payload.empty() && r->kind != CollectiveKind::kAllreduce)
+    return protocolError("a payload in a " + std::string(collectiveName(r->kind)) +
+                         " request; only allreduces carry one");
   for (int64_t d : r->shape)
     if (d < 0) return protocolError("negative dimension in request \"" + r->name + "\"");
   return Status::ok();
@@ -185,6 +190,7 @@ std::string encode(const RequestList& list) {
   for (const auto& h : list.hits) {
     w.u32(h.bit);
     w.u64(h.signature);
+    w.str(h.payload);
   }
   return w.take();
 }
@@ -218,6 +224,7 @@ Status decode(const std::string& bytes, RequestList* out) {
   for (auto& h : out->hits) {
     HORA_RETURN_IF_ERROR(rd.u32(&h.bit, "cache hit bit"));
     HORA_RETURN_IF_ERROR(rd.u64(&h.signature, "cache hit signature"));
+    HORA_RETURN_IF_ERROR(rd.str(&h.payload, "cache hit payload", kMaxInlineBytes));
   }
   if (!rd.done()) return protocolError("trailing bytes after request list");
   return Status::ok();
@@ -233,6 +240,7 @@ std::string encode(const ResponseList& list) {
     for (const auto& it : g.items) {
       w.i32(it.cacheBit);
       if (it.cacheBit < 0) encodeResponse(w, it.response);
+      w.str(it.result);
     }
   }
   if (list.tuning) {
@@ -263,6 +271,7 @@ Status decode(const std::string& bytes, ResponseList* out) {
     for (auto& it : g.items) {
       HORA_RETURN_IF_ERROR(rd.i32(&it.cacheBit, "cache bit"));
       if (it.cacheBit < 0) HORA_RETURN_IF_ERROR(decodeResponse(rd, &it.response));
+      HORA_RETURN_IF_ERROR(rd.str(&it.result, "inline result", kMaxInlineBytes));
     }
   }
   if (!rd.done()) {

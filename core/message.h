@@ -23,7 +23,13 @@
 
 namespace hora {
 
-constexpr uint8_t kWireVersion = 1;
+// 2: allreduce payloads in requests and cache hits, results in response items.
+constexpr uint8_t kWireVersion = 2;
+
+// The most bytes an allreduce may carry inside its negotiation (hard cap of
+// HORA_INLINE_MAX_BYTES): the coordinator holds every rank's copy, and each
+// response list repeats the result to every rank.
+constexpr size_t kMaxInlineBytes = 64 * 1024;
 
 // What one rank submitted for one tensor.
 struct Request {
@@ -38,16 +44,25 @@ struct Request {
   std::string name;
   std::vector<int64_t> shape;
   std::vector<int64_t> splits;  // alltoall: rows sent to each rank
+  // Allreduce only: this rank's input, prescaled, when it is small enough to
+  // travel inside the negotiation (HORA_INLINE_MAX_BYTES); empty otherwise.
+  // The coordinator reduces the payloads itself when every rank sent one,
+  // and the tensor then needs no data plane (see ResponseItem::result).
+  std::string payload;
 
-  // Hash of every field but rank: equal requests from two ranks hash equal.
+  // Hash of every field but rank and payload: equal requests from two ranks hash equal.
   uint64_t signature() const;
   // "allreduce "name": float32[4,3] op=sum"
   std::string describe() const;
 };
 
 struct CacheHit {
+  CacheHit() = default;
+  CacheHit(uint32_t b, uint64_t sig, std::string data = std::string())
+      : bit(b), signature(sig), payload(std::move(data)) {}
   uint32_t bit = 0;
   uint64_t signature = 0;
+  std::string payload;  // as Request::payload
 };
 
 struct RequestList {
@@ -88,8 +103,13 @@ struct Response {
   int32_t errorCode = 0;        // kError: a hora::Code value
   std::string error;            // kError: the message every rank reports
   uint64_t signature = 0;       // Request::signature() of the requests it answers
+  // In memory only (the wire carries it as ResponseItem::result): an
+  // allreduce the coordinator reduced from the ranks' payloads, in rank
+  // order, before postscale and averaging; such a response needs no data
+  // plane and is never fused.
+  std::string inlineResult;
 
-  bool fusable() const { return kind == ResponseKind::kAllreduce; }
+  bool fusable() const { return kind == ResponseKind::kAllreduce && inlineResult.empty(); }
   bool cacheable() const {
     return (kind == ResponseKind::kAllreduce || kind == ResponseKind::kBroadcast ||
             kind == ResponseKind::kReducescatter) &&
@@ -104,8 +124,12 @@ struct Response {
 
 // One item of a fused group: a full response, or a reference to a cached one.
 struct ResponseItem {
+  ResponseItem() = default;
+  ResponseItem(int32_t bit, Response r, std::string res = std::string())
+      : cacheBit(bit), response(std::move(r)), result(std::move(res)) {}
   int32_t cacheBit = -1;  // >= 0: take the response from the cache
   Response response;      // when cacheBit < 0
+  std::string result;     // Response::inlineResult, for a cached response too
 };
 
 // Responses executed as one collective (one fused buffer).

@@ -176,21 +176,44 @@ void Telemetry::agreed(const AgreedGroup& g) {
 
 void Telemetry::inlineDone(const AgreedGroup& g) {
   const int64_t now = nowNs();
-  if (Timeline* tl = timelineOn())
-    tl->record(TimelineLane::kDataPlane, groupLabel(g),
-               g.responses[0].kind == ResponseKind::kError ? "error" : "control", now, 0);
+  const bool reduced = !g.responses[0].inlineResult.empty();
+  static const std::string kInline = "inline";
+  if (Timeline* tl = timelineOn()) {
+    if (reduced) {
+      // As a data-plane group, so that a trace shows every allreduce; its
+      // plane is "inline" (the coordinator reduced it) and it takes no time.
+      std::string names;
+      uint64_t bytes = 0;
+      for (size_t i = 0; i < g.responses.size() && i < 64; ++i) {
+        names += (i ? "\",\"" : "") + jsonEscape(g.responses[i].name);
+        bytes += g.responses[i].inlineResult.size();
+      }
+      tl->record(
+          TimelineLane::kDataPlane, groupLabel(g), "allreduce", now, now,
+          "{\"tensors\":[\"" + names + "\"],\"count\":" + std::to_string(g.responses.size()) +
+              ",\"bytes\":" + std::to_string(bytes) + ",\"plane\":\"inline\",\"status\":\"ok\"}",
+          0, 0);
+    } else {
+      tl->record(TimelineLane::kDataPlane, groupLabel(g),
+                 g.responses[0].kind == ResponseKind::kError ? "error" : "control", now, 0);
+    }
+  }
   for (size_t i = 0; i < g.responses.size(); ++i) {
     const Response& r = g.responses[i];
     if (r.kind == ResponseKind::kError) relaxedAdd(errors_, 1);
     const auto k = static_cast<int>(r.kind);
     if (k < static_cast<int>(CollectiveKind::kCount) && r.kind != ResponseKind::kError)
       relaxedAdd(ops_[k], 1);
+    if (!r.inlineResult.empty()) {
+      relaxedAdd(inlineAllreduces_, 1);
+      relaxedAdd(bytes_[k], r.inlineResult.size());
+    }
     const EntryPtr& e = g.entries[i];
     if (!e) continue;
     relaxedAdd(finishedCount_, 1);
     const bool failed = r.kind == ResponseKind::kError;
-    record(*e, failed ? FlightState::kFailed : FlightState::kDone, now, 0, nullptr,
-           failed ? r.errorCode : 0);
+    record(*e, failed ? FlightState::kFailed : FlightState::kDone, now, 0,
+           r.inlineResult.empty() ? nullptr : &kInline, failed ? r.errorCode : 0);
   }
 }
 
@@ -340,6 +363,7 @@ MetricsSnapshot Telemetry::snapshot() const {
   m.groupTensors = load(groupTensors_);
   m.fusedGroups = load(fusedGroups_);
   m.groupBytes = load(groupBytes_);
+  m.inlineAllreduces = load(inlineAllreduces_);
   m.cacheHits = load(cacheHits_);
   m.cacheMisses = load(cacheMisses_);
   m.errors = load(errors_);
@@ -487,12 +511,13 @@ std::string metricsJson(const MetricsSnapshot& m) {
   }
   o << "},\"groups\":" << m.groups << ",\"group_tensors\":" << m.groupTensors
     << ",\"fused_groups\":" << m.fusedGroups << ",\"group_bytes\":" << m.groupBytes
-    << ",\"cache_hits\":" << m.cacheHits << ",\"cache_misses\":" << m.cacheMisses
-    << ",\"errors\":" << m.errors << ",\"negotiation_s\":" << m.negotiationNs / 1e9
-    << ",\"queue_s\":" << m.queueNs / 1e9 << ",\"data_plane_s\":" << m.dataPlaneNs / 1e9
-    << ",\"cpu_groups\":" << m.cpuGroups << ",\"gpu_groups\":" << m.gpuGroups
-    << ",\"in_flight\":" << m.inFlight << ",\"p2p\":{\"sends\":" << m.p2pSends
-    << ",\"recvs\":" << m.p2pRecvs << ",\"bytes\":" << m.p2pBytes << ",\"errors\":" << m.p2pErrors
+    << ",\"inline_allreduces\":" << m.inlineAllreduces << ",\"cache_hits\":" << m.cacheHits
+    << ",\"cache_misses\":" << m.cacheMisses << ",\"errors\":" << m.errors
+    << ",\"negotiation_s\":" << m.negotiationNs / 1e9 << ",\"queue_s\":" << m.queueNs / 1e9
+    << ",\"data_plane_s\":" << m.dataPlaneNs / 1e9 << ",\"cpu_groups\":" << m.cpuGroups
+    << ",\"gpu_groups\":" << m.gpuGroups << ",\"in_flight\":" << m.inFlight
+    << ",\"p2p\":{\"sends\":" << m.p2pSends << ",\"recvs\":" << m.p2pRecvs
+    << ",\"bytes\":" << m.p2pBytes << ",\"errors\":" << m.p2pErrors
     << "},\"straggler_samples\":" << m.stragglerSamples << ",\"stragglers\":[";
   for (size_t i = 0; i < m.stragglers.size(); ++i) {
     const auto& s = m.stragglers[i];
@@ -535,6 +560,9 @@ std::string metricsPrometheus(const MetricsSnapshot& m) {
       static_cast<double>(m.groups));
   one("group_tensors_total", "counter", "Tensors in those groups.",
       static_cast<double>(m.groupTensors));
+  one("inline_allreduces_total", "counter",
+      "Allreduces reduced by the coordinator inside the negotiation (HORA_INLINE_MAX_BYTES).",
+      static_cast<double>(m.inlineAllreduces));
   one("cache_hits_total", "counter", "Requests sent as response-cache hits.",
       static_cast<double>(m.cacheHits));
   one("cache_misses_total", "counter", "Cacheable requests sent in full.",

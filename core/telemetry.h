@@ -102,6 +102,8 @@ struct MetricsSnapshot {
   uint64_t groupTensors = 0;  // tensors in them
   uint64_t fusedGroups = 0;   // groups of two or more tensors
   uint64_t groupBytes = 0;
+  // Allreduces the coordinator reduced inside the negotiation (no data plane).
+  uint64_t inlineAllreduces = 0;
   uint64_t cacheHits = 0, cacheMisses = 0;  // cacheable kinds only
   uint64_t errors = 0;
   uint64_t negotiationNs = 0;  // submit -> agreed, summed over tensors
@@ -130,7 +132,8 @@ class Telemetry {
   void sent(TensorEntry& e, bool cacheHit);
   // Control thread: a group every rank agreed to, entries claimed.
   void agreed(const AgreedGroup& g);
-  // Control thread: a barrier/join/error group completed without the data plane.
+  // Control or executor thread: a barrier/join/error/inline-allreduce group
+  // completed without the data plane.
   void inlineDone(const AgreedGroup& g);
   // Any thread: an entry failed before every rank agreed to it (set broken,
   // shut down, refused locally).
@@ -201,6 +204,7 @@ class Telemetry {
   std::atomic<uint64_t> ops_[static_cast<int>(CollectiveKind::kCount)] = {};
   std::atomic<uint64_t> bytes_[static_cast<int>(CollectiveKind::kCount)] = {};
   std::atomic<uint64_t> groups_{0}, groupTensors_{0}, fusedGroups_{0}, groupBytes_{0};
+  std::atomic<uint64_t> inlineAllreduces_{0};
   std::atomic<uint64_t> cacheHits_{0}, cacheMisses_{0}, errors_{0};
   std::atomic<uint64_t> negotiationNs_{0}, queueNs_{0}, dataPlaneNs_{0};
   std::atomic<uint64_t> cpuGroups_{0}, gpuGroups_{0};

@@ -46,17 +46,6 @@ ScatterCounts reducescatterCounts(const Response& r, int rank, int size) {
   return c;
 }
 
-Reduction reductionOf(const Response& r, int size) {
-  Reduction x;
-  x.dtype = r.dtype;
-  x.elementSize = dataTypeSize(r.dtype);
-  x.op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
-  x.pre = r.prescale;
-  const int contributors = size - static_cast<int>(r.joined.size());
-  x.post = r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / std::max(1, contributors) : 1.0);
-  return x;
-}
-
 Result<std::vector<size_t>> fusedOffsets(const std::vector<Response>& group) {
   std::vector<size_t> start(group.size() + 1, 0);
   // Each response was checked (SetController::validateResponse); their sum is bounded by the

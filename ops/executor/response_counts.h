@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/agreed_group.h"
 #include "core/message.h"
 #include "core/status.h"
 #include "core/types.h"
@@ -31,18 +32,8 @@ struct ScatterCounts {
   int64_t rows = 0;  // rows of `rank`'s block
 };
 ScatterCounts reducescatterCounts(const Response& r, int rank, int size);
-// The arithmetic of a reducing response (allreduce, reducescatter): the
-// element type and its size, the op the data plane runs (average is a sum),
-// and the factors applied before it (prescale) and after it (postscale,
-// divided by the ranks that contributed for average).
-struct Reduction {
-  DataType dtype = DataType::kFloat32;
-  size_t elementSize = 4;
-  ReduceOp op = ReduceOp::kSum;
-  double pre = 1.0;
-  double post = 1.0;
-};
-Reduction reductionOf(const Response& r, int size);
+// Reduction and reductionOf: core/agreed_group.h (the control thread needs
+// them too, for allreduces the coordinator reduced inline).
 // First element of each tensor of a fused group in the fusion buffer, plus
 // the total as the last entry; a protocol error when the total would pass
 // kMaxTensorBytes (only a corrupt response list can ask for that).

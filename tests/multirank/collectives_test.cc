@@ -23,15 +23,25 @@ const int64_t kCounts[] = {0, 1, 7, 1001};
 // memory (the default on one host) and everything through Gloo (HORA_SHM=0,
 // what a multi-host job uses). The variable is set before any runtime of
 // the test starts and read once by each runtime's init.
+// Allreduces up to HORA_INLINE_MAX_BYTES (4 KiB by default) are reduced by
+// the coordinator inside the negotiation; `dataPlane` turns that off, so the
+// small sizes go through the data planes' own small-message paths too.
 struct Plane {
   int size;
   bool shm;
+  bool dataPlane = false;
 };
 
 class Collectives : public ::testing::TestWithParam<Plane> {
  protected:
-  void SetUp() override { ::setenv("HORA_SHM", GetParam().shm ? "1" : "0", 1); }
-  void TearDown() override { ::unsetenv("HORA_SHM"); }
+  void SetUp() override {
+    ::setenv("HORA_SHM", GetParam().shm ? "1" : "0", 1);
+    if (GetParam().dataPlane) ::setenv("HORA_INLINE_MAX_BYTES", "0", 1);
+  }
+  void TearDown() override {
+    ::unsetenv("HORA_SHM");
+    ::unsetenv("HORA_INLINE_MAX_BYTES");
+  }
 };
 
 TEST_P(Collectives, AllreduceEveryDtypeOpCount) {
@@ -329,10 +339,12 @@ TEST_P(Collectives, ProcessSetsConcurrentWithGlobal) {
 INSTANTIATE_TEST_SUITE_P(WorldSize, Collectives,
                          ::testing::Values(Plane{1, true}, Plane{2, true}, Plane{3, true},
                                            Plane{4, true}, Plane{2, false}, Plane{3, false},
-                                           Plane{4, false}),
+                                           Plane{4, false}, Plane{2, true, true},
+                                           Plane{3, true, true}, Plane{4, false, true}),
                          [](const auto& info) {
                            return "np" + std::to_string(info.param.size) +
-                                  (info.param.shm ? "_shm" : "_gloo");
+                                  (info.param.shm ? "_shm" : "_gloo") +
+                                  (info.param.dataPlane ? "_noinline" : "");
                          });
 
 }  // namespace

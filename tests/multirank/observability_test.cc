@@ -85,8 +85,11 @@ std::string tempDir(const char* what) {
 // 3 ranks, a fixed schedule: 10 tensors x 5 rounds of allreduce (the first
 // round sent in full, the next four as cache hits), 2 allgathers, 1
 // broadcast, 1 barrier. Every counter is what the schedule implies.
-TEST(Observability, MetricsMatchAKnownScheduleExactly) {
-  runThreads(3, [](int rank, hora_runtime_t rt) {
+// With inlineAllreduces false (HORA_INLINE_MAX_BYTES=0) the allreduces run
+// on the data plane and its group counters count them.
+static void knownSchedule(bool inlineAllreduces) {
+  if (!inlineAllreduces) ::setenv("HORA_INLINE_MAX_BYTES", "0", 1);
+  runThreads(3, [&](int rank, hora_runtime_t rt) {
     std::vector<int64_t> shape{100};
     for (int round = 0; round < 5; ++round) {
       std::vector<std::vector<float>> in(10, std::vector<float>(100, 1)), out(10, in[0]);
@@ -123,7 +126,15 @@ TEST(Observability, MetricsMatchAKnownScheduleExactly) {
     has("\"allgather\":{\"count\":2,\"bytes\":32}");
     has("\"broadcast\":{\"count\":1,\"bytes\":16}");
     has("\"barrier\":{\"count\":1,\"bytes\":0}");
-    has("\"group_tensors\":53");  // the barrier needs no data plane
+    if (inlineAllreduces) {
+      // The 400-byte allreduces travel inside the negotiation and the barrier
+      // needs no data plane: 2 allgathers and 1 broadcast ran on it.
+      has("\"groups\":3,\"group_tensors\":3");
+      has("\"inline_allreduces\":50");
+    } else {
+      has("\"group_tensors\":53");  // the barrier needs no data plane
+      has("\"inline_allreduces\":0");
+    }
     has("\"cache_hits\":40,\"cache_misses\":11");
     has("\"errors\":0");
     has("\"in_flight\":0");
@@ -136,7 +147,11 @@ TEST(Observability, MetricsMatchAKnownScheduleExactly) {
     EXPECT_NE(flight.find("done\tallreduce\tm.9\tfloat32\t400\thit"), std::string::npos) << flight;
     EXPECT_NE(flight.find("not finished: 0"), std::string::npos) << flight;
   });
+  ::unsetenv("HORA_INLINE_MAX_BYTES");
 }
+
+TEST(Observability, MetricsMatchAKnownScheduleExactly) { knownSchedule(true); }
+TEST(Observability, MetricsMatchAKnownScheduleOnTheDataPlane) { knownSchedule(false); }
 
 // Rank 2 sleeps 20 ms before each step: the coordinator names it, with most
 // of the waiting, within 10 steps.

@@ -36,6 +36,7 @@ void expectEqual(const Request& a, const Request& b) {
   EXPECT_EQ(a.name, b.name);
   EXPECT_EQ(a.shape, b.shape);
   EXPECT_EQ(a.splits, b.splits);
+  EXPECT_EQ(a.payload, b.payload);
   EXPECT_EQ(a.signature(), b.signature());
 }
 
@@ -67,6 +68,7 @@ void expectEqual(const RequestList& a, const RequestList& b) {
   for (size_t i = 0; i < a.hits.size(); ++i) {
     EXPECT_EQ(a.hits[i].bit, b.hits[i].bit);
     EXPECT_EQ(a.hits[i].signature, b.hits[i].signature);
+    EXPECT_EQ(a.hits[i].payload, b.hits[i].payload);
   }
 }
 
@@ -79,6 +81,7 @@ void expectEqual(const ResponseList& a, const ResponseList& b) {
       const ResponseItem& x = a.groups[g].items[i];
       const ResponseItem& y = b.groups[g].items[i];
       EXPECT_EQ(x.cacheBit, y.cacheBit);
+      EXPECT_EQ(x.result, y.result);
       if (x.cacheBit < 0) expectEqual(x.response, y.response);
     }
   }
@@ -140,7 +143,12 @@ RequestList sampleRequestList() {
   Request plain;
   plain.name = "plain";
   l.requests.push_back(plain);
-  l.hits = {{0, 1}, {17, 0xffffffffffffffffull}, {0xffffffffu, 42}};
+  Request small;  // an allreduce carrying its tensor (float32[2])
+  small.name = "small";
+  small.shape = {2};
+  small.payload = std::string("\x00\x00\x80\x3f\x00\x00\x00\x40", 8);
+  l.requests.push_back(small);
+  l.hits = {{0, 1}, {17, 0xffffffffffffffffull}, {0xffffffffu, 42}, {9, 7, std::string("abcd")}};
   return l;
 }
 
@@ -152,6 +160,8 @@ ResponseList sampleResponseList() {
   g1.items.push_back({-1, fullResponse(1)});
   ResponseGroup g2;
   g2.items.push_back({0, Response{}});
+  ResponseGroup g4;  // inline results, on a cached and on a full response
+  g4.items.push_back({6, Response{}, std::string("\x01\x02\x03\x04", 4)});
   ResponseGroup g3;
   Response err;
   err.kind = ResponseKind::kError;
@@ -159,7 +169,12 @@ ResponseList sampleResponseList() {
   err.errorCode = static_cast<int32_t>(Code::kTimeout);
   err.error = "waited too long";
   g3.items.push_back({-1, err});
-  l.groups = {g1, g2, g3};
+  ResponseGroup g5;
+  Response small;
+  small.name = "small";
+  small.shape = {1};
+  g5.items.push_back({-1, small, std::string("\x00\x00\x80\x3f", 4)});
+  l.groups = {g1, g2, g3, g4, g5};
   return l;
 }
 
@@ -331,13 +346,37 @@ TEST(MessageRoundTripTest, CachedItemsCarryOnlyTheBit) {
   g.items.push_back({5, fullResponse()});  // the response is not sent for cached items
   in.groups.push_back(g);
   std::string bytes = encode(in);
-  EXPECT_EQ(bytes.size(), 2u + 4 + 4 + 4);
+  EXPECT_EQ(bytes.size(), 2u + 4 + 4 + 4 + 4);  // ... the bit and an empty result
   ResponseList out;
   ASSERT_TRUE(decode(bytes, &out).isOk());
   ASSERT_EQ(out.groups.size(), 1u);
   ASSERT_EQ(out.groups[0].items.size(), 1u);
   EXPECT_EQ(out.groups[0].items[0].cacheBit, 5);
   EXPECT_EQ(out.groups[0].items[0].response.name, "");
+}
+
+TEST(MessageRoundTripTest, InlineDataPastTheCapIsRefused) {
+  // A payload or result longer than kMaxInlineBytes cannot come from a correct
+  // peer (HORA_INLINE_MAX_BYTES is capped there): refused before it is kept.
+  RequestList rq;
+  Request r;
+  r.name = "big";
+  r.shape = {static_cast<int64_t>(kMaxInlineBytes / 4 + 1)};
+  r.payload.assign(kMaxInlineBytes + 4, 'x');
+  rq.requests = {r};
+  RequestList rqOut;
+  EXPECT_EQ(decode(encode(rq), &rqOut).code(), Code::kProtocolError);
+  RequestList hits;
+  hits.hits = {{1, 2, std::string(kMaxInlineBytes + 1, 'x')}};
+  EXPECT_EQ(decode(encode(hits), &rqOut).code(), Code::kProtocolError);
+  ResponseList rs;
+  rs.groups.push_back(
+      ResponseGroup{{ResponseItem{3, Response{}, std::string(kMaxInlineBytes + 1, 'x')}}});
+  ResponseList rsOut;
+  EXPECT_EQ(decode(encode(rs), &rsOut).code(), Code::kProtocolError);
+  // At the cap it passes.
+  rs.groups[0].items[0].result.assign(kMaxInlineBytes, 'x');
+  EXPECT_TRUE(decode(encode(rs), &rsOut).isOk());
 }
 
 TEST(MessageRoundTripTest, MixedCachedAndFullItems) {

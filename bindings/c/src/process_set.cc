@@ -265,6 +265,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   sco.prometheusDir = o.prometheusDir;
   sco.dumpRequests = o.dumpRequests;
   sco.stallWarning = o.stallWarning;
+  sco.inlineMaxBytes = o.inlineMaxBytes;
   ps->controller_ = std::make_unique<SetController>(sco, *ps->cp_, std::move(link), ps->health_,
                                                     ps->queue_, logger);
 
