@@ -111,12 +111,13 @@ const std::vector<ParamSpec>& paramRegistry() {
        "64). Each rank's segment holds two slots, which reducescatter and alltoall use whole: "
        "of this size when set (autotune then leaves the chunk alone unless HORA_AUTOTUNE=1 is set "
        "too), of 4 MiB when unset, so that autotune can try chunks from 256 KiB up to 4 MiB."},
-      {"HORA_INLINE_MAX_BYTES", ParamType::kInt, "4096",
+      {"HORA_INLINE_MAX_BYTES", ParamType::kInt, "-1",
        "Allreduces of host tensors up to this size travel inside the negotiation: each rank's "
        "request carries its tensor, the coordinator reduces them and its response carries the "
-       "result, so the tensor needs one round trip to the coordinator and no data plane. 0 turns "
-       "it off; at most 65536. Ranks need not agree (a tensor some rank sent without its data "
-       "goes through the data plane)."},
+       "result, so the tensor needs one round trip to the coordinator and no data plane. -1: 4096 "
+       "for a process set on the shared-memory data plane (one host), 65536 otherwise (across "
+       "hosts, or HORA_SHM=0); 0 turns it off; at most 65536. Ranks need not agree (a tensor some "
+       "rank sent without its data goes through the data plane)."},
       {"HORA_SHM_MIN_BYTES", ParamType::kInt, "0",
        "Allreduce payloads smaller than this go through Gloo even when shared memory is on."},
       {"HORA_SHM_NEGOTIATION", ParamType::kBool, "1",

@@ -104,6 +104,16 @@ TEST(Abi, HugeTimesAndCapacitiesAreRefusedNotWrapped) {
   EXPECT_NE(std::string(hora_last_error_message()).find("4294967296"), std::string::npos)
       << hora_last_error_message();
   unsetenv("HORA_CACHE_CAPACITY");
+  // Inline allreduces are capped at 64 KiB (the coordinator holds every rank's copy).
+  for (const char* bad : {"65537", "-2"}) {
+    setenv("HORA_INLINE_MAX_BYTES", bad, 1);
+    EXPECT_ERR(hora_init(&c, &rt), HORA_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(
+        std::string(hora_last_error_message()).find(std::string("HORA_INLINE_MAX_BYTES=") + bad),
+        std::string::npos)
+        << hora_last_error_message();
+  }
+  unsetenv("HORA_INLINE_MAX_BYTES");
   // An interface that does not exist: refused at init naming the ones that do.
   setenv("HORA_GLOO_IFACE", "nosuch0", 1);
   EXPECT_ERR(hora_init(&c, &rt), HORA_ERR_INVALID_ARGUMENT);

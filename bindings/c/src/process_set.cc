@@ -265,7 +265,14 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   sco.prometheusDir = o.prometheusDir;
   sco.dumpRequests = o.dumpRequests;
   sco.stallWarning = o.stallWarning;
-  sco.inlineMaxBytes = o.inlineMaxBytes;
+  // -1: on the shared-memory data plane a small allreduce is a few µs, and
+  // at 2 ranks it beats the coordinator's round trip from about 16 KiB; off
+  // it (Gloo across hosts or over loopback) a round trip to the coordinator
+  // beats a Gloo exchange behind the negotiation up to the 64 KiB cap
+  // (bench/results/2026-11-25-inline-allreduce.md).
+  sco.inlineMaxBytes = o.inlineMaxBytes >= 0 ? static_cast<size_t>(o.inlineMaxBytes)
+                       : onShm               ? size_t{4096}
+                                             : kMaxInlineBytes;
   ps->controller_ = std::make_unique<SetController>(sco, *ps->cp_, std::move(link), ps->health_,
                                                     ps->queue_, logger);
 

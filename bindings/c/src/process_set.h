@@ -59,8 +59,9 @@ struct SetOptions {
   // else max(chunk, kShmMinSlotBytes)).
   int64_t shmSlotBytes = kShmMinSlotBytes;
   int64_t shmMinBytes = 0;
-  // HORA_INLINE_MAX_BYTES (SetControllerOptions::inlineMaxBytes).
-  size_t inlineMaxBytes = 0;
+  // HORA_INLINE_MAX_BYTES (SetControllerOptions::inlineMaxBytes); -1: picked
+  // by the set's data plane when it is created (process_set.cc).
+  int64_t inlineMaxBytes = -1;
   // Online autotune (core/autotune.h, controllers/autotune_driver.h): on, its
   // CSV log, its seed, and the parameters that stay as configured.
   bool autotune = true;

@@ -549,13 +549,13 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
                         ? so.shmChunkBytes
                         : std::max<int64_t>(so.shmChunkBytes, kShmMinSlotBytes);
   so.shmMinBytes = p.getInt("HORA_SHM_MIN_BYTES");
-  const int64_t inlineMax = p.getInt("HORA_INLINE_MAX_BYTES");
-  if (inlineMax < 0 || inlineMax > static_cast<int64_t>(kMaxInlineBytes))
-    return invalidArgument("HORA_INLINE_MAX_BYTES=" + std::to_string(inlineMax) +
+  so.inlineMaxBytes = p.getInt("HORA_INLINE_MAX_BYTES");
+  if (so.inlineMaxBytes < -1 || so.inlineMaxBytes > static_cast<int64_t>(kMaxInlineBytes))
+    return invalidArgument("HORA_INLINE_MAX_BYTES=" + std::to_string(so.inlineMaxBytes) +
                            " is out of range: allreduces travel inside the negotiation up to at "
                            "most " +
-                           std::to_string(kMaxInlineBytes) + " bytes (0 turns it off)");
-  so.inlineMaxBytes = static_cast<size_t>(inlineMax);
+                           std::to_string(kMaxInlineBytes) +
+                           " bytes (0 turns it off, -1 picks by data plane)");
   so.autotune = p.getBool("HORA_AUTOTUNE");
   so.autotuneLog = p.getString("HORA_AUTOTUNE_LOG");
   so.autotuneSeed = static_cast<uint64_t>(p.getInt("HORA_AUTOTUNE_SEED"));
