@@ -269,10 +269,16 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   // at 2 ranks it beats the coordinator's round trip from about 16 KiB; off
   // it (Gloo across hosts or over loopback) a round trip to the coordinator
   // beats a Gloo exchange behind the negotiation up to the 64 KiB cap
-  // (bench/results/2026-11-25-inline-allreduce.md).
-  sco.inlineMaxBytes = o.inlineMaxBytes >= 0 ? static_cast<size_t>(o.inlineMaxBytes)
-                       : onShm               ? size_t{4096}
-                                             : kMaxInlineBytes;
+  // (bench/results/2026-11-25-inline-allreduce.md, 2 and 4 ranks). Every
+  // rank's copy goes through the coordinator's link twice, so large sets get
+  // less: at most 256 KiB per tensor in each direction (not measured beyond
+  // 4 ranks: this machine has two cores).
+  sco.inlineMaxBytes =
+      o.inlineMaxBytes >= 0
+          ? static_cast<size_t>(o.inlineMaxBytes)
+          : (onShm ? size_t{4096}
+                   : std::clamp<size_t>((size_t{256} << 10) / static_cast<size_t>(ps->size()),
+                                        size_t{256}, kMaxInlineBytes));
   ps->controller_ = std::make_unique<SetController>(sco, *ps->cp_, std::move(link), ps->health_,
                                                     ps->queue_, logger);
 
