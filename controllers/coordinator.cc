@@ -407,6 +407,12 @@ void Coordinator::reduceInline(const std::vector<const Request*>& present, Respo
 }
 
 ResponseList Coordinator::emit(std::vector<std::vector<Response>>* resolved) {
+  // Past the list's budget, inline results are dropped before fusion plans:
+  // every rank still holds its input, so those tensors take the data plane.
+  size_t inlineBytes = 0;
+  for (auto& r : ready_)
+    if (!r.inlineResult.empty() && (inlineBytes += r.inlineResult.size()) > kMaxInlineListBytes)
+      r.inlineResult.clear();
   std::vector<std::vector<Response>> groups =
       planFusion(std::move(ready_), opts_.fusionThresholdBytes);
   ready_.clear();

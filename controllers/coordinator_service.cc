@@ -37,6 +37,7 @@ void CoordinatorService::receive(int from, const RequestList& list) {
   if (from == 0) return client_->onNacks(nacks);
   RequestList n;
   n.hits = std::move(nacks);
+  for (auto& h : n.hits) h.payload.clear();  // the worker resends its own
   cp_.send(from, FrameType::kNack, encode(n));
 }
 

@@ -76,6 +76,10 @@ std::string SetController::autoName(CollectiveKind kind) {
 }
 
 Status SetController::enqueue(std::vector<EntryPtr> entries) {
+  // Copied here, on the caller's thread, while its input is surely alive:
+  // once the entry is in the table another thread may fail it (shutdown),
+  // and its caller may then free the buffer before the control thread drains.
+  for (auto& e : entries) e->request.payload = inlinePayload(*e);
   {
     std::lock_guard<std::mutex> lk(tableMu_);
     if (stopping_)
@@ -127,23 +131,27 @@ void SetController::drainInbox() {
   }
   if (batch.empty() || health_.broken()) return;
   RequestList list;
+  size_t inlineBytes = 0;
   for (auto& e : batch) {
     if (e->completed) continue;  // failed locally before it was sent (e.g. a stall error raced it)
     const Request& r = e->request;
+    // Past the list's budget a tensor goes without its data (the data plane
+    // runs it; the coordinator inlines only what every rank sent).
+    const bool withData =
+        !r.payload.empty() && (inlineBytes += r.payload.size()) <= kMaxInlineListBytes;
     const bool cacheableKind = r.kind == CollectiveKind::kAllreduce ||
                                r.kind == CollectiveKind::kBroadcast ||
                                r.kind == CollectiveKind::kReducescatter;
     const int32_t bit = cacheableKind ? cache_.lookup(r.name, r.signature()) : -1;
     if (opts_.telemetry) opts_.telemetry->sent(*e, bit >= 0);
-    std::string payload = inlinePayload(*e);
     if (bit >= 0) {
       const uint64_t sig = r.signature();
       Request& kept = sentAsHits_[sig] = r;  // resent in full after a nack
-      kept.payload = payload;
-      list.hits.push_back(CacheHit{static_cast<uint32_t>(bit), sig, std::move(payload)});
+      if (!withData) kept.payload.clear();
+      list.hits.push_back(CacheHit{static_cast<uint32_t>(bit), sig, kept.payload});
     } else {
       list.requests.push_back(r);
-      list.requests.back().payload = std::move(payload);
+      if (!withData) list.requests.back().payload.clear();
     }
   }
   link_->submit(std::move(list));
@@ -197,6 +205,15 @@ void SetController::onResponses(const ResponseList& list) {
       sentAsHits_.erase(resolved.back().signature);
       Status v = validateResponse(resolved.back());
       if (!v.isOk()) return failSet(v, true);
+      // Only data-plane allreduces fuse (planFusion): anything else in a
+      // group of several would be completed wrongly or never.
+      if (g.items.size() > 1 &&
+          (resolved.back().kind != ResponseKind::kAllreduce || !needsDataPlane(resolved.back())))
+        return failSet(protocolError("malformed response list from the coordinator of set " +
+                                     opts_.setName + ": \"" + resolved.back().name +
+                                     "\" is in a group of " + std::to_string(g.items.size()) +
+                                     " but only allreduces on the data plane are fused"),
+                       true);
     }
     queueGroup(std::move(resolved));
   }
@@ -238,8 +255,9 @@ Status SetController::validateResponse(const Response& r) const {
     if (j < 0 || j >= size()) return bad("joined rank out of range");
   if (!r.inlineResult.empty()) {
     // Checked before the shape below only for the kind: the size check needs a valid shape.
-    if (r.kind != ResponseKind::kAllreduce || !r.joined.empty())
-      return bad("an inline result on a response that is not a plain allreduce");
+    if (r.kind != ResponseKind::kAllreduce || !r.joined.empty() ||
+        r.device.kind != DeviceKind::kCpu)
+      return bad("an inline result on a response that is not a plain allreduce of host memory");
   }
   for (int64_t d : r.sizes)
     if (d < 0) return bad("negative size");
@@ -305,8 +323,14 @@ Status SetController::claimEntries(const std::vector<Response>& responses, Agree
       const bool sameKind = static_cast<uint8_t>(e->request.kind) == static_cast<uint8_t>(r.kind);
       const bool exact = r.kind == ResponseKind::kAllreduce || r.kind == ResponseKind::kBroadcast ||
                          r.kind == ResponseKind::kReducescatter;
+      // An inline result is copied into this rank's own tensor: its size must be the
+      // tensor's, whatever the response says its shape is.
+      const bool resultFits =
+          r.inlineResult.empty() ||
+          static_cast<int64_t>(r.inlineResult.size()) ==
+              numElements(e->request.shape) * static_cast<int64_t>(dataTypeSize(e->request.dtype));
       if (!sameKind || (exact && e->request.signature() != r.signature) ||
-          e->request.dtype != r.dtype) {
+          e->request.dtype != r.dtype || !resultFits) {
         e->complete(
             entryFailure(*e, myGlobalRank(),
                          protocolError("the coordinator's response does not match this request")));

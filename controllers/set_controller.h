@@ -1,18 +1,21 @@
 // SetController: the control thread of one process set, on every rank alike.
 //
 // What it does, in the order a tensor meets it:
-//  1. enqueue() (framework threads): the request's entries go into the tensor
-//     table (name -> entry; a name may be in flight once) and the inbox, and
-//     the control thread is woken: no fixed-cycle sleeping.
+//  1. enqueue() (framework threads): a small allreduce's tensor is copied,
+//     prescaled, into its request (inline allreduces, below); the entries go
+//     into the tensor table (name -> entry; a name may be in flight once) and
+//     the inbox, and the control thread is woken: no fixed-cycle sleeping.
 //  2. drain (control thread): the inbox becomes one RequestList: a cache hit
 //     (bit + signature) for each tensor whose response this rank has cached
-//     with the same signature, the full request otherwise. It goes to the
-//     coordinator through the CoordinatorLink (a direct call on set rank 0,
-//     a frame elsewhere). A nacked hit is resent in full.
+//     with the same signature, the full request otherwise; either carries
+//     the tensor of an inline allreduce, up to kMaxInlineListBytes per list.
+//     It goes to the coordinator through the CoordinatorLink (a direct call
+//     on set rank 0, a frame elsewhere). A nacked hit is resent in full.
 //  3. responses: every response list is applied to this rank's response
 //     cache in order (touch a bit, put a full cacheable response), checked,
 //     and each group's entries are claimed from the table. A group that needs
-//     no data plane (barrier, join, error) is completed right here when
+//     no data plane (barrier, join, error, an allreduce whose result the
+//     coordinator computed from every rank's tensor) is completed right here when
 //     nothing is queued ahead of it; every other group goes to the executor
 //     through the GroupQueue, so this thread keeps heartbeats and loss
 //     detection running while collectives wait on peers.

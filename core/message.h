@@ -30,6 +30,11 @@ constexpr uint8_t kWireVersion = 2;
 // HORA_INLINE_MAX_BYTES): the coordinator holds every rank's copy, and each
 // response list repeats the result to every rank.
 constexpr size_t kMaxInlineBytes = 64 * 1024;
+// The most inline bytes (payloads, or results) one request or response list
+// carries: far below the control plane's frame limit (64 MiB), and small
+// enough that a list never holds heartbeats back for long. Tensors past it
+// go without their data and take the data plane.
+constexpr size_t kMaxInlineListBytes = size_t{8} << 20;
 
 // What one rank submitted for one tensor.
 struct Request {

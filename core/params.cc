@@ -114,10 +114,10 @@ const std::vector<ParamSpec>& paramRegistry() {
       {"HORA_INLINE_MAX_BYTES", ParamType::kInt, "-1",
        "Allreduces of host tensors up to this size travel inside the negotiation: each rank's "
        "request carries its tensor, the coordinator reduces them and its response carries the "
-       "result, so the tensor needs one round trip to the coordinator and no data plane. -1: 4096 "
-       "for a process set on the shared-memory data plane (one host), otherwise (across hosts, or "
-       "HORA_SHM=0) 262144 divided by the set's size, within 256..65536; 0 turns it off; at most "
-       "65536. Ranks need not agree (a tensor some "
+       "result, so the tensor needs one round trip to the coordinator and no data plane. -1: "
+       "262144 divided by the set's size, within 256..4096 for a set on the shared-memory data "
+       "plane (one host) and within 256..65536 otherwise (across hosts, or HORA_SHM=0); 0 turns "
+       "it off; at most 65536. Ranks need not agree (a tensor some "
        "rank sent without its data goes through the data plane)."},
       {"HORA_SHM_MIN_BYTES", ParamType::kInt, "0",
        "Allreduce payloads smaller than this go through Gloo even when shared memory is on."},

@@ -3,8 +3,9 @@
 // set's assembly; every thread of the set reports into it:
 //  - framework threads: submitted() when a request's entries are enqueued;
 //  - the control thread: sent() (cache hit or full request), agreed() when a
-//    group every rank agreed to is claimed, inline() for barrier/join/error
-//    groups it completes itself; on set rank 0, lastArrival() from the
+//    group every rank agreed to is claimed, inlineDone() for barrier, join,
+//    error and inline-allreduce groups it completes itself (the executor
+//    calls it for those queued behind work); on set rank 0, lastArrival() from the
 //    coordinator (who submitted a tensor last, and how long the others waited);
 //  - the executor thread: started() and finished() around each group;
 //  - any thread: snapshot(), flightText(), dumpFlight(); metricsJson() and

@@ -27,8 +27,10 @@ std::vector<std::string> horaFuzzSeeds() {
   rl.requests.push_back(request("grad.w", CollectiveKind::kAllreduce, {4, 3}));
   rl.requests.push_back(request("a2a", CollectiveKind::kAlltoall, {3}));
   rl.hits.push_back({7, 0x1234567890abcdefull});
+  rl.requests[0].payload.assign(48, '\x01');  // an inline allreduce's float32[4,3]
   RequestList hitsOnly;
   hitsOnly.hits.push_back({1, 2});
+  hitsOnly.hits.push_back({2, 3, std::string(8, '\x02')});
 
   ResponseList resp;
   ResponseGroup g;
@@ -41,6 +43,10 @@ std::vector<std::string> horaFuzzSeeds() {
   ResponseItem cached;
   cached.cacheBit = 3;
   g.items.push_back(cached);
+  ResponseItem reduced;  // an inline result on a cached response
+  reduced.cacheBit = 4;
+  reduced.result.assign(48, '\x03');
+  g.items.push_back(reduced);
   resp.groups.push_back(g);
   ResponseGroup e;
   ResponseItem err;

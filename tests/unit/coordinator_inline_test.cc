@@ -261,5 +261,31 @@ TEST_F(InlineTest, CompletionAppliesPostscaleAndAverage) {
   EXPECT_TRUE(needsDataPlane(g));
 }
 
+TEST_F(InlineTest, AResponseListCarriesAtMostItsBudgetOfResults) {
+  make(2);
+  const size_t n = kMaxInlineListBytes / kMaxInlineBytes + 4;
+  const std::string data(kMaxInlineBytes, '\0');
+  for (size_t i = 0; i < n; ++i)
+    for (int r = 0; r < 2; ++r)
+      ASSERT_TRUE(submit(r, allreduce("t" + std::to_string(i), DataType::kFloat32,
+                                      static_cast<int64_t>(kMaxInlineBytes / 4), data))
+                      .isOk());
+  std::vector<std::vector<Response>> resolved;
+  ResponseList l = coord_->emit(&resolved);
+  size_t results = 0, inlined = 0, onDataPlane = 0;
+  for (size_t g = 0; g < l.groups.size(); ++g)
+    for (size_t i = 0; i < l.groups[g].items.size(); ++i) {
+      const std::string& r = l.groups[g].items[i].result;
+      EXPECT_EQ(r, resolved[g][i].inlineResult);
+      results += r.size();
+      (r.empty() ? onDataPlane : inlined) += 1;
+    }
+  EXPECT_LE(results, kMaxInlineListBytes);
+  EXPECT_EQ(inlined, kMaxInlineListBytes / kMaxInlineBytes);
+  EXPECT_EQ(inlined + onDataPlane, n);
+  // The rest fused, as any data-plane allreduces would.
+  EXPECT_EQ(l.groups.size(), inlined + 1);
+}
+
 }  // namespace
 }  // namespace hora

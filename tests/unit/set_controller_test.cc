@@ -67,7 +67,8 @@ class FakeLink : public CoordinatorLink {
 struct ControllerHarness {
   // `setSize` > 1: the controller is rank 0 of that many (the link is fake,
   // so no peer exists; it only changes whether failures are reported).
-  explicit ControllerHarness(Seconds grace = Seconds(10), int setSize = 1)
+  explicit ControllerHarness(Seconds grace = Seconds(10), int setSize = 1,
+                             size_t inlineMaxBytes = 0)
       : health("global", Logger(LogLevel::kOff, "[ctl-test]"), grace) {
     ControlPlaneOptions cpo;
     cpo.globalRanks = {0};
@@ -79,6 +80,7 @@ struct ControllerHarness {
     SetControllerOptions o;
     for (int r = 0; r < setSize; ++r) o.globalRanks.push_back(r);
     o.cacheCapacity = 16;
+    o.inlineMaxBytes = inlineMaxBytes;
     controller = std::make_unique<SetController>(o, *cp, std::move(l), health, queue,
                                                  Logger(LogLevel::kOff, "[ctl-test]"));
     controller->start();
@@ -393,6 +395,110 @@ TEST(SetControllerTest, AutomaticNamesCountPerKind) {
   EXPECT_EQ(h.controller->autoName(CollectiveKind::kAllreduce), "allreduce.noname.0");
   EXPECT_EQ(h.controller->autoName(CollectiveKind::kAllreduce), "allreduce.noname.1");
   EXPECT_EQ(h.controller->autoName(CollectiveKind::kBroadcast), "broadcast.noname.0");
+}
+
+TEST(SetControllerTest, SmallAllreducesCarryTheirPrescaledTensorAndTakeTheResult) {
+  ControllerHarness h(Seconds(10), /*setSize=*/2, /*inlineMaxBytes=*/16);
+  auto bytesOf = [](std::vector<float> v) {
+    return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+  };
+  std::vector<float> in{1, 2, 3, 4}, out(4, -1), big(5, 1), bigOut(5);
+  auto sink = std::make_shared<RecordingSink>();
+  auto e = makeEntry(CollectiveKind::kAllreduce, "w", DataType::kFloat32, {4}, in.data(),
+                     out.data(), sink);
+  e->request.prescale = 2;
+  e->request.postscale = 0.5;
+  e->request.op = ReduceOp::kAverage;
+  // 20 bytes: past the 16-byte limit, it goes without its data.
+  auto large = makeEntry(CollectiveKind::kAllreduce, "big", DataType::kFloat32, {5}, big.data(),
+                         bigOut.data(), std::make_shared<RecordingSink>());
+  ASSERT_TRUE(h.controller->enqueue({e, large}).isOk());
+  in.assign(4, 99);  // the tensor was copied at submission (prescaled)
+  RequestList first = h.link->submission(0);
+  ASSERT_EQ(first.requests.size(), 2u);
+  EXPECT_EQ(first.requests[0].payload, bytesOf({2, 4, 6, 8}));
+  EXPECT_TRUE(first.requests[1].payload.empty());
+  // The coordinator's sum comes back: averaged over 2 ranks, postscaled, here
+  // on the control thread (nothing is queued ahead).
+  ResponseList list = listOf({responseFor(*e)});
+  list.groups[0].items[0].result = bytesOf({10, 20, 30, 40});
+  h.respond(list);
+  ASSERT_TRUE(sink->waitDone());
+  EXPECT_TRUE(sink->status().isOk()) << sink->status().toString();
+  EXPECT_EQ(out, (std::vector<float>{2.5, 5, 7.5, 10}));
+  EXPECT_EQ(h.queue.inFlight(), 0) << "an inline result never reaches the executor";
+
+  // Next step: a cache hit with the data; a nack makes it a full request, with the data.
+  in.assign({1, 1, 1, 1});
+  auto e2 = makeEntry(CollectiveKind::kAllreduce, "w", DataType::kFloat32, {4}, in.data(),
+                      out.data(), std::make_shared<RecordingSink>());
+  e2->request.prescale = 2;
+  e2->request.postscale = 0.5;
+  e2->request.op = ReduceOp::kAverage;
+  ASSERT_TRUE(h.controller->enqueue({e2}).isOk());
+  RequestList hit = h.link->submission(1);
+  ASSERT_EQ(hit.hits.size(), 1u);
+  EXPECT_EQ(hit.hits[0].payload, bytesOf({2, 2, 2, 2}));
+  h.onControlThread([&] { h.controller->onNacks(hit.hits); });
+  RequestList resent = h.link->submission(2);
+  ASSERT_EQ(resent.requests.size(), 1u);
+  EXPECT_EQ(resent.requests[0].payload, bytesOf({2, 2, 2, 2}));
+}
+
+TEST(SetControllerTest, AListCarriesAtMostItsBudgetOfInlineData) {
+  ControllerHarness h(Seconds(10), /*setSize=*/2, kMaxInlineBytes);
+  const size_t n = kMaxInlineListBytes / kMaxInlineBytes + 8;
+  std::vector<std::vector<float>> data(n, std::vector<float>(kMaxInlineBytes / 4, 1));
+  std::vector<EntryPtr> es;
+  for (size_t i = 0; i < n; ++i)
+    es.push_back(makeEntry(CollectiveKind::kAllreduce, "t" + std::to_string(i), DataType::kFloat32,
+                           {static_cast<int64_t>(kMaxInlineBytes / 4)}, data[i].data(),
+                           data[i].data(), std::make_shared<RecordingSink>()));
+  ASSERT_TRUE(h.controller->enqueue(es).isOk());
+  size_t requests = 0, inlineBytes = 0, withData = 0;
+  for (size_t k = 0; requests < n; ++k) {
+    RequestList l = h.link->submission(k);
+    if (l.requests.empty()) break;
+    size_t listBytes = 0;
+    for (const auto& r : l.requests) {
+      listBytes += r.payload.size();
+      withData += !r.payload.empty();
+    }
+    EXPECT_LE(listBytes, kMaxInlineListBytes);
+    EXPECT_LT(encode(l).size(), size_t{64} << 20);
+    inlineBytes += listBytes;
+    requests += l.requests.size();
+  }
+  EXPECT_EQ(requests, n);
+  EXPECT_GE(withData, kMaxInlineListBytes / kMaxInlineBytes);
+  EXPECT_LT(withData, n) << "some went without their data";
+}
+
+TEST(SetControllerTest, AnInlineResultOfTheWrongSizeOrInAFusedGroupIsAProtocolError) {
+  for (int variant = 0; variant < 2; ++variant) {
+    ControllerHarness h(Seconds(10), /*setSize=*/2, /*inlineMaxBytes=*/64);
+    std::vector<float> a(4), b(4);
+    auto sa = std::make_shared<RecordingSink>(), sb = std::make_shared<RecordingSink>();
+    auto ea =
+        makeEntry(CollectiveKind::kAllreduce, "a", DataType::kFloat32, {4}, a.data(), a.data(), sa);
+    auto eb =
+        makeEntry(CollectiveKind::kAllreduce, "b", DataType::kFloat32, {4}, b.data(), b.data(), sb);
+    ASSERT_TRUE(h.controller->enqueue({ea, eb}).isOk());
+    h.link->submission(0);
+    ResponseList list;
+    if (variant == 0) {
+      list = listOf({responseFor(*ea)});
+      list.groups[0].items[0].result = std::string(12, 'x');  // 3 floats for 4
+    } else {
+      list = listOf({responseFor(*ea), responseFor(*eb)});    // fused...
+      list.groups[0].items[1].result = std::string(16, 'x');  // ...with an inline one
+    }
+    h.respond(list);
+    ASSERT_TRUE(sa->waitDone());
+    EXPECT_EQ(sa->status().code(), Code::kProtocolError) << variant << sa->status().toString();
+    EXPECT_TRUE(h.health.broken());
+    EXPECT_EQ(a, std::vector<float>(4, 0)) << "nothing was written into the tensor";
+  }
 }
 
 }  // namespace

@@ -272,13 +272,12 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   // (bench/results/2026-11-25-inline-allreduce.md, 2 and 4 ranks). Every
   // rank's copy goes through the coordinator's link twice, so large sets get
   // less: at most 256 KiB per tensor in each direction (not measured beyond
-  // 4 ranks: this machine has two cores).
-  sco.inlineMaxBytes =
-      o.inlineMaxBytes >= 0
-          ? static_cast<size_t>(o.inlineMaxBytes)
-          : (onShm ? size_t{4096}
-                   : std::clamp<size_t>((size_t{256} << 10) / static_cast<size_t>(ps->size()),
-                                        size_t{256}, kMaxInlineBytes));
+  // 4 ranks: this machine has two cores), on one host too, where rank 0's
+  // control thread reduces every copy.
+  const size_t perSet = (size_t{256} << 10) / static_cast<size_t>(ps->size());
+  sco.inlineMaxBytes = o.inlineMaxBytes >= 0 ? static_cast<size_t>(o.inlineMaxBytes)
+                       : onShm               ? std::clamp<size_t>(perSet, 256, 4096)
+                                             : std::clamp<size_t>(perSet, 256, kMaxInlineBytes);
   ps->controller_ = std::make_unique<SetController>(sco, *ps->cp_, std::move(link), ps->health_,
                                                     ps->queue_, logger);
 
