@@ -1,5 +1,9 @@
 #include "core/reduce.h"
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <emmintrin.h>
+#endif
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -430,10 +434,34 @@ void scaleInPlace(DataType dt, void* data, size_t n, double factor) {
   scaleAny(dt, data, data, n, factor);
 }
 
+void copyBytes(void* dst, const void* src, size_t bytes) {
+#if defined(__x86_64__) || defined(_M_X64)
+  // Below a few KiB memcpy does not use `rep movsb`.
+  if (bytes >= 4096) {
+    auto* d = static_cast<char*>(dst);
+    const auto* s = static_cast<const char*>(src);
+    size_t i = 0;
+    for (; i + 64 <= bytes; i += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), a);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+    }
+    if (i < bytes) std::memcpy(d + i, s + i, bytes - i);
+    return;
+  }
+#endif
+  std::memcpy(dst, src, bytes);
+}
+
 void scaleCopy(DataType dt, void* dst, const void* src, size_t n, double factor) {
   if (n == 0) return;
   if (factor == 1.0) {
-    if (dst != src) std::memcpy(dst, src, n * dataTypeSize(dt));
+    if (dst != src) copyBytes(dst, src, n * dataTypeSize(dt));
     return;
   }
   scaleAny(dt, dst, src, n, factor);

@@ -44,6 +44,18 @@ using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
 // The kernel for (dt, op), or nullptr when the pair is not supported.
 ReduceFn reduceFunction(DataType dt, ReduceOp op);
 
+// memcpy for the data planes' bulk copies (pack, unpack, gather, scatter)
+// between user tensors and shared memory. Why not memcpy: glibc copies large
+// blocks with `rep movsb`, which on this project's AMD EPYC machine runs
+// 3-5x slower for some relative page offsets of source and destination, and
+// a fused group's offsets in the shared slots against the tensors' own
+// addresses hit them: the ResNet-50 step's 62 large gradients (sizes that
+// are multiples of 4 KiB) took 45-56 ms to unpack instead of 7-9
+// (bench/results/2026-11-25-inline-allreduce.md). A plain 16-byte vector
+// loop is as fast as memcpy at good offsets and keeps that speed at the bad
+// ones. `dst` and `src` must not overlap.
+void copyBytes(void* dst, const void* src, size_t bytes);
+
 // data[i] *= factor. Floats: float32 and the 16-bit types multiply in float
 // (factor rounded to float), float64 in double. Integers: multiply in double
 // and round toward zero (the semantics of integer averaging in Horovod and

@@ -266,9 +266,9 @@ Status HierBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp
   auto* bytes = static_cast<uint8_t*>(data);
   return allreduceGather(
       data, count, dtype, op,
-      [&](size_t lo, size_t hi, void* dst) { std::memcpy(dst, bytes + lo * es, (hi - lo) * es); },
+      [&](size_t lo, size_t hi, void* dst) { copyBytes(dst, bytes + lo * es, (hi - lo) * es); },
       [&](size_t lo, size_t hi, const void* src) {
-        std::memcpy(bytes + lo * es, src, (hi - lo) * es);
+        copyBytes(bytes + lo * es, src, (hi - lo) * es);
       });
 }
 

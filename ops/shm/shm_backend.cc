@@ -207,7 +207,7 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
       // 2'. Small chunk: every rank reduces all of it, in rank order (so every
       // rank computes the same bits), into private scratch.
       uint8_t* acc = scratch_.data();
-      std::memcpy(acc, segs_[0]->slot(c), len * es);
+      copyBytes(acc, segs_[0]->slot(c), len * es);
       for (int j = 1; j < size_; ++j) reduce(acc, acc, segs_[j]->slot(c), len);
       unpack(base, base + len, acc);
     } else {
@@ -364,10 +364,10 @@ Status ShmBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp 
   return allreduceGather(
       data, count, dtype, op,
       [&](size_t lo, size_t hi, void* dst) {
-        if (dst != bytes + lo * es) std::memcpy(dst, bytes + lo * es, (hi - lo) * es);
+        if (dst != bytes + lo * es) copyBytes(dst, bytes + lo * es, (hi - lo) * es);
       },
       [&](size_t lo, size_t hi, const void* src) {
-        if (src != bytes + lo * es) std::memcpy(bytes + lo * es, src, (hi - lo) * es);
+        if (src != bytes + lo * es) copyBytes(bytes + lo * es, src, (hi - lo) * es);
       });
 }
 
@@ -409,7 +409,7 @@ Status ShmBackend::shmAllgatherv(const uint8_t* in, uint8_t* out, const std::vec
     const uint32_t next = c + 1;
     HORA_RETURN_IF_ERROR(waitSlotFree(c, what));
     auto len = [&](int q) { return lo < bytes[q] ? std::min(slot, bytes[q] - lo) : size_t{0}; };
-    if (len(rank_) > 0) std::memcpy(own.slot(c), in + lo, len(rank_));
+    if (len(rank_) > 0) copyBytes(own.slot(c), in + lo, len(rank_));
     publish(&ShmHeader::packed, next);
     for (int k = 0; k < size_; ++k) {
       const int q = (rank_ + k) % size_;
@@ -417,7 +417,7 @@ Status ShmBackend::shmAllgatherv(const uint8_t* in, uint8_t* out, const std::vec
       if (q != rank_)
         HORA_RETURN_IF_ERROR(waitFor(q, &ShmHeader::packed, next, "publish its part", what));
       // In place (in == out + offset[rank]) the own copy rewrites equal bytes.
-      std::memcpy(out + offset[q] + lo, segs_[q]->slot(c), len(q));
+      copyBytes(out + offset[q] + lo, segs_[q]->slot(c), len(q));
     }
     finishChunk();
   }
@@ -447,13 +447,13 @@ Status ShmBackend::shmBroadcast(uint8_t* data, size_t bytes, int root, const std
     const uint32_t next = c + 1;
     if (rank_ == root) {
       HORA_RETURN_IF_ERROR(waitSlotFree(c, what));
-      std::memcpy(own.slot(c), data + base, len);
+      copyBytes(own.slot(c), data + base, len);
     }
     publish(&ShmHeader::packed, next);  // by every rank: see finishChunk
     if (rank_ != root) {
       HORA_RETURN_IF_ERROR(
           waitFor(root, &ShmHeader::packed, next, "publish its broadcast data", what));
-      std::memcpy(data + base, segs_[root]->slot(c), len);
+      copyBytes(data + base, segs_[root]->slot(c), len);
     }
     finishChunk();
   }

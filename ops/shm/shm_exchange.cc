@@ -72,7 +72,7 @@ Status ShmBackend::shmReducescatter(uint8_t* data, const std::vector<size_t>& co
     HORA_RETURN_IF_ERROR(waitSlotFree(static_cast<uint32_t>(chunks_), what));
     // Every rank's whole chunk is visible to the others; this rank writes
     // only its own region, which later chunks never pack.
-    std::memcpy(own.slot(c), data + base * es, len * es);
+    copyBytes(own.slot(c), data + base * es, len * es);
     publish(&ShmHeader::packed, next);
     const size_t lo = std::max(base, myLo), hi = std::min(base + len, myHi);
     if (hi > lo) {
@@ -161,16 +161,16 @@ Status ShmBackend::shmAlltoallv(const uint8_t* in, const std::vector<size_t>& se
     uint8_t* mine = own.slot(c);
     for (int j = 0; j < size_; ++j) {
       if (j == rank_ || lo >= sendBytes[j]) continue;
-      std::memcpy(mine + static_cast<size_t>(j) * box, in + sendOff[j] + lo,
-                  std::min(box, sendBytes[j] - lo));
+      copyBytes(mine + static_cast<size_t>(j) * box, in + sendOff[j] + lo,
+                std::min(box, sendBytes[j] - lo));
     }
     publish(&ShmHeader::packed, next);
     for (int k2 = 1; k2 < size_; ++k2) {
       const int j = (rank_ + k2) % size_;
       if (lo >= recvBytes[j]) continue;
       HORA_RETURN_IF_ERROR(waitFor(j, &ShmHeader::packed, next, "pack its blocks", what));
-      std::memcpy(out + recvOff[j] + lo, segs_[j]->slot(c) + static_cast<size_t>(rank_) * box,
-                  std::min(box, recvBytes[j] - lo));
+      copyBytes(out + recvOff[j] + lo, segs_[j]->slot(c) + static_cast<size_t>(rank_) * box,
+                std::min(box, recvBytes[j] - lo));
     }
     finishChunk();
   }

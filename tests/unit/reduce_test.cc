@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <algorithm>
 #include <vector>
 
 namespace hora {
@@ -402,4 +403,21 @@ TEST(ScaleTest, FactorOneIsCopyAndBool) {
 }
 
 }  // namespace
+TEST(CopyBytes, EverySizeAndOffsetCopiesExactly) {
+  // Around the vector loop's 4 KiB start and 64-byte step, at odd offsets.
+  std::vector<unsigned char> src(200000), dst(200000);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{63}, size_t{4095}, size_t{4096}, size_t{4097},
+                   size_t{4159}, size_t{65536 + 13}, size_t{150001}})
+    for (size_t so : {size_t{0}, size_t{1}, size_t{16}, size_t{4080}})
+      for (size_t d : {size_t{0}, size_t{3}, size_t{2048}}) {
+        std::fill(dst.begin(), dst.end(), 0xAB);
+        copyBytes(dst.data() + d, src.data() + so, n);
+        ASSERT_TRUE(std::equal(src.begin() + so, src.begin() + so + n, dst.begin() + d))
+            << n << " bytes from +" << so << " to +" << d;
+        if (d > 0) ASSERT_EQ(dst[d - 1], 0xAB) << "wrote before the destination";
+        ASSERT_EQ(dst[d + n], 0xAB) << "wrote past the destination";
+      }
+}
+
 }  // namespace hora
