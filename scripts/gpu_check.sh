@@ -9,7 +9,8 @@
 #   scripts/gpu_check.sh run     there: every gpu test binary, compute-sanitizer
 #                                (memcheck, racecheck, synccheck, initcheck)
 #                                over the plugin's kernel tests, and the fusion
-#                                benchmark; logs in $OUT (or gpu-check-logs/)
+#                                benchmark, hora.torch with CUDA tensors;
+#                                logs in $OUT (or gpu-check-logs/)
 #
 # e.g. through the device tool: carry build-gpu and .device-libs, command
 # "bash scripts/gpu_check.sh run". Exit status: 0 when every step passed.
@@ -36,18 +37,32 @@ run() {
   nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
   local t
   for t in hora_gpu_fusion_emulation_test hora_gpu_cuda_plugin_test hora_gpu_runtime_test; do
-    if ! timeout 500 "build-gpu/tests/$t" >"$out/$t.log" 2>&1; then
+    if ! timeout 240 "build-gpu/tests/$t" >"$out/$t.log" 2>&1; then
       echo "FAILED: $t (see $out/$t.log)"
       failed=1
     fi
     grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$t.log" | sed "s/^/$t: /"
   done
+  # hora.torch with CUDA tensors (tests/python/test_torch_cuda.py): NCCL at
+  # world size 1, staging with 2 ranks sharing the GPU. That machine's python3
+  # has a CUDA torch and pytest; libhora and the plugin come from build-gpu.
+  local py lib plugin
+  py=$(command -v python3)
+  lib=$(find build-gpu -name 'libhora.so' | head -n 1)
+  plugin=$(find build-gpu -name 'libhora_cuda.so' | head -n 1)
+  if ! PYTHONPATH="$PWD/bindings/python" HORA_LIBRARY="$PWD/$lib" HORA_GPU_PLUGIN="$PWD/$plugin" \
+    HORA_TEST_PYTHON="$py" timeout 300 "$py" -m pytest -v -p no:cacheprovider \
+    tests/python/test_torch_cuda.py >"$out/test_torch_cuda.log" 2>&1; then
+    echo "FAILED: tests/python/test_torch_cuda.py (see $out/test_torch_cuda.log)"
+    failed=1
+  fi
+  grep -E 'PASSED|FAILED|SKIPPED|ERROR|passed|failed' "$out/test_torch_cuda.log" | tail -n 12
   local cs
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   if [[ -x "$cs" ]]; then
     local tool
     for tool in memcheck racecheck synccheck initcheck; do
-      if ! timeout 300 "$cs" --tool "$tool" --error-exitcode 99 \
+      if ! timeout 150 "$cs" --tool "$tool" --error-exitcode 99 \
         build-gpu/tests/hora_gpu_cuda_plugin_test --gtest_filter='CudaPluginTest.*' \
         >"$out/sanitizer-$tool.log" 2>&1; then
         echo "FAILED: compute-sanitizer --tool $tool (see $out/sanitizer-$tool.log)"

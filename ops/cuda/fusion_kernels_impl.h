@@ -312,21 +312,30 @@ HORA_HD void copyWords(char* dst, const char* src, uint64_t n, unsigned tid, con
 
 // Element-misaligned pointers: assemble each element from bytes (little
 // endian). Slow, but a misaligned typed access would fault the context.
+//
+// The op's result passes through a volatile local before it is taken apart.
+// Without it, ptxas (CUDA 13.0, sm_90) compiled "the low byte of the float16
+// or bfloat16 bits that cvt.rn.f16.f32 produced" into F2I.U8.F16.TRUNC, a
+// numeric conversion of the half value to an 8-bit integer: -2.0 (0xc000)
+// stored 0x00 and 3.3 stored 0x03 as its low byte; the high byte was right
+// and the integer ops were unaffected. Found on an H100 by
+// SixteenBitFloatsScaleLikeTheCpuForEveryPattern (tests/gpu/cuda_plugin_test.cc);
+// the CPU emulation cannot see it. The round trip through local memory costs
+// little on this path, which only element-misaligned tensors take.
 template <typename Op>
 HORA_HD void copyBytewise(char* dst, const char* src, uint64_t n, unsigned tid, const Op& op) {
   using S = typename Op::Storage;
+  using Wide = std::conditional_t<(sizeof(S) > 4), uint64_t, uint32_t>;
   for (uint64_t i = tid; i < n; i += kThreads) {
-    S v = 0;
+    const unsigned char* in = reinterpret_cast<const unsigned char*>(src) + i * sizeof(S);
+    Wide v = 0;
     HORA_UNROLL
-    for (unsigned b = 0; b < sizeof(S); ++b) {
-      v = static_cast<S>(v |
-                         (static_cast<S>(static_cast<uint8_t>(src[i * sizeof(S) + b])) << (8 * b)));
-    }
-    v = op(v);
+    for (unsigned b = 0; b < sizeof(S); ++b) v |= static_cast<Wide>(in[b]) << (8 * b);
+    volatile S result = op(static_cast<S>(v));
+    const Wide r = static_cast<Wide>(result);
+    unsigned char* out = reinterpret_cast<unsigned char*>(dst) + i * sizeof(S);
     HORA_UNROLL
-    for (unsigned b = 0; b < sizeof(S); ++b) {
-      dst[i * sizeof(S) + b] = static_cast<char>(static_cast<uint8_t>(v >> (8 * b)));
-    }
+    for (unsigned b = 0; b < sizeof(S); ++b) out[b] = static_cast<unsigned char>(r >> (8 * b));
   }
 }
 

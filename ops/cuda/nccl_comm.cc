@@ -531,7 +531,11 @@ int p2pGroup(const hora_gpu_p2p_op_t* ops, size_t n, hora_gpu_comm_t c, hora_gpu
     const hora_gpu_p2p_op_t& op = ops[i];
     if (op.kind != HORA_GPU_P2P_SEND && op.kind != HORA_GPU_P2P_RECV)
       return fail("p2p_group: ops[%zu] has kind %d (send 0, recv 1)", i, op.kind);
-    if (op.peer < 0 || op.peer >= c->nranks || op.peer == c->rank)
+    // A peer equal to this rank is accepted (NCCL pairs a send to itself with
+    // the receive from itself in the same group): libhora's two-rank channels
+    // never issue one, but it lets the plugin's own test run ncclSend/ncclRecv
+    // on a one-GPU machine, where NCCL refuses two ranks.
+    if (op.peer < 0 || op.peer >= c->nranks)
       return fail("p2p_group: ops[%zu] names peer %d on rank %d of %d", i, op.peer, c->rank,
                   c->nranks);
     if (op.bytes != 0 && op.data == nullptr)

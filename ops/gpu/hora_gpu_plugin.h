@@ -72,7 +72,9 @@ typedef struct hora_gpu_copy_s {
 } hora_gpu_copy_t;
 
 /* One send or receive of a point-to-point group (p2p_group): `bytes` bytes
- * from `data` to communicator rank `peer`, or from `peer` into `data`. */
+ * from `data` to communicator rank `peer`, or from `peer` into `data`. `peer`
+ * may be the caller's own rank when the matching operation is in the same
+ * group (NCCL pairs them; the plugin's test uses it on one GPU). */
 enum { HORA_GPU_P2P_SEND = 0, HORA_GPU_P2P_RECV = 1 };
 typedef struct hora_gpu_p2p_op_s {
   int32_t kind; /* HORA_GPU_P2P_SEND or HORA_GPU_P2P_RECV */

@@ -167,8 +167,18 @@ inline std::string firstDifference(const CopyCase& c, const std::vector<uint8_t>
     for (size_t i = 0; i < c.pieces.size(); ++i) {
       const Piece& p = c.pieces[i];
       if (b >= p.dstOffset && b < p.dstOffset + p.count * c.elem) {
-        os << " (piece " << i << " of count " << p.count << ", element "
-           << (b - p.dstOffset) / c.elem << ")";
+        const size_t e = (b - p.dstOffset) / c.elem;
+        os << " (piece " << i << " of count " << p.count << ", element " << e << ";";
+        // The element's bytes, high first: source, got, want.
+        auto hex = [&](const uint8_t* at) {
+          std::ostringstream h;
+          h << std::hex;
+          for (size_t k = c.elem; k-- > 0;) h << int(at[k] >> 4) << int(at[k] & 15);
+          return h.str();
+        };
+        os << " in 0x" << hex(c.src.data() + p.srcOffset + e * c.elem) << ", got 0x"
+           << hex(got.data() + p.dstOffset + e * c.elem) << ", want 0x"
+           << hex(want.data() + p.dstOffset + e * c.elem) << ")";
       }
     }
     os << ": got " << int(got[b]) << ", want " << int(want[b]);

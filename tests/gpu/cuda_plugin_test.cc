@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -166,7 +167,7 @@ class CudaPluginTest : public ::testing::Test {
         << lastError(p_);
     std::vector<uint8_t> got(c.dst.size());
     download(got.data(), dst, got.size());
-    ASSERT_EQ(gputest::firstDifference(c, got, gputest::expectedDst(c, scale)), "");
+    EXPECT_EQ(gputest::firstDifference(c, got, gputest::expectedDst(c, scale)), "");
   }
 
   const hora_gpu_plugin_v1_t* p_ = nullptr;
@@ -180,7 +181,55 @@ TEST_F(CudaPluginTest, BatchedScaleCopyMatchesCpuForEveryDtype) {
     for (double scale : gputest::kScales) {
       SCOPED_TRACE(::testing::Message() << gputest::dtypeName(dtype) << " scale " << scale);
       runCase(gputest::makeCase(dtype, gputest::kCounts, 77 + dtype, true), scale);
-      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// Every 16-bit pattern of float16 and bfloat16 (NaNs aside: their payloads
+// need not survive a multiply alike) scaled on the device, through the
+// vectorized path (aligned) and the byte-assembling one (destination one byte
+// off), against the CPU's scaleCopy; the first mismatches are listed with
+// their input, so a class of values (subnormals, rounding) shows at once.
+TEST_F(CudaPluginTest, SixteenBitFloatsScaleLikeTheCpuForEveryPattern) {
+  std::vector<uint16_t> in;
+  for (uint32_t b = 0; b < 65536; ++b) in.push_back(static_cast<uint16_t>(b));
+  const size_t n = in.size();
+  const size_t bytes = n * 2;
+  void* src = deviceAlloc(bytes);
+  void* dst = deviceAlloc(bytes + 16);
+  ASSERT_TRUE(src != nullptr && dst != nullptr);
+  upload(src, in.data(), bytes);
+  for (int32_t dtype : {HORA_GPU_DTYPE_FLOAT16, HORA_GPU_DTYPE_BFLOAT16}) {
+    const bool half = dtype == HORA_GPU_DTYPE_FLOAT16;
+    auto isNan = [&](uint16_t v) {
+      return half ? ((v & 0x7c00) == 0x7c00 && (v & 0x3ff) != 0)
+                  : ((v & 0x7f80) == 0x7f80 && (v & 0x7f) != 0);
+    };
+    for (double scale : {0.5, 1.0 / 3.0, 2.5, -0.75}) {
+      std::vector<uint16_t> want(n);
+      scaleCopy(static_cast<DataType>(dtype), want.data(), in.data(), n, scale);
+      for (size_t offset : {size_t{0}, size_t{1}}) {
+        std::vector<uint8_t> sentinel(bytes + 16, gputest::kSentinel);
+        upload(dst, sentinel.data(), sentinel.size());
+        hora_gpu_copy_t copy = {static_cast<char*>(dst) + offset, src, n};
+        ASSERT_EQ(p_->batched_scale_copy(dtype, &copy, 1, scale, stream_), 0) << lastError(p_);
+        std::vector<uint8_t> raw(bytes + 16);
+        download(raw.data(), dst, raw.size());
+        std::ostringstream bad;
+        size_t mismatches = 0;
+        for (size_t i = 0; i < n; ++i) {
+          uint16_t got;
+          std::memcpy(&got, raw.data() + offset + 2 * i, 2);
+          if (got == want[i] || (isNan(got) && isNan(want[i]))) continue;
+          if (++mismatches <= 8) {
+            bad << std::hex << " [in 0x" << in[i] << ": got 0x" << got << ", want 0x" << want[i]
+                << "]" << std::dec;
+          }
+        }
+        EXPECT_EQ(mismatches, 0u) << gputest::dtypeName(dtype) << " scale " << scale
+                                  << (offset ? " (byte path)" : " (vector path)") << ":"
+                                  << bad.str();
+      }
     }
   }
 }
@@ -213,6 +262,10 @@ TEST_F(CudaPluginTest, ResNet50GradientsThroughAFusionBuffer) {
   char* out = static_cast<char*>(deviceAlloc(arena));
   ASSERT_TRUE(grads && fusion && out);
   upload(grads, host.data(), arena);
+  // The output arena starts as sentinel bytes: the gaps between tensors must
+  // keep them (and are initialized for compute-sanitizer's initcheck).
+  const std::vector<uint8_t> sentinel(arena, gputest::kSentinel);
+  upload(out, sentinel.data(), arena);
   std::vector<hora_gpu_copy_t> pack;
   std::vector<hora_gpu_copy_t> unpack;
   size_t offset = 0;
@@ -234,6 +287,11 @@ TEST_F(CudaPluginTest, ResNet50GradientsThroughAFusionBuffer) {
     for (size_t j = 0; j < counts[i]; ++j) {
       const size_t k = at[i] / 4 + j;
       ASSERT_EQ(got[k], host[k] * 0.25f) << "tensor " << i << " element " << j;
+    }
+    const size_t end = i + 1 < counts.size() ? at[i + 1] : arena;
+    for (size_t b = at[i] + counts[i] * 4; b < end; ++b) {
+      ASSERT_EQ(reinterpret_cast<const uint8_t*>(got.data())[b], gputest::kSentinel)
+          << "stray write after tensor " << i;
     }
   }
 }
@@ -306,7 +364,7 @@ TEST_F(CudaPluginNcclTest, CollectivesAtWorldSizeOne) {
   for (size_t i = 0; i < n; ++i) values[i] = static_cast<float>(i) * 0.5f - 100.0f;
   const size_t bytes = n * sizeof(float);
   void* in = deviceAlloc(bytes);
-  void* out = deviceAlloc(bytes);
+  void* out = deviceAlloc(n * 8);  // also holds the 8-byte dtypes below
   upload(in, values.data(), bytes);
   for (int32_t op : {HORA_GPU_OP_SUM, HORA_GPU_OP_MIN, HORA_GPU_OP_MAX, HORA_GPU_OP_PRODUCT}) {
     std::vector<float> zeros(n, 0.0f);
@@ -361,6 +419,56 @@ TEST_F(CudaPluginNcclTest, CollectivesAtWorldSizeOne) {
   // int16 / bool reductions are refused with a clear message.
   EXPECT_NE(p_->allreduce(in, out, n, HORA_GPU_DTYPE_INT16, HORA_GPU_OP_SUM, comm, stream_), 0);
   EXPECT_NE(lastError(p_).find("no NCCL data type"), std::string::npos) << lastError(p_);
+  int failed = -1;
+  ASSERT_EQ(p_->comm_async_error(comm, &failed), 0) << lastError(p_);
+  EXPECT_EQ(failed, 0);
+  EXPECT_EQ(p_->comm_destroy(comm), 0) << lastError(p_);
+}
+
+// p2p_group on a real communicator: with one rank, every send and receive is
+// to and from itself, which NCCL allows inside one group. Several messages
+// of different sizes in one group, then a second group, must arrive in the
+// order they were enqueued (the order p2p_gpu.cc relies on within a channel).
+TEST_F(CudaPluginNcclTest, P2pGroupToItselfAtWorldSizeOne) {
+  if (!HORA_GPU_PLUGIN_HAS(p_, p2p_group)) GTEST_FAIL() << "this plugin has no p2p_group";
+  hora_gpu_comm_t comm = initWorldOfOne();
+  ASSERT_NE(comm, nullptr);
+  const size_t sizes[3] = {4, 1000003, 64 << 10};  // bytes: tiny, odd and large, medium
+  std::vector<void*> in(3), out(3);
+  std::vector<std::vector<uint8_t>> sent(3);
+  for (int i = 0; i < 3; ++i) {
+    in[i] = deviceAlloc(sizes[i]);
+    out[i] = deviceAlloc(sizes[i]);
+    sent[i].resize(sizes[i]);
+    for (size_t b = 0; b < sizes[i]; ++b) sent[i][b] = static_cast<uint8_t>((b * 7 + i * 31) % 251);
+    upload(in[i], sent[i].data(), sizes[i]);
+    std::vector<uint8_t> zeros(sizes[i], 0);
+    upload(out[i], zeros.data(), sizes[i]);
+  }
+  // Group 1: messages 0 and 1, receives posted before the sends.
+  std::vector<hora_gpu_p2p_op_t> ops = {
+      {HORA_GPU_P2P_RECV, 0, out[0], sizes[0]},
+      {HORA_GPU_P2P_RECV, 0, out[1], sizes[1]},
+      {HORA_GPU_P2P_SEND, 0, in[0], sizes[0]},
+      {HORA_GPU_P2P_SEND, 0, in[1], sizes[1]},
+  };
+  ASSERT_EQ(p_->p2p_group(ops.data(), ops.size(), comm, stream_), 0) << lastError(p_);
+  // Group 2: message 2, send first.
+  std::vector<hora_gpu_p2p_op_t> ops2 = {
+      {HORA_GPU_P2P_SEND, 0, in[2], sizes[2]},
+      {HORA_GPU_P2P_RECV, 0, out[2], sizes[2]},
+  };
+  ASSERT_EQ(p_->p2p_group(ops2.data(), ops2.size(), comm, stream_), 0) << lastError(p_);
+  ASSERT_EQ(p_->stream_synchronize(stream_), 0) << lastError(p_);
+  for (int i = 0; i < 3; ++i) {
+    std::vector<uint8_t> got(sizes[i]);
+    download(got.data(), out[i], sizes[i]);
+    EXPECT_TRUE(got == sent[i]) << "message " << i << " (" << sizes[i] << " bytes) differs";
+  }
+  EXPECT_EQ(p_->p2p_group(ops.data(), 0, comm, stream_), 0) << "an empty group is a no-op";
+  const hora_gpu_p2p_op_t bad = {HORA_GPU_P2P_SEND, 1, in[0], sizes[0]};
+  EXPECT_NE(p_->p2p_group(&bad, 1, comm, stream_), 0) << "peer 1 of a world of one";
+  EXPECT_FALSE(lastError(p_).empty());
   int failed = -1;
   ASSERT_EQ(p_->comm_async_error(comm, &failed), 0) << lastError(p_);
   EXPECT_EQ(failed, 0);

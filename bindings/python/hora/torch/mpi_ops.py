@@ -15,7 +15,7 @@ is translated here to its rank within the set, which is what libhora's C ABI
 
 Tensors must be contiguous and of a dtype hora supports (uint8, int8,
 int16, int32, int64, float16, bfloat16, float32, float64, bool). CPU tensors
-work with every function; CUDA tensors with allreduce and broadcast (and so
+work with every function; CUDA tensors with every collective (and so
 DistributedOptimizer and broadcast_parameters), through libhora's GPU plugin:
 hora's stream waits for an event recorded on the tensor's current stream at
 submission, so no synchronization is needed before the call. torch 1.13's
