@@ -54,7 +54,7 @@ hora_run() {  # np bytes iters libdir -> "max median over ranks"
   out=$(mktemp -d)
   for ((r = 0; r < np; r++)); do
     HORA_RANK=$r HORA_SIZE=$np HORA_STORE_ADDR=127.0.0.1 HORA_STORE_PORT=$port \
-      HORA_SECRET=bench LD_LIBRARY_PATH="$lib" timeout 300 "$PROBE" --bytes "$bytes" \
+      HORA_SECRET=bench LD_LIBRARY_PATH="${lib:-${LD_LIBRARY_PATH:-}}" timeout 300 "$PROBE" --bytes "$bytes" \
       --iters "$iters" --warmup $((iters / 10 + 1)) --no-hops >"$out/$r" 2>&1 &
     pids+=($!)
   done
