@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 
 #include "core/reduce.h"
@@ -53,11 +54,15 @@ std::string trailingShape(const Request& r) {
   return s + "]";
 }
 
-std::string scaleText(const Request& r) {
+std::string scaleNumberText(double v) {
   std::ostringstream os;
   os.precision(17);  // 1.0 and 1.0000001 must not look equal
-  os << "prescale " << r.prescale << " postscale " << r.postscale;
+  os << v;
   return os.str();
+}
+
+std::string scaleText(const Request& r) {
+  return "prescale " + scaleNumberText(r.prescale) + " postscale " + scaleNumberText(r.postscale);
 }
 
 // A request as it came off the wire, before the coordinator combines it with the others: what
@@ -257,44 +262,65 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
     e.error = what;
     return e;
   };
-  // Compare one field (its `key`) across ranks, showing each rank's `show`; returns the error
-  // text or "".
-  auto compareBy = [&](const char* field, auto key, auto show) -> std::string {
-    std::vector<std::pair<int, std::string>> values;
+  // Compare one field across ranks: `same(q, *first)` decides, and only when some rank differs
+  // is each rank's value rendered with `show` for the message. The coordinator runs this for
+  // every tensor of every step on its control thread, on the critical path of every rank's
+  // collective, so the common case (all equal) builds no strings (a scale's ostringstream and
+  // the tensor descriptions cost more than the rest of a 4-byte allreduce's validation).
+  // Returns the error text or "".
+  auto compareBy = [&](const char* field, auto same, auto show) -> std::string {
     bool differ = false;
-    std::string k0 = key(*first);
-    for (const Request* q : present) {
-      differ |= key(*q) != k0;
-      values.push_back({global(q->rank), show(*q)});
-    }
+    for (const Request* q : present) differ |= !same(*q, *first);
     if (!differ) return "";
+    std::vector<std::pair<int, std::string>> values;
+    for (const Request* q : present) values.push_back({global(q->rank), show(*q)});
     return std::string(collectiveName(first->kind)) + " \"" + name + "\" in process set " +
            opts_.setName + ": mismatched " + field + ": " + describeDisagreement(values) +
            ". Every rank must submit the same " + field +
            " for a tensor name; check for rank-dependent code paths or data shapes.";
   };
-  auto compare = [&](const char* field, auto render) { return compareBy(field, render, render); };
-  auto dtypeOf = [](const Request& q) { return std::string(dataTypeName(q.dtype)); };
+  // Equality as the rendered text sees it (scale factors: 17 digits tell every double apart,
+  // and NaNs print alike), cheap when the bits are equal.
+  auto sameScale = [](double a, double b) {
+    return std::memcmp(&a, &b, sizeof(a)) == 0 || scaleNumberText(a) == scaleNumberText(b);
+  };
+  auto trailingDims = [](const Request& q) {
+    return q.shape.size() > 1 ? std::vector<int64_t>(q.shape.begin() + 1, q.shape.end())
+                              : std::vector<int64_t>();
+  };
   std::string err;
-  err = compare("operation", [](const Request& q) { return std::string(collectiveName(q.kind)); });
+  err = compareBy(
+      "operation", [](const Request& a, const Request& b) { return a.kind == b.kind; },
+      [](const Request& q) { return std::string(collectiveName(q.kind)); });
   // The kind only: the index is each rank's own business (rank i on cuda:i).
+  auto isCuda = [](const Request& q) { return q.device.kind == DeviceKind::kCuda; };
   if (err.empty())
-    err = compare("device", [](const Request& q) {
-      return std::string(q.device.kind == DeviceKind::kCuda ? "cuda" : "cpu");
-    });
+    err = compareBy(
+        "device", [&](const Request& a, const Request& b) { return isCuda(a) == isCuda(b); },
+        [&](const Request& q) { return std::string(isCuda(q) ? "cuda" : "cpu"); });
+  auto sameDtype = [](const Request& a, const Request& b) { return a.dtype == b.dtype; };
   if (err.empty()) {
     switch (first->kind) {
       case CollectiveKind::kAllreduce:
       case CollectiveKind::kBroadcast:
       case CollectiveKind::kReducescatter:
         // Each rank's whole tensor shown for both, named by what differs.
-        err = compareBy("dtype", dtypeOf, shapeText);
-        if (err.empty()) err = compare("shape", shapeText);
+        err = compareBy("dtype", sameDtype, shapeText);
+        if (err.empty())
+          err = compareBy(
+              "shape", [](const Request& a, const Request& b) { return a.shape == b.shape; },
+              shapeText);
         break;
       case CollectiveKind::kAllgather:
       case CollectiveKind::kAlltoall:
-        err = compareBy("dtype", dtypeOf, trailingShape);
-        if (err.empty()) err = compare("trailing shape", trailingShape);
+        err = compareBy("dtype", sameDtype, trailingShape);
+        if (err.empty())
+          err = compareBy(
+              "trailing shape",
+              [&](const Request& a, const Request& b) {
+                return trailingDims(a) == trailingDims(b);
+              },
+              trailingShape);
         if (err.empty()) {
           for (const Request* q : present)
             if (q->shape.empty())
@@ -309,11 +335,21 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
   }
   if (err.empty() && (first->kind == CollectiveKind::kAllreduce ||
                       first->kind == CollectiveKind::kReducescatter)) {
-    err = compare("reduction op", [](const Request& q) { return std::string(reduceOpName(q.op)); });
-    if (err.empty()) err = compare("scale factors", scaleText);
+    err = compareBy(
+        "reduction op", [](const Request& a, const Request& b) { return a.op == b.op; },
+        [](const Request& q) { return std::string(reduceOpName(q.op)); });
+    if (err.empty())
+      err = compareBy(
+          "scale factors",
+          [&](const Request& a, const Request& b) {
+            return sameScale(a.prescale, b.prescale) && sameScale(a.postscale, b.postscale);
+          },
+          scaleText);
   }
   if (err.empty() && first->kind == CollectiveKind::kBroadcast)
-    err = compare("root rank", [](const Request& q) { return "root " + std::to_string(q.root); });
+    err = compareBy(
+        "root rank", [](const Request& a, const Request& b) { return a.root == b.root; },
+        [](const Request& q) { return "root " + std::to_string(q.root); });
   if (!err.empty()) return fail(Code::kMismatch, err);
 
   if (!joined.empty()) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <deque>
 #include <limits>
 #include <memory>
@@ -395,6 +396,22 @@ TEST_F(MismatchTest, Postscale) {
   Response e = run(2, allreduce("t", 8), b);
   EXPECT_TRUE(contains(e.error, "mismatched scale factors")) << e.error;
   EXPECT_TRUE(contains(e.error, "postscale 0.25")) << e.error;
+}
+
+// Equality is decided without rendering (the coordinator's hot path), and must
+// still tell apart what the message would: the last bit of a double, and -0 from 0.
+TEST_F(MismatchTest, ScaleFactorsDifferingInTheLastBitOrTheSignOfZero) {
+  Request b = allreduce("t", 8);
+  b.postscale = std::nextafter(1.0, 2.0);
+  Response e = run(2, allreduce("t", 8), b);
+  EXPECT_TRUE(contains(e.error, "mismatched scale factors")) << e.error;
+  EXPECT_TRUE(contains(e.error, "postscale 1.0000000000000002")) << e.error;
+  Request z0 = allreduce("z", 8);
+  z0.prescale = 0.0;
+  Request z1 = z0;
+  z1.prescale = -0.0;
+  e = run(2, z0, z1);
+  EXPECT_TRUE(contains(e.error, "mismatched scale factors")) << e.error;
 }
 
 TEST_F(MismatchTest, ReducescatterOpAndScale) {
