@@ -205,10 +205,11 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
     }
     if (len * es <= scratch_.size()) {
       // 2'. Small chunk: every rank reduces all of it, in rank order (so every
-      // rank computes the same bits), into private scratch.
+      // rank computes the same bits), into private scratch; the first step
+      // reads two slots (no copy of slot 0 first: one pass less).
       uint8_t* acc = scratch_.data();
-      copyBytes(acc, segs_[0]->slot(c), len * es);
-      for (int j = 1; j < size_; ++j) reduce(acc, acc, segs_[j]->slot(c), len);
+      reduce(acc, segs_[0]->slot(c), segs_[1]->slot(c), len);
+      for (int j = 2; j < size_; ++j) reduce(acc, acc, segs_[j]->slot(c), len);
       unpack(base, base + len, acc);
     } else {
       // 2. This rank's part, reduced in place in its own slot: peers read
