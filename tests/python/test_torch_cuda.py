@@ -6,7 +6,6 @@ At world size 1 the collectives go through NCCL; at 2 ranks both ranks share
 GPU 0, which NCCL refuses, so hora's auto mode stages them through host memory
 (docs/gpu.md). Every result is checked against the same computation on the CPU,
 and every output must be on the input's device."""
-import os
 
 import pytest
 import torch
@@ -14,18 +13,9 @@ import torch
 import hora.torch as hvd
 from harness import RankPool
 
+from test_torch_ops import FLOAT_DTYPES, INT_DTYPES, _data  # the CPU suite's dtypes and data
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch")
-
-FLOAT_DTYPES = ["float32", "float64", "float16", "bfloat16"]
-INT_DTYPES = ["uint8", "int8", "int16", "int32", "int64"]
-
-
-def _data(rank, dtype, shape=(3, 5)):
-    n = 1
-    for d in shape:
-        n *= d
-    base = (torch.arange(n, dtype=torch.int64) % 7 + rank + 1).reshape(shape)
-    return base.to(getattr(torch, dtype))
 
 
 def _dev():
