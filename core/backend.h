@@ -71,6 +71,25 @@ class Backend {
     if (s.isOk()) unpack(0, count, staging);
     return s;
   }
+  // dst[k] = op(input element begin + k, other[k]) for k < end - begin, where
+  // the input element is what pack would have written (prescaled, or the
+  // op's identity for a rank that joined) and op the allreduce's `op`,
+  // computed with reduceFunction(dtype, op) in that operand order (so the
+  // bits equal packing first, then reducing). Returns false, writing nothing,
+  // when it cannot (then the backend packs [begin, end) and reduces).
+  using CombineFn = std::function<bool(size_t begin, size_t end, void* dst, const void* other)>;
+  // allreduceGather where a backend may skip packing some input elements and
+  // instead combine them straight from the input with a peer's contribution
+  // (ShmBackend: this rank's own part of each chunk, which only this rank
+  // reads before it is reduced, is never copied into shared memory: a pass
+  // over 1/n of the data less). Each element is then packed or combined
+  // exactly once, never both. Default: allreduceGather, combine unused.
+  virtual Status allreduceGatherCombine(void* staging, size_t count, DataType dtype, ReduceOp op,
+                                        const PackFn& pack, const UnpackFn& unpack,
+                                        const CombineFn& combine) {
+    (void)combine;
+    return allreduceGather(staging, count, dtype, op, pack, unpack);
+  }
   // Whether allreduceGather of `count` elements of `dtype` uses its staging
   // argument. The runtime skips allocating (and first touching) a staging
   // buffer when it does not: with ShmBackend the fusion buffer is the

@@ -90,7 +90,23 @@ Status CpuPath::allreduceOne(const Response& r, TensorEntry* e) {
       }
     });
   };
-  Status s = be.allreduceGather(data, n, dt, x.op, pack, unpack);
+  // This rank's own part of a chunk, straight from the input (Backend::CombineFn);
+  // with a prescale the backend packs it first instead.
+  const ReduceFn reduce = reduceFunction(dt, x.op);
+  auto combine = [&](size_t lo, size_t hi, void* dst, const void* other) {
+    if (x.pre != 1.0 || reduce == nullptr) return false;
+    timed(on, packNs_, [&] {
+      char* d = static_cast<char*>(dst);
+      if (!e) {
+        fillIdentity(dt, x.op, d, hi - lo);
+        reduce(d, d, other, hi - lo);
+      } else {
+        reduce(d, static_cast<const char*>(e->in) + lo * esz, other, hi - lo);
+      }
+    });
+    return true;
+  };
+  Status s = be.allreduceGatherCombine(data, n, dt, x.op, pack, unpack, combine);
   return s.isOk() ? s : dataPlaneFailure(ctx_, s, describe("allreduce", r));
 }
 
@@ -150,7 +166,26 @@ Status CpuPath::allreduceFused(const std::vector<Response>& group,
       });
     });
   };
-  Status s = be.allreduceGather(buf, total, dt, x.op, pack, unpack);
+  const ReduceFn reduce = reduceFunction(dt, x.op);
+  auto combine = [&](size_t lo, size_t hi, void* dst, const void* other) {
+    if (x.pre != 1.0 || reduce == nullptr) return false;
+    timed(on, packNs_, [&] {
+      char* d = static_cast<char*>(dst);
+      const char* o = static_cast<const char*>(other);
+      forPieces(lo, hi, [&](size_t i, size_t off, size_t n, size_t at) {
+        char* to = d + (at - lo) * esz;
+        const char* with = o + (at - lo) * esz;
+        if (es[i]) {
+          reduce(to, static_cast<const char*>(es[i]->in) + off * esz, with, n);
+        } else {  // this rank joined: the identity's bits, as packing gives
+          fillIdentity(dt, x.op, to, n);
+          reduce(to, to, with, n);
+        }
+      });
+    });
+    return true;
+  };
+  Status s = be.allreduceGatherCombine(buf, total, dt, x.op, pack, unpack, combine);
   if (s.isOk()) return s;
   return dataPlaneFailure(
       ctx_, s,

@@ -184,7 +184,8 @@ void ShmBackend::tune(const TuningValues& v) {
 }
 
 Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
-                                const UnpackFn& unpack, const std::string& what) {
+                                const UnpackFn& unpack, const CombineFn& combine,
+                                const std::string& what) {
   const size_t es = dataTypeSize(dtype);
   const ReduceFn reduce = reduceFunction(dtype, op);
   ShmSegment& own = *segs_[rank_];
@@ -197,13 +198,28 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
     const uint32_t next = c + 1;
     HORA_RETURN_IF_ERROR(waitSlotFree(c, what));
     uint8_t* mine = own.slot(c);
-    pack(base, base + len, mine);
+    const bool small = len * es <= scratch_.size();
+    // Split chunks: this rank's part of its own slot is read by no peer
+    // before this rank reduced it (step 2), so with a combine function it is
+    // not packed: step 2 reads it straight from the input.
+    const size_t per = (len + n - 1) / n;
+    const size_t partElems = (per + align - 1) / align * align;
+    auto partLo = [&](size_t j) { return std::min(len, j * partElems); };
+    auto partHi = [&](size_t j) { return std::min(len, (j + 1) * partElems); };
+    const size_t lo = partLo(rank_), hi = partHi(rank_);
+    const bool skipOwn = !small && combine && hi > lo;
+    if (skipOwn) {
+      if (lo > 0) pack(base, base + lo, mine);
+      if (hi < len) pack(base + hi, base + len, mine + hi * es);
+    } else {
+      pack(base, base + len, mine);
+    }
     publish(&ShmHeader::packed, next);
     for (int j = 0; j < size_; ++j) {
       if (j == rank_) continue;
       HORA_RETURN_IF_ERROR(waitFor(j, &ShmHeader::packed, next, "pack its input", what));
     }
-    if (len * es <= scratch_.size()) {
+    if (small) {
       // 2'. Small chunk: every rank reduces all of it, in rank order (so every
       // rank computes the same bits), into private scratch; the first step
       // reads two slots (no copy of slot 0 first: one pass less).
@@ -213,16 +229,21 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
       unpack(base, base + len, acc);
     } else {
       // 2. This rank's part, reduced in place in its own slot: peers read
-      // only their own parts of it until this rank publishes `reduced`.
-      const size_t per = (len + n - 1) / n;
-      const size_t partElems = (per + align - 1) / align * align;
-      auto partLo = [&](size_t j) { return std::min(len, j * partElems); };
-      auto partHi = [&](size_t j) { return std::min(len, (j + 1) * partElems); };
-      const size_t lo = partLo(rank_), hi = partHi(rank_);
+      // only their own parts of it until this rank publishes `reduced`. Own
+      // value first, then the others in rank order.
       if (hi > lo) {
         uint8_t* acc = mine + lo * es;
-        for (int j = 0; j < size_; ++j)
-          if (j != rank_) reduce(acc, acc, segs_[j]->slot(c) + lo * es, hi - lo);
+        bool ownPacked = !skipOwn;
+        for (int j = 0; j < size_; ++j) {
+          if (j == rank_) continue;
+          const uint8_t* other = segs_[j]->slot(c) + lo * es;
+          if (!ownPacked) {
+            ownPacked = true;
+            if (combine(base + lo, base + hi, acc, other)) continue;
+            pack(base + lo, base + hi, acc);  // the caller could not combine
+          }
+          reduce(acc, acc, other, hi - lo);
+        }
       }
       publish(&ShmHeader::reduced, next);
       // 3. Every part from the slot that holds it, this rank's first.
@@ -242,6 +263,12 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
 
 Status ShmBackend::allreduceGather(void* staging, size_t count, DataType dtype, ReduceOp op,
                                    const PackFn& pack, const UnpackFn& unpack) {
+  return allreduceGatherCombine(staging, count, dtype, op, pack, unpack, CombineFn());
+}
+
+Status ShmBackend::allreduceGatherCombine(void* staging, size_t count, DataType dtype, ReduceOp op,
+                                          const PackFn& pack, const UnpackFn& unpack,
+                                          const CombineFn& combine) {
   const std::string what = describe(count, dtype, op);
   HORA_RETURN_IF_ERROR(checkUsable(what));
   if (reduceFunction(dtype, op) == nullptr || !reduceOpSupported(op, dtype))
@@ -251,7 +278,7 @@ Status ShmBackend::allreduceGather(void* staging, size_t count, DataType dtype, 
     return delegate(
         what, [&] { return fallback_->allreduceGather(staging, count, dtype, op, pack, unpack); });
   }
-  Status s = shmAllreduce(count, dtype, op, pack, unpack, what);
+  Status s = shmAllreduce(count, dtype, op, pack, unpack, combine, what);
   return s.isOk() ? s : fail(s);
 }
 

@@ -99,6 +99,9 @@ class ShmBackend : public Backend {
   Status allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
   Status allreduceGather(void* staging, size_t count, DataType dtype, ReduceOp op,
                          const PackFn& pack, const UnpackFn& unpack) override;
+  Status allreduceGatherCombine(void* staging, size_t count, DataType dtype, ReduceOp op,
+                                const PackFn& pack, const UnpackFn& unpack,
+                                const CombineFn& combine) override;
   // Only where allreduceGather delegates (one rank, or below minBytes).
   bool needsStaging(size_t count, DataType dtype) const override;
   Status allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
@@ -138,8 +141,9 @@ class ShmBackend : public Backend {
 
  private:
   // The shared-memory allreduce; size_ > 1, count > 0, op supported.
+  // `combine` may be empty (every element packed).
   Status shmAllreduce(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
-                      const UnpackFn& unpack, const std::string& what);
+                      const UnpackFn& unpack, const CombineFn& combine, const std::string& what);
   // allreduceCross's pipeline; same preconditions.
   Status shmAllreduceCross(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
                            const UnpackFn& unpack, const std::string& what, const CrossStage& cross,

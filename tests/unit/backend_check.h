@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -138,15 +139,23 @@ void checkAllreduce(World& world, DataType dt, ReduceOp op, size_t count) {
 // into the staging buffer only through pack; results leave only through
 // unpack. Counts every element's packs and unpacks and checks that each
 // element is packed before it is unpacked and unpacked with its final value.
-void checkAllreduceGather(World& world, DataType dt, ReduceOp op, size_t count) {
+// How checkAllreduceGather calls the backend: allreduceGather, or
+// allreduceGatherCombine with a combine function that combines (counting the
+// elements it was given) or that refuses every time (the backend packs).
+enum class CombineMode { kNone, kCombine, kRefuse };
+
+// Returns how many elements every rank together combined instead of packing.
+inline size_t checkAllreduceGather(World& world, DataType dt, ReduceOp op, size_t count,
+                                   CombineMode mode = CombineMode::kNone) {
   const int size = static_cast<int>(world.size());
   const size_t es = dataTypeSize(dt);
   std::vector<uint8_t> want(count * es);
   for (size_t i = 0; i < count; ++i) storeInt(dt, want.data(), i, expectedValue(dt, op, size, i));
+  std::atomic<size_t> combinedTotal{0};
   runRanks(world, [&](int r, Backend& b) {
     std::vector<uint8_t> in(count * es), staging(count * es + 1), out(count * es + 1, 0xab);
     for (size_t i = 0; i < count; ++i) storeInt(dt, in.data(), i, inputValue(dt, op, r, i));
-    std::vector<uint8_t> packed(count, 0), unpacked(count, 0);
+    std::vector<uint8_t> packed(count, 0), combined(count, 0), unpacked(count, 0);
     const auto caller = std::this_thread::get_id();
     bool badRange = false, badThread = false, unpackBeforePack = false, wrongFinal = false;
     auto pack = [&](size_t lo, size_t hi, void* dst) {
@@ -158,6 +167,18 @@ void checkAllreduceGather(World& world, DataType dt, ReduceOp op, size_t count) 
       for (size_t i = lo; i < hi; ++i) ++packed[i];
       std::memcpy(dst, in.data() + lo * es, (hi - lo) * es);
     };
+    const ReduceFn reduce = reduceFunction(dt, op);
+    auto combine = [&](size_t lo, size_t hi, void* dst, const void* other) {
+      badThread |= std::this_thread::get_id() != caller;
+      if (mode == CombineMode::kRefuse) return false;
+      if (lo >= hi || hi > count) {
+        badRange = true;
+        return true;
+      }
+      for (size_t i = lo; i < hi; ++i) ++combined[i];
+      reduce(dst, in.data() + lo * es, other, hi - lo);
+      return true;
+    };
     auto unpack = [&](size_t lo, size_t hi, const void* src) {
       badThread |= std::this_thread::get_id() != caller;
       if (lo >= hi || hi > count) {
@@ -166,27 +187,35 @@ void checkAllreduceGather(World& world, DataType dt, ReduceOp op, size_t count) 
       }
       for (size_t i = lo; i < hi; ++i) {
         ++unpacked[i];
-        unpackBeforePack |= packed[i] != 1;
+        unpackBeforePack |= packed[i] + combined[i] != 1;
       }
       wrongFinal |= !sameBytes(src, want.data() + lo * es, (hi - lo) * es);
       std::memcpy(out.data() + lo * es, src, (hi - lo) * es);
     };
-    Status s = b.allreduceGather(staging.data(), count, dt, op, pack, unpack);
+    Status s = mode == CombineMode::kNone
+                   ? b.allreduceGather(staging.data(), count, dt, op, pack, unpack)
+                   : b.allreduceGatherCombine(staging.data(), count, dt, op, pack, unpack, combine);
     ASSERT_TRUE(s.isOk()) << s.toString();
     const std::string where = "rank " + std::to_string(r) + " " + dataTypeName(dt) + " " +
-                              reduceOpName(op) + " count " + std::to_string(count);
+                              reduceOpName(op) + " count " + std::to_string(count) + " mode " +
+                              std::to_string(static_cast<int>(mode));
     EXPECT_FALSE(badRange) << where;
     EXPECT_FALSE(badThread) << where;
     EXPECT_FALSE(unpackBeforePack) << where;
     EXPECT_FALSE(wrongFinal) << where;
-    size_t packedOnce = 0, unpackedOnce = 0;
-    for (size_t i = 0; i < count; ++i)
-      packedOnce += packed[i] == 1, unpackedOnce += unpacked[i] == 1;
-    EXPECT_EQ(packedOnce, count) << where;
+    size_t inputOnce = 0, unpackedOnce = 0, combinedHere = 0;
+    for (size_t i = 0; i < count; ++i) {
+      inputOnce += packed[i] + combined[i] == 1;
+      unpackedOnce += unpacked[i] == 1;
+      combinedHere += combined[i];
+    }
+    combinedTotal += combinedHere;
+    EXPECT_EQ(inputOnce, count) << where << ": every element packed or combined exactly once";
     EXPECT_EQ(unpackedOnce, count) << where;
     EXPECT_TRUE(sameBytes(out.data(), want.data(), want.size())) << where;
     EXPECT_EQ(out[count * es], 0xab) << where;
   });
+  return combinedTotal.load();
 }
 
 // allgatherv with rank r contributing counts[r] int32 values r*1000000+i,

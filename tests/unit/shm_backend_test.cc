@@ -133,6 +133,31 @@ TEST_P(ShmWorldTest, AllreduceGatherPacksAndUnpacksEveryElementOnce) {
   }
 }
 
+// The combine path (Backend::CombineFn): on split chunks each rank's own part
+// comes straight from its input; small chunks and one rank pack everything.
+// Results, the pack-or-combine-once contract and a combine that refuses.
+TEST_P(ShmWorldTest, AllreduceGatherCombineSkipsPackingTheOwnPart) {
+  for (size_t chunk : {size_t{4096}, size_t{256} << 10}) {
+    ShmWorld w = makeShmWorld(GetParam(), chunk);
+    for (DataType dt : {DataType::kFloat32, DataType::kInt32, DataType::kFloat16}) {
+      for (ReduceOp op : kReduceOps) {
+        for (size_t count : {size_t{0}, size_t{1}, size_t{1001}, size_t{300007}}) {
+          const size_t combined =
+              checkAllreduceGather(w.world, dt, op, count, CombineMode::kCombine);
+          const bool split = GetParam() > 1 && chunk > (size_t{64} << 10) &&
+                             count * dataTypeSize(dt) > (size_t{64} << 10);
+          if (split) {
+            EXPECT_GT(combined, 0u) << dataTypeName(dt) << " " << count;
+          } else {
+            EXPECT_EQ(combined, 0u) << dataTypeName(dt) << " " << count;
+          }
+          checkAllreduceGather(w.world, dt, op, count, CombineMode::kRefuse);
+        }
+      }
+    }
+  }
+}
+
 TEST_P(ShmWorldTest, BroadcastFromEveryRootInterleavedWithAllreduce) {
   const int size = GetParam();
   for (size_t chunk : {size_t{4096}, size_t{256} << 10}) {
