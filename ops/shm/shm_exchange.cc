@@ -6,7 +6,8 @@
 // its input into its slot, then reduces, straight into its own output region,
 // the part of the chunk that falls inside that region from every peer's slot
 // (own value first, then the others in rank order: the bits do not depend on
-// timing). One copy in, (n-1)/n of a chunk read per rank, no staging.
+// timing). One copy in of all but the own region, (n-1)/n of a chunk read per
+// rank, no staging.
 //
 // alltoallv: a first round publishes each rank's largest block (send or
 // receive), so that every rank runs the same number of rounds without knowing
@@ -70,11 +71,20 @@ Status ShmBackend::shmReducescatter(uint8_t* data, const std::vector<size_t>& co
     const uint32_t c = static_cast<uint32_t>(chunks_);
     const uint32_t next = c + 1;
     HORA_RETURN_IF_ERROR(waitSlotFree(static_cast<uint32_t>(chunks_), what));
-    // Every rank's whole chunk is visible to the others; this rank writes
-    // only its own region, which later chunks never pack.
-    copyBytes(own.slot(c), data + base * es, len * es);
-    publish(&ShmHeader::packed, next);
+    // Every rank's chunk is visible to the others except this rank's own
+    // region, which no peer reads (each reads only its own region of every
+    // slot): it is reduced in place in `data` and never packed. This rank
+    // writes only its own region, which later chunks never pack.
     const size_t lo = std::max(base, myLo), hi = std::min(base + len, myHi);
+    uint8_t* slot = own.slot(c);
+    if (hi > lo) {
+      if (lo > base) copyBytes(slot, data + base * es, (lo - base) * es);
+      if (base + len > hi)
+        copyBytes(slot + (hi - base) * es, data + hi * es, (base + len - hi) * es);
+    } else {
+      copyBytes(slot, data + base * es, len * es);
+    }
+    publish(&ShmHeader::packed, next);
     if (hi > lo) {
       for (int j = 0; j < size_; ++j) {
         if (j == rank_) continue;
