@@ -237,6 +237,12 @@ void HierBackend::abort() noexcept {
 
 Status HierBackend::allreduceGather(void* staging, size_t count, DataType dtype, ReduceOp op,
                                     const PackFn& pack, const UnpackFn& unpack) {
+  return allreduceGatherCombine(staging, count, dtype, op, pack, unpack, CombineFn());
+}
+
+Status HierBackend::allreduceGatherCombine(void* staging, size_t count, DataType dtype, ReduceOp op,
+                                           const PackFn& pack, const UnpackFn& unpack,
+                                           const CombineFn& combine) {
   (void)staging;  // the shared-memory slots are the staging
   const std::string what = describe(count, dtype, op);
   HORA_RETURN_IF_ERROR(checkUsable(what));
@@ -246,7 +252,7 @@ Status HierBackend::allreduceGather(void* staging, size_t count, DataType dtype,
   ShmBackend::CrossStage cross;
   cross.start = [&](void* part, size_t n) { crossStart(part, n, dtype, op); };
   cross.wait = [&] { return crossWait(); };
-  Status s = local_->allreduceCross(count, dtype, op, pack, unpack, cross, overlap_);
+  Status s = local_->allreduceCross(count, dtype, op, pack, unpack, cross, overlap_, combine);
   if (s.isOk()) return s;
   s = fail(s);  // aborts the cross communicator: an exchange still running ends at once
   while (true) {

@@ -89,6 +89,9 @@ class HierBackend : public Backend {
   Status allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
   Status allreduceGather(void* staging, size_t count, DataType dtype, ReduceOp op,
                          const PackFn& pack, const UnpackFn& unpack) override;
+  Status allreduceGatherCombine(void* staging, size_t count, DataType dtype, ReduceOp op,
+                                const PackFn& pack, const UnpackFn& unpack,
+                                const CombineFn& combine) override;
   bool needsStaging(size_t, DataType) const override { return false; }
   Status allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
                     DataType dtype) override;

@@ -183,6 +183,23 @@ void ShmBackend::tune(const TuningValues& v) {
   fallback_->tune(v);
 }
 
+void ShmBackend::reduceOwnPart(size_t begin, size_t end, uint8_t* acc, uint32_t c, size_t at,
+                               size_t es, bool combineOwn, ReduceFn reduce, const PackFn& pack,
+                               const CombineFn& combine) {
+  bool ownPacked = !combineOwn;
+  for (int j = 0; j < size_; ++j) {
+    if (j == rank_) continue;
+    const uint8_t* other = segs_[j]->slot(c) + at * es;
+    if (!ownPacked) {
+      ownPacked = true;
+      if (combine(begin, end, acc, other)) continue;
+      pack(begin, end, acc);  // the caller could not combine
+    }
+    reduce(acc, acc, other, end - begin);
+  }
+  if (!ownPacked) pack(begin, end, acc);  // no peer (not reached: size_ > 1)
+}
+
 Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
                                 const UnpackFn& unpack, const CombineFn& combine,
                                 const std::string& what) {
@@ -231,20 +248,9 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
       // 2. This rank's part, reduced in place in its own slot: peers read
       // only their own parts of it until this rank publishes `reduced`. Own
       // value first, then the others in rank order.
-      if (hi > lo) {
-        uint8_t* acc = mine + lo * es;
-        bool ownPacked = !skipOwn;
-        for (int j = 0; j < size_; ++j) {
-          if (j == rank_) continue;
-          const uint8_t* other = segs_[j]->slot(c) + lo * es;
-          if (!ownPacked) {
-            ownPacked = true;
-            if (combine(base + lo, base + hi, acc, other)) continue;
-            pack(base + lo, base + hi, acc);  // the caller could not combine
-          }
-          reduce(acc, acc, other, hi - lo);
-        }
-      }
+      if (hi > lo)
+        reduceOwnPart(base + lo, base + hi, mine + lo * es, c, lo, es, skipOwn, reduce, pack,
+                      combine);
       publish(&ShmHeader::reduced, next);
       // 3. Every part from the slot that holds it, this rank's first.
       for (int k = 0; k < size_; ++k) {
@@ -283,20 +289,22 @@ Status ShmBackend::allreduceGatherCombine(void* staging, size_t count, DataType 
 }
 
 Status ShmBackend::allreduceCross(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
-                                  const UnpackFn& unpack, const CrossStage& cross, bool overlap) {
+                                  const UnpackFn& unpack, const CrossStage& cross, bool overlap,
+                                  const CombineFn& combine) {
   const std::string what = describe(count, dtype, op) + " inside a host";
   HORA_RETURN_IF_ERROR(checkUsable(what));
   if (reduceFunction(dtype, op) == nullptr || !reduceOpSupported(op, dtype))
     return invalidArgument(what + ": unsupported dtype/op");
   if (count == 0) return Status::ok();
   if (size_ == 1) return internalError(what + ": a host with one rank has no local stage");
-  Status s = shmAllreduceCross(count, dtype, op, pack, unpack, what, cross, overlap);
+  Status s = shmAllreduceCross(count, dtype, op, pack, unpack, what, cross, overlap, combine);
   return s.isOk() ? s : fail(s);
 }
 
 Status ShmBackend::shmAllreduceCross(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
                                      const UnpackFn& unpack, const std::string& what,
-                                     const CrossStage& cross, bool overlap) {
+                                     const CrossStage& cross, bool overlap,
+                                     const CombineFn& combine) {
   const size_t es = dataTypeSize(dtype);
   const ReduceFn reduce = reduceFunction(dtype, op);
   ShmSegment& own = *segs_[rank_];
@@ -317,19 +325,26 @@ Status ShmBackend::shmAllreduceCross(size_t count, DataType dtype, ReduceOp op, 
   auto local = [&](Chunk& k, uint32_t c) -> Status {
     HORA_RETURN_IF_ERROR(waitSlotFree(c, what));
     uint8_t* mine = own.slot(c);
-    pack(k.base, k.base + k.len, mine);
+    const size_t per = (k.len + n - 1) / n;
+    k.partElems = (per + align - 1) / align * align;
+    const size_t lo = partLo(k, rank_), hi = partHi(k, rank_);
+    // As in shmAllreduce: this rank's own part is read by no peer before it is
+    // reduced, so with a combine function it is not packed.
+    const bool skipOwn = combine && hi > lo;
+    if (skipOwn) {
+      if (lo > 0) pack(k.base, k.base + lo, mine);
+      if (hi < k.len) pack(k.base + hi, k.base + k.len, mine + hi * es);
+    } else {
+      pack(k.base, k.base + k.len, mine);
+    }
     publish(&ShmHeader::packed, c + 1);
     for (int j = 0; j < size_; ++j) {
       if (j == rank_) continue;
       HORA_RETURN_IF_ERROR(waitFor(j, &ShmHeader::packed, c + 1, "pack its input", what));
     }
-    const size_t per = (k.len + n - 1) / n;
-    k.partElems = (per + align - 1) / align * align;
-    const size_t lo = partLo(k, rank_), hi = partHi(k, rank_);
     if (hi > lo) {
       uint8_t* acc = mine + lo * es;
-      for (int j = 0; j < size_; ++j)
-        if (j != rank_) reduce(acc, acc, segs_[j]->slot(c) + lo * es, hi - lo);
+      reduceOwnPart(k.base + lo, k.base + hi, acc, c, lo, es, skipOwn, reduce, pack, combine);
       cross.start(acc, hi - lo);
       k.crossing = true;
     }

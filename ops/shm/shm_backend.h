@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/reduce.h"
 #include "core/status.h"
 #include "core/store.h"
 #include "ops/shm/shm_segment.h"
@@ -135,9 +136,12 @@ class ShmBackend : public Backend {
   // while this rank packs and reduces chunk k+1 (in the other slot); else
   // each exchange is waited for at once. On failure an exchange may still
   // be running: the caller aborts it and waits it out. pack/unpack as for
-  // allreduceGather; size_ > 1 and op supported.
+  // allreduceGather; size_ > 1 and op supported. `combine` (may be empty): this
+  // rank's own part of each chunk is not packed but combined straight from
+  // the input, as in allreduceGatherCombine.
   Status allreduceCross(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
-                        const UnpackFn& unpack, const CrossStage& cross, bool overlap);
+                        const UnpackFn& unpack, const CrossStage& cross, bool overlap,
+                        const CombineFn& combine = CombineFn());
 
  private:
   // The shared-memory allreduce; size_ > 1, count > 0, op supported.
@@ -147,7 +151,16 @@ class ShmBackend : public Backend {
   // allreduceCross's pipeline; same preconditions.
   Status shmAllreduceCross(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
                            const UnpackFn& unpack, const std::string& what, const CrossStage& cross,
-                           bool overlap);
+                           bool overlap, const CombineFn& combine);
+  // Step 2 of a split chunk: this rank's part, call elements [begin, end),
+  // reduced at `acc` (`at` elements into chunk c's slots): its own values
+  // first, then every peer's in rank order, so the bits do not depend on
+  // timing. combineOwn: its own values were not packed, and the first step
+  // combines them straight from the input (or packs them if the caller
+  // cannot).
+  void reduceOwnPart(size_t begin, size_t end, uint8_t* acc, uint32_t c, size_t at, size_t es,
+                     bool combineOwn, ReduceFn reduce, const PackFn& pack,
+                     const CombineFn& combine);
   // Each rank copies chunk k of its part into its slot, then every part's
   // chunk k out of the slots; size_ > 1, byte sizes and offsets per rank.
   Status shmAllgatherv(const uint8_t* in, uint8_t* out, const std::vector<size_t>& bytes,

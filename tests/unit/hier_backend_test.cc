@@ -264,6 +264,24 @@ TEST_P(HierGridTest, AllreduceGatherPacksAndUnpacksEveryElementOnce) {
         checkAllreduceGather(w->world, dt, op, count);
 }
 
+// The local stage skips packing each rank's own part when it can combine it
+// straight from the input (Backend::CombineFn), and packs it when the
+// caller's combine refuses.
+TEST_P(HierGridTest, AllreduceGatherCombineSkipsPackingTheOwnPart) {
+  auto w = grid(4096);
+  const bool localPeers = w->world.size() > static_cast<size_t>(GetParam().hosts);
+  for (DataType dt : {DataType::kFloat32, DataType::kInt32, DataType::kFloat16})
+    for (ReduceOp op : kReduceOps)
+      for (size_t count : {size_t{1}, size_t{1001}, size_t{30011}}) {
+        const size_t combined =
+            checkAllreduceGather(w->world, dt, op, count, CombineMode::kCombine);
+        if (localPeers && count > 1000) {
+          EXPECT_GT(combined, 0u) << dataTypeName(dt) << " " << count;
+        }
+        checkAllreduceGather(w->world, dt, op, count, CombineMode::kRefuse);
+      }
+}
+
 TEST_P(HierGridTest, OnlyHostReducedPartsCrossHosts) {
   const int hosts = GetParam().hosts;
   auto w = grid(4096);
