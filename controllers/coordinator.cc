@@ -284,9 +284,13 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
   auto sameScale = [](double a, double b) {
     return std::memcmp(&a, &b, sizeof(a)) == 0 || scaleNumberText(a) == scaleNumberText(b);
   };
-  auto trailingDims = [](const Request& q) {
-    return q.shape.size() > 1 ? std::vector<int64_t>(q.shape.begin() + 1, q.shape.end())
-                              : std::vector<int64_t>();
+  // The dimensions after the first (none for a rank-0 or rank-1 shape), as trailingShape
+  // shows them, compared without copying them.
+  auto sameTrailing = [](const Request& a, const Request& b) {
+    auto rest = [](const Request& q) {
+      return q.shape.size() > 1 ? q.shape.begin() + 1 : q.shape.end();
+    };
+    return std::equal(rest(a), a.shape.end(), rest(b), b.shape.end());
   };
   std::string err;
   err = compareBy(
@@ -314,13 +318,7 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
       case CollectiveKind::kAllgather:
       case CollectiveKind::kAlltoall:
         err = compareBy("dtype", sameDtype, trailingShape);
-        if (err.empty())
-          err = compareBy(
-              "trailing shape",
-              [&](const Request& a, const Request& b) {
-                return trailingDims(a) == trailingDims(b);
-              },
-              trailingShape);
+        if (err.empty()) err = compareBy("trailing shape", sameTrailing, trailingShape);
         if (err.empty()) {
           for (const Request* q : present)
             if (q->shape.empty())

@@ -42,6 +42,19 @@ void timed(bool on, std::atomic<int64_t>& sum, F&& fn) {
                 std::memory_order_relaxed);
 }
 
+// Backend::CombineFn for one contiguous piece of n elements: to = op(input,
+// with), where a rank that joined (in == nullptr) contributes the op's
+// identity, so the bits equal packing first and reducing after.
+void combinePiece(DataType dt, ReduceOp op, ReduceFn reduce, char* to, const char* in,
+                  const void* with, size_t n) {
+  if (in != nullptr) {
+    reduce(to, in, with, n);
+  } else {
+    fillIdentity(dt, op, to, n);
+    reduce(to, to, with, n);
+  }
+}
+
 }  // namespace
 
 Status CpuPath::allreduceOne(const Response& r, TensorEntry* e) {
@@ -96,13 +109,8 @@ Status CpuPath::allreduceOne(const Response& r, TensorEntry* e) {
   auto combine = [&](size_t lo, size_t hi, void* dst, const void* other) {
     if (x.pre != 1.0 || reduce == nullptr) return false;
     timed(on, packNs_, [&] {
-      char* d = static_cast<char*>(dst);
-      if (!e) {
-        fillIdentity(dt, x.op, d, hi - lo);
-        reduce(d, d, other, hi - lo);
-      } else {
-        reduce(d, static_cast<const char*>(e->in) + lo * esz, other, hi - lo);
-      }
+      const char* in = e ? static_cast<const char*>(e->in) + lo * esz : nullptr;
+      combinePiece(dt, x.op, reduce, static_cast<char*>(dst), in, other, hi - lo);
     });
     return true;
   };
@@ -173,14 +181,8 @@ Status CpuPath::allreduceFused(const std::vector<Response>& group,
       char* d = static_cast<char*>(dst);
       const char* o = static_cast<const char*>(other);
       forPieces(lo, hi, [&](size_t i, size_t off, size_t n, size_t at) {
-        char* to = d + (at - lo) * esz;
-        const char* with = o + (at - lo) * esz;
-        if (es[i]) {
-          reduce(to, static_cast<const char*>(es[i]->in) + off * esz, with, n);
-        } else {  // this rank joined: the identity's bits, as packing gives
-          fillIdentity(dt, x.op, to, n);
-          reduce(to, to, with, n);
-        }
+        const char* in = es[i] ? static_cast<const char*>(es[i]->in) + off * esz : nullptr;
+        combinePiece(dt, x.op, reduce, d + (at - lo) * esz, in, o + (at - lo) * esz, n);
       });
     });
     return true;

@@ -183,6 +183,12 @@ void ShmBackend::tune(const TuningValues& v) {
   fallback_->tune(v);
 }
 
+void ShmBackend::packChunk(size_t base, size_t len, size_t skipLo, size_t skipHi, uint8_t* slot,
+                           size_t es, const PackFn& pack) {
+  if (skipLo > 0) pack(base, base + skipLo, slot);
+  if (skipHi < len) pack(base + skipHi, base + len, slot + skipHi * es);
+}
+
 void ShmBackend::reduceOwnPart(size_t begin, size_t end, uint8_t* acc, uint32_t c, size_t at,
                                size_t es, bool combineOwn, ReduceFn reduce, const PackFn& pack,
                                const CombineFn& combine) {
@@ -225,12 +231,7 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
     auto partHi = [&](size_t j) { return std::min(len, (j + 1) * partElems); };
     const size_t lo = partLo(rank_), hi = partHi(rank_);
     const bool skipOwn = !small && combine && hi > lo;
-    if (skipOwn) {
-      if (lo > 0) pack(base, base + lo, mine);
-      if (hi < len) pack(base + hi, base + len, mine + hi * es);
-    } else {
-      pack(base, base + len, mine);
-    }
+    packChunk(base, len, skipOwn ? lo : len, skipOwn ? hi : len, mine, es, pack);
     publish(&ShmHeader::packed, next);
     for (int j = 0; j < size_; ++j) {
       if (j == rank_) continue;
@@ -331,12 +332,7 @@ Status ShmBackend::shmAllreduceCross(size_t count, DataType dtype, ReduceOp op, 
     // As in shmAllreduce: this rank's own part is read by no peer before it is
     // reduced, so with a combine function it is not packed.
     const bool skipOwn = combine && hi > lo;
-    if (skipOwn) {
-      if (lo > 0) pack(k.base, k.base + lo, mine);
-      if (hi < k.len) pack(k.base + hi, k.base + k.len, mine + hi * es);
-    } else {
-      pack(k.base, k.base + k.len, mine);
-    }
+    packChunk(k.base, k.len, skipOwn ? lo : k.len, skipOwn ? hi : k.len, mine, es, pack);
     publish(&ShmHeader::packed, c + 1);
     for (int j = 0; j < size_; ++j) {
       if (j == rank_) continue;

@@ -152,6 +152,11 @@ class ShmBackend : public Backend {
   Status shmAllreduceCross(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
                            const UnpackFn& unpack, const std::string& what, const CrossStage& cross,
                            bool overlap, const CombineFn& combine);
+  // Packs chunk elements [0, len) (call elements from `base`) into `slot`,
+  // except [skipLo, skipHi) (the own part, combined later; skipLo == skipHi
+  // == len packs everything).
+  void packChunk(size_t base, size_t len, size_t skipLo, size_t skipHi, uint8_t* slot, size_t es,
+                 const PackFn& pack);
   // Step 2 of a split chunk: this rank's part, call elements [begin, end),
   // reduced at `acc` (`at` elements into chunk c's slots): its own values
   // first, then every peer's in rank order, so the bits do not depend on
