@@ -130,6 +130,12 @@ const std::vector<ParamSpec>& paramRegistry() {
        "Microseconds the control thread, the executor and a thread in hora_wait poll for the next "
        "hand-off before they sleep (0 = sleep at once). When the ranks' threads outnumber the "
        "cores each poll gives the core away (sched_yield)."},
+      {"HORA_BIND_EXECUTOR", ParamType::kBool, "1",
+       "Bind the executor thread of the global process set (where its collectives copy and "
+       "reduce) to one CPU of the process's affinity mask, picked by local rank: mask[local_rank "
+       "mod its size]. Skipped when the mask holds one CPU (a launcher bound the process). 0: "
+       "the thread runs wherever the scheduler puts it. Two jobs on one host bind to the same "
+       "CPUs; give each its own CPUs (taskset, a launcher's binding) or set 0."},
       {"HORA_HIER_ALLREDUCE", ParamType::kString, "auto",
        "Allreduce of a process set that spans several hosts with several ranks on each: auto and "
        "hier reduce inside each host through shared memory, allreduce across hosts over Gloo "

@@ -2,14 +2,11 @@
 
 #include <algorithm>
 
+#include "core/cpu_affinity.h"
+
 namespace hora {
 
-int usableCpuCount() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
-}
+int usableCpuCount() { return std::max<int>(1, static_cast<int>(allowedCpus().size())); }
 
 SpinPolicy spinPolicyFor(int64_t spinUs, int localRanks) {
   SpinPolicy p;

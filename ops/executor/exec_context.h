@@ -27,6 +27,9 @@ struct ExecContext {
   Logger logger;
   // Bounds every wait of the data plane (HORA_PEER_TIMEOUT_S).
   std::chrono::milliseconds peerTimeout{30000};
+  // The CPU the executor thread binds itself to (core/cpu_affinity.h); -1:
+  // it stays where the scheduler puts it.
+  int cpu = -1;
 
   int size() const { return static_cast<int>(globalRanks.size()); }
   int globalRank(int setRank) const { return globalRanks[setRank]; }

@@ -3,6 +3,7 @@
 #include "ops/executor/executor.h"
 
 #include "core/check.h"
+#include "core/cpu_affinity.h"
 
 namespace hora {
 
@@ -29,6 +30,14 @@ void Executor::join() {
 void Executor::releaseGpu() { gpu_.release(); }
 
 void Executor::run() {
+  nameThisThread("hora-exec");
+  if (ctx_.cpu >= 0) {
+    Status s = bindThisThread(ctx_.cpu);
+    if (!s.isOk())
+      HORA_LOG(ctx_.logger, kWarning)
+          << "process set " << ctx_.setName << ": " << s.message()
+          << "; the executor runs unbound (HORA_BIND_EXECUTOR=0 skips binding)";
+  }
   AgreedGroup group;
   while (queue_.pop(&group)) {
     execute(group);

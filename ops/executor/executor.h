@@ -17,6 +17,10 @@
 // final status once the control thread has named the cause, or the grace
 // period has passed; the executor never waits for that.
 //
+// Placement: the thread is named hora-exec; when the assembly gives it a CPU
+// (ExecContext::cpu, the global set under HORA_BIND_EXECUTOR) it binds itself
+// there before its first group (core/cpu_affinity.h says why).
+//
 // Threads: constructed and started by the process set's assembly; run() on
 // its own thread; join() and releaseGpu() from the thread that shuts the set
 // down, after closing the queue.

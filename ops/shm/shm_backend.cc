@@ -1,6 +1,5 @@
 #include "ops/shm/shm_backend.h"
 
-#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -12,6 +11,7 @@
 #include "core/cpu_relax.h"
 #include "core/host_identity.h"
 #include "core/reduce.h"
+#include "core/spin_wait.h"
 
 namespace hora {
 namespace {
@@ -24,12 +24,6 @@ using Clock = std::chrono::steady_clock;
 // core the awaited rank needs, so then waiters sleep at once.
 constexpr int kSpinIterations = 2000;
 
-int usableCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
-}
 // Longest sleep between checks of abort, deadline and peer liveness.
 constexpr int kSleepSliceMs = 5;
 // Chunks up to this size are reduced whole by every rank (one round of
@@ -62,7 +56,7 @@ ShmBackend::ShmBackend(std::vector<std::unique_ptr<ShmSegment>> segments, int ra
       minBytes_(opts.minBytes) {
   // Touched now, not on the first small allreduce.
   scratch_.assign(std::min(kSmallChunkBytes, segs_[rank_]->slotBytes()), 0);
-  spinIterations_ = size_ <= usableCpus() ? kSpinIterations : 0;
+  spinIterations_ = size_ <= usableCpuCount() ? kSpinIterations : 0;
   // A peer in another pid namespace (containers sharing /dev/shm) has a pid
   // that means nothing here: only watch pids that exist now.
   watchPid_.resize(segs_.size(), false);

@@ -291,6 +291,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   ctx.logger = logger;
   ctx.peerTimeout = o.peerTimeout;
   ctx.telemetry = o.telemetry ? ps->telemetry_.get() : nullptr;
+  ctx.cpu = o.executorCpu;
   ps->executor_ = std::make_unique<Executor>(std::move(ctx), ps->queue_, o.gpu);
 
   ps->controller_->start();

@@ -83,6 +83,9 @@ struct SetOptions {
   // runtime's ranks on this host (whether the polls must yield the core).
   int64_t spinUs = 100;
   int localSize = 1;
+  // The CPU of the set's executor thread (ExecContext::cpu); -1: unbound.
+  // Only the global set gets one (runtime.cc, HORA_BIND_EXECUTOR).
+  int executorCpu = -1;
   // Negotiation through shared memory when every rank is on one host.
   bool shmNegotiation = true;
   // Elastic mode: member-caused failures are kMembership (SetHealth).

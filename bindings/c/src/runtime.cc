@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/cpu_affinity.h"
 #include "core/host_identity.h"
 #include "core/memory_store.h"
 #include "dump_signal.h"
@@ -590,6 +591,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
         std::to_string(spinUs) + ")");
   so.p2pSpinUs = static_cast<int>(spinUs);
   so.spinUs = p.getInt("HORA_SPIN_US");
+  const bool bindExecutor = p.getBool("HORA_BIND_EXECUTOR");
   if (so.spinUs < 0 || so.spinUs > 1000000)
     return invalidArgument("HORA_SPIN_US must be 0..1000000 (got " + std::to_string(so.spinUs) +
                            ")");
@@ -678,8 +680,19 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   so.localSize = rt->id_.localSize;
   std::vector<int> all(id.size);
   for (int r = 0; r < id.size; ++r) all[r] = r;
+  // Only the global set's executor is bound: sub-sets (tensor and data
+  // parallel groups of a grid) run concurrently and would share its CPU.
+  SetOptions globalOpts = so;
+  if (bindExecutor && id.size > 1) {
+    globalOpts.executorCpu = executorCpuFor(rt->id_.localRank, allowedCpus());
+    if (globalOpts.executorCpu >= 0)
+      HORA_LOG(rt->logger_, kInfo)
+          << "rank " << id.rank << ": the global set's executor runs on CPU "
+          << globalOpts.executorCpu << " (local rank " << rt->id_.localRank
+          << "; HORA_BIND_EXECUTOR=0 unbinds it)";
+  }
   auto g = ProcessSet::create("global", all, id.rank,
-                              std::make_shared<PrefixStore>(rt->store_, "set/global"), so);
+                              std::make_shared<PrefixStore>(rt->store_, "set/global"), globalOpts);
   if (!g.isOk()) return g.status().withContext("rank " + std::to_string(id.rank));
   rt->global_ = std::shared_ptr<ProcessSet>(g.take().release());
   rt->sets_.push_back(rt->global_);

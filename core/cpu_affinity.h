@@ -1,0 +1,43 @@
+// CPU placement of the runtime's threads (issue 20).
+//
+// Why: on a host whose ranks are few against its cores, the data plane of a
+// collective runs on each rank's executor thread, and the ranks reduce and
+// copy in lockstep. The scheduler sees every waiting thread of the runtime
+// (control threads, framework threads in hora_wait) as runnable, because
+// they poll before they sleep (core/spin_wait.h), so it has no reason to
+// spread the executors: measured on a 2-core VM, two ranks' executors shared
+// one core in about one launch in four, and those launches ran 1 MiB-64 MiB
+// allreduces 1.5-2.6x slower (bench/results/2026-11-27-executor-binding.md).
+// Binding each rank's executor to its own CPU, picked by local rank, removes
+// that mode; Open MPI binds its ranks to cores for the same reason.
+//
+// Who calls it: the runtime's assembly (bindings/c, framework thread, at
+// init) picks the CPU; the executor binds itself on its own thread. No state.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace hora {
+
+// The CPUs the calling thread may run on (its affinity mask), ascending;
+// empty when the mask cannot be read.
+std::vector<int> allowedCpus();
+
+// The CPU for the executor of the rank with `localRank` among the ranks on
+// this host: allowed[localRank mod allowed.size()], so that ranks on one host
+// get distinct CPUs while they fit and spread evenly when they do not. -1
+// (do not bind) when localRank < 0 or fewer than two CPUs are allowed (a
+// launcher already bound the process: its choice stands).
+int executorCpuFor(int localRank, const std::vector<int>& allowed);
+
+// Restricts the calling thread to `cpu`. The error names the CPU and errno.
+Status bindThisThread(int cpu);
+
+// Names the calling thread (shown by top -H, perf, gdb and /proc/<pid>/task/
+// <tid>/comm); at most 15 characters are kept. Best effort.
+void nameThisThread(const std::string& name);
+
+}  // namespace hora

@@ -1,0 +1,166 @@
+// Where the runtime's threads run (core/cpu_affinity.h, HORA_BIND_EXECUTOR):
+// each rank's global-set executor is bound to its own CPU by local rank,
+// sub-sets' executors stay unbound, a launcher's binding is left alone, and
+// the parameter turns it off. Ranks as processes (affinity is per thread,
+// read back from /proc), each with a deadline.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <sched.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/cpu_affinity.h"
+#include "rank_harness.h"
+
+namespace {
+
+using htest::makeTensor;
+
+// "0-2,5" -> {0, 1, 2, 5}.
+std::vector<int> parseCpuList(const std::string& text) {
+  std::vector<int> cpus;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const size_t dash = item.find('-');
+    const int lo = std::stoi(item.substr(0, dash));
+    const int hi = dash == std::string::npos ? lo : std::stoi(item.substr(dash + 1));
+    for (int c = lo; c <= hi; ++c) cpus.push_back(c);
+  }
+  return cpus;
+}
+
+// The CPU lists of this process's threads named `name`.
+std::vector<std::vector<int>> threadMasks(const std::string& name) {
+  std::vector<std::vector<int>> out;
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const std::string dir = std::string("/proc/self/task/") + e->d_name;
+    std::string comm;
+    std::getline(std::ifstream(dir + "/comm"), comm);
+    if (comm != name) continue;
+    std::ifstream status(dir + "/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("Cpus_allowed_list:", 0) == 0) {
+        out.push_back(parseCpuList(line.substr(line.find_first_not_of(" \t", 18))));
+        break;
+      }
+    }
+  }
+  closedir(d);
+  return out;
+}
+
+bool allreduceOnce(hora_runtime_t rt, hora_process_set_t set, int size, std::string* why) {
+  std::vector<int64_t> shape{4};
+  std::vector<float> in(4, 1.0f), out(4, 0.0f);
+  DLTensor tin = makeTensor(in.data(), DLDataType{kDLFloat, 32, 1}, &shape);
+  DLTensor tout = makeTensor(out.data(), DLDataType{kDLFloat, 32, 1}, &shape);
+  hora_options_t o;
+  hora_options_init(&o);
+  o.name = "placement.grad";
+  o.process_set = set;
+  hora_request_t req = nullptr;
+  if (hora_allreduce_async(rt, &tin, &tout, &o, &req) != HORA_SUCCESS) {
+    *why = std::string("submit: ") + hora_last_error_message();
+    return false;
+  }
+  std::string msg;
+  if (htest::waitAndFree(req, 30, &msg) != HORA_SUCCESS) {
+    *why = "allreduce: " + msg;
+    return false;
+  }
+  if (out[0] != static_cast<float>(size)) {
+    *why = "allreduce: got " + std::to_string(out[0]);
+    return false;
+  }
+  return true;
+}
+
+// Each rank: init, an allreduce in the global set and one in a sub-set of
+// every rank (so both executors have run), then the masks of the executor
+// threads. bound: whether the global set's executor must be on the CPU
+// picked for its local rank (else every executor keeps the process's mask).
+int checkRank(int rank, int size, bool bound) {
+  const std::vector<int> processMask = hora::allowedCpus();
+  hora_runtime_t rt = nullptr;
+  CHILD_CHECK(hora_init(nullptr, &rt) == HORA_SUCCESS, "init: %s", hora_last_error_message());
+  hora_process_set_t global = nullptr, sub = nullptr;
+  CHILD_CHECK(hora_global_process_set(rt, &global) == HORA_SUCCESS, "global set");
+  std::vector<int32_t> ranks;
+  for (int r = 0; r < size; ++r) ranks.push_back(r);
+  CHILD_CHECK(hora_process_set_create(rt, ranks.data(), size, &sub) == HORA_SUCCESS, "sub-set: %s",
+              hora_last_error_message());
+  std::string why;
+  CHILD_CHECK(allreduceOnce(rt, global, size, &why), "global set: %s", why.c_str());
+  CHILD_CHECK(allreduceOnce(rt, sub, size, &why), "sub-set: %s", why.c_str());
+  int32_t localRank = -1;
+  CHILD_CHECK(hora_local_rank(rt, &localRank) == HORA_SUCCESS, "local rank");
+  const auto masks = threadMasks("hora-exec");
+  CHILD_CHECK(masks.size() == 2, "%zu threads named hora-exec, want 2 (global set, sub-set)",
+              masks.size());
+  const int want = bound ? hora::executorCpuFor(localRank, processMask) : -1;
+  int onWant = 0, unbound = 0;
+  for (const auto& m : masks) {
+    if (want >= 0 && m == std::vector<int>{want}) ++onWant;
+    if (m == processMask) ++unbound;
+  }
+  if (want >= 0) {
+    CHILD_CHECK(onWant == 1 && unbound == 1,
+                "local rank %d: want one executor on CPU %d and one on the process's %zu CPUs; "
+                "got %d and %d",
+                localRank, want, processMask.size(), onWant, unbound);
+  } else {
+    CHILD_CHECK(unbound == 2, "local rank %d: %d of 2 executors keep the process's %zu CPUs",
+                localRank, unbound, processMask.size());
+  }
+  CHILD_CHECK(hora_process_set_destroy(sub) == HORA_SUCCESS, "destroy");
+  CHILD_CHECK(hora_shutdown(rt) == HORA_SUCCESS, "shutdown: %s", hora_last_error_message());
+  return 0;
+}
+
+void expectAllPass(const std::vector<htest::ProcessResult>& results) {
+  for (size_t r = 0; r < results.size(); ++r)
+    EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
+}
+
+TEST(Placement, GlobalExecutorsOnDistinctCpusByLocalRankProcesses) {
+  for (int size : {2, 3}) {
+    SCOPED_TRACE("size " + std::to_string(size));
+    // With one allowed CPU there is nothing to pick: the check then expects
+    // every executor unbound.
+    const bool canBind = hora::allowedCpus().size() >= 2;
+    expectAllPass(htest::runProcesses(
+        size, [&](int rank) { return checkRank(rank, size, canBind); }, 60));
+  }
+}
+
+TEST(Placement, OffLeavesEveryExecutorUnboundProcesses) {
+  expectAllPass(htest::runProcesses(2, [](int rank) { return checkRank(rank, 2, false); }, 60,
+                                    nullptr, {{"HORA_BIND_EXECUTOR", "0"}}));
+}
+
+TEST(Placement, ALauncherBindingToOneCpuStandsProcesses) {
+  // Each child binds itself to one CPU first, as mpirun --bind-to core or
+  // taskset would: the runtime must not move its executor elsewhere.
+  const std::vector<int> cpus = hora::allowedCpus();
+  ASSERT_FALSE(cpus.empty());
+  expectAllPass(htest::runProcesses(
+      2,
+      [&](int rank) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpus[static_cast<size_t>(rank) % cpus.size()], &one);
+        CHILD_CHECK(sched_setaffinity(0, sizeof(one), &one) == 0, "sched_setaffinity");
+        return checkRank(rank, 2, false);
+      },
+      60));
+}
+
+}  // namespace
