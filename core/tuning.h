@@ -36,6 +36,12 @@ constexpr int kTuneDims = 5;
 // ResNet-50 step and for 2 ranks with a core each, 4 MiB ones for single
 // 4-16 MiB allreduces with more ranks than cores).
 constexpr int64_t kShmMinSlotBytes = int64_t{4} << 20;
+// The default chunk when every rank on the host has a CPU of its own
+// (HORA_SHM_CHUNK_BYTES unset): with the executors bound, 256 KiB chunks ran
+// the ResNet-50 step 1.1-1.2x faster than 1 MiB ones at 2 ranks on 2 cores,
+// and 4 ranks on those cores were faster with 1 MiB
+// (bench/results/2026-11-27-chunk-by-cores.md).
+constexpr int64_t kShmChunkBytesWhenRanksFit = int64_t{256} << 10;
 
 struct TuningValues {
   int64_t fusionThresholdBytes = int64_t{128} << 20;

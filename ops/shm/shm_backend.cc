@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -558,15 +560,28 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
     self = "no the shared-memory slot size " + std::to_string(slot) +
            " on this rank is not a multiple of 64";
   } else {
-    // chunk/slot in one field: the settings every rank must share.
-    self = "ok " + std::to_string(opts.chunkBytes) + "/" + std::to_string(slot) + " " +
-           std::to_string(opts.minBytes) + " " +
-           (opts.hostId.empty() ? hostIdentity() : opts.hostId);
+    // chunk/slot in one field: the settings every rank must share (with
+    // the chunk for ranks that fit the CPUs, when there is one). After a tab,
+    // this rank's usable CPU count, which may differ between ranks.
+    self = "ok " + std::to_string(opts.chunkBytes) +
+           (opts.chunkBytesWhenRanksFit > 0 ? "|" + std::to_string(opts.chunkBytesWhenRanksFit)
+                                            : std::string()) +
+           "/" + std::to_string(slot) + " " + std::to_string(opts.minBytes) + " " +
+           (opts.hostId.empty() ? hostIdentity() : opts.hostId) + "\t" +
+           std::to_string(usableCpuCount());
   }
   auto hosts = exchange(*store, "host", rank, size, self, opts.startTimeout);
   if (!hosts.isOk()) return hosts.status();
   *whyNot = firstRefusal(hosts.value());
   if (!whyNot->empty()) return fallback;
+  // Split off each rank's CPU count; the rest must match.
+  int fewestCpus = INT_MAX;
+  for (std::string& v : hosts.value()) {
+    const size_t tab = v.rfind('\t');
+    if (tab == std::string::npos) continue;
+    fewestCpus = std::min(fewestCpus, std::atoi(v.c_str() + tab + 1));
+    v.resize(tab);
+  }
   auto settings = [](const std::string& v) { return v.substr(0, v.find(' ', v.find(' ', 3) + 1)); };
   for (int r = 1; r < size; ++r) {
     if (settings(hosts.value()[r]) != settings(hosts.value()[0])) {
@@ -610,7 +625,12 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
   if (!all.isOk()) return all.status();
   *whyNot = firstRefusal(all.value());
   if (!whyNot->empty()) return fallback;
-  return std::unique_ptr<Backend>(new ShmBackend(std::move(segs), rank, std::move(fallback), opts));
+  ShmBackendOptions picked = opts;
+  if (opts.chunkBytesWhenRanksFit > 0 && fewestCpus >= size)
+    picked.chunkBytes = std::min(opts.chunkBytesWhenRanksFit, slot);
+  picked.chunkBytesWhenRanksFit = 0;
+  return std::unique_ptr<Backend>(
+      new ShmBackend(std::move(segs), rank, std::move(fallback), picked));
 }
 
 }  // namespace hora

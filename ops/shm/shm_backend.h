@@ -65,6 +65,14 @@ struct ShmBackendOptions {
   // The pipeline's chunk of allreduce, broadcast and allgather at start
   // (autotune may change it, up to the slot).
   size_t chunkBytes = 1 << 20;
+  // Non-zero: the chunk instead of chunkBytes when every rank of the set has
+  // a CPU of its own (each rank's affinity mask holds at least `size` CPUs;
+  // decided at set-up from every rank's count, so all ranks pick alike).
+  // With a core per rank, smaller chunks keep a chunk's copies in that
+  // core's cache; with more ranks than cores every chunk is a round of
+  // sleeps and wake-ups, and fewer rounds win
+  // (bench/results/2026-11-27-chunk-by-cores.md).
+  size_t chunkBytesWhenRanksFit = 0;
   // Bytes per slot; each rank's segment holds two. Reducescatter and
   // alltoall use whole slots. 0, or less than chunkBytes: chunkBytes.
   size_t slotBytes = 0;
@@ -95,6 +103,9 @@ class ShmBackend : public Backend {
 
   std::string name() const override { return "shm+" + fallback_->name(); }
   int rank() const override { return rank_; }
+  // The chunk picked at set-up (before autotune changes it); the set's
+  // assembly reads it once, before the executor starts.
+  size_t initialChunkBytes() const { return opts_.chunkBytes; }
   int size() const override { return size_; }
 
   Status allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;

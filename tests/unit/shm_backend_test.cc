@@ -22,8 +22,10 @@
 #include <vector>
 
 #include "backend_check.h"
+#include "core/cpu_affinity.h"
 #include "core/logging.h"
 #include "core/memory_store.h"
+#include "core/spin_wait.h"
 #include "core/tcp_store.h"
 #include "ops/gloo/gloo_backend.h"
 
@@ -414,6 +416,70 @@ TEST(ShmBackendTest, ChunkSmallerThanTheSlot) {
     checkAllgatherv(w.world, counts);
     checkAllreduce(w.world, DataType::kInt32, ReduceOp::kSum, 70001);
   }
+}
+
+size_t initialChunk(const std::unique_ptr<Backend>& b) {
+  auto* shm = dynamic_cast<const ShmBackend*>(b.get());
+  return shm ? shm->initialChunkBytes() : 0;
+}
+
+TEST(ShmBackendTest, SmallerChunkOnlyWhenEveryRankHasACpuOfItsOwn) {
+  // Sizes 2-4 on this machine's CPUs: each rank's mask holds all of them.
+  const int cpus = usableCpuCount();
+  for (int size : {2, 3, 4}) {
+    ShmWorld w = makeShmWorld(size, [](int) {
+      ShmBackendOptions so;
+      so.chunkBytes = 4096;
+      so.chunkBytesWhenRanksFit = 1024;
+      so.slotBytes = 64 << 10;
+      return so;
+    });
+    const size_t want = cpus >= size ? 1024 : 4096;
+    for (int r = 0; r < size; ++r) {
+      ASSERT_TRUE(w.world[r]);
+      EXPECT_EQ(w.world[r]->name(), "shm+gloo") << w.whyNot[r];
+      EXPECT_EQ(initialChunk(w.world[r]), want) << "size " << size << ", " << cpus << " CPUs";
+    }
+    checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 10007);
+    checkAllreduceGather(w.world, DataType::kFloat64, ReduceOp::kMax, 3001);
+  }
+}
+
+TEST(ShmBackendTest, OneRankWithOneCpuGivesEveryRankTheLargerChunk) {
+  // Rank 1's thread is bound to one CPU (as a launcher binding its process
+  // would): it has no CPU for each of 2 ranks, and the choice is the same on
+  // every rank, or the chunks would not line up.
+  ShmWorld w = makeShmWorld(2, [](int r) {
+    if (r == 1) EXPECT_TRUE(bindThisThread(allowedCpus().front()).isOk());
+    ShmBackendOptions so;
+    so.chunkBytes = 4096;
+    so.chunkBytesWhenRanksFit = 1024;
+    so.slotBytes = 64 << 10;
+    return so;
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(w.world[r]);
+    EXPECT_EQ(w.world[r]->name(), "shm+gloo") << w.whyNot[r];
+    EXPECT_EQ(initialChunk(w.world[r]), 4096u) << "rank " << r;
+  }
+  checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 10007);
+}
+
+TEST(ShmBackendTest, UnequalChunkChoiceKeepsEveryRankOnGloo) {
+  // One rank with HORA_SHM_CHUNK_BYTES set (no choice by CPUs), one without.
+  ShmWorld w = makeShmWorld(2, [](int r) {
+    ShmBackendOptions so;
+    so.chunkBytes = 4096;
+    so.chunkBytesWhenRanksFit = r == 0 ? 1024 : 0;
+    so.slotBytes = 64 << 10;
+    return so;
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(w.world[r]);
+    EXPECT_EQ(w.world[r]->name(), "gloo");
+    EXPECT_NE(w.whyNot[r].find("differ between ranks 0 and 1"), std::string::npos) << w.whyNot[r];
+  }
+  checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 300);
 }
 
 TEST(ShmBackendTest, UnequalSlotsKeepEveryRankOnGloo) {

@@ -126,6 +126,8 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   sho.enabled = o.shm && o.shmChunkBytes > 0 && o.shmMinBytes >= 0;
   sho.chunkBytes = static_cast<size_t>(std::max<int64_t>(o.shmChunkBytes, 0));
   sho.slotBytes = static_cast<size_t>(std::max<int64_t>(o.shmSlotBytes, 0));
+  sho.chunkBytesWhenRanksFit =
+      static_cast<size_t>(std::max<int64_t>(o.shmChunkBytesWhenRanksFit, 0));
   sho.minBytes = static_cast<size_t>(std::max<int64_t>(o.shmMinBytes, 0));
   sho.timeout = o.peerTimeout;
   sho.startTimeout = o.startTimeout;
@@ -230,6 +232,9 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   start.fusionThresholdBytes = o.fusionThresholdBytes;
   start.cycleTimeUs = o.cycleTime.count();
   start.shmChunkBytes = o.shmChunkBytes;
+  // The chunk shared memory picked at set-up (it depends on the ranks' CPUs).
+  if (auto* shm = dynamic_cast<const ShmBackend*>(ps->backend_.get()))
+    start.shmChunkBytes = static_cast<int64_t>(shm->initialChunkBytes());
   start.shmMinBytes = o.shmMinBytes;
   start.glooBcubeMaxBytes = static_cast<int64_t>(kGlooBcubeMaxBytes);
   const bool onShm = ps->backend_->name().rfind("shm+", 0) == 0;

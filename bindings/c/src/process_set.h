@@ -58,6 +58,9 @@ struct SetOptions {
   // Each of a segment's two slots (runtime.cc: HORA_SHM_CHUNK_BYTES when set,
   // else max(chunk, kShmMinSlotBytes)).
   int64_t shmSlotBytes = kShmMinSlotBytes;
+  // Non-zero: the chunk when every rank on the host has a CPU of its own
+  // (ShmBackendOptions::chunkBytesWhenRanksFit); HORA_SHM_CHUNK_BYTES unset.
+  int64_t shmChunkBytesWhenRanksFit = 0;
   int64_t shmMinBytes = 0;
   // HORA_INLINE_MAX_BYTES (SetControllerOptions::inlineMaxBytes); -1: picked
   // by the set's data plane when it is created (process_set.cc).

@@ -549,6 +549,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   so.shmSlotBytes = p.isSet("HORA_SHM_CHUNK_BYTES")
                         ? so.shmChunkBytes
                         : std::max<int64_t>(so.shmChunkBytes, kShmMinSlotBytes);
+  so.shmChunkBytesWhenRanksFit = p.isSet("HORA_SHM_CHUNK_BYTES") ? 0 : kShmChunkBytesWhenRanksFit;
   so.shmMinBytes = p.getInt("HORA_SHM_MIN_BYTES");
   so.inlineMaxBytes = p.getInt("HORA_INLINE_MAX_BYTES");
   if (so.inlineMaxBytes < -1 || so.inlineMaxBytes > static_cast<int64_t>(kMaxInlineBytes))
