@@ -35,6 +35,29 @@ Status bindThisThread(int cpu) {
   return Status::ok();
 }
 
+namespace {
+
+bool setThreadCpus(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus)
+    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
+  return ::pthread_setaffinity_np(::pthread_self(), sizeof(set), &set) == 0;
+}
+
+}  // namespace
+
+ScopedThreadCpus::ScopedThreadCpus(const std::vector<int>& cpus) {
+  if (cpus.empty()) return;
+  std::vector<int> before = allowedCpus();
+  if (before.empty() || before == cpus) return;
+  if (setThreadCpus(cpus)) saved_ = std::move(before);
+}
+
+ScopedThreadCpus::~ScopedThreadCpus() {
+  if (!saved_.empty()) setThreadCpus(saved_);
+}
+
 void nameThisThread(const std::string& name) {
   ::pthread_setname_np(::pthread_self(), name.substr(0, 15).c_str());
 }

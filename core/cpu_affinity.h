@@ -36,6 +36,21 @@ int executorCpuFor(int localRank, const std::vector<int>& allowed);
 // Restricts the calling thread to `cpu`. The error names the CPU and errno.
 Status bindThisThread(int cpu);
 
+// Runs the calling thread on `cpus` for its lifetime, then restores the mask
+// it had. Empty `cpus`: does nothing. For calls that create threads which
+// must not inherit a bound thread's single CPU (NCCL's proxy threads when the
+// executor creates a communicator). Same thread for both ends; best effort.
+class ScopedThreadCpus {
+ public:
+  explicit ScopedThreadCpus(const std::vector<int>& cpus);
+  ~ScopedThreadCpus();
+  ScopedThreadCpus(const ScopedThreadCpus&) = delete;
+  ScopedThreadCpus& operator=(const ScopedThreadCpus&) = delete;
+
+ private:
+  std::vector<int> saved_;  // empty: nothing to restore
+};
+
 // Names the calling thread (shown by top -H, perf, gdb and /proc/<pid>/task/
 // <tid>/comm); at most 15 characters are kept. Best effort.
 void nameThisThread(const std::string& name);

@@ -30,6 +30,9 @@ struct ExecContext {
   // The CPU the executor thread binds itself to (core/cpu_affinity.h); -1:
   // it stays where the scheduler puts it.
   int cpu = -1;
+  // With cpu >= 0: the process's CPUs, which the executor takes back while it
+  // creates a GPU communicator (threads NCCL starts then inherit its mask).
+  std::vector<int> processCpus;
 
   int size() const { return static_cast<int>(globalRanks.size()); }
   int globalRank(int setRank) const { return globalRanks[setRank]; }

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/cpu_affinity.h"
 #include "core/host_buffer.h"
 #include "core/host_identity.h"
 
@@ -177,6 +178,9 @@ Status GpuPath::createComm(const std::string& what) {
                       " could not create the GPU communicator's id (comm_unique_id failed there; "
                       "see that rank's error)");
   hora_gpu_comm_t comm = nullptr;
+  // NCCL starts its proxy threads here; bound to the executor's one CPU they
+  // would compete with it for that CPU.
+  ScopedThreadCpus unbound(ctx_.cpu >= 0 ? ctx_.processCpus : std::vector<int>());
   HORA_RETURN_IF_ERROR(plugin()->check(
       api_->comm_init(device_, ctx_.size(), ctx_.rank, &id[1], ctx_.peerTimeout.count(), &comm),
       "comm_init",

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu_affinity.h"
 #include "gtest/gtest.h"
 #include "rank_harness.h"
 #include "tensor_util.h"
@@ -292,6 +293,31 @@ TEST_F(GpuMock, CommunicatorPathEveryWorldSize) {
     });
     EXPECT_GT(mockCalls("allreduce"), before) << "size " << size;
   }
+}
+
+int fewestInitCpus() {
+  void* h = ::dlopen(HORA_GPU_MOCK_PATH, RTLD_NOW | RTLD_LOCAL);
+  if (!h) return -1;
+  auto f = reinterpret_cast<int (*)()>(::dlsym(h, "hora_gpu_mock_fewest_init_cpus"));
+  return f ? f() : -1;
+}
+
+TEST_F(GpuMock, CommunicatorIsCreatedWithTheProcessCpusNotTheBoundExecutors) {
+  // The global set's executor is bound to one CPU (HORA_BIND_EXECUTOR); the
+  // threads a real plugin starts in comm_init (NCCL's proxies) would inherit
+  // that one CPU unless the executor widens its mask for the call.
+  const int cpus = static_cast<int>(hora::allowedCpus().size());
+  if (cpus < 2) GTEST_SKIP() << "one CPU: nothing is bound";
+  ::setenv("HORA_GPU_MOCK_DEVICES", "2", 1);
+  fewestInitCpus();  // forget earlier tests' calls
+  runThreads(2, [](int rank, hora_runtime_t rt) {
+    std::vector<float> v(1000, 1.0f + rank);
+    hora_request_t req = nullptr;
+    ASSERT_EQ(gpuAllreduce(rt, v, "bound.grad", &req, rank), HORA_SUCCESS);
+    ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+    EXPECT_EQ(v[0], 3.0f);
+  });
+  EXPECT_EQ(fewestInitCpus(), cpus);
 }
 
 TEST_F(GpuMock, AllgatherAlltoallReducescatterBothPathsEveryWorldSize) {

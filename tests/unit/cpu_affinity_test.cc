@@ -65,6 +65,27 @@ TEST(BindThisThread, NamesTheCpuWhenItCannot) {
   EXPECT_NE(s.message().find(std::to_string(CPU_SETSIZE - 1)), std::string::npos) << s.message();
 }
 
+TEST(ScopedThreadCpus, WidensForItsScopeThenRestores) {
+  const std::vector<int> all = allowedCpus();
+  if (all.size() < 2) GTEST_SKIP() << "one CPU";
+  std::vector<int> bound, inside, after;
+  std::thread t([&] {
+    ASSERT_TRUE(bindThisThread(all.back()).isOk());
+    bound = allowedCpus();
+    {
+      ScopedThreadCpus wide(all);
+      inside = allowedCpus();
+      ScopedThreadCpus none({});  // empty: no change
+      EXPECT_EQ(allowedCpus(), all);
+    }
+    after = allowedCpus();
+  });
+  t.join();
+  EXPECT_EQ(bound, std::vector<int>{all.back()});
+  EXPECT_EQ(inside, all);
+  EXPECT_EQ(after, std::vector<int>{all.back()});
+}
+
 TEST(NameThisThread, KeepsFifteenCharacters) {
   char name[32] = {};
   std::thread t([&] {

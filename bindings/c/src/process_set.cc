@@ -4,6 +4,7 @@
 
 #include "controllers/coordinator_service.h"
 #include "controllers/settings_agreement.h"
+#include "core/cpu_affinity.h"
 #include "core/host_identity.h"
 #include "hora/version.h"
 #include "ops/shm/hier_backend.h"
@@ -297,6 +298,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   ctx.peerTimeout = o.peerTimeout;
   ctx.telemetry = o.telemetry ? ps->telemetry_.get() : nullptr;
   ctx.cpu = o.executorCpu;
+  if (ctx.cpu >= 0) ctx.processCpus = allowedCpus();
   ps->executor_ = std::make_unique<Executor>(std::move(ctx), ps->queue_, o.gpu);
 
   ps->controller_->start();

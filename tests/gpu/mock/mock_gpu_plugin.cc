@@ -17,6 +17,8 @@
 // Test hooks (exported, C linkage, looked up with dlsym by the tests):
 //   hora_gpu_mock_calls(name)  how often the named table function was called
 //   hora_gpu_mock_reset()      zeroes the counters
+//   hora_gpu_mock_fewest_init_cpus()  the fewest CPUs a comm_init caller's
+//                              mask held since the last call (INT_MAX: none)
 // HORA_GPU_MOCK_FAIL=<name> makes that function fail with an "injected"
 // error; HORA_GPU_MOCK_DEVICES=<n> sets the device count (default 1);
 // HORA_GPU_MOCK_REFUSE_ABI=1 makes the entry point refuse every ABI version
@@ -26,8 +28,11 @@
 // before p2p_group was appended.
 //
 // Process-wide counters are fine here: this is a test double, not hora.
+#include <sched.h>
+
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -315,9 +320,21 @@ int collective(hora_gpu_comm_t c, const Slot& mine, Compute compute, Write write
   return 0;
 }
 
+std::atomic<int> fewestInitCpus{INT_MAX};
+
 int commInit(int device, int nranks, int rank, const void* id, int64_t timeout_ms,
              hora_gpu_comm_t* out) {
   ENTER("comm_init");
+  {
+    // What threads NCCL would start here inherit.
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+      int n = CPU_COUNT(&set), seen = fewestInitCpus.load();
+      while (n < seen && !fewestInitCpus.compare_exchange_weak(seen, n)) {
+      }
+    }
+  }
   if (nranks < 1 || rank < 0 || rank >= nranks)
     return fail("mock: rank " + std::to_string(rank) + " of " + std::to_string(nranks));
   std::shared_ptr<Group> g;
@@ -601,6 +618,8 @@ MOCK_EXPORT const hora_gpu_plugin_v1_t* hora_gpu_plugin_get(uint32_t abi_version
   }
   return &kTable;
 }
+
+MOCK_EXPORT int hora_gpu_mock_fewest_init_cpus() { return fewestInitCpus.exchange(INT_MAX); }
 
 MOCK_EXPORT long hora_gpu_mock_calls(const char* name) {
   std::lock_guard<std::mutex> lk(countMu);
