@@ -111,9 +111,9 @@ const std::vector<ParamSpec>& paramRegistry() {
        "64). Each rank's segment holds two slots, which reducescatter and alltoall use whole: "
        "of this size when set (autotune then leaves the chunk alone unless HORA_AUTOTUNE=1 is set "
        "too), of 4 MiB when unset, so that autotune can try chunks from 256 KiB up to 4 MiB. "
-       "Unset, the chunk is 256 KiB when every rank on the host has a CPU of its own (each "
-       "rank's affinity mask holds as many CPUs as the set has ranks) and this default when "
-       "the ranks outnumber the CPUs."},
+       "Unset, the chunk is 256 KiB when every rank on the host has a CPU of its own (the "
+       "ranks' affinity masks together hold as many CPUs as the set has ranks) and this default "
+       "when the ranks outnumber the CPUs."},
       {"HORA_INLINE_MAX_BYTES", ParamType::kInt, "-1",
        "Allreduces of host tensors up to this size travel inside the negotiation: each rank's "
        "request carries its tensor, the coordinator reduces them and its response carries the "

@@ -43,6 +43,11 @@ const char* gpuBackendName(GpuBackendChoice choice) {
 bool ncclHasType(DataType dt) { return dt != DataType::kInt16 && dt != DataType::kBool; }
 
 Status GpuPath::prepare(const Device& dev, const std::string& what) {
+  // The first calls load the plugin and create the device's context and
+  // stream, where the driver may start threads of its own: like comm_init's,
+  // they must not inherit the executor's one CPU.
+  ScopedThreadCpus unbound(ctx_.cpu >= 0 && (!api_ || !stream_) ? ctx_.processCpus
+                                                                : std::vector<int>());
   if (!api_) {
     if (!plugin()) return Status(Code::kNotSupported, what + ": no GPU plugin configured");
     auto api = plugin()->get();

@@ -374,6 +374,8 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
   std::string noShm;
   ShmBackendOptions localOpts = opts.shm;
   localOpts.hostId = hostId;
+  // Every host's local stage cuts alike, whatever its CPUs.
+  localOpts.chunkBytesWhenRanksFit = 0;
   localOpts.rankNames = layout.local;  // errors name set ranks, not local indices
   auto local = createShmBackend(
       std::make_shared<PrefixStore>(store, "local" + std::to_string(layout.hostIndex)),

@@ -5,11 +5,12 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <set>
 
+#include "core/cpu_affinity.h"
 #include "core/cpu_relax.h"
 #include "core/host_identity.h"
 #include "core/reduce.h"
@@ -37,6 +38,45 @@ constexpr size_t kPartAlignBytes = 64;
 std::string describe(size_t count, DataType dtype, ReduceOp op) {
   return std::string("shm allreduce(count=") + std::to_string(count) +
          ", dtype=" + dataTypeName(dtype) + ", op=" + reduceOpName(op) + ")";
+}
+
+// "0-3,8" for {0,1,2,3,8}; "" when empty (the mask could not be read).
+std::string cpuList(const std::vector<int>& cpus) {
+  std::string out;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    if (!out.empty()) out += ',';
+    out += std::to_string(cpus[i]);
+    if (j > i) out += '-' + std::to_string(cpus[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+// Adds the CPUs of a cpuList() text to *cpus; false for an empty or
+// malformed one (a peer that could not read its mask).
+bool parseCpuList(const std::string& text, std::set<int>* cpus) {
+  if (text.empty()) return false;
+  size_t at = 0;
+  while (at < text.size()) {
+    char* end = nullptr;
+    const long lo = std::strtol(text.c_str() + at, &end, 10);
+    long hi = lo;
+    if (end == text.c_str() + at || lo < 0) return false;
+    at = static_cast<size_t>(end - text.c_str());
+    if (at < text.size() && text[at] == '-') {
+      hi = std::strtol(text.c_str() + at + 1, &end, 10);
+      if (end == text.c_str() + at + 1 || hi < lo || hi - lo > 1 << 20) return false;
+      at = static_cast<size_t>(end - text.c_str());
+    }
+    for (long c = lo; c <= hi; ++c) cpus->insert(static_cast<int>(c));
+    if (at < text.size()) {
+      if (text[at] != ',') return false;
+      ++at;
+    }
+  }
+  return true;
 }
 
 std::string seconds(std::chrono::milliseconds ms) {
@@ -567,21 +607,25 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
            (opts.chunkBytesWhenRanksFit > 0 ? "|" + std::to_string(opts.chunkBytesWhenRanksFit)
                                             : std::string()) +
            "/" + std::to_string(slot) + " " + std::to_string(opts.minBytes) + " " +
-           (opts.hostId.empty() ? hostIdentity() : opts.hostId) + "\t" +
-           std::to_string(usableCpuCount());
+           (opts.hostId.empty() ? hostIdentity() : opts.hostId) + "\t" + cpuList(allowedCpus());
   }
   auto hosts = exchange(*store, "host", rank, size, self, opts.startTimeout);
   if (!hosts.isOk()) return hosts.status();
   *whyNot = firstRefusal(hosts.value());
   if (!whyNot->empty()) return fallback;
-  // Split off each rank's CPU count; the rest must match.
-  int fewestCpus = INT_MAX;
+  // Split off each rank's CPUs; the rest must match. The ranks have a CPU
+  // each when their masks together hold as many CPUs as there are ranks
+  // (every mask the whole machine, or a launcher's core per rank); not when
+  // a launcher put them all on fewer.
+  std::set<int> cpusOfAll;
+  bool cpusKnown = true;
   for (std::string& v : hosts.value()) {
     const size_t tab = v.rfind('\t');
     if (tab == std::string::npos) continue;
-    fewestCpus = std::min(fewestCpus, std::atoi(v.c_str() + tab + 1));
+    if (!parseCpuList(v.substr(tab + 1), &cpusOfAll)) cpusKnown = false;
     v.resize(tab);
   }
+  const bool ranksFit = cpusKnown && static_cast<int>(cpusOfAll.size()) >= size;
   auto settings = [](const std::string& v) { return v.substr(0, v.find(' ', v.find(' ', 3) + 1)); };
   for (int r = 1; r < size; ++r) {
     if (settings(hosts.value()[r]) != settings(hosts.value()[0])) {
@@ -589,7 +633,9 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
                 std::to_string(r) + " (\"" + settings(hosts.value()[0]).substr(3) + "\" vs \"" +
                 settings(hosts.value()[r]).substr(3) +
                 "\" as chunk/slot min; the slot is 4 MiB where HORA_SHM_CHUNK_BYTES is unset, "
-                "the chunk where it is set); every rank must use the same values";
+                "the chunk where it is set; chunk|n: n is the chunk when every rank has a CPU of "
+                "its own, present where HORA_SHM_CHUNK_BYTES is unset); every rank must use the "
+                "same values";
       return fallback;
     }
     if (hosts.value()[r] != hosts.value()[0]) {
@@ -626,7 +672,7 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
   *whyNot = firstRefusal(all.value());
   if (!whyNot->empty()) return fallback;
   ShmBackendOptions picked = opts;
-  if (opts.chunkBytesWhenRanksFit > 0 && fewestCpus >= size)
+  if (opts.chunkBytesWhenRanksFit > 0 && ranksFit)
     picked.chunkBytes = std::min(opts.chunkBytesWhenRanksFit, slot);
   picked.chunkBytesWhenRanksFit = 0;
   return std::unique_ptr<Backend>(

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -110,7 +112,10 @@ int checkRank(int rank, int size, bool bound) {
   for (const auto& m : masks) {
     if (want >= 0 && m == std::vector<int>{want}) ++onWant;
     if (m == processMask) ++unbound;
+    // For the parent, which checks that the ranks' CPUs differ.
+    if (m.size() == 1 && m != processMask) std::printf("EXECUTOR_CPU=%d\n", m[0]);
   }
+  std::fflush(stdout);
   if (want >= 0) {
     CHILD_CHECK(onWant == 1 && unbound == 1,
                 "local rank %d: want one executor on CPU %d and one on the process's %zu CPUs; "
@@ -131,13 +136,26 @@ void expectAllPass(const std::vector<htest::ProcessResult>& results) {
 }
 
 TEST(Placement, GlobalExecutorsOnDistinctCpusByLocalRankProcesses) {
+  const size_t cpus = hora::allowedCpus().size();
   for (int size : {2, 3}) {
     SCOPED_TRACE("size " + std::to_string(size));
     // With one allowed CPU there is nothing to pick: the check then expects
     // every executor unbound.
-    const bool canBind = hora::allowedCpus().size() >= 2;
-    expectAllPass(htest::runProcesses(
-        size, [&](int rank) { return checkRank(rank, size, canBind); }, 60));
+    const bool canBind = cpus >= 2;
+    auto results = htest::runProcesses(
+        size, [&](int rank) { return checkRank(rank, size, canBind); }, 60);
+    expectAllPass(results);
+    if (!canBind) continue;
+    // Each rank's own check uses the library's pick; here the picks must
+    // differ between ranks while they fit the CPUs (a wrong local rank would
+    // put every executor on one CPU and still pass each rank's check).
+    std::set<int> seen;
+    for (const auto& r : results) {
+      const size_t at = r.output.find("EXECUTOR_CPU=");
+      ASSERT_NE(at, std::string::npos) << r.output;
+      seen.insert(std::stoi(r.output.substr(at + 13)));
+    }
+    EXPECT_EQ(seen.size(), std::min<size_t>(static_cast<size_t>(size), cpus));
   }
 }
 

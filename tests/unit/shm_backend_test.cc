@@ -445,22 +445,40 @@ TEST(ShmBackendTest, SmallerChunkOnlyWhenEveryRankHasACpuOfItsOwn) {
   }
 }
 
-TEST(ShmBackendTest, OneRankWithOneCpuGivesEveryRankTheLargerChunk) {
-  // Rank 1's thread is bound to one CPU (as a launcher binding its process
-  // would): it has no CPU for each of 2 ranks, and the choice is the same on
-  // every rank, or the chunks would not line up.
-  ShmWorld w = makeShmWorld(2, [](int r) {
-    if (r == 1) EXPECT_TRUE(bindThisThread(allowedCpus().front()).isOk());
+// Two ranks whose threads a launcher bound: `cpuOf(r)` is rank r's one CPU.
+ShmWorld boundPair(const std::function<int(int)>& cpuOf) {
+  return makeShmWorld(2, [&](int r) {
+    EXPECT_TRUE(bindThisThread(cpuOf(r)).isOk());
     ShmBackendOptions so;
     so.chunkBytes = 4096;
     so.chunkBytesWhenRanksFit = 1024;
     so.slotBytes = 64 << 10;
     return so;
   });
+}
+
+TEST(ShmBackendTest, RanksBoundToOneCpuTogetherGetTheLargerChunk) {
+  // Both ranks on one CPU (as a launcher binding both processes there
+  // would): they outnumber their CPUs, and every rank must pick alike.
+  const int cpu = allowedCpus().front();
+  ShmWorld w = boundPair([cpu](int) { return cpu; });
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(w.world[r]);
     EXPECT_EQ(w.world[r]->name(), "shm+gloo") << w.whyNot[r];
     EXPECT_EQ(initialChunk(w.world[r]), 4096u) << "rank " << r;
+  }
+  checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 10007);
+}
+
+TEST(ShmBackendTest, RanksBoundToACoreEachGetTheSmallerChunk) {
+  // mpirun --bind-to core: each mask holds one CPU, a different one per rank.
+  const std::vector<int> cpus = allowedCpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "one CPU";
+  ShmWorld w = boundPair([&cpus](int r) { return cpus[static_cast<size_t>(r)]; });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(w.world[r]);
+    EXPECT_EQ(w.world[r]->name(), "shm+gloo") << w.whyNot[r];
+    EXPECT_EQ(initialChunk(w.world[r]), 1024u) << "rank " << r;
   }
   checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 10007);
 }

@@ -592,10 +592,10 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
         std::to_string(spinUs) + ")");
   so.p2pSpinUs = static_cast<int>(spinUs);
   so.spinUs = p.getInt("HORA_SPIN_US");
-  const bool bindExecutor = p.getBool("HORA_BIND_EXECUTOR");
   if (so.spinUs < 0 || so.spinUs > 1000000)
     return invalidArgument("HORA_SPIN_US must be 0..1000000 (got " + std::to_string(so.spinUs) +
                            ")");
+  const bool bindExecutor = p.getBool("HORA_BIND_EXECUTOR");
   so.shmNegotiation = p.getBool("HORA_SHM_NEGOTIATION");
   so.p2pTransport = p.getString("HORA_P2P_TRANSPORT");  // the registry checked the choice
   so.gpu.plugin = std::make_shared<GpuPlugin>(p.getString("HORA_GPU_PLUGIN"));
@@ -684,7 +684,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   // Only the global set's executor is bound: sub-sets (tensor and data
   // parallel groups of a grid) run concurrently and would share its CPU.
   SetOptions globalOpts = so;
-  if (bindExecutor && id.size > 1) {
+  if (bindExecutor && rt->id_.localSize > 1) {
     globalOpts.executorCpu = executorCpuFor(rt->id_.localRank, allowedCpus());
     if (globalOpts.executorCpu >= 0)
       HORA_LOG(rt->logger_, kInfo)
