@@ -2,8 +2,8 @@
 // start, and how fast (issue 20)? Measured in one run, in the same
 // processes, each variant in a fresh runtime:
 //   grid      HORA_AUTOTUNE=0, a hand grid of fusion threshold (64 KiB-128 MiB)
-//             x cycle time (0-5 ms) x shm chunk (256 KiB-4 MiB), --grid-steps steps each: the best median is
-//             "hand-best" (found once, before the rounds)
+//             x cycle time (0-5 ms) x shm chunk (256 KiB-4 MiB), --grid-steps steps each: the best
+//             median is "hand-best" (found once, before the rounds)
 //   tuned     HORA_AUTOTUNE=1 from a deliberately bad setting (--bad-fusion
 //             bytes, --bad-cycle-ms), --steps steps, every step timed
 //   hand-best HORA_AUTOTUNE=0 at the grid's best, --ref-steps steps

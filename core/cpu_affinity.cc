@@ -3,6 +3,8 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 namespace hora {
@@ -20,6 +22,45 @@ std::vector<int> allowedCpus() {
 int executorCpuFor(int localRank, const std::vector<int>& allowed) {
   if (localRank < 0 || allowed.size() < 2) return -1;
   return allowed[static_cast<size_t>(localRank) % allowed.size()];
+}
+
+std::string formatCpuList(const std::vector<int>& cpus) {
+  std::string out;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    if (!out.empty()) out += ',';
+    out += std::to_string(cpus[i]);
+    if (j > i) out += '-' + std::to_string(cpus[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+bool parseCpuList(const std::string& text, std::vector<int>* cpus) {
+  cpus->clear();
+  if (text.empty()) return false;
+  const char* p = text.c_str();
+  const char* const end = p + text.size();
+  while (p < end) {
+    char* after = nullptr;
+    const long lo = std::strtol(p, &after, 10);
+    if (after == p || lo < 0) return false;
+    long hi = lo;
+    p = after;
+    if (p < end && *p == '-') {
+      hi = std::strtol(p + 1, &after, 10);
+      if (after == p + 1 || hi < lo || hi >= CPU_SETSIZE) return false;
+      p = after;
+    }
+    if (lo >= CPU_SETSIZE) return false;
+    for (long c = lo; c <= hi; ++c) cpus->push_back(static_cast<int>(c));
+    if (p == end) break;
+    if (*p++ != ',' || p == end) return false;  // "1,": a list does not end in a comma
+  }
+  std::sort(cpus->begin(), cpus->end());
+  cpus->erase(std::unique(cpus->begin(), cpus->end()), cpus->end());
+  return true;
 }
 
 Status bindThisThread(int cpu) {

@@ -12,7 +12,10 @@
 // that mode; Open MPI binds its ranks to cores for the same reason.
 //
 // Who calls it: the runtime's assembly (bindings/c, framework thread, at
-// init) picks the CPU; the executor binds itself on its own thread. No state.
+// init) picks the CPU; the executor binds itself on its own thread, and the
+// GPU path widens it again around calls that start driver threads; the shm
+// set-up exchanges the ranks' masks as CPU lists; spin policies count CPUs.
+// Any thread; no state.
 #pragma once
 
 #include <string>
@@ -33,11 +36,19 @@ std::vector<int> allowedCpus();
 // launcher already bound the process: its choice stands).
 int executorCpuFor(int localRank, const std::vector<int>& allowed);
 
+// "0-3,8" for {0, 1, 2, 3, 8} (ascending input), the format of
+// /proc/<pid>/status's Cpus_allowed_list; "" for none.
+std::string formatCpuList(const std::vector<int>& cpus);
+
+// The CPUs of such a text, ascending and without repeats; false (leaving
+// *cpus unspecified) for an empty or malformed one.
+bool parseCpuList(const std::string& text, std::vector<int>* cpus);
+
 // Restricts the calling thread to `cpu`. The error names the CPU and errno.
 Status bindThisThread(int cpu);
 
-// Runs the calling thread on `cpus` for its lifetime, then restores the mask
-// it had. Empty `cpus`: does nothing. For calls that create threads which
+// Runs the calling thread on `cpus` for the guard's lifetime, then restores
+// the mask it had. Empty `cpus`: does nothing. For calls that create threads which
 // must not inherit a bound thread's single CPU (NCCL's proxy threads when the
 // executor creates a communicator). Same thread for both ends; best effort.
 class ScopedThreadCpus {

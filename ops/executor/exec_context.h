@@ -30,8 +30,10 @@ struct ExecContext {
   // The CPU the executor thread binds itself to (core/cpu_affinity.h); -1:
   // it stays where the scheduler puts it.
   int cpu = -1;
-  // With cpu >= 0: the process's CPUs, which the executor takes back while it
-  // creates a GPU communicator (threads NCCL starts then inherit its mask).
+  // With cpu >= 0 the process's CPUs (else empty), which the GPU path takes
+  // back around the calls that start driver or NCCL threads (plugin load,
+  // context and stream creation, comm_init), so they do not inherit the one
+  // CPU.
   std::vector<int> processCpus;
 
   int size() const { return static_cast<int>(globalRanks.size()); }

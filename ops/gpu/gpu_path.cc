@@ -46,8 +46,7 @@ Status GpuPath::prepare(const Device& dev, const std::string& what) {
   // The first calls load the plugin and create the device's context and
   // stream, where the driver may start threads of its own: like comm_init's,
   // they must not inherit the executor's one CPU.
-  ScopedThreadCpus unbound(ctx_.cpu >= 0 && (!api_ || !stream_) ? ctx_.processCpus
-                                                                : std::vector<int>());
+  ScopedThreadCpus unbound(!api_ || !stream_ ? ctx_.processCpus : std::vector<int>());
   if (!api_) {
     if (!plugin()) return Status(Code::kNotSupported, what + ": no GPU plugin configured");
     auto api = plugin()->get();
@@ -185,7 +184,7 @@ Status GpuPath::createComm(const std::string& what) {
   hora_gpu_comm_t comm = nullptr;
   // NCCL starts its proxy threads here; bound to the executor's one CPU they
   // would compete with it for that CPU.
-  ScopedThreadCpus unbound(ctx_.cpu >= 0 ? ctx_.processCpus : std::vector<int>());
+  ScopedThreadCpus unbound(ctx_.processCpus);
   HORA_RETURN_IF_ERROR(plugin()->check(
       api_->comm_init(device_, ctx_.size(), ctx_.rank, &id[1], ctx_.peerTimeout.count(), &comm),
       "comm_init",

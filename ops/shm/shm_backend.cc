@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <set>
@@ -38,45 +37,6 @@ constexpr size_t kPartAlignBytes = 64;
 std::string describe(size_t count, DataType dtype, ReduceOp op) {
   return std::string("shm allreduce(count=") + std::to_string(count) +
          ", dtype=" + dataTypeName(dtype) + ", op=" + reduceOpName(op) + ")";
-}
-
-// "0-3,8" for {0,1,2,3,8}; "" when empty (the mask could not be read).
-std::string cpuList(const std::vector<int>& cpus) {
-  std::string out;
-  for (size_t i = 0; i < cpus.size();) {
-    size_t j = i;
-    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
-    if (!out.empty()) out += ',';
-    out += std::to_string(cpus[i]);
-    if (j > i) out += '-' + std::to_string(cpus[j]);
-    i = j + 1;
-  }
-  return out;
-}
-
-// Adds the CPUs of a cpuList() text to *cpus; false for an empty or
-// malformed one (a peer that could not read its mask).
-bool parseCpuList(const std::string& text, std::set<int>* cpus) {
-  if (text.empty()) return false;
-  size_t at = 0;
-  while (at < text.size()) {
-    char* end = nullptr;
-    const long lo = std::strtol(text.c_str() + at, &end, 10);
-    long hi = lo;
-    if (end == text.c_str() + at || lo < 0) return false;
-    at = static_cast<size_t>(end - text.c_str());
-    if (at < text.size() && text[at] == '-') {
-      hi = std::strtol(text.c_str() + at + 1, &end, 10);
-      if (end == text.c_str() + at + 1 || hi < lo || hi - lo > 1 << 20) return false;
-      at = static_cast<size_t>(end - text.c_str());
-    }
-    for (long c = lo; c <= hi; ++c) cpus->insert(static_cast<int>(c));
-    if (at < text.size()) {
-      if (text[at] != ',') return false;
-      ++at;
-    }
-  }
-  return true;
 }
 
 std::string seconds(std::chrono::milliseconds ms) {
@@ -602,12 +562,13 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
   } else {
     // chunk/slot in one field: the settings every rank must share (with
     // the chunk for ranks that fit the CPUs, when there is one). After a tab,
-    // this rank's usable CPU count, which may differ between ranks.
+    // this rank's CPU mask as a list, which may differ between ranks.
     self = "ok " + std::to_string(opts.chunkBytes) +
            (opts.chunkBytesWhenRanksFit > 0 ? "|" + std::to_string(opts.chunkBytesWhenRanksFit)
                                             : std::string()) +
            "/" + std::to_string(slot) + " " + std::to_string(opts.minBytes) + " " +
-           (opts.hostId.empty() ? hostIdentity() : opts.hostId) + "\t" + cpuList(allowedCpus());
+           (opts.hostId.empty() ? hostIdentity() : opts.hostId) + "\t" +
+           formatCpuList(allowedCpus());
   }
   auto hosts = exchange(*store, "host", rank, size, self, opts.startTimeout);
   if (!hosts.isOk()) return hosts.status();
@@ -622,7 +583,12 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
   for (std::string& v : hosts.value()) {
     const size_t tab = v.rfind('\t');
     if (tab == std::string::npos) continue;
-    if (!parseCpuList(v.substr(tab + 1), &cpusOfAll)) cpusKnown = false;
+    std::vector<int> cpus;
+    if (parseCpuList(v.substr(tab + 1), &cpus)) {
+      cpusOfAll.insert(cpus.begin(), cpus.end());
+    } else {
+      cpusKnown = false;  // a rank that could not read its mask
+    }
     v.resize(tab);
   }
   const bool ranksFit = cpusKnown && static_cast<int>(cpusOfAll.size()) >= size;

@@ -68,8 +68,7 @@ struct ShmBackendOptions {
   // Non-zero: the chunk instead of chunkBytes when every rank of the set has
   // a CPU of its own (the ranks' affinity masks together hold at least
   // `size` CPUs; decided at set-up from every rank's mask, so all ranks pick
-  // alike).
-  // With a core per rank, smaller chunks keep a chunk's copies in that
+  // alike). With a core per rank, smaller chunks keep a chunk's copies in that
   // core's cache; with more ranks than cores every chunk is a round of
   // sleeps and wake-ups, and fewer rounds win
   // (bench/results/2026-11-27-chunk-by-cores.md).

@@ -22,20 +22,6 @@ namespace {
 
 using htest::makeTensor;
 
-// "0-2,5" -> {0, 1, 2, 5}.
-std::vector<int> parseCpuList(const std::string& text) {
-  std::vector<int> cpus;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    const size_t dash = item.find('-');
-    const int lo = std::stoi(item.substr(0, dash));
-    const int hi = dash == std::string::npos ? lo : std::stoi(item.substr(dash + 1));
-    for (int c = lo; c <= hi; ++c) cpus.push_back(c);
-  }
-  return cpus;
-}
-
 // The CPU lists of this process's threads named `name`.
 std::vector<std::vector<int>> threadMasks(const std::string& name) {
   std::vector<std::vector<int>> out;
@@ -50,7 +36,9 @@ std::vector<std::vector<int>> threadMasks(const std::string& name) {
     std::ifstream status(dir + "/status");
     for (std::string line; std::getline(status, line);) {
       if (line.rfind("Cpus_allowed_list:", 0) == 0) {
-        out.push_back(parseCpuList(line.substr(line.find_first_not_of(" \t", 18))));
+        std::vector<int> cpus;
+        if (hora::parseCpuList(line.substr(line.find_first_not_of(" \t", 18)), &cpus))
+          out.push_back(cpus);
         break;
       }
     }

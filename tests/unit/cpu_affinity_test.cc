@@ -26,6 +26,26 @@ TEST(ExecutorCpuFor, LeavesALauncherBindingAndUnknownRanksAlone) {
   EXPECT_EQ(executorCpuFor(-1, {0, 1}), -1);
 }
 
+TEST(CpuList, FormatsRangesAndParsesThemBack) {
+  EXPECT_EQ(formatCpuList({}), "");
+  EXPECT_EQ(formatCpuList({3}), "3");
+  EXPECT_EQ(formatCpuList({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
+  std::vector<int> cpus;
+  ASSERT_TRUE(parseCpuList("0-3,8,10-11", &cpus));
+  EXPECT_EQ(cpus, (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
+  ASSERT_TRUE(parseCpuList("5,1-2,2", &cpus));  // any order, repeats once
+  EXPECT_EQ(cpus, (std::vector<int>{1, 2, 5}));
+  const std::vector<int> mine = allowedCpus();
+  ASSERT_TRUE(parseCpuList(formatCpuList(mine), &cpus) || mine.empty());
+  if (!mine.empty()) EXPECT_EQ(cpus, mine);
+}
+
+TEST(CpuList, RefusesWhatIsNotOne) {
+  std::vector<int> cpus;
+  for (const char* bad : {"", ",", "1,", "a", "-1", "3-1", "1-", "1--2", "0-99999", "2 3"})
+    EXPECT_FALSE(parseCpuList(bad, &cpus)) << "'" << bad << "'";
+}
+
 TEST(AllowedCpus, MatchesTheMaskAscending) {
   const std::vector<int> cpus = allowedCpus();
   cpu_set_t set;

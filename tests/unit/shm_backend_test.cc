@@ -423,25 +423,35 @@ size_t initialChunk(const std::unique_ptr<Backend>& b) {
   return shm ? shm->initialChunkBytes() : 0;
 }
 
+// The chunk choice's options: 4096-byte chunks, 1024 when the ranks fit the
+// CPUs (0: no choice, as with HORA_SHM_CHUNK_BYTES set).
+ShmBackendOptions chunkChoice(size_t whenRanksFit = 1024) {
+  ShmBackendOptions so;
+  so.chunkBytes = 4096;
+  so.chunkBytesWhenRanksFit = whenRanksFit;
+  so.slotBytes = 64 << 10;
+  return so;
+}
+
+// Every rank is on shared memory with `want` as its chunk, and allreduces
+// come out right.
+void expectChunkEverywhere(ShmWorld w, size_t want, const std::string& context) {
+  for (size_t r = 0; r < w.world.size(); ++r) {
+    ASSERT_TRUE(w.world[r]);
+    EXPECT_EQ(w.world[r]->name(), "shm+gloo") << w.whyNot[r];
+    EXPECT_EQ(initialChunk(w.world[r]), want) << context << ", rank " << r;
+  }
+  checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 10007);
+  checkAllreduceGather(w.world, DataType::kFloat64, ReduceOp::kMax, 3001);
+}
+
 TEST(ShmBackendTest, SmallerChunkOnlyWhenEveryRankHasACpuOfItsOwn) {
   // Sizes 2-4 on this machine's CPUs: each rank's mask holds all of them.
   const int cpus = usableCpuCount();
   for (int size : {2, 3, 4}) {
-    ShmWorld w = makeShmWorld(size, [](int) {
-      ShmBackendOptions so;
-      so.chunkBytes = 4096;
-      so.chunkBytesWhenRanksFit = 1024;
-      so.slotBytes = 64 << 10;
-      return so;
-    });
-    const size_t want = cpus >= size ? 1024 : 4096;
-    for (int r = 0; r < size; ++r) {
-      ASSERT_TRUE(w.world[r]);
-      EXPECT_EQ(w.world[r]->name(), "shm+gloo") << w.whyNot[r];
-      EXPECT_EQ(initialChunk(w.world[r]), want) << "size " << size << ", " << cpus << " CPUs";
-    }
-    checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 10007);
-    checkAllreduceGather(w.world, DataType::kFloat64, ReduceOp::kMax, 3001);
+    ShmWorld w = makeShmWorld(size, [](int) { return chunkChoice(); });
+    expectChunkEverywhere(std::move(w), cpus >= size ? 1024 : 4096,
+                          "size " + std::to_string(size) + ", " + std::to_string(cpus) + " CPUs");
   }
 }
 
@@ -449,11 +459,7 @@ TEST(ShmBackendTest, SmallerChunkOnlyWhenEveryRankHasACpuOfItsOwn) {
 ShmWorld boundPair(const std::function<int(int)>& cpuOf) {
   return makeShmWorld(2, [&](int r) {
     EXPECT_TRUE(bindThisThread(cpuOf(r)).isOk());
-    ShmBackendOptions so;
-    so.chunkBytes = 4096;
-    so.chunkBytesWhenRanksFit = 1024;
-    so.slotBytes = 64 << 10;
-    return so;
+    return chunkChoice();
   });
 }
 
@@ -461,37 +467,20 @@ TEST(ShmBackendTest, RanksBoundToOneCpuTogetherGetTheLargerChunk) {
   // Both ranks on one CPU (as a launcher binding both processes there
   // would): they outnumber their CPUs, and every rank must pick alike.
   const int cpu = allowedCpus().front();
-  ShmWorld w = boundPair([cpu](int) { return cpu; });
-  for (int r = 0; r < 2; ++r) {
-    ASSERT_TRUE(w.world[r]);
-    EXPECT_EQ(w.world[r]->name(), "shm+gloo") << w.whyNot[r];
-    EXPECT_EQ(initialChunk(w.world[r]), 4096u) << "rank " << r;
-  }
-  checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 10007);
+  expectChunkEverywhere(boundPair([cpu](int) { return cpu; }), 4096, "both on one CPU");
 }
 
 TEST(ShmBackendTest, RanksBoundToACoreEachGetTheSmallerChunk) {
   // mpirun --bind-to core: each mask holds one CPU, a different one per rank.
   const std::vector<int> cpus = allowedCpus();
   if (cpus.size() < 2) GTEST_SKIP() << "one CPU";
-  ShmWorld w = boundPair([&cpus](int r) { return cpus[static_cast<size_t>(r)]; });
-  for (int r = 0; r < 2; ++r) {
-    ASSERT_TRUE(w.world[r]);
-    EXPECT_EQ(w.world[r]->name(), "shm+gloo") << w.whyNot[r];
-    EXPECT_EQ(initialChunk(w.world[r]), 1024u) << "rank " << r;
-  }
-  checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 10007);
+  expectChunkEverywhere(boundPair([&cpus](int r) { return cpus[static_cast<size_t>(r)]; }), 1024,
+                        "a CPU each");
 }
 
 TEST(ShmBackendTest, UnequalChunkChoiceKeepsEveryRankOnGloo) {
   // One rank with HORA_SHM_CHUNK_BYTES set (no choice by CPUs), one without.
-  ShmWorld w = makeShmWorld(2, [](int r) {
-    ShmBackendOptions so;
-    so.chunkBytes = 4096;
-    so.chunkBytesWhenRanksFit = r == 0 ? 1024 : 0;
-    so.slotBytes = 64 << 10;
-    return so;
-  });
+  ShmWorld w = makeShmWorld(2, [](int r) { return chunkChoice(r == 0 ? 1024 : 0); });
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(w.world[r]);
     EXPECT_EQ(w.world[r]->name(), "gloo");
