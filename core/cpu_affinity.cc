@@ -1,11 +1,16 @@
 #include "core/cpu_affinity.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 namespace hora {
 
@@ -22,6 +27,70 @@ std::vector<int> allowedCpus() {
 int executorCpuFor(int localRank, const std::vector<int>& allowed) {
   if (localRank < 0 || allowed.size() < 2) return -1;
   return allowed[static_cast<size_t>(localRank) % allowed.size()];
+}
+
+CpuClaim::~CpuClaim() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor drops the lock
+}
+
+CpuClaim::CpuClaim(CpuClaim&& other) noexcept
+    : cpu_(other.cpu_), fd_(std::exchange(other.fd_, -1)), note_(std::move(other.note_)) {
+  other.cpu_ = -1;
+}
+
+CpuClaim& CpuClaim::operator=(CpuClaim&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    cpu_ = std::exchange(other.cpu_, -1);
+    fd_ = std::exchange(other.fd_, -1);
+    note_ = std::move(other.note_);
+  }
+  return *this;
+}
+
+CpuClaim CpuClaim::pick(int localRank, int localSize, const std::vector<int>& allowed,
+                        const std::string& dir) {
+  CpuClaim c;
+  if (localRank < 0 || allowed.size() < 2) {
+    c.note_ = "one CPU allowed (a launcher's binding stands)";
+    return c;
+  }
+  const size_t n = allowed.size();
+  if (dir.empty() || static_cast<size_t>(localSize) > n) {
+    c.cpu_ = executorCpuFor(localRank, allowed);
+    c.note_ = dir.empty() ? "by local rank, unclaimed (HORA_CPU_CLAIM_DIR is empty)"
+                          : "by local rank, unclaimed (" + std::to_string(localSize) +
+                                " local ranks share " + std::to_string(n) + " CPUs)";
+    return c;
+  }
+  for (size_t k = 0; k < n; ++k) {
+    const int cpu = allowed[(static_cast<size_t>(localRank) + k) % n];
+    const std::string path = dir + "/hora-cpu-" + std::to_string(cpu) + ".lock";
+    // Read-only is enough for flock, and lets users share files another
+    // user's umask made read-only to them.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+      c.cpu_ = executorCpuFor(localRank, allowed);
+      c.note_ = "by local rank, unclaimed (cannot open " + path + ": " + std::strerror(errno) +
+                "; set HORA_CPU_CLAIM_DIR to a writable directory shared by the host's jobs)";
+      return c;
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      c.cpu_ = cpu;
+      c.fd_ = fd;
+      c.note_ = k == 0 ? "claimed in " + dir
+                       : "claimed in " + dir + "; CPU " +
+                             std::to_string(allowed[static_cast<size_t>(localRank) % n]) +
+                             " was held by another hora runtime on this host";
+      return c;
+    }
+    ::close(fd);
+  }
+  c.note_ = "every allowed CPU (" + formatCpuList(allowed) +
+            ") is held by another hora runtime on this host (" + dir +
+            "/hora-cpu-*.lock); the executor runs unbound. Give each job its own CPUs "
+            "(taskset, a launcher's binding)";
+  return c;
 }
 
 std::string formatCpuList(const std::vector<int>& cpus) {

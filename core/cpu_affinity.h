@@ -11,9 +11,15 @@
 // Binding each rank's executor to its own CPU, picked by local rank, removes
 // that mode; Open MPI binds its ranks to cores for the same reason.
 //
+// Several hora jobs on one host (a sweep of small jobs on a many-core box)
+// would each put local rank 0's executor on the same first CPU and leave the
+// rest idle; so a rank claims its CPU against every other runtime on the host
+// (CpuClaim: a lock file per CPU, released when the runtime shuts down or its
+// process dies) and takes the next free one when its pick is taken.
+//
 // Who calls it: the runtime's assembly (bindings/c, framework thread, at
-// init) picks the CPU; the executor binds itself on its own thread, and the
-// GPU path widens it again around calls that start driver threads; the shm
+// init) picks and claims the CPU and holds the claim for its lifetime; the executor binds itself on
+// its own thread, and the GPU path widens it again around calls that start driver threads; the shm
 // set-up exchanges the ranks' masks as CPU lists; spin policies count CPUs.
 // Any thread; no state.
 #pragma once
@@ -35,6 +41,52 @@ std::vector<int> allowedCpus();
 // (do not bind) when localRank < 0 or fewer than two CPUs are allowed (a
 // launcher already bound the process: its choice stands).
 int executorCpuFor(int localRank, const std::vector<int>& allowed);
+
+// A CPU claimed for one runtime's executor against the other runtimes on
+// this host, or none. Owned by the runtime (its framework thread creates and
+// destroys it); move-only; the claim ends when it is destroyed or the
+// process exits.
+//
+// How: an exclusive flock(2) on `dir`/hora-cpu-<cpu>.lock, taken without
+// waiting. The files stay (empty, one per CPU ever claimed) because removing
+// a lock file races with a runtime about to lock it. flock belongs to the
+// open file, so two runtimes in one process exclude each other as two
+// processes do; a child forked without exec shares its parent's claim until
+// it exits.
+class CpuClaim {
+ public:
+  CpuClaim() = default;
+  ~CpuClaim();
+  CpuClaim(CpuClaim&& other) noexcept;
+  CpuClaim& operator=(CpuClaim&& other) noexcept;
+  CpuClaim(const CpuClaim&) = delete;
+  CpuClaim& operator=(const CpuClaim&) = delete;
+
+  // The CPU for the executor of local rank `localRank` of `localSize` ranks
+  // on this host, from `allowed` (the process's mask):
+  //  - fewer than two CPUs allowed, or localRank < 0: none (a launcher bound
+  //    the process; its choice stands);
+  //  - more local ranks than CPUs, or `dir` empty: executorCpuFor, unclaimed
+  //    (the job shares CPUs by design; claims would let whichever ranks start
+  //    first take them all and pile the rest on one);
+  //  - else the first of allowed[localRank], allowed[localRank + 1], ...
+  //    (cyclically) that no other runtime holds, claimed; none when every one
+  //    is held (the executor then runs unbound rather than on another job's
+  //    CPU). A lock file that cannot be opened (a read-only or missing
+  //    `dir`) stops claiming: executorCpuFor, unclaimed.
+  // note() says which case applied, for the init log.
+  static CpuClaim pick(int localRank, int localSize, const std::vector<int>& allowed,
+                       const std::string& dir);
+
+  int cpu() const { return cpu_; }
+  bool claimed() const { return fd_ >= 0; }
+  const std::string& note() const { return note_; }
+
+ private:
+  int cpu_ = -1;
+  int fd_ = -1;  // the locked file; -1: nothing claimed
+  std::string note_;
+};
 
 // "0-3,8" for {0, 1, 2, 3, 8} (ascending input), the format of
 // /proc/<pid>/status's Cpus_allowed_list; "" for none.

@@ -136,9 +136,16 @@ const std::vector<ParamSpec>& paramRegistry() {
       {"HORA_BIND_EXECUTOR", ParamType::kBool, "1",
        "Bind the executor thread of the global process set (where its collectives copy and "
        "reduce) to one CPU of the process's affinity mask, picked by local rank: mask[local_rank "
-       "mod its size]. Skipped when the mask holds one CPU (a launcher bound the process). 0: "
-       "the thread runs wherever the scheduler puts it. Two jobs on one host bind to the same "
-       "CPUs; give each its own CPUs (taskset, a launcher's binding) or set 0."},
+       "mod its size], or the next one that no other hora runtime on the host holds "
+       "(HORA_CPU_CLAIM_DIR); unbound when every one is held. Skipped when the mask holds one "
+       "CPU (a launcher bound the process) or the host runs one rank. 0: the thread runs "
+       "wherever the scheduler puts it."},
+      {"HORA_CPU_CLAIM_DIR", ParamType::kString, "/dev/shm",
+       "Directory where the runtimes on a host claim their executors' CPUs "
+       "(HORA_BIND_EXECUTOR), through a lock file per CPU (hora-cpu-<cpu>.lock, left in place), "
+       "so that two jobs on one host do not bind to the same CPUs. Jobs in separate containers "
+       "see each other only through a directory they share. Empty: no claims, CPUs by local "
+       "rank alone."},
       {"HORA_HIER_ALLREDUCE", ParamType::kString, "auto",
        "Allreduce of a process set that spans several hosts with several ranks on each: auto and "
        "hier reduce inside each host through shared memory, allreduce across hosts over Gloo "

@@ -1,11 +1,15 @@
 // Where the runtime's threads run (core/cpu_affinity.h, HORA_BIND_EXECUTOR):
 // each rank's global-set executor is bound to its own CPU by local rank,
-// sub-sets' executors stay unbound, a launcher's binding is left alone, and
-// the parameter turns it off. Ranks as processes (affinity is per thread,
-// read back from /proc), each with a deadline.
+// away from CPUs another job on the host claimed, sub-sets' executors stay
+// unbound, a launcher's binding is left alone, and the parameter turns it
+// off. Every test claims in a directory of its own (HORA_CPU_CLAIM_DIR), so
+// runtimes of tests running alongside do not change the picks. Ranks as processes (affinity is per
+// thread, read back from /proc), each with a deadline.
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -21,6 +25,29 @@
 namespace {
 
 using htest::makeTensor;
+
+// A fresh claim directory, removed with what was claimed in it.
+class ClaimDir {
+ public:
+  ClaimDir() {
+    char tmpl[] = "/tmp/hora-placement-XXXXXX";
+    if (::mkdtemp(tmpl) != nullptr) path_ = tmpl;
+  }
+  ~ClaimDir() {
+    for (int cpu : hora::allowedCpus())
+      ::unlink((path_ + "/hora-cpu-" + std::to_string(cpu) + ".lock").c_str());
+    ::rmdir(path_.c_str());
+  }
+  const std::string& path() const { return path_; }
+  std::vector<std::pair<std::string, std::string>> env(
+      std::vector<std::pair<std::string, std::string>> more = {}) const {
+    more.emplace_back("HORA_CPU_CLAIM_DIR", path_);
+    return more;
+  }
+
+ private:
+  std::string path_;
+};
 
 // The CPU lists of this process's threads named `name`.
 std::vector<std::vector<int>> threadMasks(const std::string& name) {
@@ -77,7 +104,9 @@ bool allreduceOnce(hora_runtime_t rt, hora_process_set_t set, int size, std::str
 // every rank (so both executors have run), then the masks of the executor
 // threads. bound: whether the global set's executor must be on the CPU
 // picked for its local rank (else every executor keeps the process's mask).
-int checkRank(int rank, int size, bool bound) {
+// avoidCpu >= 0 (another job holds it): the global set's executor must be on
+// some other single CPU or unbound, wherever its local rank would put it.
+int checkRank(int rank, int size, bool bound, int avoidCpu = -1) {
   const std::vector<int> processMask = hora::allowedCpus();
   hora_runtime_t rt = nullptr;
   CHILD_CHECK(hora_init(nullptr, &rt) == HORA_SUCCESS, "init: %s", hora_last_error_message());
@@ -95,16 +124,26 @@ int checkRank(int rank, int size, bool bound) {
   const auto masks = threadMasks("hora-exec");
   CHILD_CHECK(masks.size() == 2, "%zu threads named hora-exec, want 2 (global set, sub-set)",
               masks.size());
-  const int want = bound ? hora::executorCpuFor(localRank, processMask) : -1;
+  const int want = bound && avoidCpu < 0 ? hora::executorCpuFor(localRank, processMask) : -1;
   int onWant = 0, unbound = 0;
   for (const auto& m : masks) {
+    CHILD_CHECK(avoidCpu < 0 || m != std::vector<int>{avoidCpu},
+                "local rank %d: an executor is on CPU %d, which another job holds", localRank,
+                avoidCpu);
     if (want >= 0 && m == std::vector<int>{want}) ++onWant;
     if (m == processMask) ++unbound;
     // For the parent, which checks that the ranks' CPUs differ.
     if (m.size() == 1 && m != processMask) std::printf("EXECUTOR_CPU=%d\n", m[0]);
   }
   std::fflush(stdout);
-  if (want >= 0) {
+  if (avoidCpu >= 0) {
+    int single = 0;
+    for (const auto& m : masks) single += m.size() == 1 && m != processMask;
+    CHILD_CHECK(unbound >= 1 && unbound + single == 2,
+                "local rank %d: want the sub-set's executor unbound and the global one on one "
+                "CPU or unbound; got %d unbound, %d on one CPU",
+                localRank, unbound, single);
+  } else if (want >= 0) {
     CHILD_CHECK(onWant == 1 && unbound == 1,
                 "local rank %d: want one executor on CPU %d and one on the process's %zu CPUs; "
                 "got %d and %d",
@@ -130,8 +169,9 @@ TEST(Placement, GlobalExecutorsOnDistinctCpusByLocalRankProcesses) {
     // With one allowed CPU there is nothing to pick: the check then expects
     // every executor unbound.
     const bool canBind = cpus >= 2;
+    ClaimDir claims;
     auto results = htest::runProcesses(
-        size, [&](int rank) { return checkRank(rank, size, canBind); }, 60);
+        size, [&](int rank) { return checkRank(rank, size, canBind); }, 60, nullptr, claims.env());
     expectAllPass(results);
     if (!canBind) continue;
     // Each rank's own check uses the library's pick; here the picks must
@@ -147,9 +187,27 @@ TEST(Placement, GlobalExecutorsOnDistinctCpusByLocalRankProcesses) {
   }
 }
 
+TEST(Placement, ARuntimeInitializedAgainGetsItsCpuBackProcesses) {
+  // hora_shutdown then hora_init in the same processes (as an elastic
+  // restart does): the first runtime's claim must be gone, or each rank's
+  // second executor would find its CPU held and move or run unbound.
+  if (hora::allowedCpus().size() < 2) GTEST_SKIP() << "one allowed CPU: nothing is bound";
+  ClaimDir claims;
+  expectAllPass(htest::runProcesses(
+      2,
+      [](int rank) {
+        for (int round = 0; round < 2; ++round)
+          if (int rc = checkRank(rank, 2, true)) return rc;
+        return 0;
+      },
+      90, nullptr, claims.env()));
+}
+
 TEST(Placement, OffLeavesEveryExecutorUnboundProcesses) {
-  expectAllPass(htest::runProcesses(2, [](int rank) { return checkRank(rank, 2, false); }, 60,
-                                    nullptr, {{"HORA_BIND_EXECUTOR", "0"}}));
+  ClaimDir claims;
+  expectAllPass(htest::runProcesses(
+      2, [](int rank) { return checkRank(rank, 2, false); }, 60, nullptr,
+      claims.env({{"HORA_BIND_EXECUTOR", "0"}})));
 }
 
 TEST(Placement, ALauncherBindingToOneCpuStandsProcesses) {
@@ -166,7 +224,31 @@ TEST(Placement, ALauncherBindingToOneCpuStandsProcesses) {
         CHILD_CHECK(sched_setaffinity(0, sizeof(one), &one) == 0, "sched_setaffinity");
         return checkRank(rank, 2, false);
       },
-      60));
+      60, nullptr, ClaimDir().env()));
+}
+
+TEST(Placement, ExecutorsAvoidACpuAnotherJobHoldsProcesses) {
+  // This process stands for another hora job on the host: it holds the CPU
+  // local rank 0 would take. The job's ranks must bind elsewhere (each to a
+  // CPU of its own) or, with no CPU left, run unbound.
+  const std::vector<int> cpus = hora::allowedCpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "one allowed CPU: nothing is bound";
+  ClaimDir claims;
+  hora::CpuClaim other = hora::CpuClaim::pick(0, 1, cpus, claims.path());
+  ASSERT_TRUE(other.claimed()) << other.note();
+  ASSERT_EQ(other.cpu(), cpus[0]);
+  auto results = htest::runProcesses(
+      2, [&](int rank) { return checkRank(rank, 2, true, other.cpu()); }, 60, nullptr,
+      claims.env());
+  expectAllPass(results);
+  std::vector<int> bound;
+  for (const auto& r : results) {
+    const size_t at = r.output.find("EXECUTOR_CPU=");
+    if (at != std::string::npos) bound.push_back(std::stoi(r.output.substr(at + 13)));
+  }
+  // Every CPU but the held one is free for the job: as many bound as fit.
+  EXPECT_EQ(bound.size(), std::min<size_t>(2, cpus.size() - 1));
+  EXPECT_EQ(std::set<int>(bound.begin(), bound.end()).size(), bound.size());
 }
 
 }  // namespace

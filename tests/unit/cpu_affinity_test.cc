@@ -1,11 +1,15 @@
-// core/cpu_affinity: the executor's CPU by local rank, and binding/naming the
-// calling thread.
+// core/cpu_affinity: the executor's CPU by local rank, its claim against the
+// host's other runtimes, and binding/naming the calling thread.
 #include "core/cpu_affinity.h"
 
 #include <gtest/gtest.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <string>
 #include <thread>
 
 namespace hora {
@@ -26,6 +30,89 @@ TEST(ExecutorCpuFor, LeavesALauncherBindingAndUnknownRanksAlone) {
   EXPECT_EQ(executorCpuFor(-1, {0, 1}), -1);
 }
 
+// A private claim directory per test: claims made by concurrently running
+// tests in /dev/shm must not change these results.
+class CpuClaimTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/hora-claims-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    for (int cpu : {2, 3, 5, 8})
+      ::unlink((dir_ + "/hora-cpu-" + std::to_string(cpu) + ".lock").c_str());
+    ::chmod(dir_.c_str(), 0700);
+    ::rmdir(dir_.c_str());
+  }
+  std::string dir_;
+  const std::vector<int> allowed_ = {2, 3, 5, 8};
+};
+
+TEST_F(CpuClaimTest, TwoJobsOnOneHostGetDisjointCpus) {
+  // Job A's two ranks, then job B's two: B's ranks start from the same picks
+  // and move on to the CPUs A left free.
+  CpuClaim a0 = CpuClaim::pick(0, 2, allowed_, dir_);
+  CpuClaim a1 = CpuClaim::pick(1, 2, allowed_, dir_);
+  CpuClaim b0 = CpuClaim::pick(0, 2, allowed_, dir_);
+  CpuClaim b1 = CpuClaim::pick(1, 2, allowed_, dir_);
+  EXPECT_EQ(a0.cpu(), 2);
+  EXPECT_EQ(a1.cpu(), 3);
+  EXPECT_EQ(b0.cpu(), 5) << b0.note();
+  EXPECT_EQ(b1.cpu(), 8) << b1.note();
+  EXPECT_TRUE(a0.claimed() && a1.claimed() && b0.claimed() && b1.claimed());
+  EXPECT_NE(b0.note().find("held by another hora runtime"), std::string::npos) << b0.note();
+  // A third job finds everything held: unbound, and told why.
+  CpuClaim c0 = CpuClaim::pick(0, 2, allowed_, dir_);
+  EXPECT_EQ(c0.cpu(), -1);
+  EXPECT_FALSE(c0.claimed());
+  EXPECT_NE(c0.note().find("2-3,5,8"), std::string::npos) << c0.note();
+  EXPECT_NE(c0.note().find("unbound"), std::string::npos) << c0.note();
+}
+
+TEST_F(CpuClaimTest, AClaimEndsWithItsOwnerAndMovesWithIt) {
+  CpuClaim first = CpuClaim::pick(0, 2, allowed_, dir_);
+  ASSERT_EQ(first.cpu(), 2);
+  CpuClaim moved = std::move(first);
+  EXPECT_EQ(first.cpu(), -1);
+  EXPECT_FALSE(first.claimed());
+  EXPECT_EQ(moved.cpu(), 2);
+  EXPECT_EQ(CpuClaim::pick(0, 2, allowed_, dir_).cpu(), 3);  // 2 still held (by `moved`)
+  moved = CpuClaim();                                        // released
+  EXPECT_EQ(CpuClaim::pick(0, 2, allowed_, dir_).cpu(), 2);
+}
+
+TEST_F(CpuClaimTest, RanksOutnumberingCpusShareThemByLocalRankUnclaimed) {
+  // 6 local ranks on 4 CPUs: claims would let the ranks that start first
+  // take all four; by local rank they spread evenly, whatever else holds.
+  CpuClaim other = CpuClaim::pick(0, 1, allowed_, dir_);
+  ASSERT_EQ(other.cpu(), 2);
+  for (int r = 0; r < 6; ++r) {
+    CpuClaim c = CpuClaim::pick(r, 6, allowed_, dir_);
+    EXPECT_EQ(c.cpu(), executorCpuFor(r, allowed_)) << r;
+    EXPECT_FALSE(c.claimed());
+    EXPECT_NE(c.note().find("6 local ranks share 4 CPUs"), std::string::npos) << c.note();
+  }
+}
+
+TEST_F(CpuClaimTest, NoDirectoryOrNoRoomFallsBackToLocalRank) {
+  CpuClaim off = CpuClaim::pick(1, 2, allowed_, "");
+  EXPECT_EQ(off.cpu(), 3);
+  EXPECT_FALSE(off.claimed());
+  CpuClaim missing = CpuClaim::pick(1, 2, allowed_, dir_ + "/no/such/dir");
+  EXPECT_EQ(missing.cpu(), 3);
+  EXPECT_FALSE(missing.claimed());
+  EXPECT_NE(missing.note().find("cannot open"), std::string::npos) << missing.note();
+  EXPECT_NE(missing.note().find("HORA_CPU_CLAIM_DIR"), std::string::npos) << missing.note();
+}
+
+TEST_F(CpuClaimTest, OneAllowedCpuOrNoLocalRankClaimsNothing) {
+  EXPECT_EQ(CpuClaim::pick(0, 2, {4}, dir_).cpu(), -1);
+  EXPECT_EQ(CpuClaim::pick(-1, 2, allowed_, dir_).cpu(), -1);
+  // Nothing was locked: a later rank still gets its own pick.
+  EXPECT_EQ(CpuClaim::pick(0, 2, allowed_, dir_).cpu(), 2);
+}
+
 TEST(CpuList, FormatsRangesAndParsesThemBack) {
   EXPECT_EQ(formatCpuList({}), "");
   EXPECT_EQ(formatCpuList({3}), "3");
@@ -37,7 +124,9 @@ TEST(CpuList, FormatsRangesAndParsesThemBack) {
   EXPECT_EQ(cpus, (std::vector<int>{1, 2, 5}));
   const std::vector<int> mine = allowedCpus();
   ASSERT_TRUE(parseCpuList(formatCpuList(mine), &cpus) || mine.empty());
-  if (!mine.empty()) EXPECT_EQ(cpus, mine);
+  if (!mine.empty()) {
+    EXPECT_EQ(cpus, mine);
+  }
 }
 
 TEST(CpuList, RefusesWhatIsNotOne) {
@@ -54,7 +143,9 @@ TEST(AllowedCpus, MatchesTheMaskAscending) {
   ASSERT_EQ(static_cast<int>(cpus.size()), CPU_COUNT(&set));
   for (size_t i = 0; i < cpus.size(); ++i) {
     EXPECT_TRUE(CPU_ISSET(cpus[i], &set));
-    if (i > 0) EXPECT_LT(cpus[i - 1], cpus[i]);
+    if (i > 0) {
+      EXPECT_LT(cpus[i - 1], cpus[i]);
+    }
   }
 }
 

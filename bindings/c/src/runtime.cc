@@ -685,12 +685,17 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   // parallel groups of a grid) run concurrently and would share its CPU.
   SetOptions globalOpts = so;
   if (bindExecutor && rt->id_.localSize > 1) {
-    globalOpts.executorCpu = executorCpuFor(rt->id_.localRank, allowedCpus());
+    rt->cpuClaim_ = CpuClaim::pick(rt->id_.localRank, rt->id_.localSize, allowedCpus(),
+                                   p.getString("HORA_CPU_CLAIM_DIR"));
+    globalOpts.executorCpu = rt->cpuClaim_.cpu();
     if (globalOpts.executorCpu >= 0)
       HORA_LOG(rt->logger_, kInfo)
           << "rank " << id.rank << ": the global set's executor runs on CPU "
-          << globalOpts.executorCpu << " (local rank " << rt->id_.localRank
-          << "; HORA_BIND_EXECUTOR=0 unbinds it)";
+          << globalOpts.executorCpu << " (local rank " << rt->id_.localRank << ", "
+          << rt->cpuClaim_.note() << "; HORA_BIND_EXECUTOR=0 unbinds it)";
+    else
+      HORA_LOG(rt->logger_, kInfo) << "rank " << id.rank << ": the global set's executor is not "
+                                   << "bound: " << rt->cpuClaim_.note();
   }
   auto g = ProcessSet::create("global", all, id.rank,
                               std::make_shared<PrefixStore>(rt->store_, "set/global"), globalOpts);
@@ -741,6 +746,9 @@ void Runtime::shutdown() {
     s->shutdown("hora_shutdown was called on rank " + std::to_string(id_.rank) +
                 " with this request pending");
   global_.reset();
+  // Its executor has stopped: the CPU is free for the next runtime (an
+  // elastic re-init in this process, or another job).
+  cpuClaim_ = CpuClaim();
   if (timeline_) timeline_->stop();
   store_.reset();
   server_.reset();

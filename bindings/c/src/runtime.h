@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu_affinity.h"
 #include "core/logging.h"
 #include "core/membership.h"
 #include "core/params.h"
@@ -91,6 +92,9 @@ class Runtime {
   std::string storeAddr_;  // empty: none configured (size 1 uses a memory store)
   int storePort_ = 0;
   std::string storeFrom_;  // where storeAddr_ came from, for error messages
+  // The global set's executor CPU, claimed against the host's other runtimes
+  // (declared before the sets: released after their executors have stopped).
+  CpuClaim cpuClaim_;
   std::shared_ptr<ProcessSet> global_;
   std::shared_ptr<Timeline> timeline_;  // shared with the sets' telemetry
   std::mutex mu_;                       // guards sets_, setCounters_
