@@ -1,5 +1,8 @@
 #include "controllers/control_plane.h"
 
+#include <sys/ioctl.h>
+
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -119,6 +122,9 @@ struct ControlPlane::Peer {
   char hdr[5];
   std::string body;
   SteadyClock::time_point lastHeard = SteadyClock::now();
+  // Bytes from this peer waiting unread (socket and lane) when markAlive()
+  // last looked; a change there counts as hearing from it.
+  uint64_t unreadSeen = 0;
 };
 
 ControlPlane::ControlPlane(ControlPlaneOptions options, Logger logger)
@@ -413,6 +419,7 @@ void ControlPlane::readBody(std::shared_ptr<Peer> p, uint32_t len) {
       return;
     }
     p->lastHeard = SteadyClock::now();
+    p->unreadSeen = 0;
     auto type = static_cast<FrameType>(p->hdr[4]);
     // What the peer put in the lane before this frame comes first.
     if (lane_) pollLane();
@@ -477,6 +484,33 @@ void ControlPlane::sendFrame(const std::shared_ptr<Peer>& p, FrameType type,
 
 void ControlPlane::broadcast(FrameType type, const std::string& payload) {
   for (int r = 1; r < static_cast<int>(peers_.size()); ++r) send(r, type, payload);
+}
+
+bool ControlPlane::laneFlushed() const {
+  if (!lane_ || lane_->hasPending()) return false;
+  for (const auto& p : peers_)
+    if (p && !p->lost && !p->afterLane.empty()) return false;
+  return true;
+}
+
+void ControlPlane::markAlive() {
+  if (lane_) lane_->markAlive();
+  // The peers keep talking while this thread reads nothing: bytes arriving
+  // on a peer's socket or lane ring count as hearing from it, so the first
+  // tick after the busy spell judges silence as if it had read them (and a
+  // peer that stalled meanwhile is still found silent).
+  const auto now = SteadyClock::now();
+  for (auto& p : peers_) {
+    if (!p || p->lost) continue;
+    int onSocket = 0;
+    if (::ioctl(p->sock.native_handle(), FIONREAD, &onSocket) != 0) onSocket = 0;
+    const uint64_t unread = static_cast<uint64_t>(std::max(onSocket, 0)) +
+                            (lane_ ? lane_->readableFrom(isCoordinator() ? p->rank : 0) : 0);
+    if (unread != p->unreadSeen) {
+      p->unreadSeen = unread;
+      p->lastHeard = now;
+    }
+  }
 }
 
 bool ControlPlane::allSent() const {
@@ -579,6 +613,10 @@ void ControlPlane::tick() {
   auto now = SteadyClock::now();
   for (auto& p : peers_) {
     if (!p || p->lost || p->saidGoodbye) continue;
+    // A peer busy running a collective on its control thread reads and
+    // sends nothing, but says it is alive through the lane.
+    if (now - p->lastHeard > opts_.peerTimeout && lane_)
+      p->lastHeard = std::max(p->lastHeard, lane_->aliveAt(isCoordinator() ? p->rank : 0));
     if (now - p->lastHeard > opts_.peerTimeout) {
       lose(p, Status(Code::kRemoteError,
                      peerName(p->rank) + " sent nothing on the control plane for " +

@@ -125,6 +125,18 @@ class ControlPlane {
   // Whether negotiation frames travel through shared memory, and if not, why
   // ("" when the lane is up).
   bool laneUp() const { return lane_ != nullptr; }
+  // The lane is up and every frame for every peer is in it (nothing waits
+  // for room in a ring, or behind the lane for a socket): peers can read all
+  // this rank sent without this thread's help. The condition under which the
+  // control thread may block on work for a moment (SetController's small
+  // groups). Control thread only.
+  bool laneFlushed() const;
+  // While the control thread runs a collective itself (and neither reads
+  // nor sends frames), now and then: tells the peers through the lane that
+  // this rank is alive, so that they do not take its silence for a stall,
+  // and counts bytes arriving unread from a peer as hearing from it.
+  // Control thread only.
+  void markAlive();
   const std::string& laneStatus() const { return laneWhyNot_; }
   // Says goodbye to every peer. Sockets stay open so the peers can finish
   // work already agreed; the coordinator closes them once every worker has

@@ -84,6 +84,14 @@ class SetController : public CoordinatorLink::Client {
   ~SetController() override;
 
   // Starts the control thread (the ControlPlane's event loop).
+  // Small allreduces of host tensors (at most maxBytes in all) that find the
+  // executor idle, and every frame handed to the shared-memory lane, run on
+  // the control thread through `run` (the executor's runHere): one thread
+  // hand-off less. Set before start(); none by default.
+  void setSmallGroupRunner(std::function<void(AgreedGroup&)> run, size_t maxBytes) {
+    smallRunner_ = std::move(run);
+    smallRunnerMaxBytes_ = maxBytes;
+  }
   void start();
 
   // Framework threads. On failure nothing was enqueued.
@@ -121,6 +129,8 @@ class SetController : public CoordinatorLink::Client {
   Status validateResponse(const Response& r) const;
   Status claimEntries(const std::vector<Response>& responses, AgreedGroup* group);
   void queueGroup(std::vector<Response> responses);
+  // Whether smallRunner_ takes `g` (allreduces of host tensors within its cap).
+  bool runsHere(const AgreedGroup& g) const;
   EntryPtr takeEntry(const std::string& name);
   // Periodic observability work (see SetControllerOptions); control thread.
   void telemetryTick();
@@ -154,6 +164,8 @@ class SetController : public CoordinatorLink::Client {
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> autoNames_[static_cast<int>(CollectiveKind::kCount)] = {};
 
+  std::function<void(AgreedGroup&)> smallRunner_;
+  size_t smallRunnerMaxBytes_ = 0;
   std::thread thread_;
   // Set by the control thread itself (reading thread_ from it would race
   // with its assignment in start()).

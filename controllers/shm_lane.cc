@@ -116,6 +116,24 @@ bool ShmLane::hasPendingFor(int peer) const {
   return false;
 }
 
+void ShmLane::markAlive() {
+  // steady_clock is CLOCK_MONOTONIC: one clock for every process of the host.
+  const auto now = std::chrono::steady_clock::now().time_since_epoch();
+  mb_->aliveNs(rank_).store(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count(),
+                            std::memory_order_release);
+}
+
+size_t ShmLane::readableFrom(int peer) const {
+  for (const auto& s : streams_)
+    if (s.peer == peer && !s.dropped) return mb_->readable(s.inRing);
+  return 0;
+}
+
+std::chrono::steady_clock::time_point ShmLane::aliveAt(int peer) const {
+  const int64_t ns = mb_->aliveNs(peer).load(std::memory_order_acquire);
+  return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ns));
+}
+
 void ShmLane::setPolling(bool on) {
   mb_->polling(rank_).store(on ? 1 : 0, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);

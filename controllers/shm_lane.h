@@ -20,6 +20,7 @@
 // Control thread only (the one that runs the set's ControlPlane).
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -57,6 +58,13 @@ class ShmLane {
   bool hasPendingFor(int peer) const;
   // This rank's "polling" word: set while its control thread polls.
   void setPolling(bool on);
+  // Refreshes this rank's liveness time (the control thread, while it runs
+  // a collective itself instead of its event loop), and reads a peer's
+  // (steady clock; the epoch when it never did).
+  void markAlive();
+  // Bytes `peer` wrote that this rank has not read yet.
+  size_t readableFrom(int peer) const;
+  std::chrono::steady_clock::time_point aliveAt(int peer) const;
   // A lost peer: its streams are forgotten.
   void drop(int peer);
   int rank() const { return rank_; }

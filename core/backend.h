@@ -90,6 +90,13 @@ class Backend {
     (void)combine;
     return allreduceGather(staging, count, dtype, op, pack, unpack);
   }
+  // `hook` (empty: none) is called now and then, about every few
+  // milliseconds, by a collective waiting for a peer, on the waiting thread.
+  // For the control thread when it runs a collective itself: it reads and
+  // sends no frames meanwhile, and the hook tells its peers it is alive
+  // (ControlPlane::markAlive). Set and cleared on the thread that calls the
+  // collectives, between them. Default: ignored (waits too short to matter).
+  virtual void setWaitHook(std::function<void()> hook) { (void)hook; }
   // Whether allreduceGather of `count` elements of `dtype` uses its staging
   // argument. The runtime skips allocating (and first touching) a staging
   // buffer when it does not: with ShmBackend the fusion buffer is the

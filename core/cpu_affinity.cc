@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,20 +30,54 @@ int executorCpuFor(int localRank, const std::vector<int>& allowed) {
   return allowed[static_cast<size_t>(localRank) % allowed.size()];
 }
 
-CpuClaim::~CpuClaim() {
-  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor drops the lock
+namespace {
+
+// Opens `path`, creating it if needed, so that every user of the host can
+// lock it: without O_CREAT first (with fs.protected_regular the kernel
+// refuses O_CREAT on another user's file in a sticky directory such as
+// /dev/shm), read-write where allowed (NFS emulates flock with write locks),
+// read-only otherwise; a file this call creates is made 0666 whatever the
+// umask. -1 with errno on failure.
+int openLockFile(const std::string& path) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0 && errno == EACCES) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0 || errno != ENOENT) return fd;
+    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd >= 0) {
+      (void)::fchmod(fd, 0666);
+      return fd;
+    }
+    if (errno != EEXIST) return -1;  // else another runtime created it just now
+  }
+  return -1;
+}
+
+}  // namespace
+
+CpuClaim::~CpuClaim() { release(); }
+
+void CpuClaim::release() {
+  if (fd_ < 0) return;
+  // Unlocked explicitly, not only closed: a child forked since shares the
+  // open file, and closing this descriptor alone would leave it locked.
+  ::flock(fd_, LOCK_UN);
+  ::close(fd_);
+  fd_ = -1;
 }
 
 CpuClaim::CpuClaim(CpuClaim&& other) noexcept
-    : cpu_(other.cpu_), fd_(std::exchange(other.fd_, -1)), note_(std::move(other.note_)) {
-  other.cpu_ = -1;
-}
+    : cpu_(std::exchange(other.cpu_, -1)),
+      fd_(std::exchange(other.fd_, -1)),
+      warn_(std::exchange(other.warn_, false)),
+      note_(std::move(other.note_)) {}
 
 CpuClaim& CpuClaim::operator=(CpuClaim&& other) noexcept {
   if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
+    release();
     cpu_ = std::exchange(other.cpu_, -1);
     fd_ = std::exchange(other.fd_, -1);
+    warn_ = std::exchange(other.warn_, false);
     note_ = std::move(other.note_);
   }
   return *this;
@@ -56,36 +91,47 @@ CpuClaim CpuClaim::pick(int localRank, int localSize, const std::vector<int>& al
     return c;
   }
   const size_t n = allowed.size();
+  const int own = executorCpuFor(localRank, allowed);
   if (dir.empty() || static_cast<size_t>(localSize) > n) {
-    c.cpu_ = executorCpuFor(localRank, allowed);
+    c.cpu_ = own;
     c.note_ = dir.empty() ? "by local rank, unclaimed (HORA_CPU_CLAIM_DIR is empty)"
                           : "by local rank, unclaimed (" + std::to_string(localSize) +
                                 " local ranks share " + std::to_string(n) + " CPUs)";
     return c;
   }
+  // Claiming cannot work here: the CPU by local rank while no other CPU was
+  // seen held, else none (the one by local rank is another job's).
+  auto cannotClaim = [&](size_t k, const std::string& what) {
+    c.cpu_ = k == 0 ? own : -1;
+    c.warn_ = true;
+    c.note_ = (k == 0 ? "by local rank, unclaimed (" : "unbound (") + what +
+              "; set HORA_CPU_CLAIM_DIR to a local directory every job on the host can write, "
+              "or to empty to bind by local rank alone)";
+  };
   for (size_t k = 0; k < n; ++k) {
     const int cpu = allowed[(static_cast<size_t>(localRank) + k) % n];
     const std::string path = dir + "/hora-cpu-" + std::to_string(cpu) + ".lock";
-    // Read-only is enough for flock, and lets users share files another
-    // user's umask made read-only to them.
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0666);
+    const int fd = openLockFile(path);
     if (fd < 0) {
-      c.cpu_ = executorCpuFor(localRank, allowed);
-      c.note_ = "by local rank, unclaimed (cannot open " + path + ": " + std::strerror(errno) +
-                "; set HORA_CPU_CLAIM_DIR to a writable directory shared by the host's jobs)";
+      cannotClaim(k, "cannot open " + path + ": " + std::strerror(errno));
       return c;
     }
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
       c.cpu_ = cpu;
       c.fd_ = fd;
       c.note_ = k == 0 ? "claimed in " + dir
-                       : "claimed in " + dir + "; CPU " +
-                             std::to_string(allowed[static_cast<size_t>(localRank) % n]) +
+                       : "claimed in " + dir + "; CPU " + std::to_string(own) +
                              " was held by another hora runtime on this host";
       return c;
     }
+    const int err = errno;
     ::close(fd);
+    if (err != EWOULDBLOCK) {  // ENOLCK, ENOSYS, ...: the file system cannot lock
+      cannotClaim(k, "cannot lock " + path + ": " + std::strerror(err));
+      return c;
+    }
   }
+  c.warn_ = true;
   c.note_ = "every allowed CPU (" + formatCpuList(allowed) +
             ") is held by another hora runtime on this host (" + dir +
             "/hora-cpu-*.lock); the executor runs unbound. Give each job its own CPUs "
@@ -132,13 +178,15 @@ bool parseCpuList(const std::string& text, std::vector<int>* cpus) {
   return true;
 }
 
-Status bindThisThread(int cpu) {
+Status bindThisThread(int cpu) { return bindThread(::pthread_self(), cpu); }
+
+Status bindThread(pthread_t thread, int cpu) {
   if (cpu < 0 || cpu >= CPU_SETSIZE)
     return invalidArgument("cannot bind a thread to CPU " + std::to_string(cpu));
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
-  const int rc = ::pthread_setaffinity_np(::pthread_self(), sizeof(set), &set);
+  const int rc = ::pthread_setaffinity_np(thread, sizeof(set), &set);
   if (rc != 0)
     return Status(Code::kSystemError,
                   "binding the thread to CPU " + std::to_string(cpu) + ": " + std::strerror(rc));
@@ -168,8 +216,10 @@ ScopedThreadCpus::~ScopedThreadCpus() {
   if (!saved_.empty()) setThreadCpus(saved_);
 }
 
-void nameThisThread(const std::string& name) {
-  ::pthread_setname_np(::pthread_self(), name.substr(0, 15).c_str());
+void nameThisThread(const std::string& name) { nameThread(::pthread_self(), name); }
+
+void nameThread(pthread_t thread, const std::string& name) {
+  ::pthread_setname_np(thread, name.substr(0, 15).c_str());
 }
 
 }  // namespace hora

@@ -24,6 +24,8 @@
 // Any thread; no state.
 #pragma once
 
+#include <pthread.h>
+
 #include <string>
 #include <vector>
 
@@ -48,11 +50,13 @@ int executorCpuFor(int localRank, const std::vector<int>& allowed);
 // process exits.
 //
 // How: an exclusive flock(2) on `dir`/hora-cpu-<cpu>.lock, taken without
-// waiting. The files stay (empty, one per CPU ever claimed) because removing
-// a lock file races with a runtime about to lock it. flock belongs to the
-// open file, so two runtimes in one process exclude each other as two
-// processes do; a child forked without exec shares its parent's claim until
-// it exits.
+// waiting. The files stay (empty, mode 0666, one per CPU ever claimed)
+// because removing a lock file races with a runtime about to lock it. flock
+// belongs to the open file, so two runtimes in one process exclude each
+// other as two processes do. A child forked without exec (a data loader's
+// worker) shares the open file: the claim is unlocked explicitly when it
+// ends, but while the parent is killed and such a child lives on, the CPU
+// stays held and the next job moves on to another.
 class CpuClaim {
  public:
   CpuClaim() = default;
@@ -72,19 +76,25 @@ class CpuClaim {
   //  - else the first of allowed[localRank], allowed[localRank + 1], ...
   //    (cyclically) that no other runtime holds, claimed; none when every one
   //    is held (the executor then runs unbound rather than on another job's
-  //    CPU). A lock file that cannot be opened (a read-only or missing
-  //    `dir`) stops claiming: executorCpuFor, unclaimed.
-  // note() says which case applied, for the init log.
+  //    CPU). A lock file that cannot be opened or locked (a read-only or
+  //    missing `dir`, a file system without flock) stops claiming:
+  //    executorCpuFor, unclaimed, or none if that CPU was seen held.
+  // note() says which case applied, for the init log; warn() whether it is
+  // worth a warning (claiming failed, or no CPU was left).
   static CpuClaim pick(int localRank, int localSize, const std::vector<int>& allowed,
                        const std::string& dir);
 
   int cpu() const { return cpu_; }
   bool claimed() const { return fd_ >= 0; }
+  bool warn() const { return warn_; }
   const std::string& note() const { return note_; }
 
  private:
+  void release();
+
   int cpu_ = -1;
   int fd_ = -1;  // the locked file; -1: nothing claimed
+  bool warn_ = false;
   std::string note_;
 };
 
@@ -96,8 +106,10 @@ std::string formatCpuList(const std::vector<int>& cpus);
 // *cpus unspecified) for an empty or malformed one.
 bool parseCpuList(const std::string& text, std::vector<int>* cpus);
 
-// Restricts the calling thread to `cpu`. The error names the CPU and errno.
+// Restricts the calling thread (or `thread`) to `cpu`. The error names the
+// CPU and errno.
 Status bindThisThread(int cpu);
+Status bindThread(pthread_t thread, int cpu);
 
 // Runs the calling thread on `cpus` for the guard's lifetime, then restores
 // the mask it had. Empty `cpus`: does nothing. For calls that create threads which
@@ -114,8 +126,9 @@ class ScopedThreadCpus {
   std::vector<int> saved_;  // empty: nothing to restore
 };
 
-// Names the calling thread (shown by top -H, perf, gdb and /proc/<pid>/task/
-// <tid>/comm); at most 15 characters are kept. Best effort.
+// Names the calling thread (or `thread`; shown by top -H, perf, gdb and
+// /proc/<pid>/task/<tid>/comm); at most 15 characters are kept. Best effort.
 void nameThisThread(const std::string& name);
+void nameThread(pthread_t thread, const std::string& name);
 
 }  // namespace hora

@@ -114,6 +114,11 @@ const std::vector<ParamSpec>& paramRegistry() {
        "Unset, the chunk is 256 KiB when every rank on the host has a CPU of its own (the "
        "ranks' affinity masks together hold as many CPUs as the set has ranks) and this default "
        "when the ranks outnumber the CPUs."},
+      {"HORA_RUN_ON_CONTROL_MAX_BYTES", ParamType::kInt, "1048576",
+       "Allreduces of host tensors up to this many bytes (a fused group in all) run on the "
+       "process set's control thread instead of its executor when the executor is idle, one "
+       "thread hand-off less. Only for sets on the shared-memory data plane (one host) that "
+       "negotiate through shared memory; 0 hands every group to the executor."},
       {"HORA_INLINE_MAX_BYTES", ParamType::kInt, "-1",
        "Allreduces of host tensors up to this size travel inside the negotiation: each rank's "
        "request carries its tensor, the coordinator reduces them and its response carries the "

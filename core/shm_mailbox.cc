@@ -115,6 +115,11 @@ std::atomic<uint32_t>& ShmMailbox::polling(int rank) {
   return flags[rank].value;
 }
 
+std::atomic<int64_t>& ShmMailbox::aliveNs(int rank) {
+  auto* flags = reinterpret_cast<ShmMailboxFlag*>(static_cast<uint8_t*>(base_) + kHeaderBytes);
+  return flags[rank].aliveNs;
+}
+
 ShmMailboxRing& ShmMailbox::ctl(uint32_t ring) const {
   auto* p = static_cast<uint8_t*>(base_) + kHeaderBytes +
             static_cast<size_t>(ranks_) * sizeof(ShmMailboxFlag);

@@ -7,7 +7,9 @@
 // single-consumer byte rings: "up" (r writes, the coordinator reads) and
 // "down" (the coordinator writes, r reads), and one "polling" word per rank
 // that says whether that rank's control thread is polling the mailbox now
-// or may sleep (then a writer must wake it another way: the control plane
+// or may sleep, next to a liveness time it refreshes while it is busy
+// elsewhere (running a collective itself: its peers then do not take its
+// silence on the sockets for a stall) (then a writer must wake it another way: the control plane
 // sends a doorbell frame over its TCP connection, controllers/shm_lane.h).
 // The rings carry byte streams; the framing of what travels in them is the
 // control plane's (controllers/shm_lane.h).
@@ -37,6 +39,9 @@ struct alignas(64) ShmMailboxRing {
 
 struct alignas(64) ShmMailboxFlag {
   std::atomic<uint32_t> value{0};
+  // CLOCK_MONOTONIC (ns) when this rank's control thread last said it is
+  // alive while busy outside its event loop (ShmLane::markAlive); 0: never.
+  std::atomic<int64_t> aliveNs{0};
 };
 
 struct ShmMailboxHeader {
@@ -49,7 +54,7 @@ struct ShmMailboxHeader {
 };
 
 constexpr uint64_t kShmMailboxMagic = 0x686f72612d6e6567ULL;  // "hora-neg"
-constexpr uint32_t kShmMailboxVersion = 1;
+constexpr uint32_t kShmMailboxVersion = 2;
 
 class ShmMailbox {
  public:
@@ -74,6 +79,8 @@ class ShmMailbox {
   size_t read(uint32_t ring, void* data, size_t n);
   // 1 while `rank`'s control thread polls the mailbox.
   std::atomic<uint32_t>& polling(int rank);
+  // `rank`'s liveness time (ShmMailboxFlag::aliveNs).
+  std::atomic<int64_t>& aliveNs(int rank);
 
   int ranks() const { return ranks_; }
   uint64_t ringBytes() const { return ringBytes_; }

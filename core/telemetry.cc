@@ -223,6 +223,8 @@ void Telemetry::abandoned(const TensorEntry& e, const Status& why) {
   record(e, FlightState::kFailed, nowNs(), 0, nullptr, static_cast<int32_t>(why.code()));
 }
 
+void Telemetry::ranOnControl() { relaxedAdd(controlGroups_, 1); }
+
 void Telemetry::started(const AgreedGroup& g) {
   const int64_t now = nowNs();
   int64_t agreedAt = 0;
@@ -364,6 +366,7 @@ MetricsSnapshot Telemetry::snapshot() const {
   m.fusedGroups = load(fusedGroups_);
   m.groupBytes = load(groupBytes_);
   m.inlineAllreduces = load(inlineAllreduces_);
+  m.controlGroups = load(controlGroups_);
   m.cacheHits = load(cacheHits_);
   m.cacheMisses = load(cacheMisses_);
   m.errors = load(errors_);
@@ -511,7 +514,8 @@ std::string metricsJson(const MetricsSnapshot& m) {
   }
   o << "},\"groups\":" << m.groups << ",\"group_tensors\":" << m.groupTensors
     << ",\"fused_groups\":" << m.fusedGroups << ",\"group_bytes\":" << m.groupBytes
-    << ",\"inline_allreduces\":" << m.inlineAllreduces << ",\"cache_hits\":" << m.cacheHits
+    << ",\"inline_allreduces\":" << m.inlineAllreduces
+    << ",\"control_thread_groups\":" << m.controlGroups << ",\"cache_hits\":" << m.cacheHits
     << ",\"cache_misses\":" << m.cacheMisses << ",\"errors\":" << m.errors
     << ",\"negotiation_s\":" << m.negotiationNs / 1e9 << ",\"queue_s\":" << m.queueNs / 1e9
     << ",\"data_plane_s\":" << m.dataPlaneNs / 1e9 << ",\"cpu_groups\":" << m.cpuGroups
@@ -563,6 +567,9 @@ std::string metricsPrometheus(const MetricsSnapshot& m) {
   one("inline_allreduces_total", "counter",
       "Allreduces reduced by the coordinator inside the negotiation (HORA_INLINE_MAX_BYTES).",
       static_cast<double>(m.inlineAllreduces));
+  one("control_thread_groups_total", "counter",
+      "Of those groups, the ones the control thread ran itself (HORA_RUN_ON_CONTROL_MAX_BYTES).",
+      static_cast<double>(m.controlGroups));
   one("cache_hits_total", "counter", "Requests sent as response-cache hits.",
       static_cast<double>(m.cacheHits));
   one("cache_misses_total", "counter", "Cacheable requests sent in full.",

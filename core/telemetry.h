@@ -105,6 +105,8 @@ struct MetricsSnapshot {
   uint64_t groupBytes = 0;
   // Allreduces the coordinator reduced inside the negotiation (no data plane).
   uint64_t inlineAllreduces = 0;
+  // Of `groups`, those the control thread ran itself (HORA_RUN_ON_CONTROL_MAX_BYTES).
+  uint64_t controlGroups = 0;
   uint64_t cacheHits = 0, cacheMisses = 0;  // cacheable kinds only
   uint64_t errors = 0;
   uint64_t negotiationNs = 0;  // submit -> agreed, summed over tensors
@@ -139,7 +141,11 @@ class Telemetry {
   // Any thread: an entry failed before every rank agreed to it (set broken,
   // shut down, refused locally).
   void abandoned(const TensorEntry& e, const Status& why);
-  // Executor thread, around one group on the data plane.
+  // Control thread: the group it is about to run on the data plane itself
+  // (SetController's small groups), not handed to the executor.
+  void ranOnControl();
+  // Executor thread (or the control thread, for the groups above), around one
+  // group on the data plane.
   // `plane`: the data plane it ran on (known once it ran: the GPU path picks
   // NCCL or staging at its first group).
   void started(const AgreedGroup& g);
@@ -206,6 +212,7 @@ class Telemetry {
   std::atomic<uint64_t> bytes_[static_cast<int>(CollectiveKind::kCount)] = {};
   std::atomic<uint64_t> groups_{0}, groupTensors_{0}, fusedGroups_{0}, groupBytes_{0};
   std::atomic<uint64_t> inlineAllreduces_{0};
+  std::atomic<uint64_t> controlGroups_{0};
   std::atomic<uint64_t> cacheHits_{0}, cacheMisses_{0}, errors_{0};
   std::atomic<uint64_t> negotiationNs_{0}, queueNs_{0}, dataPlaneNs_{0};
   std::atomic<uint64_t> cpuGroups_{0}, gpuGroups_{0};

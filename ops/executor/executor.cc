@@ -21,6 +21,17 @@ Executor::~Executor() { join(); }
 
 void Executor::start() {
   thread_ = std::thread([this] { run(); });
+  // Named and bound from here rather than by the thread itself: once the
+  // set is created its executor is where it will stay (tests and tools that
+  // read the threads' masks right after init see the final state).
+  nameThread(thread_.native_handle(), "hora-exec");
+  if (ctx_.cpu >= 0) {
+    Status s = bindThread(thread_.native_handle(), ctx_.cpu);
+    if (!s.isOk())
+      HORA_LOG(ctx_.logger, kWarning)
+          << "process set " << ctx_.setName << ": " << s.message()
+          << "; the executor runs unbound (HORA_BIND_EXECUTOR=0 skips binding)";
+  }
 }
 
 void Executor::join() {
@@ -30,20 +41,18 @@ void Executor::join() {
 void Executor::releaseGpu() { gpu_.release(); }
 
 void Executor::run() {
-  nameThisThread("hora-exec");
-  if (ctx_.cpu >= 0) {
-    Status s = bindThisThread(ctx_.cpu);
-    if (!s.isOk())
-      HORA_LOG(ctx_.logger, kWarning)
-          << "process set " << ctx_.setName << ": " << s.message()
-          << "; the executor runs unbound (HORA_BIND_EXECUTOR=0 skips binding)";
-  }
   AgreedGroup group;
   while (queue_.pop(&group)) {
     execute(group);
     group = AgreedGroup();  // the entries go before the next wait
     queue_.finished();
   }
+}
+
+void Executor::runHere(AgreedGroup& group, std::function<void()> whileWaiting) {
+  if (ctx_.backend) ctx_.backend->setWaitHook(std::move(whileWaiting));
+  execute(group);
+  if (ctx_.backend) ctx_.backend->setWaitHook(nullptr);
 }
 
 void Executor::execute(AgreedGroup& g) {

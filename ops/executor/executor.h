@@ -18,14 +18,15 @@
 // period has passed; the executor never waits for that.
 //
 // Placement: the thread is named hora-exec; when the assembly gives it a CPU
-// (ExecContext::cpu, the global set under HORA_BIND_EXECUTOR) it binds itself
-// there before its first group (core/cpu_affinity.h says why).
+// (ExecContext::cpu, the global set under HORA_BIND_EXECUTOR) start() binds
+// the thread there before returning (core/cpu_affinity.h says why).
 //
 // Threads: constructed and started by the process set's assembly; run() on
 // its own thread; join() and releaseGpu() from the thread that shuts the set
 // down, after closing the queue.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <thread>
 
@@ -46,6 +47,14 @@ class Executor {
   void join();
   // Frees the GPU resources (stream, communicator, buffers); after join().
   void releaseGpu();
+  // Runs one group of host tensors on the calling thread instead of the
+  // executor's. Only between a successful GroupQueue::tryBeginInline() and
+  // endInline(): nothing is queued or running then, so the executor thread
+  // sits in pop() and the two never touch the data plane at once (the
+  // queue's mutex orders their accesses).
+  // `whileWaiting` goes to the backend's wait hook for the call
+  // (Backend::setWaitHook).
+  void runHere(AgreedGroup& group, std::function<void()> whileWaiting);
 
  private:
   void run();

@@ -155,6 +155,7 @@ Status ShmBackend::waitFor(int peer, ShmCounter ShmHeader::*which, uint32_t want
       shmFutexWait(me.doorbell.value, bell, kSleepSliceMs);
     me.sleeping.value.store(0, std::memory_order_relaxed);
     if (shmReached(word.load(std::memory_order_acquire), want)) return Status::ok();
+    if (waitHook_) waitHook_();
     if (aborted_.load(std::memory_order_acquire))
       return Status(Code::kRemoteError, what + ": aborted while waiting for " + who + " to " +
                                             phase + " (a peer rank was lost)");
@@ -167,6 +168,11 @@ Status ShmBackend::waitFor(int peer, ShmCounter ShmHeader::*which, uint32_t want
                           "; a peer rank may have died or stalled (the bound is "
                           "HORA_PEER_TIMEOUT_S)");
   }
+}
+
+void ShmBackend::setWaitHook(std::function<void()> hook) {
+  fallback_->setWaitHook(hook);
+  waitHook_ = std::move(hook);
 }
 
 void ShmBackend::tune(const TuningValues& v) {

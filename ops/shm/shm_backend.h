@@ -127,6 +127,9 @@ class ShmBackend : public Backend {
   void abort() noexcept override;
   // The chunk (at most the slot) and the cut-over to the fallback.
   void tune(const TuningValues& values) override;
+  // Called after every sleep slice of a wait for a peer (and passed on to
+  // the fallback).
+  void setWaitHook(std::function<void()> hook) override;
 
   // The cross stage of the hierarchical allreduce (HierBackend): start(part,
   // count) hands over this rank's part of a chunk (`count` elements in its
@@ -192,6 +195,7 @@ class ShmBackend : public Backend {
                       const std::string& what);
   // One rank (no peers) or a payload below minBytes: the fallback runs it.
   bool delegates(size_t bytes) const { return size_ == 1 || bytes < minBytes_; }
+  std::function<void()> waitHook_;  // setWaitHook
   // Before writing this rank's slot for chunk `c` (that slot last held c-2).
   Status waitSlotFree(uint32_t c, const std::string& what);
   // Publishes the chunk consumed (and every counter current) and counts it.

@@ -187,22 +187,6 @@ TEST(Placement, GlobalExecutorsOnDistinctCpusByLocalRankProcesses) {
   }
 }
 
-TEST(Placement, ARuntimeInitializedAgainGetsItsCpuBackProcesses) {
-  // hora_shutdown then hora_init in the same processes (as an elastic
-  // restart does): the first runtime's claim must be gone, or each rank's
-  // second executor would find its CPU held and move or run unbound.
-  if (hora::allowedCpus().size() < 2) GTEST_SKIP() << "one allowed CPU: nothing is bound";
-  ClaimDir claims;
-  expectAllPass(htest::runProcesses(
-      2,
-      [](int rank) {
-        for (int round = 0; round < 2; ++round)
-          if (int rc = checkRank(rank, 2, true)) return rc;
-        return 0;
-      },
-      90, nullptr, claims.env()));
-}
-
 TEST(Placement, OffLeavesEveryExecutorUnboundProcesses) {
   ClaimDir claims;
   expectAllPass(htest::runProcesses(

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -142,11 +143,13 @@ TEST(ShmNegotiation, MismatchThroughTheLaneIsReportedOnEveryRank) {
 
 // Survivors of a rank that dies while the set negotiates 4-byte tensors
 // through the lane: each fails naming it, long before the peer timeout.
-int loopUntilLost(int rank, int culprit, double deadlineS) {
+// `elements` > 1024: tensors above the inline cap, which the shared-memory
+// data plane runs on the control thread (HORA_RUN_ON_CONTROL_MAX_BYTES).
+int loopUntilLost(int rank, int culprit, double deadlineS, size_t elements = 1) {
   hora_runtime_t rt;
   if (hora_init(nullptr, &rt) != HORA_SUCCESS) return 10;
   auto start = Clock::now();
-  std::vector<float> buf(1, 1.0f);
+  std::vector<float> buf(elements, 1.0f);
   for (int it = 0;; ++it) {
     std::string msg;
     hora_status_t s = allreduceF32(rt, buf, "tiny", &msg, deadlineS);
@@ -197,6 +200,136 @@ TEST(ShmNegotiation, RankStalledDuringLaneNegotiationIsLostAfterThePeerTimeout) 
       [](const std::vector<int>& pids) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1500));
         kill(pids[1], SIGSTOP);  // alive, its end of the lane and its sockets open, silent
+        std::this_thread::sleep_for(std::chrono::seconds(6));
+        kill(pids[1], SIGKILL);
+      },
+      {{"HORA_PEER_TIMEOUT_S", "2"}});
+  for (int r : {0, 2})
+    EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 40);
+}
+
+// The JSON metrics of the global set.
+std::string metricsJson(hora_runtime_t rt) {
+  size_t need = 0;
+  if (hora_metrics_snapshot(rt, nullptr, HORA_METRICS_JSON, nullptr, 0, &need) != HORA_SUCCESS)
+    return "";
+  for (int tries = 0; tries < 8; ++tries) {
+    std::string buf(need, '\0');
+    const hora_status_t s =
+        hora_metrics_snapshot(rt, nullptr, HORA_METRICS_JSON, buf.data(), buf.size(), &need);
+    if (s == HORA_SUCCESS) return buf.substr(0, need - 1);
+    if (s != HORA_ERR_INVALID_ARGUMENT || need <= buf.size()) return "";
+  }
+  return "";
+}
+
+long counter(const std::string& json, const std::string& key) {
+  const size_t at = json.find("\"" + key + "\":");
+  return at == std::string::npos ? -1 : std::stol(json.substr(at + key.size() + 3));
+}
+
+// Each rank: `small` 64 KiB allreduces one after another (above the inline
+// cap, within HORA_RUN_ON_CONTROL_MAX_BYTES), then 3 of 2 MiB (above it),
+// every result exact; prints the control thread's group count after each
+// phase for the parent.
+int controlThreadGroups(int rank, int size, int small) {
+  hora_runtime_t rt;
+  CHILD_CHECK(hora_init(nullptr, &rt) == HORA_SUCCESS, "init: %s", hora_last_error_message());
+  for (size_t elements : {size_t{16384}, size_t{524288}}) {
+    const int iters = elements == 16384 ? small : 3;
+    for (int it = 0; it < iters; ++it) {
+      std::vector<float> buf(elements);
+      for (size_t i = 0; i < elements; ++i) buf[i] = static_cast<float>((rank + it + i) % 7);
+      std::string msg;
+      CHILD_CHECK(
+          allreduceF32(rt, buf, elements == 16384 ? "g.small" : "g.large", &msg) == HORA_SUCCESS,
+          "allreduce of %zu: %s", elements, msg.c_str());
+      for (size_t i = 0; i < elements; ++i) {
+        float want = 0;
+        for (int r = 0; r < size; ++r) want += static_cast<float>((r + it + i) % 7);
+        CHILD_CHECK(buf[i] == want, "element %zu of %zu: %f != %f", i, elements, buf[i], want);
+      }
+    }
+    const std::string m = metricsJson(rt);
+    std::printf("PHASE %zu control=%ld groups=%ld\n", elements, counter(m, "control_thread_groups"),
+                counter(m, "groups"));
+  }
+  std::fflush(stdout);
+  CHILD_CHECK(hora_shutdown(rt) == HORA_SUCCESS, "shutdown: %s", hora_last_error_message());
+  return 0;
+}
+
+// The count of phase `elements` in a rank's output; -1 when missing.
+long phaseCount(const std::string& out, size_t elements, const char* what) {
+  const size_t at = out.find("PHASE " + std::to_string(elements) + " ");
+  if (at == std::string::npos) return -1;
+  const size_t k = out.find(std::string(what) + "=", at);
+  return k == std::string::npos ? -1 : std::stol(out.substr(k + std::strlen(what) + 1));
+}
+
+TEST(ShmNegotiation, SmallAllreducesRunOnTheControlThreadLargeOnesOnTheExecutor) {
+  for (int size : {2, 3}) {
+    SCOPED_TRACE("size " + std::to_string(size));
+    const int small = 40;
+    auto results = runProcesses(
+        size, [&](int rank) { return controlThreadGroups(rank, size, small); }, 120);
+    for (const auto& r : results) {
+      ASSERT_EQ(r.exitCode, 0) << r.output;
+      // Each 64 KiB allreduce finds the executor idle; allow a few that found
+      // the lane busy (a frame not yet taken by a peer) and went to it.
+      const long onControl = phaseCount(r.output, 16384, "control");
+      EXPECT_GE(onControl, small - 5) << r.output;
+      EXPECT_LE(onControl, small) << r.output;
+      // The 2 MiB ones: all on the data plane, none on the control thread.
+      EXPECT_EQ(phaseCount(r.output, 524288, "control"), onControl) << r.output;
+      EXPECT_EQ(phaseCount(r.output, 524288, "groups") - phaseCount(r.output, 16384, "groups"), 3)
+          << r.output;
+    }
+  }
+}
+
+TEST(ShmNegotiation, ZeroHandsEverySmallAllreduceToTheExecutor) {
+  auto results = runProcesses(2, [](int rank) { return controlThreadGroups(rank, 2, 10); }, 120,
+                              nullptr, {{"HORA_RUN_ON_CONTROL_MAX_BYTES", "0"}});
+  for (const auto& r : results) {
+    ASSERT_EQ(r.exitCode, 0) << r.output;
+    EXPECT_EQ(phaseCount(r.output, 524288, "control"), 0) << r.output;
+  }
+}
+
+TEST(ShmNegotiation, RankKilledDuringAControlThreadAllreduceFailsSurvivorsQuickly) {
+  // 64 KiB tensors: the survivors' control threads wait in the shared-memory
+  // data plane when the culprit dies, and must still fail naming it.
+  for (int culprit : {0, 2}) {
+    auto t0 = Clock::now();
+    std::atomic<int64_t> killedAtMs{0};
+    auto results = runProcesses(
+        3, [culprit](int rank) -> int { return loopUntilLost(rank, culprit, 40, 16384); }, 60,
+        [&](const std::vector<int>& pids) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+          kill(pids[culprit], SIGKILL);
+          killedAtMs =
+              std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+        },
+        {{"HORA_PEER_TIMEOUT_S", "30"}});
+    EXPECT_EQ(results[culprit].signal, SIGKILL) << results[culprit].output;
+    for (int r = 0; r < 3; ++r)
+      if (r != culprit)
+        EXPECT_EQ(results[r].exitCode, 0) << "culprit " << culprit << ", rank " << r << ":\n"
+                                          << results[r].output;
+    const double total = std::chrono::duration<double>(Clock::now() - t0).count();
+    EXPECT_LT(total - killedAtMs.load() / 1000.0, 10.0) << "survivors took too long to fail";
+  }
+}
+
+TEST(ShmNegotiation, RankStalledDuringAControlThreadAllreduceIsLostAfterThePeerTimeout) {
+  auto t0 = Clock::now();
+  auto results = runProcesses(
+      3, [](int rank) -> int { return loopUntilLost(rank, 1, 40, 16384); }, 60,
+      [](const std::vector<int>& pids) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        kill(pids[1], SIGSTOP);
         std::this_thread::sleep_for(std::chrono::seconds(6));
         kill(pids[1], SIGKILL);
       },

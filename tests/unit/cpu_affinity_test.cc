@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <string>
@@ -68,6 +69,8 @@ TEST_F(CpuClaimTest, TwoJobsOnOneHostGetDisjointCpus) {
   EXPECT_FALSE(c0.claimed());
   EXPECT_NE(c0.note().find("2-3,5,8"), std::string::npos) << c0.note();
   EXPECT_NE(c0.note().find("unbound"), std::string::npos) << c0.note();
+  EXPECT_TRUE(c0.warn());
+  EXPECT_FALSE(b0.warn());
 }
 
 TEST_F(CpuClaimTest, AClaimEndsWithItsOwnerAndMovesWithIt) {
@@ -80,6 +83,41 @@ TEST_F(CpuClaimTest, AClaimEndsWithItsOwnerAndMovesWithIt) {
   EXPECT_EQ(CpuClaim::pick(0, 2, allowed_, dir_).cpu(), 3);  // 2 still held (by `moved`)
   moved = CpuClaim();                                        // released
   EXPECT_EQ(CpuClaim::pick(0, 2, allowed_, dir_).cpu(), 2);
+}
+
+TEST_F(CpuClaimTest, AReleasedClaimIsFreeEvenWhileAForkedChildLives) {
+  // A data loader's worker forked after init shares the lock file's open
+  // description; the claim must still end when the runtime's does.
+  CpuClaim claim = CpuClaim::pick(0, 2, allowed_, dir_);
+  ASSERT_EQ(claim.cpu(), 2);
+  int go[2];
+  ASSERT_EQ(::pipe(go), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // holds the inherited descriptor until the parent is done
+    char b;
+    (void)::read(go[0], &b, 1);
+    ::_exit(0);
+  }
+  claim = CpuClaim();
+  const int again = CpuClaim::pick(0, 2, allowed_, dir_).cpu();
+  (void)::write(go[1], "x", 1);
+  ::close(go[0]);
+  ::close(go[1]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_EQ(again, 2) << "the released claim stayed with the forked child";
+}
+
+TEST_F(CpuClaimTest, LockFilesAreLockableByEveryUser) {
+  ::umask(077);  // even under a strict umask
+  CpuClaim claim = CpuClaim::pick(1, 2, allowed_, dir_);
+  ::umask(022);
+  ASSERT_TRUE(claim.claimed()) << claim.note();
+  struct stat st;
+  ASSERT_EQ(::stat((dir_ + "/hora-cpu-3.lock").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0666u);
+  EXPECT_FALSE(claim.warn());
 }
 
 TEST_F(CpuClaimTest, RanksOutnumberingCpusShareThemByLocalRankUnclaimed) {
@@ -104,6 +142,8 @@ TEST_F(CpuClaimTest, NoDirectoryOrNoRoomFallsBackToLocalRank) {
   EXPECT_FALSE(missing.claimed());
   EXPECT_NE(missing.note().find("cannot open"), std::string::npos) << missing.note();
   EXPECT_NE(missing.note().find("HORA_CPU_CLAIM_DIR"), std::string::npos) << missing.note();
+  EXPECT_TRUE(missing.warn());
+  EXPECT_FALSE(off.warn());
 }
 
 TEST_F(CpuClaimTest, OneAllowedCpuOrNoLocalRankClaimsNothing) {

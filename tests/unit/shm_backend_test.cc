@@ -522,6 +522,24 @@ TEST(ShmBackendTest, StalledPeerTimesOutNamingIt) {
   EXPECT_FALSE(w.world[0]->barrier().isOk());
 }
 
+TEST(ShmBackendTest, AWaitForAStalledPeerCallsTheWaitHookWhileItSleeps) {
+  // The control thread running a collective itself tells its peers it is
+  // alive through this hook (Backend::setWaitHook): it must be called all
+  // along a long wait, and no longer once cleared.
+  ShmWorld w = makeShmWorld(2, 4096, milliseconds(300));
+  int calls = 0;
+  w.world[0]->setWaitHook([&] { ++calls; });
+  std::vector<float> v(1000, 1.0f);
+  Status s = w.world[0]->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+  EXPECT_EQ(s.code(), Code::kTimeout) << s.toString();
+  // 300 ms in slices of a few ms: dozens of calls (loaded machines sleep longer).
+  EXPECT_GE(calls, 10);
+  const int before = calls;
+  w.world[0]->setWaitHook(nullptr);
+  EXPECT_FALSE(w.world[0]->barrier().isOk());  // failed at once, no wait
+  EXPECT_EQ(calls, before);
+}
+
 TEST(ShmBackendTest, ReducescatterAlltoallAndBarrierWithAStalledPeerTimeOutNamingIt) {
   for (int which = 0; which < 3; ++which) {
     ShmWorld w = makeShmWorld(2, 4096, milliseconds(600));

@@ -145,6 +145,17 @@ TEST(ShmLaneTest, AWriterRingsOnlyAReaderThatDoesNotPoll) {
   EXPECT_FALSE(p.worker->hasInput());
 }
 
+TEST(ShmLaneTest, ARankBusyElsewhereIsSeenAliveByItsPeer) {
+  LanePair p = makePair(4096);
+  EXPECT_EQ(p.coord->aliveAt(1).time_since_epoch().count(), 0) << "never marked";
+  const auto before = std::chrono::steady_clock::now();
+  p.worker->markAlive();
+  const auto seen = p.coord->aliveAt(1);
+  EXPECT_GE(seen, before);
+  EXPECT_LE(seen, std::chrono::steady_clock::now());
+  EXPECT_EQ(p.worker->aliveAt(0).time_since_epoch().count(), 0) << "the coordinator never was";
+}
+
 TEST(ShmLaneTest, AMalformedStreamIsReportedOnceAndDropped) {
   LanePair p = makePair(4096);
   const char garbage[8] = {0, 0, 0, 0, 42, 1, 2, 3};  // length 0, type 42

@@ -301,6 +301,17 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   if (ctx.cpu >= 0) ctx.processCpus = allowedCpus();
   ps->executor_ = std::make_unique<Executor>(std::move(ctx), ps->queue_, o.gpu);
 
+  // Only on the shared-memory data plane: its waits notice a dead peer at
+  // once and a stalled one after the peer timeout on their own, without the
+  // heartbeats this thread stops sending meanwhile (Gloo across hosts: not
+  // measured, and a round trip there is long).
+  if (onShm && o.runOnControlMaxBytes > 0) {
+    Executor* ex = ps->executor_.get();
+    ControlPlane* cp = ps->cp_.get();
+    ps->controller_->setSmallGroupRunner(
+        [ex, cp](AgreedGroup& g) { ex->runHere(g, [cp] { cp->markAlive(); }); },
+        o.runOnControlMaxBytes);
+  }
   ps->controller_->start();
   ps->executor_->start();
   return ps;

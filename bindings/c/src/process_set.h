@@ -65,6 +65,8 @@ struct SetOptions {
   // HORA_INLINE_MAX_BYTES (SetControllerOptions::inlineMaxBytes); -1: picked
   // by the set's data plane when it is created (process_set.cc).
   int64_t inlineMaxBytes = -1;
+  // HORA_RUN_ON_CONTROL_MAX_BYTES (SetController::setSmallGroupRunner); 0: off.
+  size_t runOnControlMaxBytes = 0;
   // Online autotune (core/autotune.h, controllers/autotune_driver.h): on, its
   // CSV log, its seed, and the parameters that stay as configured.
   bool autotune = true;

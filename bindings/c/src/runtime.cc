@@ -558,6 +558,11 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
                            "most " +
                            std::to_string(kMaxInlineBytes) +
                            " bytes (0 turns it off, -1 picks by data plane)");
+  const int64_t onControl = p.getInt("HORA_RUN_ON_CONTROL_MAX_BYTES");
+  if (onControl < 0 || onControl > (int64_t{1} << 30))
+    return invalidArgument("HORA_RUN_ON_CONTROL_MAX_BYTES=" + std::to_string(onControl) +
+                           " is out of range: 0 (off) to 1073741824 bytes");
+  so.runOnControlMaxBytes = static_cast<size_t>(onControl);
   so.autotune = p.getBool("HORA_AUTOTUNE");
   so.autotuneLog = p.getString("HORA_AUTOTUNE_LOG");
   so.autotuneSeed = static_cast<uint64_t>(p.getInt("HORA_AUTOTUNE_SEED"));
@@ -688,14 +693,16 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
     rt->cpuClaim_ = CpuClaim::pick(rt->id_.localRank, rt->id_.localSize, allowedCpus(),
                                    p.getString("HORA_CPU_CLAIM_DIR"));
     globalOpts.executorCpu = rt->cpuClaim_.cpu();
-    if (globalOpts.executorCpu >= 0)
-      HORA_LOG(rt->logger_, kInfo)
-          << "rank " << id.rank << ": the global set's executor runs on CPU "
-          << globalOpts.executorCpu << " (local rank " << rt->id_.localRank << ", "
-          << rt->cpuClaim_.note() << "; HORA_BIND_EXECUTOR=0 unbinds it)";
+    const std::string where = globalOpts.executorCpu >= 0
+                                  ? "runs on CPU " + std::to_string(globalOpts.executorCpu) +
+                                        " (local rank " + std::to_string(rt->id_.localRank) + ", " +
+                                        rt->cpuClaim_.note() + "; HORA_BIND_EXECUTOR=0 unbinds it)"
+                                  : "is not bound: " + rt->cpuClaim_.note();
+    if (rt->cpuClaim_.warn())
+      HORA_LOG(rt->logger_, kWarning)
+          << "rank " << id.rank << ": the global set's executor " << where;
     else
-      HORA_LOG(rt->logger_, kInfo) << "rank " << id.rank << ": the global set's executor is not "
-                                   << "bound: " << rt->cpuClaim_.note();
+      HORA_LOG(rt->logger_, kInfo) << "rank " << id.rank << ": the global set's executor " << where;
   }
   auto g = ProcessSet::create("global", all, id.rank,
                               std::make_shared<PrefixStore>(rt->store_, "set/global"), globalOpts);
