@@ -384,11 +384,13 @@ void SetController::queueGroup(std::vector<Response> responses) {
   // Small allreduces of host tensors on a set whose frames all went out
   // through the shared-memory lane: the data plane on this thread when the
   // executor is idle, sparing the hand-off (bench/results/
-  // 2026-11-27-small-on-control.md: 1.3-1.5x faster at 2 ranks from 64 KiB
-  // to 1 MiB). Only with the lane flushed: the coordinator's peers then have
-  // their responses without this thread polling again, so no rank waits in
-  // the data plane for one that waits for this thread. A wait inside gives
-  // up after the peer timeout or on a dead peer as the executor's would.
+  // 2026-11-27-small-on-control.md: up to 1.4x faster at 2 ranks from 16 KiB
+  // to 1 MiB, and steady between launches). Only with the lane flushed: the
+  // coordinator's peers then have their responses without this thread
+  // polling again, so no rank waits in the data plane for one that waits for
+  // this thread. A wait inside gives up after the peer timeout or on a dead
+  // peer as the executor's would, and meanwhile tells the peers this rank is
+  // alive (the runner's wait hook, ControlPlane::markAlive).
   if (smallRunner_ && !stopping_ && runsHere(g) && cp_.laneFlushed() && queue_.tryBeginInline()) {
     if (opts_.telemetry) opts_.telemetry->ranOnControl();
     smallRunner_(g);
