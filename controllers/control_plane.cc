@@ -488,8 +488,10 @@ void ControlPlane::broadcast(FrameType type, const std::string& payload) {
 
 bool ControlPlane::laneFlushed() const {
   if (!lane_ || lane_->hasPending()) return false;
+  // Nor anything on a socket: a doorbell for a peer asleep in its event loop
+  // may wait behind a write this thread has not seen complete.
   for (const auto& p : peers_)
-    if (p && !p->lost && !p->afterLane.empty()) return false;
+    if (p && !p->lost && (!p->afterLane.empty() || p->writing || !p->outq.empty())) return false;
   return true;
 }
 
@@ -506,10 +508,10 @@ void ControlPlane::markAlive() {
     if (::ioctl(p->sock.native_handle(), FIONREAD, &onSocket) != 0) onSocket = 0;
     const uint64_t unread = static_cast<uint64_t>(std::max(onSocket, 0)) +
                             (lane_ ? lane_->readableFrom(isCoordinator() ? p->rank : 0) : 0);
-    if (unread != p->unreadSeen) {
-      p->unreadSeen = unread;
-      p->lastHeard = now;
-    }
+    // Only growth is news: reading (the event loop, between busy spells)
+    // shrinks it.
+    if (unread > p->unreadSeen) p->lastHeard = now;
+    p->unreadSeen = unread;
   }
 }
 
@@ -585,6 +587,7 @@ bool ControlPlane::pollLane() {
                             peerName(p->rank) + " in the shared-memory lane"));
       return;
     }
+    p->unreadSeen = 0;  // markAlive's baseline: this was read
     if (cb_.onFrame) cb_.onFrame(from, type, std::move(payload));
   };
   h.bad = [this](int from, Status why) {

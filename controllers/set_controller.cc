@@ -391,12 +391,13 @@ void SetController::queueGroup(std::vector<Response> responses) {
   // this thread. A wait inside gives up after the peer timeout or on a dead
   // peer as the executor's would, and meanwhile tells the peers this rank is
   // alive (the runner's wait hook, ControlPlane::markAlive).
-  if (smallRunner_ && !stopping_ && runsHere(g) && cp_.laneFlushed() && queue_.tryBeginInline()) {
-    if (opts_.telemetry) opts_.telemetry->ranOnControl();
-    smallRunner_(g);
+  if (smallRunner_ && !stopping_ && runsHere(g) && cp_.laneFlushed() && queue_.tryBeginInline(&g)) {
+    const bool ran = smallRunner_(g);
     queue_.endInline();
-    if (link_->wantsExecutorIdle()) cp_.post([this] { link_->executorIdle(); });
-    return;
+    if (ran) {
+      if (link_->wantsExecutorIdle()) cp_.post([this] { link_->executorIdle(); });
+      return;
+    }
   }
   queue_.push(std::move(g));
 }

@@ -88,7 +88,8 @@ class SetController : public CoordinatorLink::Client {
   // executor idle, and every frame handed to the shared-memory lane, run on
   // the control thread through `run` (the executor's runHere): one thread
   // hand-off less. Set before start(); none by default.
-  void setSmallGroupRunner(std::function<void(AgreedGroup&)> run, size_t maxBytes) {
+  // `run` returns false, running nothing, to leave the group to the executor.
+  void setSmallGroupRunner(std::function<bool(AgreedGroup&)> run, size_t maxBytes) {
     smallRunner_ = std::move(run);
     smallRunnerMaxBytes_ = maxBytes;
   }
@@ -164,7 +165,7 @@ class SetController : public CoordinatorLink::Client {
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> autoNames_[static_cast<int>(CollectiveKind::kCount)] = {};
 
-  std::function<void(AgreedGroup&)> smallRunner_;
+  std::function<bool(AgreedGroup&)> smallRunner_;
   size_t smallRunnerMaxBytes_ = 0;
   std::thread thread_;
   // Set by the control thread itself (reading thread_ from it would race

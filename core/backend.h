@@ -97,6 +97,13 @@ class Backend {
   // (ControlPlane::markAlive). Set and cleared on the thread that calls the
   // collectives, between them. Default: ignored (waits too short to matter).
   virtual void setWaitHook(std::function<void()> hook) { (void)hook; }
+  // Whether an allreduce of `count` elements of `dtype` would call that hook
+  // while it waits (the control thread runs only those itself).
+  virtual bool callsWaitHook(size_t count, DataType dtype) const {
+    (void)count;
+    (void)dtype;
+    return false;
+  }
   // Whether allreduceGather of `count` elements of `dtype` uses its staging
   // argument. The runtime skips allocating (and first touching) a staging
   // buffer when it does not: with ShmBackend the fusion buffer is the

@@ -46,14 +46,21 @@ void GroupQueue::push(AgreedGroup group) {
   ready_.notify_one();
 }
 
-bool GroupQueue::tryBeginInline() {
+bool GroupQueue::tryBeginInline(const AgreedGroup* group) {
   std::lock_guard<std::mutex> lk(mu_);
   if (!queue_.empty() || inFlight_ > 0) return false;
   ++inFlight_;
+  if (group) running_ = describe(*group) + " (on the control thread)";
   return true;
 }
 
-void GroupQueue::endInline() { leave(); }
+void GroupQueue::endInline() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    running_.clear();
+  }
+  leave();
+}
 
 bool GroupQueue::pop(AgreedGroup* out) {
   spinUntil(spin_, [&] {

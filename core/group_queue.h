@@ -40,8 +40,9 @@ class GroupQueue {
 
   void push(AgreedGroup group);
   // True (and counted in flight) when nothing is queued or running: the
-  // caller completes the group itself, then calls endInline().
-  bool tryBeginInline();
+  // caller completes the group itself, then calls endInline(). `group`
+  // (optional): what runningSummary() reports meanwhile.
+  bool tryBeginInline(const AgreedGroup* group = nullptr);
   void endInline();
 
   // Blocks until a group is queued (true) or the queue is closed (false;

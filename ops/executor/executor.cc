@@ -49,10 +49,19 @@ void Executor::run() {
   }
 }
 
-void Executor::runHere(AgreedGroup& group, std::function<void()> whileWaiting) {
-  if (ctx_.backend) ctx_.backend->setWaitHook(std::move(whileWaiting));
+bool Executor::runHere(AgreedGroup& group, std::function<void()> whileWaiting) {
+  if (!ctx_.backend || group.tuning || group.responses.empty()) return false;
+  int64_t elements = 0;
+  for (const Response& r : group.responses) elements += r.numElements();
+  if (!ctx_.backend->callsWaitHook(static_cast<size_t>(elements), group.responses[0].dtype))
+    return false;
+  // Counted before it runs: its requests complete inside execute(), and a
+  // caller may read the metrics the moment they do.
+  if (ctx_.telemetry) ctx_.telemetry->ranOnControl();
+  ctx_.backend->setWaitHook(std::move(whileWaiting));
   execute(group);
-  if (ctx_.backend) ctx_.backend->setWaitHook(nullptr);
+  ctx_.backend->setWaitHook(nullptr);
+  return true;
 }
 
 void Executor::execute(AgreedGroup& g) {

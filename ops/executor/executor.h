@@ -53,8 +53,11 @@ class Executor {
   // sits in pop() and the two never touch the data plane at once (the
   // queue's mutex orders their accesses).
   // `whileWaiting` goes to the backend's wait hook for the call
-  // (Backend::setWaitHook).
-  void runHere(AgreedGroup& group, std::function<void()> whileWaiting);
+  // (Backend::setWaitHook). False, running nothing, when the backend would
+  // not call it (the group goes to the fallback: Gloo's waits cannot) or the
+  // group carries new autotune values (which may change that): the caller
+  // then queues the group for the executor.
+  bool runHere(AgreedGroup& group, std::function<void()> whileWaiting);
 
  private:
   void run();

@@ -94,7 +94,9 @@ Status ShmBackend::fail(Status s) {
 void ShmBackend::abort() noexcept {
   aborted_.store(true, std::memory_order_release);
   fallback_->abort();
-  shmFutexWakeAll(segs_[rank_]->header().doorbell.value);
+  // Tell the peers too (ShmHeader::gaveUp), and wake any that sleep.
+  segs_[rank_]->header().gaveUp.value.store(1, std::memory_order_seq_cst);
+  for (const auto& seg : segs_) shmFutexWakeAll(seg->header().doorbell.value);
 }
 
 std::string ShmBackend::rankName(int r) const {
@@ -159,6 +161,13 @@ Status ShmBackend::waitFor(int peer, ShmCounter ShmHeader::*which, uint32_t want
     if (aborted_.load(std::memory_order_acquire))
       return Status(Code::kRemoteError, what + ": aborted while waiting for " + who + " to " +
                                             phase + " (a peer rank was lost)");
+    for (int j = 0; j < size_; ++j)
+      if (j != rank_ && segs_[j]->header().gaveUp.value.load(std::memory_order_acquire) != 0)
+        return Status(Code::kRemoteError,
+                      what + ": " + rankName(j) +
+                          " gave up on its collectives (its process set failed or shut down "
+                          "there; its own error names the cause) while this rank waited for " +
+                          who + " to " + phase);
     if (watchPid_[peer] && ::kill(peerPid, 0) != 0 && errno == ESRCH)
       return Status(Code::kRemoteError,
                     what + ": " + who + " exited while this rank waited for it to " + phase);

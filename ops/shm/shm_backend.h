@@ -130,6 +130,10 @@ class ShmBackend : public Backend {
   // Called after every sleep slice of a wait for a peer (and passed on to
   // the fallback).
   void setWaitHook(std::function<void()> hook) override;
+  // Not for what the fallback runs (one rank, below minBytes).
+  bool callsWaitHook(size_t count, DataType dtype) const override {
+    return !delegates(count * dataTypeSize(dtype));
+  }
 
   // The cross stage of the hierarchical allreduce (HierBackend): start(part,
   // count) hands over this rank's part of a chunk (`count` elements in its

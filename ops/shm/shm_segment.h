@@ -46,10 +46,15 @@ struct ShmHeader {
   ShmCounter consumed;  // chunks this rank has finished reading from all slots
   ShmCounter sleeping;  // 1 while the owner may be asleep on `doorbell`
   ShmCounter doorbell;  // futex word the owner sleeps on
+  // 1 once the owner's backend was aborted (its set failed or shut down): a
+  // peer waiting for it, or for a rank that waits for it, gives up at once
+  // instead of after the timeout. The owner's control thread may be the one
+  // waiting (HORA_RUN_ON_CONTROL_MAX_BYTES), reading no abort frames.
+  ShmCounter gaveUp;
 };
 
 constexpr uint64_t kShmMagic = 0x686f72612d73686dULL;  // "hora-shm"
-constexpr uint32_t kShmVersion = 1;
+constexpr uint32_t kShmVersion = 2;
 constexpr size_t kShmHeaderBytes = 4096;
 static_assert(sizeof(ShmHeader) <= kShmHeaderBytes, "header must fit its page");
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free");

@@ -141,5 +141,16 @@ TEST(GroupQueueTest, RunningSummaryNamesThePoppedGroupUntilItFinishes) {
   EXPECT_EQ(q.runningSummary(), "");
 }
 
+TEST(GroupQueueTest, RunningSummaryNamesAGroupTheControlThreadRuns) {
+  GroupQueue q;
+  AgreedGroup g = group("small");
+  ASSERT_TRUE(q.tryBeginInline(&g));
+  EXPECT_EQ(q.runningSummary(), "allreduce \"small\" (on the control thread)");
+  EXPECT_FALSE(q.tryBeginInline()) << "one at a time";
+  q.endInline();
+  EXPECT_EQ(q.runningSummary(), "");
+  EXPECT_EQ(q.inFlight(), 0);
+}
+
 }  // namespace
 }  // namespace hora

@@ -540,6 +540,42 @@ TEST(ShmBackendTest, AWaitForAStalledPeerCallsTheWaitHookWhileItSleeps) {
   EXPECT_EQ(calls, before);
 }
 
+TEST(ShmBackendTest, APeerThatGivesUpFailsItsWaitersAtOnceNamingIt) {
+  // Rank 2 aborts (its set failed) without ever joining the allreduce; rank
+  // 0 waits for rank 2 and rank 1 for both. Neither may wait out the 20 s
+  // timeout: a control thread running the collective itself reads no abort
+  // frame, so the news must come through shared memory.
+  ShmWorld w = makeShmWorld(3, 4096, milliseconds(20000));
+  std::vector<Status> got(2);
+  std::vector<std::thread> ts;
+  const auto start = Clock::now();
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      std::vector<float> v(10000, 1.0f);
+      got[r] = w.world[r]->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+    });
+  std::this_thread::sleep_for(milliseconds(100));
+  w.world[2]->abort();
+  for (auto& t : ts) t.join();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(got[r].code(), Code::kRemoteError) << got[r].toString();
+    EXPECT_NE(got[r].message().find("rank 2 gave up"), std::string::npos) << got[r].toString();
+  }
+}
+
+TEST(ShmBackendTest, OnlyWhatRunsOnSharedMemoryCallsTheWaitHook) {
+  ShmWorld two = makeShmWorld(2, [](int) {
+    ShmBackendOptions so;
+    so.minBytes = 4096;
+    return so;
+  });
+  EXPECT_TRUE(two.world[0]->callsWaitHook(1024, DataType::kFloat32));   // 4 KiB
+  EXPECT_FALSE(two.world[0]->callsWaitHook(1023, DataType::kFloat32));  // below: Gloo
+  ShmWorld one = makeShmWorld(1, 4096);
+  EXPECT_FALSE(one.world[0]->callsWaitHook(1 << 20, DataType::kFloat32));  // one rank
+}
+
 TEST(ShmBackendTest, ReducescatterAlltoallAndBarrierWithAStalledPeerTimeOutNamingIt) {
   for (int which = 0; which < 3; ++which) {
     ShmWorld w = makeShmWorld(2, 4096, milliseconds(600));

@@ -55,7 +55,8 @@ TEST_F(ShmSegmentTest, FileOfTheRightSizeWithoutAHoraHeaderIsRefused) {
   auto s = ShmSegment::open(dir_, "junk", kSlot);
   ASSERT_FALSE(s.isOk());
   EXPECT_EQ(s.status().code(), Code::kSystemError);
-  EXPECT_NE(s.status().message().find("is not a hora v1 segment with 65536-byte slots"),
+  EXPECT_NE(s.status().message().find("is not a hora v" + std::to_string(kShmVersion) +
+                                      " segment with 65536-byte slots"),
             std::string::npos)
       << s.status().message();
 }

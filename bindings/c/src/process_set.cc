@@ -309,7 +309,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
     Executor* ex = ps->executor_.get();
     ControlPlane* cp = ps->cp_.get();
     ps->controller_->setSmallGroupRunner(
-        [ex, cp](AgreedGroup& g) { ex->runHere(g, [cp] { cp->markAlive(); }); },
+        [ex, cp](AgreedGroup& g) { return ex->runHere(g, [cp] { cp->markAlive(); }); },
         o.runOnControlMaxBytes);
   }
   ps->controller_->start();
