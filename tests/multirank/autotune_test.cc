@@ -24,20 +24,7 @@ using htest::runProcesses;
 using htest::runThreads;
 using htest::waitAndFree;
 
-std::string metrics(hora_runtime_t rt) {
-  size_t need = 0;
-  if (hora_metrics_snapshot(rt, nullptr, HORA_METRICS_JSON, nullptr, 0, &need) != HORA_SUCCESS)
-    return "";
-  for (int tries = 0; tries < 8; ++tries) {
-    std::string buf(need + 256, '\0');
-    if (hora_metrics_snapshot(rt, nullptr, HORA_METRICS_JSON, buf.data(), buf.size(), &need) ==
-        HORA_SUCCESS) {
-      buf.resize(need - 1);
-      return buf;
-    }
-  }
-  return "";
-}
+using htest::metrics;
 
 // The "autotune" object of a metrics JSON text.
 std::string autotunePart(const std::string& json) {

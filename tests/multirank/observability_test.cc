@@ -26,23 +26,7 @@ using htest::runProcesses;
 using htest::runThreads;
 using htest::waitAndFree;
 
-std::string metrics(hora_runtime_t rt, int32_t format = HORA_METRICS_JSON) {
-  size_t need = 0;
-  if (hora_metrics_snapshot(rt, nullptr, format, nullptr, 0, &need) != HORA_SUCCESS) return "";
-  // The text can grow between the two calls (counters move): retry with the
-  // size the library reports, as hora.h says.
-  for (int tries = 0; tries < 8; ++tries) {
-    std::string buf(need, '\0');
-    const hora_status_t s =
-        hora_metrics_snapshot(rt, nullptr, format, buf.data(), buf.size(), &need);
-    if (s == HORA_SUCCESS) {
-      buf.resize(need - 1);
-      return buf;
-    }
-    if (s != HORA_ERR_INVALID_ARGUMENT || need <= buf.size()) return "";
-  }
-  return "";
-}
+using htest::metrics;
 
 hora_request_t allreduce(hora_runtime_t rt, const std::string& name, std::vector<float>* in,
                          std::vector<float>* out, std::vector<int64_t>* shape) {

@@ -71,6 +71,9 @@ hora_status_t waitAndFree(hora_request_t req, double timeoutS = 60, std::string*
 // The message of the last waitAndFree on this thread (hora_request_free
 // clears hora_last_error_message, so it is kept here).
 const std::string& lastMessage();
+// The global set's metrics as hora_metrics_snapshot writes them in `format`
+// (JSON by default); "" when the call fails.
+std::string metrics(hora_runtime_t rt, int32_t format = HORA_METRICS_JSON);
 
 }  // namespace htest
 

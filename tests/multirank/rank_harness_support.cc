@@ -245,6 +245,24 @@ thread_local std::string tlsMessage;
 }
 const std::string& lastMessage() { return tlsMessage; }
 
+std::string metrics(hora_runtime_t rt, int32_t format) {
+  size_t need = 0;
+  if (hora_metrics_snapshot(rt, nullptr, format, nullptr, 0, &need) != HORA_SUCCESS) return "";
+  // The text can grow between the two calls (counters move): retry with the
+  // size the library reports, as hora.h says.
+  for (int tries = 0; tries < 8; ++tries) {
+    std::string buf(need, '\0');
+    const hora_status_t s =
+        hora_metrics_snapshot(rt, nullptr, format, buf.data(), buf.size(), &need);
+    if (s == HORA_SUCCESS) {
+      buf.resize(need - 1);
+      return buf;
+    }
+    if (s != HORA_ERR_INVALID_ARGUMENT || need <= buf.size()) return "";
+  }
+  return "";
+}
+
 hora_status_t waitAndFree(hora_request_t req, double timeoutS, std::string* message) {
   hora_status_t s = hora_wait(req, timeoutS);
   tlsMessage = hora_last_error_message();

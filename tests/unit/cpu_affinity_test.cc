@@ -43,7 +43,6 @@ class CpuClaimTest : public ::testing::Test {
   void TearDown() override {
     for (int cpu : {2, 3, 5, 8})
       ::unlink((dir_ + "/hora-cpu-" + std::to_string(cpu) + ".lock").c_str());
-    ::chmod(dir_.c_str(), 0700);
     ::rmdir(dir_.c_str());
   }
   std::string dir_;
@@ -110,9 +109,9 @@ TEST_F(CpuClaimTest, AReleasedClaimIsFreeEvenWhileAForkedChildLives) {
 }
 
 TEST_F(CpuClaimTest, LockFilesAreLockableByEveryUser) {
-  ::umask(077);  // even under a strict umask
+  const mode_t before = ::umask(077);  // even under a strict umask
   CpuClaim claim = CpuClaim::pick(1, 2, allowed_, dir_);
-  ::umask(022);
+  ::umask(before);
   ASSERT_TRUE(claim.claimed()) << claim.note();
   struct stat st;
   ASSERT_EQ(::stat((dir_ + "/hora-cpu-3.lock").c_str(), &st), 0);
