@@ -488,10 +488,14 @@ void ControlPlane::broadcast(FrameType type, const std::string& payload) {
 
 bool ControlPlane::laneFlushed() const {
   if (!lane_ || lane_->hasPending()) return false;
-  // Nor anything on a socket: a doorbell for a peer asleep in its event loop
-  // may wait behind a write this thread has not seen complete.
+  // Nor anything queued on a socket behind the write in flight: a doorbell
+  // for a peer asleep in its event loop would wait there until this thread
+  // is back. The write in flight itself was already handed to the kernel
+  // (Asio writes at once when nothing is queued ahead), only its completion
+  // is pending.
   for (const auto& p : peers_)
-    if (p && !p->lost && (!p->afterLane.empty() || p->writing || !p->outq.empty())) return false;
+    if (p && !p->lost && (!p->afterLane.empty() || p->outq.size() > (p->writing ? 1u : 0u)))
+      return false;
   return true;
 }
 
