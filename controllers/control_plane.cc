@@ -499,6 +499,8 @@ bool ControlPlane::laneFlushed() const {
   return true;
 }
 
+bool ControlPlane::laneHasInput() const { return lane_ && lane_->hasInput(); }
+
 void ControlPlane::markAlive() {
   if (lane_) lane_->markAlive();
   // The peers keep talking while this thread reads nothing: bytes arriving

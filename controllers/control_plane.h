@@ -131,6 +131,9 @@ class ControlPlane {
   // control thread may block on work for a moment (SetController's small
   // groups). Control thread only.
   bool laneFlushed() const;
+  // Whether a peer wrote into the lane what this rank has not read yet.
+  // Control thread only.
+  bool laneHasInput() const;
   // While the control thread runs a collective itself (and neither reads
   // nor sends frames), now and then: tells the peers through the lane that
   // this rank is alive, so that they do not take its silence for a stall,

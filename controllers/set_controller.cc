@@ -155,6 +155,31 @@ void SetController::drainInbox() {
     }
   }
   link_->submit(std::move(list));
+  if (packer_ && batch.size() == 1) packAhead(*batch.front());
+}
+
+void SetController::packAhead(TensorEntry& e) {
+  const Request& r = e.request;
+  // A tensor that travels inside the negotiation never reaches the data plane.
+  if (e.completed || stopping_ || health_.broken() || r.kind != CollectiveKind::kAllreduce ||
+      r.device.kind != DeviceKind::kCpu || !r.payload.empty())
+    return;
+  {
+    std::lock_guard<std::mutex> lk(tableMu_);
+    // The only tensor pending and not agreed yet (on the coordinator the
+    // submit above may have agreed and run it already): its group most
+    // likely runs alone and next, so what is packed now is what it packs
+    // first. Otherwise the packing would be wasted.
+    if (table_.size() != 1 || !inbox_.empty()) return;
+    auto it = table_.find(r.name);
+    if (it == table_.end() || it->second.get() != &e) return;
+  }
+  // Only with every frame of this rank already in the lane (its request
+  // above included): packing must not hold back what its peers wait for.
+  if (!cp_.laneFlushed()) return;
+  if (!queue_.tryBeginInline()) return;  // the executor is busy: it owns the data plane
+  packer_(e, [this] { return cp_.laneHasInput(); });
+  queue_.endInline();
 }
 
 std::string SetController::inlinePayload(const TensorEntry& e) const {

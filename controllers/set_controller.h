@@ -93,6 +93,15 @@ class SetController : public CoordinatorLink::Client {
     smallRunner_ = std::move(run);
     smallRunnerMaxBytes_ = maxBytes;
   }
+  // Packs an allreduce's first chunk into the data plane's memory while its
+  // negotiation is under way (the executor's prepareHere), when it is the
+  // only tensor pending, this rank's request is already in the shared-memory
+  // lane and the executor is idle. `pack` gets a stop function to ask
+  // between pieces (true: the lane has input; the negotiation's answer
+  // comes first). Set before start(); none by default.
+  void setPacker(std::function<bool(TensorEntry&, const std::function<bool()>&)> pack) {
+    packer_ = std::move(pack);
+  }
   void start();
 
   // Framework threads. On failure nothing was enqueued.
@@ -122,6 +131,8 @@ class SetController : public CoordinatorLink::Client {
 
  private:
   void drainInbox();
+  // After `e`'s request went out: packer_, when it applies (see setPacker).
+  void packAhead(TensorEntry& e);
   // The entry's prescaled tensor when it may travel in its request
   // (SetControllerOptions::inlineMaxBytes), else empty.
   std::string inlinePayload(const TensorEntry& e) const;
@@ -167,6 +178,7 @@ class SetController : public CoordinatorLink::Client {
 
   std::function<bool(AgreedGroup&)> smallRunner_;
   size_t smallRunnerMaxBytes_ = 0;
+  std::function<bool(TensorEntry&, const std::function<bool()>&)> packer_;
   std::thread thread_;
   // Set by the control thread itself (reading thread_ from it would race
   // with its assignment in start()).

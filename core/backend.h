@@ -113,6 +113,32 @@ class Backend {
     (void)dtype;
     return true;
   }
+  // Packing ahead (HORA_PACK_AHEAD): while an allreduce still waits for its
+  // negotiation's answer, packs what allreduceGatherCombine(count, dtype,
+  // op, pack, ..., a combine function offered) would pack first, provided
+  // that allreduce is this backend's next collective, and keeps it under
+  // `token` (non-zero, never used twice). Returns whether it packed; false
+  // (the default) costs nothing and changes nothing. Never waits: it packs
+  // only when the memory is free now. `stop` (may be empty) is asked
+  // between pieces of a few KiB: true makes it stop there and keep what it
+  // packed so far (the caller has other work: the negotiation's answer).
+  // Called on the thread that calls the collectives, between them.
+  virtual bool prepackAllreduce(uint64_t token, size_t count, DataType dtype, ReduceOp op,
+                                const PackFn& pack, const std::function<bool()>& stop) {
+    (void)token;
+    (void)count;
+    (void)dtype;
+    (void)op;
+    (void)pack;
+    (void)stop;
+    return false;
+  }
+  // The token of the allreduce that the next allreduceGather(Combine) call
+  // runs (0: none): when it matches what prepackAllreduce kept, and nothing
+  // ran in between, that call skips packing what was packed ahead (pack is
+  // then not called for those elements: they count as packed). Any
+  // collective drops what was packed ahead; a mismatch only costs the pack.
+  virtual void expectPrepacked(uint64_t token) { (void)token; }
   // Rank r contributes counts[r] elements; `out` receives all of them in
   // rank order (sum(counts) elements). `in` may be null when counts[rank]==0.
   virtual Status allgatherv(const void* in, void* out, const std::vector<size_t>& counts,

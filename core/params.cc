@@ -119,6 +119,12 @@ const std::vector<ParamSpec>& paramRegistry() {
        "process set's control thread instead of its executor when the executor is idle, one "
        "thread hand-off less. Only for sets on the shared-memory data plane (one host) that "
        "negotiate through shared memory; 0 hands every group to the executor."},
+      {"HORA_PACK_AHEAD", ParamType::kBool, "1",
+       "While an allreduce of a host tensor is still being negotiated and is the only tensor "
+       "pending, the control thread packs its first chunk into shared memory, so that once every "
+       "rank agreed it is published at once instead of packed then. Only for sets on the "
+       "shared-memory data plane (one host); never waits for a peer; 0 packs when the allreduce "
+       "runs."},
       {"HORA_INLINE_MAX_BYTES", ParamType::kInt, "-1",
        "Allreduces of host tensors up to this size travel inside the negotiation: each rank's "
        "request carries its tensor, the coordinator reduces them and its response carries the "

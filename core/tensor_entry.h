@@ -71,6 +71,11 @@ struct TensorEntry {
   std::shared_ptr<RequestSink> sink;
   std::atomic<bool> completed{false};
   EntryTrace trace;
+  // Non-zero: the data plane packed this allreduce's input ahead of its
+  // negotiation's answer under this token (Backend::prepackAllreduce).
+  // Written by the control thread before the entry's group is agreed, read
+  // by whichever thread runs the group (the group's hand-off orders them).
+  uint64_t prepackToken = 0;
 
   // The first call wins; later ones (a failure racing the result) are no-ops.
   void complete(const Status& status) {

@@ -114,8 +114,32 @@ Status CpuPath::allreduceOne(const Response& r, TensorEntry* e) {
     });
     return true;
   };
+  be.expectPrepacked(e ? e->prepackToken : 0);
   Status s = be.allreduceGatherCombine(data, n, dt, x.op, pack, unpack, combine);
   return s.isOk() ? s : dataPlaneFailure(ctx_, s, describe("allreduce", r));
+}
+
+bool CpuPath::prepack(TensorEntry& e, const std::function<bool()>& stop) {
+  const Request& q = e.request;
+  if (q.kind != CollectiveKind::kAllreduce || q.device.kind != DeviceKind::kCpu || !e.in)
+    return false;
+  const int64_t n = numElements(q.shape);
+  if (n <= 0) return false;
+  const DataType dt = q.dtype;
+  const size_t esz = dataTypeSize(dt);
+  const double pre = q.prescale;
+  // allreduceOne's pack for an entry of this rank (the response agrees with
+  // the request on all of these, or it is an error and nothing runs).
+  auto pack = [&](size_t lo, size_t hi, void* dst) {
+    const char* src = static_cast<const char*>(e.in) + lo * esz;
+    scaleCopy(dt, static_cast<char*>(dst), src, hi - lo, pre);
+  };
+  const ReduceOp op = q.op == ReduceOp::kAverage ? ReduceOp::kSum : q.op;
+  const uint64_t token = ++lastPrepackToken_;
+  if (!ctx_.backend->prepackAllreduce(token, static_cast<size_t>(n), dt, op, pack, stop))
+    return false;
+  e.prepackToken = token;
+  return true;
 }
 
 Status CpuPath::allreduceFused(const std::vector<Response>& group,
@@ -187,6 +211,7 @@ Status CpuPath::allreduceFused(const std::vector<Response>& group,
     });
     return true;
   };
+  be.expectPrepacked(0);
   Status s = be.allreduceGatherCombine(buf, total, dt, x.op, pack, unpack, combine);
   if (s.isOk()) return s;
   return dataPlaneFailure(

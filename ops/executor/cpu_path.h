@@ -23,6 +23,13 @@ class CpuPath : public CollectivePath {
   Status alltoall(const Response& r, TensorEntry* e, Status* outputLost) override;
   Status reducescatter(const Response& r, TensorEntry* e, Status* outputLost) override;
 
+  // Packs the first chunk of `e`'s allreduce into the data plane's memory
+  // before its negotiation's answer arrives (Backend::prepackAllreduce) and
+  // marks the entry; its allreduce then skips that packing if nothing ran
+  // in between. Returns whether it packed. Same thread rules as the
+  // collectives (Executor::prepareHere).
+  bool prepack(TensorEntry& e, const std::function<bool()>& stop);
+
   // Time the last allreduce spent packing into and unpacking out of the data
   // plane's memory (core/telemetry.h's timeline). Backends interleave both
   // with the network waits, range by range, so these are sums, not spans.
@@ -40,6 +47,7 @@ class CpuPath : public CollectivePath {
   HostBuffer fusion_;
   // Atomic: a backend may call pack/unpack from a thread of its own.
   std::atomic<int64_t> packNs_{0}, unpackNs_{0};
+  uint64_t lastPrepackToken_ = 0;  // tokens handed out so far
 };
 
 }  // namespace hora

@@ -64,6 +64,13 @@ bool Executor::runHere(AgreedGroup& group, std::function<void()> whileWaiting) {
   return true;
 }
 
+bool Executor::prepareHere(TensorEntry& entry, const std::function<bool()>& stop) {
+  if (!ctx_.backend || ctx_.health->suspected()) return false;
+  const bool packed = cpu_.prepack(entry, stop);
+  if (packed && ctx_.telemetry) ctx_.telemetry->packedAhead();
+  return packed;
+}
+
 void Executor::execute(AgreedGroup& g) {
   HORA_CHECK(!g.responses.empty() && g.entries.size() == g.responses.size())
       << g.entries.size() << " entries for " << g.responses.size() << " responses";

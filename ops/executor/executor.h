@@ -58,6 +58,11 @@ class Executor {
   // group carries new autotune values (which may change that): the caller
   // then queues the group for the executor.
   bool runHere(AgreedGroup& group, std::function<void()> whileWaiting);
+  // Packs the first chunk of a host allreduce still being negotiated into
+  // the data plane's memory on the calling thread (CpuPath::prepack), under
+  // the same rule as runHere; `stop` as for Backend::prepackAllreduce.
+  // Returns whether it packed.
+  bool prepareHere(TensorEntry& entry, const std::function<bool()>& stop);
 
  private:
   void run();

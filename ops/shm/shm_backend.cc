@@ -33,6 +33,9 @@ constexpr int kSleepSliceMs = 5;
 constexpr size_t kSmallChunkBytes = 64 << 10;
 // Parts start on cache-line boundaries so two ranks never write one line.
 constexpr size_t kPartAlignBytes = 64;
+// Packing ahead asks its caller whether to stop after each piece of this
+// size (about a microsecond of copying here).
+constexpr size_t kPackAheadPieceBytes = 16 << 10;
 
 std::string describe(size_t count, DataType dtype, ReduceOp op) {
   return std::string("shm allreduce(count=") + std::to_string(count) +
@@ -194,10 +197,11 @@ void ShmBackend::tune(const TuningValues& v) {
   fallback_->tune(v);
 }
 
-void ShmBackend::packChunk(size_t base, size_t len, size_t skipLo, size_t skipHi, uint8_t* slot,
-                           size_t es, const PackFn& pack) {
-  if (skipLo > 0) pack(base, base + skipLo, slot);
-  if (skipHi < len) pack(base + skipHi, base + len, slot + skipHi * es);
+void ShmBackend::packChunk(size_t base, size_t from, size_t to, size_t skipLo, size_t skipHi,
+                           uint8_t* slot, size_t es, const PackFn& pack) {
+  const size_t aHi = std::min(to, skipLo), bLo = std::max(from, skipHi);
+  if (from < aHi) pack(base + from, base + aHi, slot + from * es);
+  if (bLo < to) pack(base + bLo, base + to, slot + bLo * es);
 }
 
 void ShmBackend::reduceOwnPart(size_t begin, size_t end, uint8_t* acc, uint32_t c, size_t at,
@@ -217,32 +221,100 @@ void ShmBackend::reduceOwnPart(size_t begin, size_t end, uint8_t* acc, uint32_t 
   if (!ownPacked) pack(begin, end, acc);  // no peer (not reached: size_ > 1)
 }
 
-Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
-                                const UnpackFn& unpack, const CombineFn& combine,
-                                const std::string& what) {
-  const size_t es = dataTypeSize(dtype);
-  const ReduceFn reduce = reduceFunction(dtype, op);
-  ShmSegment& own = *segs_[rank_];
+ShmBackend::ChunkPlan ShmBackend::planChunk(size_t base, size_t count, size_t es,
+                                            bool combine) const {
   const size_t chunkElems = std::max<size_t>(1, chunkBytes_ / es);
   const size_t align = std::max<size_t>(1, kPartAlignBytes / es);
   const size_t n = static_cast<size_t>(size_);
-  for (size_t base = 0; base < count; base += chunkElems) {
-    const size_t len = std::min(chunkElems, count - base);
+  ChunkPlan p;
+  p.len = std::min(chunkElems, count - base);
+  p.small = p.len * es <= scratch_.size();
+  const size_t per = (p.len + n - 1) / n;
+  p.partElems = (per + align - 1) / align * align;
+  p.lo = std::min(p.len, static_cast<size_t>(rank_) * p.partElems);
+  p.hi = std::min(p.len, static_cast<size_t>(rank_ + 1) * p.partElems);
+  // Split chunks: this rank's part of its own slot is read by no peer
+  // before this rank reduced it (step 2), so with a combine function it is
+  // not packed: step 2 reads it straight from the input.
+  p.skipOwn = !p.small && combine && p.hi > p.lo;
+  return p;
+}
+
+ShmBackend::Prepacked ShmBackend::takePrepacked() {
+  Prepacked p;
+  if (expected_ != 0 && prepacked_.token == expected_) p = prepacked_;
+  prepacked_ = Prepacked();
+  expected_ = 0;
+  return p;
+}
+
+bool ShmBackend::prepackAllreduce(uint64_t token, size_t count, DataType dtype, ReduceOp op,
+                                  const PackFn& pack, const std::function<bool()>& stop) {
+  prepacked_ = Prepacked();
+  const size_t es = dataTypeSize(dtype);
+  // With more ranks than cores no core idles while a rank waits for its
+  // answer: packing early only reorders the work on a busy core, and delays
+  // what that control thread owes its peers.
+  if (spinIterations_ == 0) return false;
+  if (token == 0 || count == 0 || delegates(count * es) || reduceFunction(dtype, op) == nullptr ||
+      !reduceOpSupported(op, dtype) || !checkUsable("pack ahead").isOk())
+    return false;
+  // The slot the next chunk uses must be free now (every peer done with the
+  // chunk before last, as waitSlotFree would wait for): never wait here.
+  const uint32_t c = static_cast<uint32_t>(chunks_);
+  if (chunks_ >= 2) {
+    for (int j = 0; j < size_; ++j)
+      if (j != rank_ &&
+          !shmReached(segs_[j]->header().consumed.value.load(std::memory_order_acquire), c - 1))
+        return false;
+  }
+  // As shmAllreduce's first chunk with a combine function offered.
+  const ChunkPlan p = planChunk(0, count, es, true);
+  const size_t skipLo = p.skipOwn ? p.lo : p.len, skipHi = p.skipOwn ? p.hi : p.len;
+  // In pieces, asking `stop` after each: the caller's other work waits at
+  // most one piece.
+  const size_t piece = std::max<size_t>(1, kPackAheadPieceBytes / es);
+  size_t to = 0;
+  while (to < p.len) {
+    const size_t from = to;
+    to = std::min(p.len, from + piece);
+    packChunk(0, from, to, skipLo, skipHi, segs_[rank_]->slot(c), es, pack);
+    if (to < p.len && stop && stop()) break;
+  }
+  prepacked_.packedTo = to;
+  prepacked_.token = token;
+  prepacked_.chunk = chunks_;
+  prepacked_.count = count;
+  prepacked_.len = p.len;
+  prepacked_.skipLo = skipLo;
+  prepacked_.skipHi = skipHi;
+  prepacked_.dtype = dtype;
+  prepacked_.op = op;
+  return true;
+}
+
+Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
+                                const UnpackFn& unpack, const CombineFn& combine,
+                                const Prepacked& ahead, const std::string& what) {
+  const size_t es = dataTypeSize(dtype);
+  const ReduceFn reduce = reduceFunction(dtype, op);
+  ShmSegment& own = *segs_[rank_];
+  for (size_t base = 0; base < count;) {
+    const ChunkPlan p = planChunk(base, count, es, static_cast<bool>(combine));
+    const size_t len = p.len, partElems = p.partElems, lo = p.lo, hi = p.hi;
+    const bool small = p.small, skipOwn = p.skipOwn;
+    auto partLo = [&](size_t j) { return std::min(len, j * partElems); };
+    auto partHi = [&](size_t j) { return std::min(len, (j + 1) * partElems); };
     const uint32_t c = static_cast<uint32_t>(chunks_);
     const uint32_t next = c + 1;
     HORA_RETURN_IF_ERROR(waitSlotFree(c, what));
     uint8_t* mine = own.slot(c);
-    const bool small = len * es <= scratch_.size();
-    // Split chunks: this rank's part of its own slot is read by no peer
-    // before this rank reduced it (step 2), so with a combine function it is
-    // not packed: step 2 reads it straight from the input.
-    const size_t per = (len + n - 1) / n;
-    const size_t partElems = (per + align - 1) / align * align;
-    auto partLo = [&](size_t j) { return std::min(len, j * partElems); };
-    auto partHi = [&](size_t j) { return std::min(len, (j + 1) * partElems); };
-    const size_t lo = partLo(rank_), hi = partHi(rank_);
-    const bool skipOwn = !small && combine && hi > lo;
-    packChunk(base, len, skipOwn ? lo : len, skipOwn ? hi : len, mine, es, pack);
+    const size_t skipLo = skipOwn ? lo : len, skipHi = skipOwn ? hi : len;
+    // Packed ahead (all or a prefix): the same allreduce, chunk and layout.
+    const bool packedAhead = base == 0 && ahead.token != 0 && ahead.chunk == chunks_ &&
+                             ahead.count == count && ahead.dtype == dtype && ahead.op == op &&
+                             ahead.len == len && ahead.skipLo == skipLo && ahead.skipHi == skipHi;
+    packChunk(base, packedAhead ? ahead.packedTo : 0, len, skipLo, skipHi, mine, es, pack);
     publish(&ShmHeader::packed, next);
     for (int j = 0; j < size_; ++j) {
       if (j == rank_) continue;
@@ -275,6 +347,7 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
       }
     }
     finishChunk();
+    base += len;
   }
   return Status::ok();
 }
@@ -288,6 +361,7 @@ Status ShmBackend::allreduceGatherCombine(void* staging, size_t count, DataType 
                                           const PackFn& pack, const UnpackFn& unpack,
                                           const CombineFn& combine) {
   const std::string what = describe(count, dtype, op);
+  const Prepacked ahead = takePrepacked();
   HORA_RETURN_IF_ERROR(checkUsable(what));
   if (reduceFunction(dtype, op) == nullptr || !reduceOpSupported(op, dtype))
     return invalidArgument(what + ": unsupported dtype/op");
@@ -296,13 +370,14 @@ Status ShmBackend::allreduceGatherCombine(void* staging, size_t count, DataType 
     return delegate(
         what, [&] { return fallback_->allreduceGather(staging, count, dtype, op, pack, unpack); });
   }
-  Status s = shmAllreduce(count, dtype, op, pack, unpack, combine, what);
+  Status s = shmAllreduce(count, dtype, op, pack, unpack, combine, ahead, what);
   return s.isOk() ? s : fail(s);
 }
 
 Status ShmBackend::allreduceCross(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
                                   const UnpackFn& unpack, const CrossStage& cross, bool overlap,
                                   const CombineFn& combine) {
+  (void)takePrepacked();  // whatever was packed ahead is overwritten now
   const std::string what = describe(count, dtype, op) + " inside a host";
   HORA_RETURN_IF_ERROR(checkUsable(what));
   if (reduceFunction(dtype, op) == nullptr || !reduceOpSupported(op, dtype))
@@ -343,7 +418,7 @@ Status ShmBackend::shmAllreduceCross(size_t count, DataType dtype, ReduceOp op, 
     // As in shmAllreduce: this rank's own part is read by no peer before it is
     // reduced, so with a combine function it is not packed.
     const bool skipOwn = combine && hi > lo;
-    packChunk(k.base, k.len, skipOwn ? lo : k.len, skipOwn ? hi : k.len, mine, es, pack);
+    packChunk(k.base, 0, k.len, skipOwn ? lo : k.len, skipOwn ? hi : k.len, mine, es, pack);
     publish(&ShmHeader::packed, c + 1);
     for (int j = 0; j < size_; ++j) {
       if (j == rank_) continue;
@@ -423,6 +498,7 @@ Status ShmBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp 
 
 Status ShmBackend::allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
                               DataType dtype) {
+  (void)takePrepacked();  // whatever was packed ahead is overwritten now
   size_t total = 0;
   for (size_t c : counts) total += c;
   const std::string what = std::string("shm allgatherv(total=") + std::to_string(total) +
@@ -475,6 +551,7 @@ Status ShmBackend::shmAllgatherv(const uint8_t* in, uint8_t* out, const std::vec
 }
 
 Status ShmBackend::broadcast(void* data, size_t count, DataType dtype, int root) {
+  (void)takePrepacked();  // whatever was packed ahead is overwritten now
   const std::string what = std::string("shm broadcast(count=") + std::to_string(count) +
                            ", dtype=" + dataTypeName(dtype) + ", root=" + std::to_string(root) +
                            ")";

@@ -116,6 +116,12 @@ class ShmBackend : public Backend {
                                 const CombineFn& combine) override;
   // Only where allreduceGather delegates (one rank, or below minBytes).
   bool needsStaging(size_t count, DataType dtype) const override;
+  // Packs the first chunk of the allreduce into this rank's slot for the
+  // next chunk when every peer is done with that slot now; the allreduce
+  // then publishes it at once, without packing.
+  bool prepackAllreduce(uint64_t token, size_t count, DataType dtype, ReduceOp op,
+                        const PackFn& pack, const std::function<bool()>& stop) override;
+  void expectPrepacked(uint64_t token) override { expected_ = token; }
   Status allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
                     DataType dtype) override;
   Status broadcast(void* data, size_t count, DataType dtype, int root) override;
@@ -162,19 +168,41 @@ class ShmBackend : public Backend {
                         const CombineFn& combine = CombineFn());
 
  private:
+  // What prepackAllreduce packed: chunk `chunk`'s slot holds the first
+  // chunk's elements [0, packedTo) (`len` in all, without [skipLo, skipHi))
+  // of the allreduce `token` of `count` elements. token 0: nothing.
+  struct Prepacked {
+    uint64_t token = 0, chunk = 0;
+    size_t count = 0, len = 0, skipLo = 0, skipHi = 0, packedTo = 0;
+    DataType dtype = DataType::kFloat32;
+    ReduceOp op = ReduceOp::kSum;
+  };
+  // Hands out what was packed ahead for the allreduce the caller said comes
+  // next, and forgets it (a collective of any kind uses the slot).
+  Prepacked takePrepacked();
+  // A chunk's layout: its length, this rank's part [lo, hi), whether every
+  // rank reduces it whole (small) and whether this rank's own part is left
+  // unpacked (combined from the input instead).
+  struct ChunkPlan {
+    size_t len = 0, partElems = 0, lo = 0, hi = 0;
+    bool small = false, skipOwn = false;
+  };
+  ChunkPlan planChunk(size_t base, size_t count, size_t es, bool combine) const;
   // The shared-memory allreduce; size_ > 1, count > 0, op supported.
-  // `combine` may be empty (every element packed).
+  // `combine` may be empty (every element packed). `ahead`: what was packed
+  // ahead for it (used when it is this very chunk and layout).
   Status shmAllreduce(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
-                      const UnpackFn& unpack, const CombineFn& combine, const std::string& what);
+                      const UnpackFn& unpack, const CombineFn& combine, const Prepacked& ahead,
+                      const std::string& what);
   // allreduceCross's pipeline; same preconditions.
   Status shmAllreduceCross(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
                            const UnpackFn& unpack, const std::string& what, const CrossStage& cross,
                            bool overlap, const CombineFn& combine);
-  // Packs chunk elements [0, len) (call elements from `base`) into `slot`,
+  // Packs chunk elements [from, to) (call elements from `base`) into `slot`,
   // except [skipLo, skipHi) (the own part, combined later; skipLo == skipHi
-  // == len packs everything).
-  void packChunk(size_t base, size_t len, size_t skipLo, size_t skipHi, uint8_t* slot, size_t es,
-                 const PackFn& pack);
+  // == the chunk's length packs everything).
+  void packChunk(size_t base, size_t from, size_t to, size_t skipLo, size_t skipHi, uint8_t* slot,
+                 size_t es, const PackFn& pack);
   // Step 2 of a split chunk: this rank's part, call elements [begin, end),
   // reduced at `acc` (`at` elements into chunk c's slots): its own values
   // first, then every peer's in rank order, so the bits do not depend on
@@ -227,6 +255,8 @@ class ShmBackend : public Backend {
   std::vector<uint8_t> scratch_;  // small-chunk reduction target; executor thread only
   int spinIterations_ = 0;        // before sleeping; 0 when ranks outnumber cores
   std::vector<bool> watchPid_;    // whether a peer's death shows as its pid vanishing
+  Prepacked prepacked_;           // prepackAllreduce; executor thread only
+  uint64_t expected_ = 0;         // expectPrepacked; executor thread only
 
   std::atomic<bool> aborted_{false};
   mutable std::mutex brokenMu_;

@@ -6,9 +6,11 @@
 // rank lost and a rank stalled while the others negotiate small tensors
 // through the lane. (The whole multirank suite runs with the lane on by
 // default; ctest runs failures_test once more with it off.)
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -301,6 +303,98 @@ TEST(ShmNegotiation, ZeroHandsEverySmallAllreduceToTheExecutor) {
     for (const auto& r : results) {
       ASSERT_EQ(r.exitCode, 0) << r.output;
       EXPECT_EQ(phaseCount(r.output, 524288, "control"), 0) << r.output;
+    }
+  }
+}
+
+// Each rank: allreduces of 64 KiB (one whole chunk), 256 KiB (one split
+// chunk) and 1 MiB + 4 B (several chunks and a short last one) back to back,
+// with sum, average, max and a prescale (whose own part is packed, not
+// combined), every result exact (the values are small integers, halves and
+// quarters); prints how many were packed ahead.
+int packAheadLoop(int rank, int size) {
+  hora_runtime_t rt;
+  CHILD_CHECK(hora_init(nullptr, &rt) == HORA_SUCCESS, "init: %s", hora_last_error_message());
+  struct Case {
+    int32_t op;
+    double prescale;
+  };
+  const Case cases[] = {
+      {HORA_OP_SUM, 1.0}, {HORA_OP_AVERAGE, 1.0}, {HORA_OP_MAX, 1.0}, {HORA_OP_SUM, 0.5}};
+  for (size_t elements : {size_t{16384}, size_t{65536}, size_t{262145}}) {
+    for (const Case& c : cases) {
+      for (int it = 0; it < 6; ++it) {
+        std::vector<float> buf(elements);
+        auto value = [&](int r, size_t i) { return static_cast<float>((r * 3 + it + i) % 8); };
+        for (size_t i = 0; i < elements; ++i) buf[i] = value(rank, i);
+        std::vector<int64_t> shape = {static_cast<int64_t>(elements)};
+        DLTensor t = makeTensor(buf.data(), dlType(kDLFloat, 32), &shape);
+        hora_options_t o;
+        hora_options_init(&o);
+        const std::string name = "ahead." + std::to_string(elements) + "." + std::to_string(c.op);
+        o.name = name.c_str();
+        o.op = c.op;
+        o.prescale = c.prescale;
+        hora_request_t req;
+        std::string msg;
+        CHILD_CHECK(hora_allreduce_async(rt, &t, &t, &o, &req) == HORA_SUCCESS, "submit: %s",
+                    hora_last_error_message());
+        CHILD_CHECK(waitAndFree(req, 60, &msg) == HORA_SUCCESS, "allreduce of %zu: %s", elements,
+                    msg.c_str());
+        for (size_t i = 0; i < elements; ++i) {
+          float want = c.op == HORA_OP_MAX ? value(0, i) : 0.0f;
+          for (int r = 0; r < size; ++r) {
+            if (c.op == HORA_OP_MAX)
+              want = std::max(want, value(r, i));
+            else
+              want += value(r, i) * static_cast<float>(c.prescale);
+          }
+          // As the runtime scales floats: times 1/size rounded to a float.
+          if (c.op == HORA_OP_AVERAGE) want *= static_cast<float>(1.0 / size);
+          CHILD_CHECK(buf[i] == want,
+                      "op %d prescale %g, %zu elements, iteration %d, element %zu: "
+                      "%f != %f",
+                      c.op, c.prescale, elements, it, i, buf[i], want);
+        }
+      }
+    }
+  }
+  std::printf("PACKED_AHEAD %ld\n", counter(metrics(rt), "packed_ahead"));
+  std::fflush(stdout);
+  CHILD_CHECK(hora_shutdown(rt) == HORA_SUCCESS, "shutdown: %s", hora_last_error_message());
+  return 0;
+}
+
+long packedAhead(const std::string& out) {
+  const size_t at = out.find("PACKED_AHEAD ");
+  return at == std::string::npos ? -1 : std::stol(out.substr(at + 13));
+}
+
+// HORA_PACK_AHEAD: results exact whether or not a rank packed ahead; with a
+// core per rank some allreduces are packed ahead (the rank that submits
+// first waits for the others' requests), none when it is off or when the
+// ranks outnumber the cores.
+TEST(ShmNegotiation, PackingAheadKeepsEveryResultExact) {
+  for (int size : {2, 3}) {
+    for (const char* on : {"1", "0"}) {
+      SCOPED_TRACE("size " + std::to_string(size) + " HORA_PACK_AHEAD=" + on);
+      auto results = runProcesses(size, [&](int rank) { return packAheadLoop(rank, size); }, 120,
+                                  nullptr, {{"HORA_PACK_AHEAD", on}, {"HORA_AUTOTUNE", "0"}});
+      long total = 0;
+      for (const auto& r : results) {
+        ASSERT_EQ(r.exitCode, 0) << r.output;
+        const long n = packedAhead(r.output);
+        ASSERT_GE(n, 0) << r.output;
+        total += n;
+      }
+      cpu_set_t mask;
+      CPU_ZERO(&mask);
+      ASSERT_EQ(sched_getaffinity(0, sizeof(mask), &mask), 0);
+      if (std::string(on) == "0" || size > CPU_COUNT(&mask)) {
+        EXPECT_EQ(total, 0);
+      } else {
+        EXPECT_GT(total, 0);
+      }
     }
   }
 }

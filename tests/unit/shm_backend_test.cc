@@ -14,9 +14,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -155,6 +157,81 @@ TEST_P(ShmWorldTest, AllreduceGatherCombineSkipsPackingTheOwnPart) {
           }
           checkAllreduceGather(w.world, dt, op, count, CombineMode::kRefuse);
         }
+      }
+    }
+  }
+}
+
+// Packing ahead (Backend::prepackAllreduce): what was packed ahead is used
+// by the next allreduce whose token matches, whole or in part (a stop
+// after the first piece), and every element is then packed or combined
+// exactly once; a token that does not match, or a collective in between,
+// leaves the allreduce packing everything itself. Results exact in every
+// case. Only where every rank has a core of its own.
+TEST_P(ShmWorldTest, PackedAheadIsUsedByTheMatchingNextAllreduceOnly) {
+  const int size = GetParam();
+  enum class Mode { kWhole, kStopAtOnce, kOtherToken, kBroadcastBetween };
+  for (size_t chunk : {size_t{4096}, size_t{256} << 10}) {
+    ShmWorld w = makeShmWorld(size, chunk);
+    for (size_t count : {size_t{1}, size_t{1001}, size_t{300007}}) {
+      for (Mode mode :
+           {Mode::kWhole, Mode::kStopAtOnce, Mode::kOtherToken, Mode::kBroadcastBetween}) {
+        const std::string where = "chunk " + std::to_string(chunk) + " count " +
+                                  std::to_string(count) + " mode " +
+                                  std::to_string(static_cast<int>(mode));
+        runRanks(w.world, [&](int r, Backend& b) {
+          std::vector<float> in(count), out(count, -1.0f);
+          for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((r * 5 + i) % 11);
+          std::vector<int> packs(count, 0);
+          auto pack = [&](size_t lo, size_t hi, void* dst) {
+            for (size_t i = lo; i < hi; ++i) ++packs[i];
+            std::memcpy(dst, in.data() + lo, (hi - lo) * sizeof(float));
+          };
+          const uint64_t token = 7;
+          const bool packed = b.prepackAllreduce(token, count, DataType::kFloat32, ReduceOp::kSum,
+                                                 pack, [&] { return mode == Mode::kStopAtOnce; });
+          const bool mayPack = size > 1 && size <= usableCpuCount();
+          EXPECT_EQ(packed, mayPack) << where;
+          const size_t ahead = static_cast<size_t>(std::count(packs.begin(), packs.end(), 1));
+          if (mode == Mode::kBroadcastBetween) {
+            int32_t v = r;
+            ASSERT_TRUE(b.broadcast(&v, 1, DataType::kInt32, 0).isOk());
+          }
+          std::vector<int> combined(count, 0);
+          auto combine = [&](size_t lo, size_t hi, void* dst, const void* other) {
+            for (size_t i = lo; i < hi; ++i) ++combined[i];
+            reduceFunction(DataType::kFloat32, ReduceOp::kSum)(dst, in.data() + lo, other, hi - lo);
+            return true;
+          };
+          auto unpack = [&](size_t lo, size_t hi, const void* src) {
+            std::memcpy(out.data() + lo, src, (hi - lo) * sizeof(float));
+          };
+          b.expectPrepacked(mode == Mode::kOtherToken ? token + 1 : token);
+          std::vector<float> staging(count);
+          Status st = b.allreduceGatherCombine(staging.data(), count, DataType::kFloat32,
+                                               ReduceOp::kSum, pack, unpack, combine);
+          ASSERT_TRUE(st.isOk()) << st.toString();
+          for (size_t i = 0; i < count; ++i) {
+            float want = 0;
+            for (int q = 0; q < size; ++q) want += static_cast<float>((q * 5 + i) % 11);
+            ASSERT_EQ(out[i], want) << where << " rank " << r << " element " << i;
+          }
+          size_t once = 0, twice = 0;
+          for (size_t i = 0; i < count; ++i) {
+            once += packs[i] + combined[i] == 1;
+            twice += packs[i] + combined[i] == 2;
+          }
+          const bool used = packed && (mode == Mode::kWhole || mode == Mode::kStopAtOnce);
+          if (!packed || used) {
+            EXPECT_EQ(once, count) << where << " rank " << r;
+          } else {
+            // Not used: the elements packed ahead were packed again.
+            EXPECT_EQ(twice, ahead) << where << " rank " << r;
+          }
+          if (packed && mode == Mode::kStopAtOnce && count * sizeof(float) > (16u << 10) &&
+              chunk > (16u << 10))
+            EXPECT_LT(ahead, std::min(count, chunk / sizeof(float))) << where << " rank " << r;
+        });
       }
     }
   }

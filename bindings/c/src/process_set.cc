@@ -312,6 +312,14 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
         [ex, cp](AgreedGroup& g) { return ex->runHere(g, [cp] { cp->markAlive(); }); },
         o.runOnControlMaxBytes);
   }
+  // Packing ahead is for the shared-memory plane only: it is the one whose
+  // memory a rank can fill before its peers are ready.
+  if (onShm && o.packAhead) {
+    Executor* ex = ps->executor_.get();
+    ps->controller_->setPacker([ex](TensorEntry& e, const std::function<bool()>& stop) {
+      return ex->prepareHere(e, stop);
+    });
+  }
   ps->controller_->start();
   ps->executor_->start();
   return ps;

@@ -67,6 +67,8 @@ struct SetOptions {
   int64_t inlineMaxBytes = -1;
   // HORA_RUN_ON_CONTROL_MAX_BYTES (SetController::setSmallGroupRunner); 0: off.
   size_t runOnControlMaxBytes = 0;
+  // HORA_PACK_AHEAD (SetController::setPacker).
+  bool packAhead = false;
   // Online autotune (core/autotune.h, controllers/autotune_driver.h): on, its
   // CSV log, its seed, and the parameters that stay as configured.
   bool autotune = true;
