@@ -164,21 +164,24 @@ void SetController::packAhead(TensorEntry& e) {
   if (e.completed || stopping_ || health_.broken() || r.kind != CollectiveKind::kAllreduce ||
       r.device.kind != DeviceKind::kCpu || !r.payload.empty())
     return;
+  // Only with every frame of this rank already in the lane (its request
+  // above included): packing must not hold back what its peers wait for.
+  if (!cp_.laneFlushed() || cp_.laneHasInput()) return;
+  if (!queue_.tryBeginInline()) return;  // the executor is busy: it owns the data plane
   {
+    // Held while packing: a thread that fails pending entries (shutdown,
+    // a broken set) takes them out of the table under this lock before it
+    // completes them, and only then may their callers free their inputs.
     std::lock_guard<std::mutex> lk(tableMu_);
     // The only tensor pending and not agreed yet (on the coordinator the
     // submit above may have agreed and run it already): its group most
     // likely runs alone and next, so what is packed now is what it packs
     // first. Otherwise the packing would be wasted.
-    if (table_.size() != 1 || !inbox_.empty()) return;
     auto it = table_.find(r.name);
-    if (it == table_.end() || it->second.get() != &e) return;
+    if (!stopping_ && table_.size() == 1 && inbox_.empty() && it != table_.end() &&
+        it->second.get() == &e)
+      packer_(e, [this] { return cp_.laneHasInput(); });
   }
-  // Only with every frame of this rank already in the lane (its request
-  // above included): packing must not hold back what its peers wait for.
-  if (!cp_.laneFlushed()) return;
-  if (!queue_.tryBeginInline()) return;  // the executor is busy: it owns the data plane
-  packer_(e, [this] { return cp_.laneHasInput(); });
   queue_.endInline();
 }
 

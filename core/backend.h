@@ -139,6 +139,9 @@ class Backend {
   // then not called for those elements: they count as packed). Any
   // collective drops what was packed ahead; a mismatch only costs the pack.
   virtual void expectPrepacked(uint64_t token) { (void)token; }
+  // How many allreduces so far skipped packing what was packed ahead for
+  // them (all or part of their first chunk). Any thread.
+  virtual uint64_t prepacksUsed() const { return 0; }
   // Rank r contributes counts[r] elements; `out` receives all of them in
   // rank order (sum(counts) elements). `in` may be null when counts[rank]==0.
   virtual Status allgatherv(const void* in, void* out, const std::vector<size_t>& counts,

@@ -225,6 +225,7 @@ void Telemetry::abandoned(const TensorEntry& e, const Status& why) {
 
 void Telemetry::ranOnControl() { relaxedAdd(controlGroups_, 1); }
 void Telemetry::packedAhead() { relaxedAdd(packedAhead_, 1); }
+void Telemetry::packedAheadUsed() { relaxedAdd(packedAheadUsed_, 1); }
 
 void Telemetry::started(const AgreedGroup& g) {
   const int64_t now = nowNs();
@@ -369,6 +370,7 @@ MetricsSnapshot Telemetry::snapshot() const {
   m.inlineAllreduces = load(inlineAllreduces_);
   m.controlGroups = load(controlGroups_);
   m.packedAhead = load(packedAhead_);
+  m.packedAheadUsed = load(packedAheadUsed_);
   m.cacheHits = load(cacheHits_);
   m.cacheMisses = load(cacheMisses_);
   m.errors = load(errors_);
@@ -518,12 +520,13 @@ std::string metricsJson(const MetricsSnapshot& m) {
     << ",\"fused_groups\":" << m.fusedGroups << ",\"group_bytes\":" << m.groupBytes
     << ",\"inline_allreduces\":" << m.inlineAllreduces
     << ",\"control_thread_groups\":" << m.controlGroups << ",\"packed_ahead\":" << m.packedAhead
-    << ",\"cache_hits\":" << m.cacheHits << ",\"cache_misses\":" << m.cacheMisses
-    << ",\"errors\":" << m.errors << ",\"negotiation_s\":" << m.negotiationNs / 1e9
-    << ",\"queue_s\":" << m.queueNs / 1e9 << ",\"data_plane_s\":" << m.dataPlaneNs / 1e9
-    << ",\"cpu_groups\":" << m.cpuGroups << ",\"gpu_groups\":" << m.gpuGroups
-    << ",\"in_flight\":" << m.inFlight << ",\"p2p\":{\"sends\":" << m.p2pSends
-    << ",\"recvs\":" << m.p2pRecvs << ",\"bytes\":" << m.p2pBytes << ",\"errors\":" << m.p2pErrors
+    << ",\"packed_ahead_used\":" << m.packedAheadUsed << ",\"cache_hits\":" << m.cacheHits
+    << ",\"cache_misses\":" << m.cacheMisses << ",\"errors\":" << m.errors
+    << ",\"negotiation_s\":" << m.negotiationNs / 1e9 << ",\"queue_s\":" << m.queueNs / 1e9
+    << ",\"data_plane_s\":" << m.dataPlaneNs / 1e9 << ",\"cpu_groups\":" << m.cpuGroups
+    << ",\"gpu_groups\":" << m.gpuGroups << ",\"in_flight\":" << m.inFlight
+    << ",\"p2p\":{\"sends\":" << m.p2pSends << ",\"recvs\":" << m.p2pRecvs
+    << ",\"bytes\":" << m.p2pBytes << ",\"errors\":" << m.p2pErrors
     << "},\"straggler_samples\":" << m.stragglerSamples << ",\"stragglers\":[";
   for (size_t i = 0; i < m.stragglers.size(); ++i) {
     const auto& s = m.stragglers[i];
@@ -576,6 +579,10 @@ std::string metricsPrometheus(const MetricsSnapshot& m) {
       "Allreduces whose first chunk the control thread packed into shared memory while their "
       "negotiation was still under way (HORA_PACK_AHEAD).",
       static_cast<double>(m.packedAhead));
+  one("packed_ahead_used_total", "counter",
+      "Of those, the ones whose allreduce published what was packed ahead instead of packing it "
+      "again (the others ran after another collective, fused, or not at all).",
+      static_cast<double>(m.packedAheadUsed));
   one("cache_hits_total", "counter", "Requests sent as response-cache hits.",
       static_cast<double>(m.cacheHits));
   one("cache_misses_total", "counter", "Cacheable requests sent in full.",

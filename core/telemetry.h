@@ -108,6 +108,7 @@ struct MetricsSnapshot {
   // Of `groups`, those the control thread ran itself (HORA_RUN_ON_CONTROL_MAX_BYTES).
   uint64_t controlGroups = 0;
   uint64_t packedAhead = 0;
+  uint64_t packedAheadUsed = 0;
   uint64_t cacheHits = 0, cacheMisses = 0;  // cacheable kinds only
   uint64_t errors = 0;
   uint64_t negotiationNs = 0;  // submit -> agreed, summed over tensors
@@ -148,6 +149,9 @@ class Telemetry {
   // Control thread: it packed an allreduce's first chunk ahead of the
   // negotiation's answer (HORA_PACK_AHEAD).
   void packedAhead();
+  // Executor thread (or control thread): an allreduce published what was
+  // packed ahead for it instead of packing it again.
+  void packedAheadUsed();
   // Executor thread (or the control thread, for the groups above), around one
   // group on the data plane.
   // `plane`: the data plane it ran on (known once it ran: the GPU path picks
@@ -218,6 +222,7 @@ class Telemetry {
   std::atomic<uint64_t> inlineAllreduces_{0};
   std::atomic<uint64_t> controlGroups_{0};
   std::atomic<uint64_t> packedAhead_{0};
+  std::atomic<uint64_t> packedAheadUsed_{0};
   std::atomic<uint64_t> cacheHits_{0}, cacheMisses_{0}, errors_{0};
   std::atomic<uint64_t> negotiationNs_{0}, queueNs_{0}, dataPlaneNs_{0};
   std::atomic<uint64_t> cpuGroups_{0}, gpuGroups_{0};

@@ -114,8 +114,12 @@ Status CpuPath::allreduceOne(const Response& r, TensorEntry* e) {
     });
     return true;
   };
-  be.expectPrepacked(e ? e->prepackToken : 0);
+  const uint64_t token = e ? e->prepackToken : 0;
+  const uint64_t usedBefore = token != 0 ? be.prepacksUsed() : 0;
+  be.expectPrepacked(token);
   Status s = be.allreduceGatherCombine(data, n, dt, x.op, pack, unpack, combine);
+  if (token != 0 && ctx_.telemetry && be.prepacksUsed() != usedBefore)
+    ctx_.telemetry->packedAheadUsed();
   return s.isOk() ? s : dataPlaneFailure(ctx_, s, describe("allreduce", r));
 }
 

@@ -271,17 +271,27 @@ bool ShmBackend::prepackAllreduce(uint64_t token, size_t count, DataType dtype, 
   // As shmAllreduce's first chunk with a combine function offered.
   const ChunkPlan p = planChunk(0, count, es, true);
   const size_t skipLo = p.skipOwn ? p.lo : p.len, skipHi = p.skipOwn ? p.hi : p.len;
-  // In pieces, asking `stop` after each: the caller's other work waits at
-  // most one piece.
+  // In pieces of the elements it packs ([0, skipLo), then [skipHi, len)),
+  // asking `stop` before each: the caller's other work waits at most one
+  // piece. `done`: every element before it that is packed at all is.
   const size_t piece = std::max<size_t>(1, kPackAheadPieceBytes / es);
-  size_t to = 0;
-  while (to < p.len) {
-    const size_t from = to;
-    to = std::min(p.len, from + piece);
-    packChunk(0, from, to, skipLo, skipHi, segs_[rank_]->slot(c), es, pack);
-    if (to < p.len && stop && stop()) break;
+  size_t done = 0;
+  bool stopped = false;
+  for (const auto& range : {std::make_pair(size_t{0}, skipLo), std::make_pair(skipHi, p.len)}) {
+    for (size_t at = std::max(done, range.first); at < range.second && !stopped;) {
+      if (stop && stop()) {
+        stopped = true;
+        break;
+      }
+      const size_t to = std::min(range.second, at + piece);
+      packChunk(0, at, to, skipLo, skipHi, segs_[rank_]->slot(c), es, pack);
+      done = at = to;
+    }
+    if (stopped) break;
+    done = std::max(done, range.second);
   }
-  prepacked_.packedTo = to;
+  if (done == 0) return false;  // stopped before packing anything
+  prepacked_.packedTo = done;
   prepacked_.token = token;
   prepacked_.chunk = chunks_;
   prepacked_.count = count;
@@ -314,6 +324,7 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
     const bool packedAhead = base == 0 && ahead.token != 0 && ahead.chunk == chunks_ &&
                              ahead.count == count && ahead.dtype == dtype && ahead.op == op &&
                              ahead.len == len && ahead.skipLo == skipLo && ahead.skipHi == skipHi;
+    if (packedAhead) prepacksUsed_.fetch_add(1, std::memory_order_relaxed);
     packChunk(base, packedAhead ? ahead.packedTo : 0, len, skipLo, skipHi, mine, es, pack);
     publish(&ShmHeader::packed, next);
     for (int j = 0; j < size_; ++j) {

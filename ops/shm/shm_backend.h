@@ -122,6 +122,7 @@ class ShmBackend : public Backend {
   bool prepackAllreduce(uint64_t token, size_t count, DataType dtype, ReduceOp op,
                         const PackFn& pack, const std::function<bool()>& stop) override;
   void expectPrepacked(uint64_t token) override { expected_ = token; }
+  uint64_t prepacksUsed() const override { return prepacksUsed_.load(std::memory_order_relaxed); }
   Status allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
                     DataType dtype) override;
   Status broadcast(void* data, size_t count, DataType dtype, int root) override;
@@ -257,6 +258,7 @@ class ShmBackend : public Backend {
   std::vector<bool> watchPid_;    // whether a peer's death shows as its pid vanishing
   Prepacked prepacked_;           // prepackAllreduce; executor thread only
   uint64_t expected_ = 0;         // expectPrepacked; executor thread only
+  std::atomic<uint64_t> prepacksUsed_{0};
 
   std::atomic<bool> aborted_{false};
   mutable std::mutex brokenMu_;

@@ -359,33 +359,41 @@ int packAheadLoop(int rank, int size) {
       }
     }
   }
-  std::printf("PACKED_AHEAD %ld\n", counter(metrics(rt), "packed_ahead"));
+  const std::string m = metrics(rt);
+  std::printf("PACKED_AHEAD %ld USED %ld\n", counter(m, "packed_ahead"),
+              counter(m, "packed_ahead_used"));
   std::fflush(stdout);
   CHILD_CHECK(hora_shutdown(rt) == HORA_SUCCESS, "shutdown: %s", hora_last_error_message());
   return 0;
 }
 
-long packedAhead(const std::string& out) {
-  const size_t at = out.find("PACKED_AHEAD ");
-  return at == std::string::npos ? -1 : std::stol(out.substr(at + 13));
+// The count after `key` on the child's PACKED_AHEAD line; -1 when missing.
+long packedAhead(const std::string& out, const std::string& key = "PACKED_AHEAD") {
+  const size_t line = out.find("PACKED_AHEAD ");
+  if (line == std::string::npos) return -1;
+  const size_t at = out.find(key + " ", line);
+  return at == std::string::npos ? -1 : std::stol(out.substr(at + key.size() + 1));
 }
 
 // HORA_PACK_AHEAD: results exact whether or not a rank packed ahead; with a
 // core per rank some allreduces are packed ahead (the rank that submits
-// first waits for the others' requests), none when it is off or when the
-// ranks outnumber the cores.
+// first waits for the others' requests) and published without packing
+// again, none when it is off or when the ranks outnumber the cores.
 TEST(ShmNegotiation, PackingAheadKeepsEveryResultExact) {
   for (int size : {2, 3}) {
     for (const char* on : {"1", "0"}) {
       SCOPED_TRACE("size " + std::to_string(size) + " HORA_PACK_AHEAD=" + on);
       auto results = runProcesses(size, [&](int rank) { return packAheadLoop(rank, size); }, 120,
                                   nullptr, {{"HORA_PACK_AHEAD", on}, {"HORA_AUTOTUNE", "0"}});
-      long total = 0;
+      long total = 0, used = 0;
       for (const auto& r : results) {
         ASSERT_EQ(r.exitCode, 0) << r.output;
-        const long n = packedAhead(r.output);
+        const long n = packedAhead(r.output), u = packedAhead(r.output, "USED");
         ASSERT_GE(n, 0) << r.output;
+        ASSERT_GE(u, 0) << r.output;
+        EXPECT_LE(u, n) << r.output;
         total += n;
+        used += u;
       }
       cpu_set_t mask;
       CPU_ZERO(&mask);
@@ -393,7 +401,7 @@ TEST(ShmNegotiation, PackingAheadKeepsEveryResultExact) {
       if (std::string(on) == "0" || size > CPU_COUNT(&mask)) {
         EXPECT_EQ(total, 0);
       } else {
-        EXPECT_GT(total, 0);
+        EXPECT_GT(used, 0);
       }
     }
   }

@@ -29,6 +29,7 @@
 #include "core/memory_store.h"
 #include "core/spin_wait.h"
 #include "core/tcp_store.h"
+#include "core/tuning.h"
 #include "ops/gloo/gloo_backend.h"
 
 namespace hora {
@@ -163,19 +164,30 @@ TEST_P(ShmWorldTest, AllreduceGatherCombineSkipsPackingTheOwnPart) {
 }
 
 // Packing ahead (Backend::prepackAllreduce): what was packed ahead is used
-// by the next allreduce whose token matches, whole or in part (a stop
-// after the first piece), and every element is then packed or combined
-// exactly once; a token that does not match, or a collective in between,
-// leaves the allreduce packing everything itself. Results exact in every
-// case. Only where every rank has a core of its own.
+// by the next allreduce whose token matches, whole or in part (a stop after
+// the first piece), and every element is then packed or combined exactly
+// once; a stop before the first piece packs nothing; a token that does not
+// match, a collective in between or a new chunk size (autotune) leaves the
+// allreduce packing everything itself. prepacksUsed() counts exactly the
+// uses. Results exact in every case. Only where every rank has a core.
 TEST_P(ShmWorldTest, PackedAheadIsUsedByTheMatchingNextAllreduceOnly) {
   const int size = GetParam();
-  enum class Mode { kWhole, kStopAtOnce, kOtherToken, kBroadcastBetween };
+  enum class Mode {
+    kWhole,
+    kStopAfterOnePiece,
+    kStopAtOnce,
+    kOtherToken,
+    kBroadcastBetween,
+    kRetuned
+  };
+  const size_t pieceElems = (16u << 10) / sizeof(float);
   for (size_t chunk : {size_t{4096}, size_t{256} << 10}) {
     ShmWorld w = makeShmWorld(size, chunk);
+    uint64_t token = 0;
     for (size_t count : {size_t{1}, size_t{1001}, size_t{300007}}) {
-      for (Mode mode :
-           {Mode::kWhole, Mode::kStopAtOnce, Mode::kOtherToken, Mode::kBroadcastBetween}) {
+      for (Mode mode : {Mode::kWhole, Mode::kStopAfterOnePiece, Mode::kStopAtOnce,
+                        Mode::kOtherToken, Mode::kBroadcastBetween, Mode::kRetuned}) {
+        ++token;
         const std::string where = "chunk " + std::to_string(chunk) + " count " +
                                   std::to_string(count) + " mode " +
                                   std::to_string(static_cast<int>(mode));
@@ -187,16 +199,27 @@ TEST_P(ShmWorldTest, PackedAheadIsUsedByTheMatchingNextAllreduceOnly) {
             for (size_t i = lo; i < hi; ++i) ++packs[i];
             std::memcpy(dst, in.data() + lo, (hi - lo) * sizeof(float));
           };
-          const uint64_t token = 7;
-          const bool packed = b.prepackAllreduce(token, count, DataType::kFloat32, ReduceOp::kSum,
-                                                 pack, [&] { return mode == Mode::kStopAtOnce; });
+          int stops = 0;
+          auto stop = [&] {
+            ++stops;
+            return mode == Mode::kStopAtOnce || (mode == Mode::kStopAfterOnePiece && stops > 1);
+          };
+          const bool packed =
+              b.prepackAllreduce(token, count, DataType::kFloat32, ReduceOp::kSum, pack, stop);
           const bool mayPack = size > 1 && size <= usableCpuCount();
-          EXPECT_EQ(packed, mayPack) << where;
+          EXPECT_EQ(packed, mayPack && mode != Mode::kStopAtOnce) << where << " rank " << r;
           const size_t ahead = static_cast<size_t>(std::count(packs.begin(), packs.end(), 1));
+          EXPECT_EQ(ahead > 0, packed) << where << " rank " << r;
+          if (packed && mode == Mode::kStopAfterOnePiece) {
+            EXPECT_LE(ahead, pieceElems) << where << " rank " << r;
+          }
           if (mode == Mode::kBroadcastBetween) {
             int32_t v = r;
             ASSERT_TRUE(b.broadcast(&v, 1, DataType::kInt32, 0).isOk());
           }
+          TuningValues tv;
+          tv.shmChunkBytes = static_cast<int64_t>(chunk / 2);
+          if (mode == Mode::kRetuned) b.tune(tv);
           std::vector<int> combined(count, 0);
           auto combine = [&](size_t lo, size_t hi, void* dst, const void* other) {
             for (size_t i = lo; i < hi; ++i) ++combined[i];
@@ -206,11 +229,16 @@ TEST_P(ShmWorldTest, PackedAheadIsUsedByTheMatchingNextAllreduceOnly) {
           auto unpack = [&](size_t lo, size_t hi, const void* src) {
             std::memcpy(out.data() + lo, src, (hi - lo) * sizeof(float));
           };
-          b.expectPrepacked(mode == Mode::kOtherToken ? token + 1 : token);
+          const uint64_t usedBefore = b.prepacksUsed();
+          b.expectPrepacked(mode == Mode::kOtherToken ? token + 1000 : token);
           std::vector<float> staging(count);
           Status st = b.allreduceGatherCombine(staging.data(), count, DataType::kFloat32,
                                                ReduceOp::kSum, pack, unpack, combine);
           ASSERT_TRUE(st.isOk()) << st.toString();
+          if (mode == Mode::kRetuned) {
+            tv.shmChunkBytes = static_cast<int64_t>(chunk);
+            b.tune(tv);
+          }
           for (size_t i = 0; i < count; ++i) {
             float want = 0;
             for (int q = 0; q < size; ++q) want += static_cast<float>((q * 5 + i) % 11);
@@ -221,16 +249,21 @@ TEST_P(ShmWorldTest, PackedAheadIsUsedByTheMatchingNextAllreduceOnly) {
             once += packs[i] + combined[i] == 1;
             twice += packs[i] + combined[i] == 2;
           }
-          const bool used = packed && (mode == Mode::kWhole || mode == Mode::kStopAtOnce);
+          // A new chunk size changes the first chunk's layout unless the
+          // first chunk is the whole tensor either way.
+          const bool sameLayout =
+              mode != Mode::kRetuned ||
+              std::min(count, chunk / sizeof(float)) == std::min(count, chunk / 2 / sizeof(float));
+          const bool used =
+              packed && sameLayout &&
+              (mode == Mode::kWhole || mode == Mode::kStopAfterOnePiece || mode == Mode::kRetuned);
+          EXPECT_EQ(b.prepacksUsed() - usedBefore, used ? 1u : 0u) << where << " rank " << r;
           if (!packed || used) {
             EXPECT_EQ(once, count) << where << " rank " << r;
           } else {
             // Not used: the elements packed ahead were packed again.
             EXPECT_EQ(twice, ahead) << where << " rank " << r;
           }
-          if (packed && mode == Mode::kStopAtOnce && count * sizeof(float) > (16u << 10) &&
-              chunk > (16u << 10))
-            EXPECT_LT(ahead, std::min(count, chunk / sizeof(float))) << where << " rank " << r;
         });
       }
     }
