@@ -6,6 +6,7 @@
 #include "controllers/settings_agreement.h"
 #include "core/cpu_affinity.h"
 #include "core/host_identity.h"
+#include "core/spin_wait.h"
 #include "hora/version.h"
 #include "ops/shm/hier_backend.h"
 #include "ops/shm/shm_backend.h"
@@ -312,9 +313,11 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
         [ex, cp](AgreedGroup& g) { return ex->runHere(g, [cp] { cp->markAlive(); }); },
         o.runOnControlMaxBytes);
   }
-  // Packing ahead is for the shared-memory plane only: it is the one whose
-  // memory a rank can fill before its peers are ready.
-  if (onShm && o.packAhead) {
+  // Packing ahead is for the shared-memory plane only (the one whose memory
+  // a rank can fill before its peers are ready), and only with a core per
+  // rank (ShmBackend refuses otherwise; not asking at all spares the control
+  // thread a round through the queue and the table per allreduce).
+  if (onShm && o.packAhead && ps->backend_->size() <= usableCpuCount()) {
     Executor* ex = ps->executor_.get();
     ps->controller_->setPacker([ex](TensorEntry& e, const std::function<bool()>& stop) {
       return ex->prepareHere(e, stop);
