@@ -123,8 +123,8 @@ const std::vector<ParamSpec>& paramRegistry() {
        "While an allreduce of a host tensor is still being negotiated and is the only tensor "
        "pending, the control thread packs its first chunk into shared memory, so that once every "
        "rank agreed it is published at once instead of packed then. Only for sets on the "
-       "shared-memory data plane (one host); never waits for a peer; 0 packs when the allreduce "
-       "runs."},
+       "shared-memory data plane (one host) whose ranks have a CPU each; never waits for a peer; "
+       "0 packs when the allreduce runs."},
       {"HORA_INLINE_MAX_BYTES", ParamType::kInt, "-1",
        "Allreduces of host tensors up to this size travel inside the negotiation: each rank's "
        "request carries its tensor, the coordinator reduces them and its response carries the "
