@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "core/check.h"
+#include "core/cpu_affinity.h"
 #include "core/reduce.h"
 
 namespace hora {
@@ -64,6 +65,9 @@ void SetController::start() {
     threadId_ = std::this_thread::get_id();
     cp_.run();
   });
+  // Named as the executor is ("hora-exec"): `top -H` and profilers tell the
+  // runtime's threads from the framework's.
+  nameThread(thread_.native_handle(), "hora-ctl");
 }
 
 bool SetController::isControlThread() const {
