@@ -1,8 +1,10 @@
 #include "controllers/control_plane.h"
 
 #include <sys/ioctl.h>
+#include <sys/socket.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -497,6 +499,24 @@ bool ControlPlane::laneFlushed() const {
     if (p && !p->lost && (!p->afterLane.empty() || p->outq.size() > (p->writing ? 1u : 0u)))
       return false;
   return true;
+}
+
+Status ControlPlane::peersStillConnected() const {
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    const auto& p = peers_[i];
+    if (!p || !p->sock.is_open()) continue;
+    char c;
+    const ssize_t n = ::recv(p->sock.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) continue;
+    const int peer = isCoordinator() ? static_cast<int>(i) : 0;
+    return Status(Code::kRemoteError,
+                  peerName(peer) + " closed its control connection while process set " +
+                      opts_.setName + " was being set up (" +
+                      (n == 0 ? std::string("the process exited, crashed or was killed")
+                              : std::string(std::strerror(errno))) +
+                      "); its own output says why");
+  }
+  return Status::ok();
 }
 
 bool ControlPlane::laneHasInput() const { return lane_ && lane_->hasInput(); }

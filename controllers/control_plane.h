@@ -141,6 +141,11 @@ class ControlPlane {
   // Control thread only.
   void markAlive();
   const std::string& laneStatus() const { return laneWhyNot_; }
+  // An error naming the first peer whose control connection is closed (it
+  // died); ok if none is. Only before start(): the event loop, once it runs,
+  // owns the connections. The data plane's set-up asks it between slices of
+  // its store waits (core/store.h, WatchedStore).
+  Status peersStillConnected() const;
   // Says goodbye to every peer. Sockets stay open so the peers can finish
   // work already agreed; the coordinator closes them once every worker has
   // said goodbye (or was lost), which is the workers' signal that the set is
@@ -165,6 +170,12 @@ class ControlPlane {
   // (control_plane_lane.cc); a failure leaves the set on TCP, a store
   // failure fails create().
   Status setUpLane(Store& store);
+  // The lane set-up's store waits, in slices: between two, a peer whose
+  // control connection closed (it died during set-up) fails the wait at
+  // once, naming it, instead of after the start timeout.
+  Status waitKeysWatchingPeers(Store& store, const std::vector<std::string>& keys);
+  Result<std::string> getKeyWatchingPeers(Store& store, const std::string& key);
+
   // Reads the lane and hands its frames on (also before any TCP frame and
   // before a lost peer, which keeps the order); true if anything moved.
   bool pollLane();

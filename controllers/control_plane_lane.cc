@@ -3,6 +3,8 @@
 // are in control_plane.cc).
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <random>
 
 #include "controllers/control_plane.h"
@@ -17,7 +19,37 @@ std::string laneName() {
   for (int i = 0; i < 12; ++i) s += hex[rd() & 15];
   return s;
 }
+// How often the lane's set-up looks at its peers' connections while it waits
+// for them in the store.
+constexpr std::chrono::milliseconds kSetUpSlice(100);
+// A lane set-up value that says the coordinator gave up, and why.
+constexpr const char* kSetUpFailed = "fail ";
 }  // namespace
+
+Status ControlPlane::waitKeysWatchingPeers(Store& store, const std::vector<std::string>& keys) {
+  const auto deadline = std::chrono::steady_clock::now() + opts_.startTimeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    Status s =
+        store.wait(keys, std::max(std::chrono::milliseconds(1), std::min(kSetUpSlice, left)));
+    if (s.isOk() || s.code() != Code::kTimeout || std::chrono::steady_clock::now() >= deadline)
+      return s;
+    HORA_RETURN_IF_ERROR(peersStillConnected());
+  }
+}
+
+Result<std::string> ControlPlane::getKeyWatchingPeers(Store& store, const std::string& key) {
+  HORA_RETURN_IF_ERROR(waitKeysWatchingPeers(store, {key}));
+  auto v = store.get(key, opts_.startTimeout);
+  if (!v.isOk()) return v.status();
+  // The coordinator gave up on the set-up and said why.
+  if (v.value().rfind(kSetUpFailed, 0) == 0)
+    return Status(Code::kRemoteError, "the coordinator (" + peerName(0) +
+                                          ") could not set up process set " + opts_.setName + ": " +
+                                          v.value().substr(std::strlen(kSetUpFailed)));
+  return v;
+}
 
 Status ControlPlane::setUpLane(Store& store) {
   const int n = opts_.size;
@@ -29,7 +61,14 @@ Status ControlPlane::setUpLane(Store& store) {
   if (isCoordinator()) {
     std::vector<std::string> keys;
     for (int r = 0; r < n; ++r) keys.push_back("lane/host/" + std::to_string(r));
-    HORA_RETURN_IF_ERROR(store.wait(keys, opts_.startTimeout));
+    // Whatever stops the set-up here, the workers waiting for "lane/path"
+    // learn it at once instead of after their own start timeout.
+    auto tellWorkers = [&](const std::string& key, const Status& s) {
+      (void)store.set(key, kSetUpFailed + s.message());
+      return s;
+    };
+    if (Status s = waitKeysWatchingPeers(store, keys); !s.isOk())
+      return tellWorkers("lane/path", s);
     std::string why;
     for (int r = 0; r < n && why.empty(); ++r) {
       auto h = store.get(keys[r], opts_.startTimeout);
@@ -52,8 +91,8 @@ Status ControlPlane::setUpLane(Store& store) {
     if (why.empty()) {
       std::vector<std::string> acks;
       for (int r = 1; r < n; ++r) acks.push_back("lane/ack/" + std::to_string(r));
-      Status waited = store.wait(acks, opts_.startTimeout);
-      if (!waited.isOk()) return waited;
+      Status waited = waitKeysWatchingPeers(store, acks);
+      if (!waited.isOk()) return tellWorkers("lane/final", waited);
       for (int r = 1; r < n && why.empty(); ++r) {
         auto a = store.get(acks[r - 1], opts_.startTimeout);
         if (!a.isOk()) return a.status();
@@ -64,14 +103,14 @@ Status ControlPlane::setUpLane(Store& store) {
     final = why.empty() ? "shm" : "tcp " + why;
     HORA_RETURN_IF_ERROR(store.set("lane/final", final));
   } else {
-    auto path = store.get("lane/path", opts_.startTimeout);
+    auto path = getKeyWatchingPeers(store, "lane/path");
     if (!path.isOk()) return path.status();
     if (path.value().rfind("shm ", 0) == 0) {
       auto m = ShmMailbox::open(path.value().substr(4), n);
       if (m.isOk()) mb = m.take();
       HORA_RETURN_IF_ERROR(
           store.set("lane/ack/" + me, m.isOk() ? std::string("ok") : m.status().message()));
-      auto f = store.get("lane/final", opts_.startTimeout);
+      auto f = getKeyWatchingPeers(store, "lane/final");
       if (!f.isOk()) return f.status();
       final = f.value();
     } else {

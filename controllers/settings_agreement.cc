@@ -86,7 +86,7 @@ Status agreeOnSettings(Store& store, int rank, const std::vector<int>& globalRan
       if (!v.isOk()) {
         Status s = v.status().withContext("process set " + setName + ": comparing settings (rank " +
                                           std::to_string(globalRanks[r]) + " did not arrive)");
-        store.set("settings/summary", kTimedOut + s.message());
+        (void)store.set("settings/summary", kTimedOut + s.message());
         // Ranks 1..r-1 are known to be there: let them read it (briefly).
         waitForReaders(store, r - 1,
                        std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
@@ -120,7 +120,7 @@ Status agreeOnSettings(Store& store, int rank, const std::vector<int>& globalRan
       return s.status().withContext(where + " (waiting for rank " + std::to_string(globalRanks[0]) +
                                     "'s summary)");
     summary = s.take();
-    store.add("settings/read", 1);
+    (void)store.add("settings/read", 1);
     if (summary.compare(0, kTimedOut.size(), kTimedOut) == 0)
       return Status(Code::kTimeout, summary.substr(kTimedOut.size()));
   }

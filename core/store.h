@@ -4,7 +4,8 @@
 // addresses, the coordinator's control-plane address, process-set
 // rendezvous). Implementations: TcpStoreClient (core/tcp_store.h, the real
 // one, authenticated), MemoryStore (core/memory_store.h, in-process, for
-// thread-mode tests) and PrefixStore (namespacing wrapper).
+// thread-mode tests), PrefixStore (namespacing wrapper) and WatchedStore
+// (waits that end early when a peer is known to be gone).
 //
 // Called from the thread that initializes a runtime or a process set (never
 // on the hot path). Implementations must be safe to call from several threads
@@ -12,8 +13,11 @@
 // Values are arbitrary bytes held in std::string.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +67,68 @@ class PrefixStore : public Store {
  private:
   std::shared_ptr<Store> base_;
   std::string prefix_;
+};
+
+// A store whose waits (get and wait) run in slices while `armed` is set,
+// calling `check` between two: its error ends the wait at once. For a
+// process set's data-plane set-up, where every rank waits for every other's
+// keys: a peer whose control connection closed has died and will never
+// write them, and its survivors should say so now, not after the start
+// timeout. Disarmed (once the set's event loop runs and owns the
+// connections), every call passes straight through. Everything else always
+// does.
+class WatchedStore : public Store {
+ public:
+  WatchedStore(std::shared_ptr<Store> base, std::function<Status()> check,
+               std::shared_ptr<std::atomic<bool>> armed,
+               std::chrono::milliseconds slice = std::chrono::milliseconds(100))
+      : base_(std::move(base)), check_(std::move(check)), armed_(std::move(armed)), slice_(slice) {}
+  Status set(const std::string& key, const std::string& value) override {
+    return base_->set(key, value);
+  }
+  Result<std::string> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    return watched<Result<std::string>>(
+        timeout, [&](std::chrono::milliseconds t) { return base_->get(key, t); });
+  }
+  Result<int64_t> add(const std::string& key, int64_t delta) override {
+    return base_->add(key, delta);
+  }
+  Status wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    return watched<Status>(timeout,
+                           [&](std::chrono::milliseconds t) { return base_->wait(keys, t); });
+  }
+  Result<bool> check(const std::string& key) override { return base_->check(key); }
+  Status remove(const std::string& key) override { return base_->remove(key); }
+
+ private:
+  static Code codeOf(const Status& s) { return s.code(); }
+  template <typename T>
+  static Code codeOf(const Result<T>& r) {
+    return r.status().code();
+  }
+  static bool okOf(const Status& s) { return s.isOk(); }
+  template <typename T>
+  static bool okOf(const Result<T>& r) {
+    return r.isOk();
+  }
+  template <typename R, typename F>
+  R watched(std::chrono::milliseconds timeout, F&& call) {
+    if (!armed_ || !armed_->load() || timeout <= slice_) return call(timeout);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      R r = call(std::max(std::chrono::milliseconds(1), std::min(slice_, left)));
+      if (okOf(r) || codeOf(r) != Code::kTimeout || left <= slice_ || !armed_->load()) return r;
+      Status alive = check_();
+      if (!alive.isOk()) return alive;
+    }
+  }
+
+  std::shared_ptr<Store> base_;
+  std::function<Status()> check_;
+  std::shared_ptr<std::atomic<bool>> armed_;
+  std::chrono::milliseconds slice_;
 };
 
 }  // namespace hora

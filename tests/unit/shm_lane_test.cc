@@ -348,6 +348,70 @@ TEST(ShmLaneSetUpTest, ARankWithTheLaneOffKeepsTheWholeSetOnTcp) {
   ASSERT_TRUE(set.waitFrames(1, 1));
 }
 
+// A store for a rank that dies during the lane's set-up: its first write
+// there fails, so its create() returns and its control connections close.
+class DiesAtLaneSetUp : public Store {
+ public:
+  explicit DiesAtLaneSetUp(std::shared_ptr<Store> base) : base_(std::move(base)) {}
+  Status set(const std::string& key, const std::string& value) override {
+    if (key.rfind("lane/", 0) == 0) return Status(Code::kSystemError, "this rank died here");
+    return base_->set(key, value);
+  }
+  Result<std::string> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    return base_->get(key, timeout);
+  }
+  Result<int64_t> add(const std::string& key, int64_t delta) override {
+    return base_->add(key, delta);
+  }
+  Status wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    return base_->wait(keys, timeout);
+  }
+  Result<bool> check(const std::string& key) override { return base_->check(key); }
+  Status remove(const std::string& key) override { return base_->remove(key); }
+
+ private:
+  std::shared_ptr<Store> base_;
+};
+
+// A rank that dies after the TCP rendezvous, before it says which host it is
+// on: the coordinator, waiting for that in the store, sees its control
+// connection close and fails at once naming it, and tells the worker still
+// waiting for the lane's path; neither waits for the 20 s start timeout.
+TEST(ShmLaneSetUpTest, ARankLostDuringTheLaneSetUpFailsTheOthersAtOnceNamingIt) {
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<Status> results(3);
+  std::vector<std::thread> creators;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < 3; ++r)
+    creators.emplace_back([&, r] {
+      ControlPlaneOptions o;
+      o.rank = r;
+      o.size = 3;
+      for (int i = 0; i < 3; ++i) o.globalRanks.push_back(i);
+      o.startTimeout = 20s;
+      o.heartbeatInterval = 50ms;
+      o.peerTimeout = 20s;
+      o.setName = "lane-test";
+      o.shmLane = true;
+      o.hostId = "this-host";
+      std::shared_ptr<Store> s = store;
+      if (r == 2) s = std::make_shared<DiesAtLaneSetUp>(store);
+      auto cp = ControlPlane::create(s, o, Logger(LogLevel::kError, "[lane-test]"));
+      results[r] = cp.status();
+    });
+  for (auto& t : creators) t.join();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  EXPECT_FALSE(results[2].isOk());
+  EXPECT_EQ(results[0].code(), Code::kRemoteError) << results[0].toString();
+  EXPECT_NE(results[0].message().find("rank 2"), std::string::npos) << results[0].message();
+  EXPECT_NE(results[0].message().find("closed its control connection"), std::string::npos)
+      << results[0].message();
+  EXPECT_EQ(results[1].code(), Code::kRemoteError) << results[1].toString();
+  EXPECT_NE(results[1].message().find("the coordinator"), std::string::npos)
+      << results[1].message();
+  EXPECT_NE(results[1].message().find("rank 2"), std::string::npos) << results[1].message();
+}
+
 TEST(ShmLaneSetUpTest, AMailboxThatCannotBeCreatedFallsBackToTcp) {
   LaneSet set(2, [](int, ControlPlaneOptions& o) { o.laneDir = "/nonexistent-dir"; });
   EXPECT_FALSE(set.cp(0).laneUp());

@@ -110,6 +110,17 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
                             << (ps->cp_->laneUp() ? "through shared memory"
                                                   : "over TCP (" + ps->cp_->laneStatus() + ")");
 
+  // The data plane's set-up waits for every rank's keys in the store: a rank
+  // that dies meanwhile fails the others' waits at once, named by the control
+  // connection it closed (instead of after the start timeout). Disarmed
+  // before the control thread starts and takes the connections over.
+  auto setUpArmed = std::make_shared<std::atomic<bool>>(ps->size() > 1);
+  {
+    ControlPlane* cpRaw = ps->cp_.get();
+    store = std::make_shared<WatchedStore>(
+        store, [cpRaw] { return cpRaw->peersStillConnected(); }, setUpArmed);
+  }
+
   // Data plane: Gloo, wrapped in shared memory when every rank is on one
   // host (the ranks agree on it at set-up, else the set stays on Gloo).
   GlooBackendOptions go;
@@ -323,6 +334,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
       return ex->prepareHere(e, stop);
     });
   }
+  setUpArmed->store(false);
   ps->controller_->start();
   ps->executor_->start();
   return ps;
