@@ -31,6 +31,10 @@ SharedSettings sharedSettings(const SetOptions& o) {
 
 namespace {
 
+// How long the shutdown of a set that already failed waits for its peers'
+// goodbyes (a healthy set waits up to the peer timeout).
+constexpr std::chrono::seconds kFailedSetLinger(2);
+
 // What set rank 0's autotune starts from and may change; null when it is off
 // (HORA_AUTOTUNE=0, a set of one rank, or nothing left to tune).
 std::shared_ptr<const AutotuneDriverOptions> autotuneOptions(const SetOptions& o,
@@ -360,8 +364,13 @@ void ProcessSet::shutdown(const std::string& reason) {
   // executor finish every agreed group, 3. fail what was never negotiated,
   // 4. say goodbye and keep the data plane open until every peer is done.
   // Each wait is bounded, so a hung peer delays shutdown but never blocks it.
-  const auto linger = std::clamp<Clock::duration>(opts_.peerTimeout, std::chrono::seconds(1),
-                                                  std::chrono::seconds(30));
+  auto linger = std::clamp<Clock::duration>(opts_.peerTimeout, std::chrono::seconds(1),
+                                            std::chrono::seconds(30));
+  // A set that already failed has nothing left to complete together: its
+  // peers are failing too (they were told, SetHealth::holdForPeers), and a
+  // peer that cannot answer (still in its own set-up, or stopped) must not
+  // hold this rank's shutdown for the peer timeout.
+  if (health_.broken()) linger = std::min<Clock::duration>(linger, kFailedSetLinger);
   const auto deadline = Clock::now() + linger;
   if (running) {
     controller_->flush(deadline);
