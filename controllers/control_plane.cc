@@ -507,14 +507,22 @@ Status ControlPlane::peersStillConnected() const {
     if (!p || !p->sock.is_open()) continue;
     char c;
     const ssize_t n = ::recv(p->sock.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) continue;
-    const int peer = isCoordinator() ? static_cast<int>(i) : 0;
+    const int err = errno;
+    if (n > 0 || (n < 0 && (err == EAGAIN || err == EWOULDBLOCK || err == EINTR))) continue;
+    const std::string how =
+        n == 0 ? std::string("closed its control connection")
+               : "lost its control connection (" + std::string(std::strerror(err)) + ")";
+    const std::string when = " while process set " + opts_.setName + " was being set up";
+    if (isCoordinator())
+      return Status(Code::kRemoteError, peerName(static_cast<int>(i)) + " " + how + when +
+                                            " (the process exited, crashed or was killed); "
+                                            "its own output says why");
+    // A worker sees only the coordinator: it may have died, or given up on
+    // the set-up because another rank died (then its output names that one).
     return Status(Code::kRemoteError,
-                  peerName(peer) + " closed its control connection while process set " +
-                      opts_.setName + " was being set up (" +
-                      (n == 0 ? std::string("the process exited, crashed or was killed")
-                              : std::string(std::strerror(errno))) +
-                      "); its own output says why");
+                  "the coordinator (" + peerName(0) + ") " + how + when +
+                      ": it exited, or gave up on the set-up because another rank was lost; its "
+                      "own output says which");
   }
   return Status::ok();
 }

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "core/logging.h"
@@ -242,8 +243,8 @@ TEST(Failures, RankKilledMidLoopFailsSurvivorsQuickly) {
 // After a peer died, a survivor's shutdown does not wait the peer timeout
 // (20 s here) for the goodbye of another survivor that cannot answer (rank
 // 1 stops itself right after seeing the failure, as a rank still in its own
-// set-up or stopped in a debugger would): the set already failed, so it
-// waits 2 s at most.
+// set-up or stopped in a debugger would, and stays stopped until rank 0
+// exited): the set already failed, so it waits 2 s at most.
 TEST(Failures, ShutdownAfterAFailureDoesNotWaitForAPeerThatCannotAnswer) {
   auto results = runProcesses(
       3,
@@ -261,7 +262,7 @@ TEST(Failures, ShutdownAfterAFailureDoesNotWaitForAPeerThatCannotAnswer) {
           }
           CHILD_CHECK(it < 100000, "no failure seen");
         }
-        if (rank == 1) raise(SIGSTOP);  // never says goodbye (killed by the test)
+        if (rank == 1) raise(SIGSTOP);  // never says goodbye (killed once rank 0 exited)
         const auto t0 = Clock::now();
         CHILD_CHECK(hora_shutdown(rt) == HORA_SUCCESS, "shutdown: %s", hora_last_error_message());
         const double sd = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -271,7 +272,17 @@ TEST(Failures, ShutdownAfterAFailureDoesNotWaitForAPeerThatCannotAnswer) {
       },
       60,
       [](const std::vector<int>& pids) {
-        std::this_thread::sleep_for(std::chrono::seconds(10));
+        // Rank 1 stays stopped until rank 0 has exited (or 40 s passed).
+        const auto until = Clock::now() + std::chrono::seconds(40);
+        auto gone = [&](int pid) {
+          std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+          std::string line;
+          if (!std::getline(stat, line)) return true;
+          const size_t paren = line.rfind(')');
+          return paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] == 'Z';
+        };
+        while (!gone(pids[0]) && Clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
         kill(pids[1], SIGKILL);
       },
       {{"HORA_PEER_TIMEOUT_S", "20"}});

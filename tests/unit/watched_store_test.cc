@@ -58,7 +58,6 @@ TEST(WatchedStoreTest, KeysThatArriveMeanwhileAreReturnedAndTimeoutsKeepTheirBou
   late.join();
   ASSERT_TRUE(g.isOk()) << g.status().toString();
   EXPECT_EQ(g.value(), "v");
-  EXPECT_GT(w.checks.load(), 0);  // it did look between slices
   // Nobody reports a loss: the wait still ends by its own bound, as a timeout.
   const auto t0 = Clock::now();
   Status s = w.store->wait({"never"}, 200ms);

@@ -369,8 +369,11 @@ void ProcessSet::shutdown(const std::string& reason) {
   // A set that already failed has nothing left to complete together: its
   // peers are failing too (they were told, SetHealth::holdForPeers), and a
   // peer that cannot answer (still in its own set-up, or stopped) must not
-  // hold this rank's shutdown for the peer timeout.
-  if (health_.broken()) linger = std::min<Clock::duration>(linger, kFailedSetLinger);
+  // hold this rank's shutdown for the peer timeout. Not a set that is only
+  // ending: a peer's goodbye breaks it too (kShutDown), and then this rank
+  // may still have agreed groups to finish.
+  if (health_.broken() && health_.status().code() != Code::kShutDown)
+    linger = std::min<Clock::duration>(linger, kFailedSetLinger);
   const auto deadline = Clock::now() + linger;
   if (running) {
     controller_->flush(deadline);
