@@ -170,11 +170,9 @@ class ControlPlane {
   // (control_plane_lane.cc); a failure leaves the set on TCP, a store
   // failure fails create().
   Status setUpLane(Store& store);
-  // The lane set-up's store waits, in slices: between two, a peer whose
-  // control connection closed (it died during set-up) fails the wait at
-  // once, naming it, instead of after the start timeout.
-  Status waitKeysWatchingPeers(Store& store, const std::vector<std::string>& keys);
-  Result<std::string> getKeyWatchingPeers(Store& store, const std::string& key);
+  // A lane set-up value from the store (waiting up to the start timeout);
+  // the coordinator's reason when it gave up on the set-up.
+  Result<std::string> laneValue(Store& store, const std::string& key);
 
   // Reads the lane and hands its frames on (also before any TCP frame and
   // before a lost peer, which keeps the order); true if anything moved.

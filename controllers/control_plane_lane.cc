@@ -3,7 +3,6 @@
 // are in control_plane.cc).
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -19,28 +18,11 @@ std::string laneName() {
   for (int i = 0; i < 12; ++i) s += hex[rd() & 15];
   return s;
 }
-// How often the lane's set-up looks at its peers' connections while it waits
-// for them in the store.
-constexpr std::chrono::milliseconds kSetUpSlice(100);
 // A lane set-up value that says the coordinator gave up, and why.
 constexpr const char* kSetUpFailed = "fail ";
 }  // namespace
 
-Status ControlPlane::waitKeysWatchingPeers(Store& store, const std::vector<std::string>& keys) {
-  const auto deadline = std::chrono::steady_clock::now() + opts_.startTimeout;
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    Status s =
-        store.wait(keys, std::max(std::chrono::milliseconds(1), std::min(kSetUpSlice, left)));
-    if (s.isOk() || s.code() != Code::kTimeout || std::chrono::steady_clock::now() >= deadline)
-      return s;
-    HORA_RETURN_IF_ERROR(peersStillConnected());
-  }
-}
-
-Result<std::string> ControlPlane::getKeyWatchingPeers(Store& store, const std::string& key) {
-  HORA_RETURN_IF_ERROR(waitKeysWatchingPeers(store, {key}));
+Result<std::string> ControlPlane::laneValue(Store& store, const std::string& key) {
   auto v = store.get(key, opts_.startTimeout);
   if (!v.isOk()) return v.status();
   // The coordinator gave up on the set-up and said why.
@@ -67,7 +49,7 @@ Status ControlPlane::setUpLane(Store& store) {
       (void)store.set(key, kSetUpFailed + s.message());
       return s;
     };
-    if (Status s = waitKeysWatchingPeers(store, keys); !s.isOk())
+    if (Status s = store.wait(keys, opts_.startTimeout); !s.isOk())
       return tellWorkers("lane/path", s);
     std::string why;
     for (int r = 0; r < n && why.empty(); ++r) {
@@ -91,7 +73,7 @@ Status ControlPlane::setUpLane(Store& store) {
     if (why.empty()) {
       std::vector<std::string> acks;
       for (int r = 1; r < n; ++r) acks.push_back("lane/ack/" + std::to_string(r));
-      Status waited = waitKeysWatchingPeers(store, acks);
+      Status waited = store.wait(acks, opts_.startTimeout);
       if (!waited.isOk()) return tellWorkers("lane/final", waited);
       for (int r = 1; r < n && why.empty(); ++r) {
         auto a = store.get(acks[r - 1], opts_.startTimeout);
@@ -103,14 +85,14 @@ Status ControlPlane::setUpLane(Store& store) {
     final = why.empty() ? "shm" : "tcp " + why;
     HORA_RETURN_IF_ERROR(store.set("lane/final", final));
   } else {
-    auto path = getKeyWatchingPeers(store, "lane/path");
+    auto path = laneValue(store, "lane/path");
     if (!path.isOk()) return path.status();
     if (path.value().rfind("shm ", 0) == 0) {
       auto m = ShmMailbox::open(path.value().substr(4), n);
       if (m.isOk()) mb = m.take();
       HORA_RETURN_IF_ERROR(
           store.set("lane/ack/" + me, m.isOk() ? std::string("ok") : m.status().message()));
-      auto f = getKeyWatchingPeers(store, "lane/final");
+      auto f = laneValue(store, "lane/final");
       if (!f.isOk()) return f.status();
       final = f.value();
     } else {

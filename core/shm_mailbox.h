@@ -7,10 +7,11 @@
 // single-consumer byte rings: "up" (r writes, the coordinator reads) and
 // "down" (the coordinator writes, r reads), and one "polling" word per rank
 // that says whether that rank's control thread is polling the mailbox now
-// or may sleep, next to a liveness time it refreshes while it is busy
-// elsewhere (running a collective itself: its peers then do not take its
-// silence on the sockets for a stall) (then a writer must wake it another way: the control plane
-// sends a doorbell frame over its TCP connection, controllers/shm_lane.h).
+// or may sleep (then a writer must wake it another way: the control plane
+// sends a doorbell frame over its TCP connection, controllers/shm_lane.h),
+// next to a liveness time it refreshes while it is busy elsewhere (running
+// a collective itself: its peers then do not take its silence on the
+// sockets for a stall).
 // The rings carry byte streams; the framing of what travels in them is the
 // control plane's (controllers/shm_lane.h).
 //

@@ -101,15 +101,10 @@ class WatchedStore : public Store {
   Status remove(const std::string& key) override { return base_->remove(key); }
 
  private:
-  static Code codeOf(const Status& s) { return s.code(); }
+  static const Status& statusOf(const Status& s) { return s; }
   template <typename T>
-  static Code codeOf(const Result<T>& r) {
-    return r.status().code();
-  }
-  static bool okOf(const Status& s) { return s.isOk(); }
-  template <typename T>
-  static bool okOf(const Result<T>& r) {
-    return r.isOk();
+  static const Status& statusOf(const Result<T>& r) {
+    return r.status();
   }
   template <typename R, typename F>
   R watched(std::chrono::milliseconds timeout, F&& call) {
@@ -119,7 +114,7 @@ class WatchedStore : public Store {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
       R r = call(std::max(std::chrono::milliseconds(1), std::min(slice_, left)));
-      if (okOf(r) || codeOf(r) != Code::kTimeout || left <= slice_ || !armed_->load()) return r;
+      if (statusOf(r).code() != Code::kTimeout || left <= slice_ || !armed_->load()) return r;
       Status alive = check_();
       if (!alive.isOk()) return alive;
     }

@@ -107,6 +107,8 @@ struct MetricsSnapshot {
   uint64_t inlineAllreduces = 0;
   // Of `groups`, those the control thread ran itself (HORA_RUN_ON_CONTROL_MAX_BYTES).
   uint64_t controlGroups = 0;
+  // Allreduces packed ahead of their negotiation's answer (HORA_PACK_AHEAD),
+  // and of those, the ones whose data plane used that instead of packing.
   uint64_t packedAhead = 0;
   uint64_t packedAheadUsed = 0;
   uint64_t cacheHits = 0, cacheMisses = 0;  // cacheable kinds only

@@ -271,24 +271,18 @@ bool ShmBackend::prepackAllreduce(uint64_t token, size_t count, DataType dtype, 
   // As shmAllreduce's first chunk with a combine function offered.
   const ChunkPlan p = planChunk(0, count, es, true);
   const size_t skipLo = p.skipOwn ? p.lo : p.len, skipHi = p.skipOwn ? p.hi : p.len;
-  // In pieces of the elements it packs ([0, skipLo), then [skipHi, len)),
-  // asking `stop` before each: the caller's other work waits at most one
-  // piece. `done`: every element before it that is packed at all is.
+  // In pieces, asking `stop` before each: the caller's other work waits at
+  // most one piece. Pieces never straddle the own part, which is skipped,
+  // not packed. `done`: every element before it that is packed at all is.
   const size_t piece = std::max<size_t>(1, kPackAheadPieceBytes / es);
   size_t done = 0;
-  bool stopped = false;
-  for (const auto& range : {std::make_pair(size_t{0}, skipLo), std::make_pair(skipHi, p.len)}) {
-    for (size_t at = std::max(done, range.first); at < range.second && !stopped;) {
-      if (stop && stop()) {
-        stopped = true;
-        break;
-      }
-      const size_t to = std::min(range.second, at + piece);
-      packChunk(0, at, to, skipLo, skipHi, segs_[rank_]->slot(c), es, pack);
-      done = at = to;
-    }
-    if (stopped) break;
-    done = std::max(done, range.second);
+  while (done < p.len) {
+    if (stop && stop()) break;
+    if (done >= skipLo && done < skipHi) done = skipHi;
+    if (done >= p.len) break;
+    const size_t to = std::min({p.len, done + piece, done < skipLo ? skipLo : p.len});
+    packChunk(0, done, to, skipLo, skipHi, segs_[rank_]->slot(c), es, pack);
+    done = to;
   }
   if (done == 0) return false;  // stopped before packing anything
   prepacked_.packedTo = done;
@@ -388,7 +382,6 @@ Status ShmBackend::allreduceGatherCombine(void* staging, size_t count, DataType 
 Status ShmBackend::allreduceCross(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
                                   const UnpackFn& unpack, const CrossStage& cross, bool overlap,
                                   const CombineFn& combine) {
-  (void)takePrepacked();  // whatever was packed ahead is overwritten now
   const std::string what = describe(count, dtype, op) + " inside a host";
   HORA_RETURN_IF_ERROR(checkUsable(what));
   if (reduceFunction(dtype, op) == nullptr || !reduceOpSupported(op, dtype))
@@ -509,7 +502,6 @@ Status ShmBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp 
 
 Status ShmBackend::allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
                               DataType dtype) {
-  (void)takePrepacked();  // whatever was packed ahead is overwritten now
   size_t total = 0;
   for (size_t c : counts) total += c;
   const std::string what = std::string("shm allgatherv(total=") + std::to_string(total) +
@@ -562,7 +554,6 @@ Status ShmBackend::shmAllgatherv(const uint8_t* in, uint8_t* out, const std::vec
 }
 
 Status ShmBackend::broadcast(void* data, size_t count, DataType dtype, int root) {
-  (void)takePrepacked();  // whatever was packed ahead is overwritten now
   const std::string what = std::string("shm broadcast(count=") + std::to_string(count) +
                            ", dtype=" + dataTypeName(dtype) + ", root=" + std::to_string(root) +
                            ")";

@@ -171,7 +171,10 @@ class ShmBackend : public Backend {
  private:
   // What prepackAllreduce packed: chunk `chunk`'s slot holds the first
   // chunk's elements [0, packedTo) (`len` in all, without [skipLo, skipHi))
-  // of the allreduce `token` of `count` elements. token 0: nothing.
+  // of the allreduce `token` of `count` elements. token 0: nothing. Every
+  // collective that writes the slots advances chunks_ (finishChunk), so
+  // after one `chunk` no longer matches; one the fallback ran left the slot
+  // as it was.
   struct Prepacked {
     uint64_t token = 0, chunk = 0;
     size_t count = 0, len = 0, skipLo = 0, skipHi = 0, packedTo = 0;
@@ -179,7 +182,7 @@ class ShmBackend : public Backend {
     ReduceOp op = ReduceOp::kSum;
   };
   // Hands out what was packed ahead for the allreduce the caller said comes
-  // next, and forgets it (a collective of any kind uses the slot).
+  // next (expectPrepacked), and forgets both.
   Prepacked takePrepacked();
   // A chunk's layout: its length, this rank's part [lo, hi), whether every
   // rank reduces it whole (small) and whether this rank's own part is left

@@ -36,7 +36,6 @@ constexpr size_t kBoxAlign = 64;  // a cache line: boxes of two ranks never shar
 
 Status ShmBackend::reducescatter(void* inout, const std::vector<size_t>& counts, DataType dtype,
                                  ReduceOp op) {
-  (void)takePrepacked();  // whatever was packed ahead is overwritten now
   size_t total = 0;
   for (size_t c : counts) total += c;
   const std::string what = std::string("shm reducescatter(total=") + std::to_string(total) +
@@ -102,7 +101,6 @@ Status ShmBackend::shmReducescatter(uint8_t* data, const std::vector<size_t>& co
 
 Status ShmBackend::alltoallv(const void* in, const std::vector<int64_t>& send, void* out,
                              const std::vector<int64_t>& recv, DataType dtype) {
-  (void)takePrepacked();  // whatever was packed ahead is overwritten now
   const std::string what = std::string("shm alltoallv(dtype=") + dataTypeName(dtype) + ")";
   HORA_RETURN_IF_ERROR(checkUsable(what));
   if (send.size() != static_cast<size_t>(size_) || recv.size() != static_cast<size_t>(size_))
@@ -190,7 +188,6 @@ Status ShmBackend::shmAlltoallv(const uint8_t* in, const std::vector<size_t>& se
 }
 
 Status ShmBackend::barrier() {
-  (void)takePrepacked();  // whatever was packed ahead is overwritten now
   const std::string what = "shm barrier";
   HORA_RETURN_IF_ERROR(checkUsable(what));
   if (size_ == 1) return delegate(what, [&] { return fallback_->barrier(); });
