@@ -514,10 +514,34 @@ Status ControlPlane::peersStillConnected() const {
   for (size_t i = 0; i < peers_.size(); ++i) {
     const auto& p = peers_[i];
     if (!p || !p->sock.is_open()) continue;
-    char c;
-    const ssize_t n = ::recv(p->sock.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    // Peeked, never consumed: the event loop reads these bytes later.
+    char buf[4096];
+    const ssize_t n = ::recv(p->sock.native_handle(), buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
     const int err = errno;
-    if (n > 0 || (n < 0 && (err == EAGAIN || err == EWOULDBLOCK || err == EINTR))) continue;
+    if (n > 0) {
+      // Alive, but it may already have given up on the set: an abort frame
+      // among the first waiting frames (after heartbeats) says so. A peer
+      // whose own set-up finished runs its event loop and sends that
+      // instead of closing its connection.
+      size_t at = 0;
+      while (at + 5 <= static_cast<size_t>(n)) {
+        uint32_t len = 0;
+        FrameType type;
+        if (!parseFrameHeader(buf + at, &len, &type).isOk()) break;
+        if (type == FrameType::kAbort) {
+          const int peer = isCoordinator() ? static_cast<int>(i) : 0;
+          return Status(Code::kRemoteError,
+                        peerName(peer) + " gave up on process set " + opts_.setName +
+                            " while this rank was still setting it up (a rank was lost or "
+                            "failed; " +
+                            (isCoordinator() ? "its" : "the coordinator's") +
+                            " own output says which)");
+        }
+        at += 5 + len;
+      }
+      continue;
+    }
+    if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK || err == EINTR)) continue;
     const std::string how =
         n == 0 ? std::string("closed its control connection")
                : "lost its control connection (" + std::string(std::strerror(err)) + ")";

@@ -17,12 +17,15 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <new>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <utility>
 
 // abort() needs tcp::Pair::signalExceptionExternal (see PairAccess below).
@@ -535,6 +538,88 @@ Status GlooBackend::barrier() {
   });
 }
 
+namespace {
+
+// gloo::rendezvous::Context with a full-mesh connect of hora's own. Gloo's
+// keeps the pairs in a local context until every one is connected, so
+// nothing can wake a connect that waits for a peer that died after
+// publishing its address: it waits out the timeout. Same steps here (every
+// rank publishes the addresses of its pairs under its rank, then connects
+// each pair to the address the peer published for it), with the pairs
+// reachable by a watcher that signals them all when `watch` reports a loss.
+class MeshContext : public gloo::rendezvous::Context {
+ public:
+  using gloo::rendezvous::Context::Context;
+
+  Status connectMesh(gloo::rendezvous::Store& store, std::shared_ptr<gloo::transport::Device>& dev,
+                     const std::function<Status()>& watch) {
+    std::shared_ptr<gloo::transport::Context> tc = dev->createContext(rank, size);
+    tc->setTimeout(getTimeout());
+    std::vector<char> all;
+    for (int i = 0; i < size; ++i) {
+      if (i == rank) continue;
+      const std::vector<char> bytes = tc->createPair(i)->address().bytes();
+      all.insert(all.end(), bytes.begin(), bytes.end());
+    }
+    store.set(std::to_string(rank), all);
+    // The watcher: every pair exists now (createPair above), and signalling
+    // one is what GlooBackend::abort does to a connected set.
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    Status lost;
+    std::thread watcher;
+    if (watch) {
+      watcher = std::thread([&] {
+        std::unique_lock<std::mutex> lk(mu);
+        while (!cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return done; })) {
+          lk.unlock();
+          Status s = watch();
+          lk.lock();
+          if (s.isOk()) continue;
+          lost = s;
+          for (int i = 0; i < size; ++i) {
+            if (i == rank) continue;
+            auto& pair = tc->getPair(i);
+            if (pair)
+              PairAccess::signal(reinterpret_cast<gloo::transport::tcp::Pair*>(pair.get()),
+                                 "hora: " + s.message());
+          }
+          return;
+        }
+      });
+    }
+    auto stopWatcher = [&] {
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        done = true;
+      }
+      cv.notify_all();
+      if (watcher.joinable()) watcher.join();
+    };
+    try {
+      for (int i = 0; i < size; ++i) {
+        if (i == rank) continue;
+        const std::string key = std::to_string(i);
+        store.wait({key}, getTimeout());
+        std::vector<char> addrs = store.get(key);
+        tc->getPair(i)->connect(extractAddress(addrs, i));
+      }
+    } catch (...) {
+      stopWatcher();
+      if (!lost.isOk()) return lost;  // the connects failed because of it
+      throw;
+    }
+    stopWatcher();
+    if (!lost.isOk()) return lost;  // signalled after the last connect: unusable
+    device_ = dev;
+    transportContext_ = std::move(tc);
+    return Status::ok();
+  }
+};
+
+}  // namespace
+
 Result<std::unique_ptr<Backend>> createGlooBackend(std::shared_ptr<Store> store,
                                                    const std::string& prefix, int rank, int size,
                                                    const GlooBackendOptions& opts) {
@@ -564,9 +649,10 @@ Result<std::unique_ptr<Backend>> createGlooBackend(std::shared_ptr<Store> store,
       attr.hostname = opts.hostname;
     }
     auto device = gloo::transport::tcp::CreateDevice(attr);
-    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    auto context = std::make_shared<MeshContext>(rank, size);
     context->setTimeout(opts.timeout);
-    context->connectFullMesh(adapter, device);
+    Status lost = context->connectMesh(adapter, device, opts.setUpWatch);
+    if (!lost.isOk()) return lost.withContext(what + ": connect");
     return std::unique_ptr<Backend>(
         new GlooBackend(std::move(context), rank, size, opts.timeout, alg));
   } catch (const gloo::IoException& e) {

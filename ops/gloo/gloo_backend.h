@@ -54,6 +54,11 @@ struct GlooBackendOptions {
   // Bounds rendezvous and every wait inside a collective.
   std::chrono::milliseconds timeout{30000};
   GlooAlgorithm algorithm = GlooAlgorithm::kAuto;
+  // Asked every 100 ms while the pairs connect (may be empty): an error (a
+  // peer known to be gone) makes every pending connect fail at once and is
+  // what createGlooBackend returns, instead of waiting for a dead peer's
+  // connection until `timeout`. Called on a thread of createGlooBackend's own.
+  std::function<Status()> setUpWatch;
 };
 
 // Allreduce payloads below this many bytes use bcube under "auto"; larger ones

@@ -4,7 +4,10 @@
 // Timeouts are a few seconds so a broken collective fails instead of hanging.
 #include "ops/gloo/gloo_backend.h"
 
+#include <arpa/inet.h>
+#include <gloo/transport/tcp/address.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 
 #include <atomic>
 #include <chrono>
@@ -18,6 +21,7 @@
 #include "backend_check.h"
 #include "core/memory_store.h"
 #include "core/reduce.h"
+#include "core/store.h"
 
 namespace hora {
 namespace {
@@ -369,6 +373,48 @@ TEST(GlooBackendTest, RendezvousTimesOutWhenARankIsMissing) {
   EXPECT_FALSE(r.isOk());
   EXPECT_EQ(r.status().code(), Code::kTimeout) << r.status().toString();
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+}
+
+// A peer that published its pair's address and then died never connects,
+// and Gloo's own full-mesh connect would wait out the whole timeout for it.
+// The set-up watch reporting the loss (in a process set: the dead rank's
+// control connection closed) fails the connect at once, with its reason.
+TEST(GlooBackendTest, ALossTheSetUpWatchReportsFailsAPendingConnectAtOnce) {
+  auto store = std::make_shared<MemoryStore>();
+  const std::string prefix = uniquePrefix();
+  // "Rank 1" publishes an address above any local one, so rank 0's pair is
+  // the side that waits to be connected to, and nobody ever connects.
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(65535);
+  ASSERT_EQ(inet_pton(AF_INET, "255.255.255.254", &sa.sin_addr), 1);
+  sockaddr_storage ss{};
+  std::memcpy(&ss, &sa, sizeof(sa));
+  const std::vector<char> bytes = gloo::transport::tcp::Address(ss, 0).bytes();
+  ASSERT_TRUE(PrefixStore(store, prefix).set("1", std::string(bytes.begin(), bytes.end())).isOk());
+
+  std::atomic<bool> lost{false};
+  std::atomic<int> asked{0};
+  GlooBackendOptions opts;
+  opts.timeout = milliseconds(20000);
+  opts.setUpWatch = [&] {
+    ++asked;
+    return lost ? Status(Code::kRemoteError, "rank 1 closed its control connection") : Status::ok();
+  };
+  std::thread loser([&] {
+    std::this_thread::sleep_for(milliseconds(300));
+    lost = true;
+  });
+  const auto start = Clock::now();
+  auto r = createGlooBackend(store, prefix, 0, 2, opts);
+  const auto took = Clock::now() - start;
+  loser.join();
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), Code::kRemoteError) << r.status().toString();
+  EXPECT_NE(r.status().message().find("rank 1 closed its control connection"), std::string::npos)
+      << r.status().toString();
+  EXPECT_LT(took, std::chrono::seconds(5)) << "waited for the timeout instead";
+  EXPECT_GE(asked.load(), 2) << "asked while the connect was pending";
 }
 
 TEST(GlooBackendTest, InvalidArgumentsLeaveTheBackendUsable) {

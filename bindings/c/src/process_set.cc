@@ -119,11 +119,16 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   // connection it closed (instead of after the start timeout). Disarmed
   // before the control thread starts and takes the connections over.
   auto setUpArmed = std::make_shared<std::atomic<bool>>(ps->size() > 1);
-  {
-    ControlPlane* cpRaw = ps->cp_.get();
-    store = std::make_shared<WatchedStore>(
-        store, [cpRaw] { return cpRaw->peersStillConnected(); }, setUpArmed);
-  }
+  ControlPlane* cpRaw = ps->cp_.get();
+  store = std::make_shared<WatchedStore>(
+      store, [cpRaw] { return cpRaw->peersStillConnected(); }, setUpArmed);
+  // The same look while Gloo's pairs connect (a peer that died after
+  // publishing its address never connects); only while armed, since a
+  // communicator connected later would race the control thread for the
+  // sockets.
+  auto setUpWatch = [cpRaw, setUpArmed] {
+    return setUpArmed->load() ? cpRaw->peersStillConnected() : Status::ok();
+  };
 
   // Data plane: Gloo, wrapped in shared memory when every rank is on one
   // host (the ranks agree on it at set-up, else the set stays on Gloo).
@@ -132,6 +137,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   go.iface = o.glooIface;
   go.timeout = o.peerTimeout;
   go.algorithm = o.glooAlgorithm;
+  go.setUpWatch = setUpWatch;
   // With two ranks ring and bcube exchange the same data, and ring measured
   // about twice as fast for small messages here (bench/README.md).
   if (go.algorithm == GlooAlgorithm::kAuto && globalRanks.size() == 2)
