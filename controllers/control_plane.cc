@@ -510,6 +510,23 @@ bool ControlPlane::laneFlushed() const {
   return true;
 }
 
+namespace {
+
+// An abort frame's payload starts with its status code (encodeAbort). A
+// coordinator also sends one after a peer's goodbye (kShutDown): the set is
+// ending, not failing, and a rank still setting it up goes on as before.
+// A code not yet fully received is not taken for a failure: a later look
+// sees it whole.
+bool abortIsAFailure(const char* payload, size_t have) {
+  if (have < 4) return false;
+  ByteReader rd(payload, 4);
+  int32_t code = 0;
+  if (!rd.i32(&code, "abort code").isOk()) return false;
+  return code != static_cast<int32_t>(Code::kShutDown);
+}
+
+}  // namespace
+
 Status ControlPlane::peersStillConnected() const {
   for (size_t i = 0; i < peers_.size(); ++i) {
     const auto& p = peers_[i];
@@ -528,7 +545,7 @@ Status ControlPlane::peersStillConnected() const {
         uint32_t len = 0;
         FrameType type;
         if (!parseFrameHeader(buf + at, &len, &type).isOk()) break;
-        if (type == FrameType::kAbort) {
+        if (type == FrameType::kAbort && abortIsAFailure(buf + at + 5, n - (at + 5))) {
           const int peer = isCoordinator() ? static_cast<int>(i) : 0;
           return Status(Code::kRemoteError,
                         peerName(peer) + " gave up on process set " + opts_.setName +

@@ -574,16 +574,27 @@ class MeshContext : public gloo::rendezvous::Context {
         std::unique_lock<std::mutex> lk(mu);
         while (!cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return done; })) {
           lk.unlock();
-          Status s = watch();
+          // Nothing may escape this thread (std::terminate): a throwing
+          // watch counts as a failed set-up.
+          Status s;
+          try {
+            s = watch();
+          } catch (...) {
+            s = Status(Code::kSystemError, "the set-up watch failed (out of memory?)");
+          }
           lk.lock();
           if (s.isOk()) continue;
           lost = s;
           for (int i = 0; i < size; ++i) {
             if (i == rank) continue;
-            auto& pair = tc->getPair(i);
-            if (pair)
-              PairAccess::signal(reinterpret_cast<gloo::transport::tcp::Pair*>(pair.get()),
-                                 "hora: " + s.message());
+            try {
+              auto& pair = tc->getPair(i);
+              if (pair)
+                PairAccess::signal(reinterpret_cast<gloo::transport::tcp::Pair*>(pair.get()),
+                                   "hora: " + s.message());
+            } catch (...) {
+              // As in closePairs: a pair that cannot be signalled is broken.
+            }
           }
           return;
         }

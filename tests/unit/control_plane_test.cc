@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "controllers/coordinator_link.h"
 #include "core/memory_store.h"
 #include "core/wire.h"
 
@@ -659,6 +660,32 @@ TEST(ControlPlaneTest, StoppedWorkerIsReportedToTheCoordinatorByName) {
   EXPECT_EQ(seen.frames[0].from, 1);
   EXPECT_TRUE(set.events(1).snapshot().losses.empty());
   EXPECT_FALSE(set.cp(0)->peersDone()) << "rank 1 is still connected";
+}
+
+// A worker still setting the set up (connected, control thread not started)
+// asks peersStillConnected() while it waits for the others. A coordinator
+// that ended the set (an abort carrying kShutDown, sent after a peer's
+// goodbye) does not fail that set-up; one that gave up on it does, at once.
+TEST(ControlPlaneTest, ASetUpInProgressFailsOnTheCoordinatorsAbortButNotOnItsGoodbye) {
+  CpSet set(2);
+  ASSERT_TRUE(set.createAll());
+  set.start(0);
+  EXPECT_TRUE(set.cp(1)->peersStillConnected().isOk());
+  ASSERT_TRUE(set.onControl(0, [](ControlPlane& cp) {
+    cp.send(1, FrameType::kAbort, encodeAbort(Status(Code::kShutDown, "rank 2 said goodbye")));
+  }));
+  std::this_thread::sleep_for(300ms);  // on loopback the frame is there in microseconds
+  Status s = set.cp(1)->peersStillConnected();
+  EXPECT_TRUE(s.isOk()) << "a set that ends is not a set-up that failed: " << s.toString();
+  ASSERT_TRUE(set.onControl(0, [](ControlPlane& cp) {
+    cp.send(1, FrameType::kAbort, encodeAbort(Status(Code::kRemoteError, "rank 3 was lost")));
+  }));
+  const auto t0 = Clock::now();
+  while ((s = set.cp(1)->peersStillConnected()).isOk() && elapsedMs(t0) < kDeadline.count())
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(s.code(), Code::kRemoteError) << s.toString();
+  EXPECT_TRUE(contains(s.message(), "gave up on process set " + std::string(kSetName)))
+      << s.message();
 }
 
 TEST(ControlPlaneTest, WorkerDestroyedBeforeItStartedIsReportedToTheCoordinator) {
