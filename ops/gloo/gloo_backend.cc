@@ -271,6 +271,29 @@ void GlooBackend::tune(const TuningValues& v) {
 void GlooBackend::abort() noexcept {
   aborted_.store(true, std::memory_order_release);
   closePairs("hora: backend aborted on rank " + std::to_string(rank_));
+  std::lock_guard<std::mutex> lock(liveMu_);
+  for (auto* b : live_) {
+    b->abortWaitSend();
+    b->abortWaitRecv();
+  }
+}
+
+WatchedBuffers::WatchedBuffers(GlooBackend* backend,
+                               std::initializer_list<gloo::transport::UnboundBuffer*> buffers)
+    : backend_(backend) {
+  std::lock_guard<std::mutex> lock(backend_->liveMu_);
+  backend_->live_.assign(buffers.begin(), buffers.end());
+  // An abort() that came between checkUsable and here found nothing to wake.
+  if (backend_->aborted_.load(std::memory_order_acquire))
+    for (auto* b : backend_->live_) {
+      b->abortWaitSend();
+      b->abortWaitRecv();
+    }
+}
+
+WatchedBuffers::~WatchedBuffers() {
+  std::lock_guard<std::mutex> lock(backend_->liveMu_);
+  backend_->live_.clear();
 }
 
 Status GlooBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
@@ -291,6 +314,15 @@ Status GlooBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp
               : Algorithm::kRing;
   }
   const uint32_t tag = nextTag();
+  if (alg == Algorithm::kRing) {
+    // hora's ring, in place (the hooks have nothing to copy): abort() can
+    // wake its waits, which Gloo's ring does not allow (see the header).
+    return guarded(what, [&] {
+      ringAllreduce(
+          static_cast<uint8_t*>(data), count, dtype, op, tag, [](size_t, size_t, void*) {},
+          [](size_t, size_t, const void*) {});
+    });
+  }
   return guarded(what, [&] {
     gloo::AllreduceOptions opts(context_);
     withElementType(elementSize, [&](auto zero) {
@@ -484,6 +516,7 @@ void GlooBackend::ringReduceScatter(uint8_t* data, const std::vector<size_t>& co
   std::vector<uint8_t> scratch(2 * segBytes);
   auto dataBuf = context_->createUnboundBuffer(data, total);
   auto tmpBuf = context_->createUnboundBuffer(scratch.data(), scratch.size());
+  WatchedBuffers watched(this, {dataBuf.get(), tmpBuf.get()});
 
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   auto remaining = [&] {
@@ -513,7 +546,7 @@ void GlooBackend::ringReduceScatter(uint8_t* data, const std::vector<size_t>& co
       tmpBuf->recv(prev, slot, (j % 2) * segBytes, segLen(recvBytes, j));
     }
     for (size_t j = 0; j < recvSegs; ++j) {
-      tmpBuf->waitRecv(remaining());
+      checkWait(tmpBuf->waitRecv(remaining()), "ring reduce-scatter receive");
       const size_t len = segLen(recvBytes, j);
       reduceInto(dtype, op, data + offsets[recvChunk] + j * segBytes,
                  scratch.data() + (j % 2) * segBytes, len / elementSize);
@@ -521,7 +554,8 @@ void GlooBackend::ringReduceScatter(uint8_t* data, const std::vector<size_t>& co
         tmpBuf->recv(prev, slot, (j % 2) * segBytes, segLen(recvBytes, j + 2));
       }
     }
-    for (size_t j = 0; j < sendSegs; ++j) dataBuf->waitSend(remaining());
+    for (size_t j = 0; j < sendSegs; ++j)
+      checkWait(dataBuf->waitSend(remaining()), "ring reduce-scatter send");
   }
 }
 

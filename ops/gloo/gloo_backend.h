@@ -19,12 +19,22 @@
 // when a wait expired, kBackendError otherwise). After such a failure, or
 // after abort(), the pairs are closed and every later call fails immediately:
 // the ranks can no longer be assumed to agree on what was exchanged.
+//
+// abort() wakes hora's own rings through their buffers as well. Gloo's pair
+// signal (tcp::Pair::signalException) wakes the buffers of operations still
+// queued, but not an unbound-buffer send already partly written to the
+// socket (tx_ is walked for bound buffers only) nor a receive partly read
+// (rx_): a transfer to or from a rank that died mid-way waits out the whole
+// timeout (seen: a hierarchical allreduce's cross stage, 30 s). Plain ring
+// allreduces therefore run on hora's ring too; Gloo's bcube, allgatherv,
+// broadcast, alltoallv and barrier keep that window.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -37,6 +47,9 @@
 
 namespace gloo {
 class Context;
+namespace transport {
+class UnboundBuffer;
+}  // namespace transport
 }  // namespace gloo
 
 namespace hora {
@@ -120,6 +133,13 @@ class GlooBackend : public Backend {
   void ringAllreduce(uint8_t* data, size_t count, DataType dtype, ReduceOp op, uint32_t tag,
                      const PackFn& pack, const UnpackFn& unpack);
 
+  // The buffers of the ring running now, so that abort() can wake its waits
+  // (abortWaitSend/Recv); registered by WatchedBuffers on the executor
+  // thread, read by abort() on any thread.
+  friend class WatchedBuffers;
+  std::mutex liveMu_;
+  std::vector<gloo::transport::UnboundBuffer*> live_;  // guarded by liveMu_
+
   const std::shared_ptr<gloo::Context> context_;
   const int rank_;
   const int size_;
@@ -136,6 +156,25 @@ class GlooBackend : public Backend {
   mutable std::mutex brokenMu_;
   Status broken_;  // guarded by brokenMu_; first failure that made the backend unusable
 };
+
+// For the scope of one of hora's rings (executor thread): makes the ring's
+// buffers reachable by GlooBackend::abort(), and wakes them at once if the
+// backend was aborted before they were registered.
+class WatchedBuffers {
+ public:
+  WatchedBuffers(GlooBackend* backend,
+                 std::initializer_list<gloo::transport::UnboundBuffer*> buffers);
+  ~WatchedBuffers();
+  WatchedBuffers(const WatchedBuffers&) = delete;
+  WatchedBuffers& operator=(const WatchedBuffers&) = delete;
+
+ private:
+  GlooBackend* const backend_;
+};
+
+// Throws gloo::IoException naming `what` when a ring's wait returned false,
+// i.e. abort() woke it: the transfer did not complete.
+void checkWait(bool completed, const char* what);
 
 // Builds the TCP device, rendezvouses through `store` under `prefix` (keys
 // "<prefix>/<rank>") and connects the full mesh. Blocks until every rank of

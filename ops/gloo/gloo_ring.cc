@@ -3,7 +3,7 @@
 //
 // It follows the schedule of Gloo's own ring allreduce (gloo/allreduce.cc in
 // Gloo 0.5: reduce-scatter then allgather, segments of at most 1 MiB) with
-// kDepth instead of 2 transfers in flight, and adds the two hooks
+// kDepth (fewer for small buffers) instead of 2 transfers in flight, and adds the two hooks
 // allreduceGather needs: pack a segment into the staging buffer before it is
 // first sent or reduced into, and unpack it as soon as it is final on this
 // rank. The hooks run right after the next transfers are posted, so the
@@ -69,15 +69,22 @@ constexpr size_t kRingSegmentBytes = 1 << 20;
 // machine (loopback, 102 MB float32), and the copies get more slack.
 constexpr size_t kDepth = 4;
 
+// Smallest segment worth a transfer of its own. Below kDepth such segments
+// per rank, fewer are in flight, down to one (the classic ring): a small
+// allreduce sends about as many messages as Gloo's ring does. With all four
+// in flight, a hierarchical allreduce's cross stage (2 hosts, 10 Gbit/s
+// namespaces) took about twice Gloo's time at 1 MiB (64 KiB segments).
+constexpr size_t kMinSegmentBytes = 128 << 10;
+
 size_t roundUp(size_t v, size_t m) { return (v + m - 1) / m * m; }
 
-void checkWait(bool completed, const char* what) {
-  // false only when a wait was aborted through abortWait*, which nothing in
-  // hora calls; treat it as a failed transfer rather than trusting the data.
-  if (!completed) throw gloo::IoException(std::string("ring allreduce: ") + what + " aborted");
-}
-
 }  // namespace
+
+void checkWait(bool completed, const char* what) {
+  // false only when abort() woke the wait (abortWaitSend/Recv): the data is
+  // not to be trusted, and guarded() reports the abort.
+  if (!completed) throw gloo::IoException(std::string(what) + " aborted");
+}
 
 void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, ReduceOp op,
                                 uint32_t tag, const PackFn& pack, const UnpackFn& unpack) {
@@ -89,17 +96,19 @@ void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, Red
   const int sendRank = static_cast<int>((r + n - 1) % n);
   const int recvRank = static_cast<int>((r + 1) % n);
 
+  const size_t depth = std::min(kDepth, std::max<size_t>(1, totalBytes / (n * kMinSegmentBytes)));
   const size_t maxSegBytes = es * std::max<size_t>(1, kRingSegmentBytes / es);
   const size_t numSegments =
-      roundUp(std::max((totalBytes + maxSegBytes - 1) / maxSegBytes, kDepth * n), n);
-  const size_t spr = numSegments / n;  // segments per rank (chunk), >= kDepth
+      roundUp(std::max((totalBytes + maxSegBytes - 1) / maxSegBytes, depth * n), n);
+  const size_t spr = numSegments / n;  // segments per rank (chunk), >= depth
   const size_t segBytes = roundUp((totalBytes + numSegments - 1) / numSegments, es);
   const size_t iterations = numSegments - spr;  // sends (and receives) per phase
 
-  if (ringScratch_.size() < kDepth * segBytes) ringScratch_.resize(kDepth * segBytes);
+  if (ringScratch_.size() < depth * segBytes) ringScratch_.resize(depth * segBytes);
   uint8_t* scratch = ringScratch_.data();
   auto dataBuf = context_->createUnboundBuffer(data, totalBytes);
-  auto tmpBuf = context_->createUnboundBuffer(scratch, kDepth * segBytes);
+  auto tmpBuf = context_->createUnboundBuffer(scratch, depth * segBytes);
+  WatchedBuffers watched(this, {dataBuf.get(), tmpBuf.get()});
 
   // Byte offset of segment k (mod numSegments) and its length, 0 when it
   // lies past the end of the buffer.
@@ -115,7 +124,7 @@ void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, Red
   auto call = [&](const auto& fn, const Segment& s) {
     if (s.bytes > 0) fn(s.offset / es, (s.offset + s.bytes) / es, data + s.offset);
   };
-  // Sends complete in posting order; at most kDepth stay outstanding.
+  // Sends complete in posting order; at most depth stay outstanding.
   size_t sendsPosted = 0, sendsDone = 0;
   auto send = [&](const Segment& s, uint64_t slot) {
     if (s.bytes == 0) return;
@@ -141,36 +150,36 @@ void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, Red
   };
   auto drainSends = [&](size_t keep) {
     for (; sendsPosted - sendsDone > keep; ++sendsDone) {
-      checkWait(dataBuf->waitSend(timeout_), "send");
+      checkWait(dataBuf->waitSend(timeout_), "ring allreduce send");
     }
     flushUnpacks();
   };
 
-  // Reduce-scatter. Iteration i first completes receive i-kDepth (reducing
+  // Reduce-scatter. Iteration i first completes receive i-depth (reducing
   // it into place frees its scratch slot), then posts receive i and send i.
   const uint64_t rsSlot = ringAllreduceSlot(tag, 0);
   auto rsRecv = [&](size_t i) { return segment((r + 2) * spr + i); };
-  for (size_t i = 0; i < iterations + kDepth; ++i) {
-    if (i >= kDepth) {
-      const Segment done = rsRecv(i - kDepth);
+  for (size_t i = 0; i < iterations + depth; ++i) {
+    if (i >= depth) {
+      const Segment done = rsRecv(i - depth);
       if (done.bytes > 0) {
-        checkWait(tmpBuf->waitRecv(timeout_), "receive");
-        reduce(data + done.offset, data + done.offset, scratch + ((i - kDepth) % kDepth) * segBytes,
+        checkWait(tmpBuf->waitRecv(timeout_), "ring allreduce receive");
+        reduce(data + done.offset, data + done.offset, scratch + ((i - depth) % depth) * segBytes,
                done.bytes / es);
       }
     }
     if (i < iterations) {
       const Segment recv = rsRecv(i);
-      if (recv.bytes > 0) tmpBuf->recv(recvRank, rsSlot, (i % kDepth) * segBytes, recv.bytes);
+      if (recv.bytes > 0) tmpBuf->recv(recvRank, rsSlot, (i % depth) * segBytes, recv.bytes);
       // Segment i of chunk r+1: packed now for i < spr, else reduced here
-      // spr >= kDepth iterations ago (above, at the latest).
+      // spr >= depth iterations ago (above, at the latest).
       const Segment out = segment((r + 1) * spr + i);
       if (i < spr) call(pack, out);
       send(out, rsSlot);
       // First touch of the segment receive i will be reduced into: pack it
-      // now, while kDepth receives and sends are in flight.
+      // now, while depth receives and sends are in flight.
       call(pack, recv);
-      drainSends(kDepth);
+      drainSends(depth);
     }
   }
   drainSends(0);
@@ -181,11 +190,11 @@ void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, Red
   // right after its receive when it is never forwarded.
   const uint64_t agSlot = ringAllreduceSlot(tag, 1);
   const size_t forwarded = iterations - spr;  // receives j < forwarded are sent on at j + spr
-  for (size_t i = 0; i < iterations + kDepth; ++i) {
-    if (i >= kDepth) {
-      const size_t j = i - kDepth;
+  for (size_t i = 0; i < iterations + depth; ++i) {
+    if (i >= depth) {
+      const size_t j = i - depth;
       const Segment done = segment((r + 1) * spr + j);
-      if (done.bytes > 0) checkWait(dataBuf->waitRecv(timeout_), "receive");
+      if (done.bytes > 0) checkWait(dataBuf->waitRecv(timeout_), "ring allreduce receive");
       if (j >= forwarded) deferUnpack(done);  // no send reads it: ready now
     }
     if (i < iterations) {
@@ -195,7 +204,7 @@ void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, Red
       send(out, agSlot);
       deferUnpack(out);  // own chunk (i < spr) or a forward: its last send
     }
-    drainSends(kDepth);
+    drainSends(depth);
   }
   drainSends(0);
   if (!pendingUnpacks.empty()) flushUnpacks();

@@ -362,7 +362,7 @@ int loopUntilPeerLost(int rank, int culprit, double deadlineS) {
 // Rank `victim` is killed while the others are inside hierarchical
 // allreduces; the 30 s peer timeout is far beyond the deadline, so the
 // survivors must learn it from the loss itself.
-void killDuringHierAllreduce(int victim) {
+void killDuringHierAllreduce(int victim, bool stopFirst = false) {
   std::atomic<int64_t> killedAtMs{0};
   const auto t0 = Clock::now();
   const std::vector<std::pair<std::string, std::string>> env = {
@@ -373,6 +373,12 @@ void killDuringHierAllreduce(int victim) {
       4, [victim](int rank) { return loopUntilPeerLost(rank, victim, 50); }, 80,
       [&](const std::vector<int>& pids) {
         std::this_thread::sleep_for(std::chrono::milliseconds(4000));
+        if (stopFirst) {
+          // Frozen mid-transfer first: its peers' sockets fill and their
+          // transfers stop part-way, the case Gloo's own signal misses.
+          ::kill(pids[victim], SIGSTOP);
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        }
         ::kill(pids[victim], SIGKILL);
         killedAtMs =
             std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
@@ -400,5 +406,7 @@ void killDuringHierAllreduce(int victim) {
 TEST(Hier, RankKilledDuringHierAllreduceOnHostBFailsEverySurvivor) { killDuringHierAllreduce(1); }
 // Rank 2: host A, local rank 1 (rank 0 is its host peer).
 TEST(Hier, RankKilledDuringHierAllreduceOnHostAFailsEverySurvivor) { killDuringHierAllreduce(2); }
+// Rank 2 stopped, then killed: transfers to and from it were cut part-way.
+TEST(Hier, RankStoppedThenKilledMidTransferFailsEverySurvivor) { killDuringHierAllreduce(2, true); }
 
 }  // namespace
