@@ -176,9 +176,17 @@ def check_job(job, reports, steps):
         # inside the negotiation and need nothing more from it): survivors
         # then finish that step, and later ones without it, and fail at the
         # first that needs it. Still bounded in time from the fault, below.
+        # The other way round, such a rank may be a step ahead: it reached
+        # step fstep once its own part of step fstep-1 was done, while a
+        # survivor was still finishing that step (its last data still on
+        # the way, e.g. a ring reduce-scatter's final segment); the loss
+        # then fails that step there (seen: rank 2 at step 158, the kill at
+        # 159). It cannot be further ahead: finishing step fstep-1 needed
+        # every rank's part of it.
         in_flight = fault in ("kill9", "sigstop") and fault_when == "in-flight"
         first_step = int(first.get("step", -1))
-        if first_step < fstep or (first_step != fstep and not in_flight):
+        earliest = fstep - 1 if in_flight else fstep
+        if first_step < earliest or (first_step != fstep and not in_flight):
             problems.append("rank %d: first error at step %s, the fault was at %d: %s"
                             % (r, first.get("step"), fstep, msg[:300]))
         if not names_rank(msg, frank):

@@ -149,7 +149,8 @@ class GlooBackend : public Backend {
   size_t bcubeMaxBytes_ = kGlooBcubeMaxBytes;  // executor thread only
   // The ring's receive scratch, kept across calls: a fresh buffer would pay
   // first-touch page faults (~12 us per 4 KiB page here) on every call.
-  std::vector<uint8_t> ringScratch_;  // executor thread only
+  std::vector<uint8_t>
+      ringScratch_;  // the calling thread (executor, or a hierarchy's cross thread)
 
   std::atomic<bool> aborted_{false};
   std::mutex closeMu_;  // serializes closePairs

@@ -11,23 +11,24 @@
 // into the network waits, on the same thread. (Where the CPU is already
 // saturated, as with 2 ranks on 2 cores, they still cost their CPU time.)
 //
-// Schedule (n ranks, kDepth transfers in flight per direction): the buffer
-// is cut into numSegments segments (a multiple of n, at least kDepth*n, at
+// Schedule (n ranks, depth transfers in flight per direction: kDepth, fewer
+// for small buffers, see kMinSegmentBytes): the buffer
+// is cut into numSegments segments (a multiple of n, at least depth*n, at
 // most kRingSegmentBytes each except to satisfy those two rules); rank c ends
 // up owning chunk c, segments [c*spr, (c+1)*spr) with spr = numSegments / n.
 // Rank r sends to r-1 and receives from r+1.
-//  - Reduce-scatter, iteration i: wait for receive i-kDepth and reduce it into
+//  - Reduce-scatter, iteration i: wait for receive i-depth and reduce it into
 //    its place (freeing its scratch slot), post the receive of segment
 //    (r+2)*spr + i into that slot, send segment (r+1)*spr + i (for i < spr a
 //    segment of chunk r+1, packed just before; later ones were reduced here
-//    spr >= kDepth iterations earlier), then pack segment (r+2)*spr + i,
-//    which is reduced into kDepth iterations later.
-//  - Allgather, iteration i: wait for receive i-kDepth, post the receive of
+//    spr >= depth iterations earlier), then pack segment (r+2)*spr + i,
+//    which is reduced into depth iterations later.
+//  - Allgather, iteration i: wait for receive i-depth, post the receive of
 //    segment (r+1)*spr + i in place and send segment r*spr + i (this rank's
 //    own reduced chunk for i < spr, unpacked right after its send is posted;
 //    later ones arrived spr iterations earlier), then unpack the segment
-//    that receive i-kDepth brought.
-// So every copy runs after the next transfers are posted. spr >= kDepth keeps
+//    that receive i-depth brought.
+// So every copy runs after the next transfers are posted. spr >= depth keeps
 // the segments reduced, packed or received apart from those being sent.
 // Segments past the end of the buffer are empty and skipped by both sides.
 //

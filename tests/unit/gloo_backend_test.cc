@@ -314,11 +314,12 @@ TEST(GlooBackendTest, APeerLostMidRingFailsTheSurvivorPromptlyAfterItsAbort) {
     const auto done = Clock::now();
     aborter.join();
     if (s1.isOk()) continue;  // finished before the abort: nothing was cut
-    EXPECT_FALSE(s0.isOk()) << "attempt " << attempt;
-    if (done > rank0Aborted)
+    // s0 may be OK: an abort can land after rank 1's last transfer completed.
+    if (done > rank0Aborted) {
       EXPECT_LT(done - rank0Aborted, std::chrono::seconds(3))
           << "attempt " << attempt
           << ": rank 0 waited for the timeout after its abort: " << s0.toString();
+    }
   }
 }
 
