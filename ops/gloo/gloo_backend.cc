@@ -28,33 +28,8 @@
 #include <thread>
 #include <utility>
 
-// abort() needs tcp::Pair::signalExceptionExternal (see PairAccess below).
-// Debian's libgloo-dev 0.5 ships gloo/transport/tcp/pair.h but not the
-// gloo/common/memory.h it includes, so the real class cannot be compiled
-// here. In that case we declare a stand-in with just that member: the call
-// then binds to the exported symbol
-// gloo::transport::tcp::Pair::signalExceptionExternal(const std::string&)
-// in libgloo.so, with the ordinary member-call ABI. Strictly this is two
-// definitions of one class (an ODR violation), which is harmless here because
-// the stand-in is never instantiated, has no data or virtual members, and only
-// names a non-virtual function whose mangled name does not depend on the
-// class body. Where the header is complete, the real class is used.
-#if __has_include(<gloo/common/memory.h>)
-#include <gloo/transport/tcp/pair.h>
-#else
-namespace gloo {
-namespace transport {
-namespace tcp {
-class Pair {
- protected:
-  std::exception_ptr signalExceptionExternal(const std::string& msg);
-};
-}  // namespace tcp
-}  // namespace transport
-}  // namespace gloo
-#endif
-
 #include "core/reduce.h"
+#include "ops/gloo/gloo_mesh.h"
 #include "ops/gloo/gloo_store_adapter.h"
 
 // Allreduce algorithm choice under "auto" (kGlooBcubeMaxBytes). Measured on
@@ -76,20 +51,6 @@ class Pair {
 
 namespace hora {
 namespace {
-
-// Reaches tcp::Pair::signalExceptionExternal, which is protected: it is what
-// Gloo itself calls on every pair when a wait times out, and the only Pair
-// entry point that both closes the socket and wakes every thread waiting on a
-// buffer of that pair (Pair::close() wakes nobody, so a local call would sit
-// out its full timeout). Naming the member through a derived class yields a
-// pointer-to-member of tcp::Pair usable on any tcp::Pair object. The pair
-// comes from a tcp device we created, and transport::Pair is tcp::Pair's
-// primary base, so the reinterpret_cast is the one Gloo's tcp::Context uses.
-struct PairAccess : gloo::transport::tcp::Pair {
-  static void signal(gloo::transport::tcp::Pair* pair, const std::string& msg) {
-    (pair->*&PairAccess::signalExceptionExternal)(msg);
-  }
-};
 
 // Gloo's option setters are templated on the element type only to learn its
 // size; any trivially copyable type of the right width will do.
@@ -193,9 +154,11 @@ const char* glooAlgorithmName(GlooAlgorithm algorithm) {
   }
 }
 
-GlooBackend::GlooBackend(std::shared_ptr<gloo::Context> context, int rank, int size,
+GlooBackend::GlooBackend(std::shared_ptr<gloo::Context> context,
+                         std::shared_ptr<AbortableBuffers> buffers, int rank, int size,
                          std::chrono::milliseconds timeout, Algorithm algorithm)
     : context_(std::move(context)),
+      buffers_(std::move(buffers)),
       rank_(rank),
       size_(size),
       timeout_(timeout),
@@ -257,7 +220,7 @@ void GlooBackend::closePairs(const std::string& reason) noexcept {
       auto& pair = context_->getPair(i);
       if (!pair) continue;
       // No-op if the pair already failed (Gloo checks under the pair lock).
-      PairAccess::signal(reinterpret_cast<gloo::transport::tcp::Pair*>(pair.get()), reason);
+      signalPair(pair.get(), reason);
     } catch (...) {
       // Best effort: a pair that cannot be signalled is already broken.
     }
@@ -271,29 +234,8 @@ void GlooBackend::tune(const TuningValues& v) {
 void GlooBackend::abort() noexcept {
   aborted_.store(true, std::memory_order_release);
   closePairs("hora: backend aborted on rank " + std::to_string(rank_));
-  std::lock_guard<std::mutex> lock(liveMu_);
-  for (auto* b : live_) {
-    b->abortWaitSend();
-    b->abortWaitRecv();
-  }
-}
-
-WatchedBuffers::WatchedBuffers(GlooBackend* backend,
-                               std::initializer_list<gloo::transport::UnboundBuffer*> buffers)
-    : backend_(backend) {
-  std::lock_guard<std::mutex> lock(backend_->liveMu_);
-  backend_->live_.assign(buffers.begin(), buffers.end());
-  // An abort() that came between checkUsable and here found nothing to wake.
-  if (backend_->aborted_.load(std::memory_order_acquire))
-    for (auto* b : backend_->live_) {
-      b->abortWaitSend();
-      b->abortWaitRecv();
-    }
-}
-
-WatchedBuffers::~WatchedBuffers() {
-  std::lock_guard<std::mutex> lock(backend_->liveMu_);
-  backend_->live_.clear();
+  // The pairs' signal misses transfers cut part-way (gloo_mesh.h).
+  if (buffers_) buffers_->failAll("hora: backend aborted on rank " + std::to_string(rank_));
 }
 
 Status GlooBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
@@ -314,15 +256,6 @@ Status GlooBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp
               : Algorithm::kRing;
   }
   const uint32_t tag = nextTag();
-  if (alg == Algorithm::kRing) {
-    // hora's ring, in place (the hooks have nothing to copy): abort() can
-    // wake its waits, which Gloo's ring does not allow (see the header).
-    return guarded(what, [&] {
-      ringAllreduce(
-          static_cast<uint8_t*>(data), count, dtype, op, tag, [](size_t, size_t, void*) {},
-          [](size_t, size_t, const void*) {});
-    });
-  }
   return guarded(what, [&] {
     gloo::AllreduceOptions opts(context_);
     withElementType(elementSize, [&](auto zero) {
@@ -516,7 +449,6 @@ void GlooBackend::ringReduceScatter(uint8_t* data, const std::vector<size_t>& co
   std::vector<uint8_t> scratch(2 * segBytes);
   auto dataBuf = context_->createUnboundBuffer(data, total);
   auto tmpBuf = context_->createUnboundBuffer(scratch.data(), scratch.size());
-  WatchedBuffers watched(this, {dataBuf.get(), tmpBuf.get()});
 
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   auto remaining = [&] {
@@ -546,7 +478,7 @@ void GlooBackend::ringReduceScatter(uint8_t* data, const std::vector<size_t>& co
       tmpBuf->recv(prev, slot, (j % 2) * segBytes, segLen(recvBytes, j));
     }
     for (size_t j = 0; j < recvSegs; ++j) {
-      checkWait(tmpBuf->waitRecv(remaining()), "ring reduce-scatter receive");
+      tmpBuf->waitRecv(remaining());
       const size_t len = segLen(recvBytes, j);
       reduceInto(dtype, op, data + offsets[recvChunk] + j * segBytes,
                  scratch.data() + (j % 2) * segBytes, len / elementSize);
@@ -554,8 +486,7 @@ void GlooBackend::ringReduceScatter(uint8_t* data, const std::vector<size_t>& co
         tmpBuf->recv(prev, slot, (j % 2) * segBytes, segLen(recvBytes, j + 2));
       }
     }
-    for (size_t j = 0; j < sendSegs; ++j)
-      checkWait(dataBuf->waitSend(remaining()), "ring reduce-scatter send");
+    for (size_t j = 0; j < sendSegs; ++j) dataBuf->waitSend(remaining());
   }
 }
 
@@ -572,99 +503,6 @@ Status GlooBackend::barrier() {
   });
 }
 
-namespace {
-
-// gloo::rendezvous::Context with a full-mesh connect of hora's own. Gloo's
-// keeps the pairs in a local context until every one is connected, so
-// nothing can wake a connect that waits for a peer that died after
-// publishing its address: it waits out the timeout. Same steps here (every
-// rank publishes the addresses of its pairs under its rank, then connects
-// each pair to the address the peer published for it), with the pairs
-// reachable by a watcher that signals them all when `watch` reports a loss.
-class MeshContext : public gloo::rendezvous::Context {
- public:
-  using gloo::rendezvous::Context::Context;
-
-  Status connectMesh(gloo::rendezvous::Store& store, std::shared_ptr<gloo::transport::Device>& dev,
-                     const std::function<Status()>& watch) {
-    std::shared_ptr<gloo::transport::Context> tc = dev->createContext(rank, size);
-    tc->setTimeout(getTimeout());
-    std::vector<char> all;
-    for (int i = 0; i < size; ++i) {
-      if (i == rank) continue;
-      const std::vector<char> bytes = tc->createPair(i)->address().bytes();
-      all.insert(all.end(), bytes.begin(), bytes.end());
-    }
-    store.set(std::to_string(rank), all);
-    // The watcher: every pair exists now (createPair above), and signalling
-    // one is what GlooBackend::abort does to a connected set.
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    Status lost;
-    std::thread watcher;
-    if (watch) {
-      watcher = std::thread([&] {
-        std::unique_lock<std::mutex> lk(mu);
-        while (!cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return done; })) {
-          lk.unlock();
-          // Nothing may escape this thread (std::terminate): a throwing
-          // watch counts as a failed set-up.
-          Status s;
-          try {
-            s = watch();
-          } catch (...) {
-            s = Status(Code::kSystemError, "the set-up watch failed (out of memory?)");
-          }
-          lk.lock();
-          if (s.isOk()) continue;
-          lost = s;
-          for (int i = 0; i < size; ++i) {
-            if (i == rank) continue;
-            try {
-              auto& pair = tc->getPair(i);
-              if (pair)
-                PairAccess::signal(reinterpret_cast<gloo::transport::tcp::Pair*>(pair.get()),
-                                   "hora: " + s.message());
-            } catch (...) {
-              // As in closePairs: a pair that cannot be signalled is broken.
-            }
-          }
-          return;
-        }
-      });
-    }
-    auto stopWatcher = [&] {
-      {
-        std::lock_guard<std::mutex> lk(mu);
-        done = true;
-      }
-      cv.notify_all();
-      if (watcher.joinable()) watcher.join();
-    };
-    try {
-      for (int i = 0; i < size; ++i) {
-        if (i == rank) continue;
-        const std::string key = std::to_string(i);
-        store.wait({key}, getTimeout());
-        std::vector<char> addrs = store.get(key);
-        tc->getPair(i)->connect(extractAddress(addrs, i));
-      }
-    } catch (...) {
-      stopWatcher();
-      if (!lost.isOk()) return lost;  // the connects failed because of it
-      throw;
-    }
-    stopWatcher();
-    if (!lost.isOk()) return lost;  // signalled after the last connect: unusable
-    device_ = dev;
-    transportContext_ = std::move(tc);
-    return Status::ok();
-  }
-};
-
-}  // namespace
-
 Result<std::unique_ptr<Backend>> createGlooBackend(std::shared_ptr<Store> store,
                                                    const std::string& prefix, int rank, int size,
                                                    const GlooBackendOptions& opts) {
@@ -677,7 +515,8 @@ Result<std::unique_ptr<Backend>> createGlooBackend(std::shared_ptr<Store> store,
   const GlooAlgorithm alg = opts.algorithm;
   if (size == 1) {
     // No peers: every collective is local, no device or sockets needed.
-    return std::unique_ptr<Backend>(new GlooBackend(nullptr, rank, size, opts.timeout, alg));
+    return std::unique_ptr<Backend>(
+        new GlooBackend(nullptr, nullptr, rank, size, opts.timeout, alg));
   }
   if (!store) return invalidArgument(what + ": null store");
   ignoreDefaultSigpipe();
@@ -699,7 +538,7 @@ Result<std::unique_ptr<Backend>> createGlooBackend(std::shared_ptr<Store> store,
     Status lost = context->connectMesh(adapter, device, opts.setUpWatch);
     if (!lost.isOk()) return lost.withContext(what + ": connect");
     return std::unique_ptr<Backend>(
-        new GlooBackend(std::move(context), rank, size, opts.timeout, alg));
+        new GlooBackend(context, context->sharedBuffers(), rank, size, opts.timeout, alg));
   } catch (const gloo::IoException& e) {
     failure = ioStatus(e.what());
   } catch (const gloo::EnforceNotMet& e) {

@@ -18,23 +18,15 @@
 // count and dtype (kRemoteError when a peer closed the connection, kTimeout
 // when a wait expired, kBackendError otherwise). After such a failure, or
 // after abort(), the pairs are closed and every later call fails immediately:
-// the ranks can no longer be assumed to agree on what was exchanged.
-//
-// abort() wakes hora's own rings through their buffers as well. Gloo's pair
-// signal (tcp::Pair::signalException) wakes the buffers of operations still
-// queued, but not an unbound-buffer send already partly written to the
-// socket (tx_ is walked for bound buffers only) nor a receive partly read
-// (rx_): a transfer to or from a rank that died mid-way waits out the whole
-// timeout (seen: a hierarchical allreduce's cross stage, 30 s). Plain ring
-// allreduces therefore run on hora's ring too; Gloo's bcube, allgatherv,
-// broadcast, alltoallv and barrier keep that window.
+// the ranks can no longer be assumed to agree on what was exchanged. abort()
+// also fails every unbound buffer in use, since Gloo's pair signal misses a
+// transfer cut part-way (gloo_mesh.h).
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -47,12 +39,11 @@
 
 namespace gloo {
 class Context;
-namespace transport {
-class UnboundBuffer;
-}  // namespace transport
 }  // namespace gloo
 
 namespace hora {
+
+class AbortableBuffers;
 
 // HORA_GLOO_ALGORITHM: allreduce by size (auto), always ring, always bcube.
 enum class GlooAlgorithm { kAuto, kRing, kBcube };
@@ -85,8 +76,10 @@ class GlooBackend : public Backend {
   using Algorithm = GlooAlgorithm;
 
   // Use createGlooBackend. `context` is null for size 1 (no peers, no sockets).
-  GlooBackend(std::shared_ptr<gloo::Context> context, int rank, int size,
-              std::chrono::milliseconds timeout, Algorithm algorithm);
+  // `buffers`: the unbound buffers of `context` (gloo_mesh.h), failed by
+  // abort(); null with `context` for a single rank.
+  GlooBackend(std::shared_ptr<gloo::Context> context, std::shared_ptr<AbortableBuffers> buffers,
+              int rank, int size, std::chrono::milliseconds timeout, Algorithm algorithm);
   ~GlooBackend() override;
 
   std::string name() const override { return "gloo"; }
@@ -133,14 +126,8 @@ class GlooBackend : public Backend {
   void ringAllreduce(uint8_t* data, size_t count, DataType dtype, ReduceOp op, uint32_t tag,
                      const PackFn& pack, const UnpackFn& unpack);
 
-  // The buffers of the ring running now, so that abort() can wake its waits
-  // (abortWaitSend/Recv); registered by WatchedBuffers on the executor
-  // thread, read by abort() on any thread.
-  friend class WatchedBuffers;
-  std::mutex liveMu_;
-  std::vector<gloo::transport::UnboundBuffer*> live_;  // guarded by liveMu_
-
   const std::shared_ptr<gloo::Context> context_;
+  const std::shared_ptr<AbortableBuffers> buffers_;
   const int rank_;
   const int size_;
   const std::chrono::milliseconds timeout_;
@@ -149,33 +136,13 @@ class GlooBackend : public Backend {
   size_t bcubeMaxBytes_ = kGlooBcubeMaxBytes;  // executor thread only
   // The ring's receive scratch, kept across calls: a fresh buffer would pay
   // first-touch page faults (~12 us per 4 KiB page here) on every call.
-  std::vector<uint8_t>
-      ringScratch_;  // the calling thread (executor, or a hierarchy's cross thread)
+  std::vector<uint8_t> ringScratch_;  // executor thread only
 
   std::atomic<bool> aborted_{false};
   std::mutex closeMu_;  // serializes closePairs
   mutable std::mutex brokenMu_;
   Status broken_;  // guarded by brokenMu_; first failure that made the backend unusable
 };
-
-// For the scope of one of hora's rings (executor thread): makes the ring's
-// buffers reachable by GlooBackend::abort(), and wakes them at once if the
-// backend was aborted before they were registered.
-class WatchedBuffers {
- public:
-  WatchedBuffers(GlooBackend* backend,
-                 std::initializer_list<gloo::transport::UnboundBuffer*> buffers);
-  ~WatchedBuffers();
-  WatchedBuffers(const WatchedBuffers&) = delete;
-  WatchedBuffers& operator=(const WatchedBuffers&) = delete;
-
- private:
-  GlooBackend* const backend_;
-};
-
-// Throws gloo::IoException naming `what` when a ring's wait returned false,
-// i.e. abort() woke it: the transfer did not complete.
-void checkWait(bool completed, const char* what);
 
 // Builds the TCP device, rendezvouses through `store` under `prefix` (keys
 // "<prefix>/<rank>") and connects the full mesh. Blocks until every rank of

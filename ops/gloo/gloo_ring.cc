@@ -3,7 +3,7 @@
 //
 // It follows the schedule of Gloo's own ring allreduce (gloo/allreduce.cc in
 // Gloo 0.5: reduce-scatter then allgather, segments of at most 1 MiB) with
-// kDepth (fewer for small buffers) instead of 2 transfers in flight, and adds the two hooks
+// kDepth instead of 2 transfers in flight, and adds the two hooks
 // allreduceGather needs: pack a segment into the staging buffer before it is
 // first sent or reduced into, and unpack it as soon as it is final on this
 // rank. The hooks run right after the next transfers are posted, so the
@@ -11,24 +11,23 @@
 // into the network waits, on the same thread. (Where the CPU is already
 // saturated, as with 2 ranks on 2 cores, they still cost their CPU time.)
 //
-// Schedule (n ranks, depth transfers in flight per direction: kDepth, fewer
-// for small buffers, see kMinSegmentBytes): the buffer
-// is cut into numSegments segments (a multiple of n, at least depth*n, at
+// Schedule (n ranks, kDepth transfers in flight per direction): the buffer
+// is cut into numSegments segments (a multiple of n, at least kDepth*n, at
 // most kRingSegmentBytes each except to satisfy those two rules); rank c ends
 // up owning chunk c, segments [c*spr, (c+1)*spr) with spr = numSegments / n.
 // Rank r sends to r-1 and receives from r+1.
-//  - Reduce-scatter, iteration i: wait for receive i-depth and reduce it into
+//  - Reduce-scatter, iteration i: wait for receive i-kDepth and reduce it into
 //    its place (freeing its scratch slot), post the receive of segment
 //    (r+2)*spr + i into that slot, send segment (r+1)*spr + i (for i < spr a
 //    segment of chunk r+1, packed just before; later ones were reduced here
-//    spr >= depth iterations earlier), then pack segment (r+2)*spr + i,
-//    which is reduced into depth iterations later.
-//  - Allgather, iteration i: wait for receive i-depth, post the receive of
+//    spr >= kDepth iterations earlier), then pack segment (r+2)*spr + i,
+//    which is reduced into kDepth iterations later.
+//  - Allgather, iteration i: wait for receive i-kDepth, post the receive of
 //    segment (r+1)*spr + i in place and send segment r*spr + i (this rank's
 //    own reduced chunk for i < spr, unpacked right after its send is posted;
 //    later ones arrived spr iterations earlier), then unpack the segment
-//    that receive i-depth brought.
-// So every copy runs after the next transfers are posted. spr >= depth keeps
+//    that receive i-kDepth brought.
+// So every copy runs after the next transfers are posted. spr >= kDepth keeps
 // the segments reduced, packed or received apart from those being sent.
 // Segments past the end of the buffer are empty and skipped by both sides.
 //
@@ -70,22 +69,15 @@ constexpr size_t kRingSegmentBytes = 1 << 20;
 // machine (loopback, 102 MB float32), and the copies get more slack.
 constexpr size_t kDepth = 4;
 
-// Smallest segment worth a transfer of its own. Below kDepth such segments
-// per rank, fewer are in flight, down to one (the classic ring): a small
-// allreduce sends about as many messages as Gloo's ring does. With all four
-// in flight, a hierarchical allreduce's cross stage (2 hosts, 10 Gbit/s
-// namespaces) took about twice Gloo's time at 1 MiB (64 KiB segments).
-constexpr size_t kMinSegmentBytes = 128 << 10;
-
 size_t roundUp(size_t v, size_t m) { return (v + m - 1) / m * m; }
 
-}  // namespace
-
 void checkWait(bool completed, const char* what) {
-  // false only when abort() woke the wait (abortWaitSend/Recv): the data is
-  // not to be trusted, and guarded() reports the abort.
-  if (!completed) throw gloo::IoException(std::string(what) + " aborted");
+  // false only when a wait was aborted through abortWait*, which nothing in
+  // hora calls; treat it as a failed transfer rather than trusting the data.
+  if (!completed) throw gloo::IoException(std::string("ring allreduce: ") + what + " aborted");
 }
+
+}  // namespace
 
 void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, ReduceOp op,
                                 uint32_t tag, const PackFn& pack, const UnpackFn& unpack) {
@@ -97,19 +89,17 @@ void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, Red
   const int sendRank = static_cast<int>((r + n - 1) % n);
   const int recvRank = static_cast<int>((r + 1) % n);
 
-  const size_t depth = std::min(kDepth, std::max<size_t>(1, totalBytes / (n * kMinSegmentBytes)));
   const size_t maxSegBytes = es * std::max<size_t>(1, kRingSegmentBytes / es);
   const size_t numSegments =
-      roundUp(std::max((totalBytes + maxSegBytes - 1) / maxSegBytes, depth * n), n);
-  const size_t spr = numSegments / n;  // segments per rank (chunk), >= depth
+      roundUp(std::max((totalBytes + maxSegBytes - 1) / maxSegBytes, kDepth * n), n);
+  const size_t spr = numSegments / n;  // segments per rank (chunk), >= kDepth
   const size_t segBytes = roundUp((totalBytes + numSegments - 1) / numSegments, es);
   const size_t iterations = numSegments - spr;  // sends (and receives) per phase
 
-  if (ringScratch_.size() < depth * segBytes) ringScratch_.resize(depth * segBytes);
+  if (ringScratch_.size() < kDepth * segBytes) ringScratch_.resize(kDepth * segBytes);
   uint8_t* scratch = ringScratch_.data();
   auto dataBuf = context_->createUnboundBuffer(data, totalBytes);
-  auto tmpBuf = context_->createUnboundBuffer(scratch, depth * segBytes);
-  WatchedBuffers watched(this, {dataBuf.get(), tmpBuf.get()});
+  auto tmpBuf = context_->createUnboundBuffer(scratch, kDepth * segBytes);
 
   // Byte offset of segment k (mod numSegments) and its length, 0 when it
   // lies past the end of the buffer.
@@ -125,7 +115,7 @@ void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, Red
   auto call = [&](const auto& fn, const Segment& s) {
     if (s.bytes > 0) fn(s.offset / es, (s.offset + s.bytes) / es, data + s.offset);
   };
-  // Sends complete in posting order; at most depth stay outstanding.
+  // Sends complete in posting order; at most kDepth stay outstanding.
   size_t sendsPosted = 0, sendsDone = 0;
   auto send = [&](const Segment& s, uint64_t slot) {
     if (s.bytes == 0) return;
@@ -151,36 +141,36 @@ void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, Red
   };
   auto drainSends = [&](size_t keep) {
     for (; sendsPosted - sendsDone > keep; ++sendsDone) {
-      checkWait(dataBuf->waitSend(timeout_), "ring allreduce send");
+      checkWait(dataBuf->waitSend(timeout_), "send");
     }
     flushUnpacks();
   };
 
-  // Reduce-scatter. Iteration i first completes receive i-depth (reducing
+  // Reduce-scatter. Iteration i first completes receive i-kDepth (reducing
   // it into place frees its scratch slot), then posts receive i and send i.
   const uint64_t rsSlot = ringAllreduceSlot(tag, 0);
   auto rsRecv = [&](size_t i) { return segment((r + 2) * spr + i); };
-  for (size_t i = 0; i < iterations + depth; ++i) {
-    if (i >= depth) {
-      const Segment done = rsRecv(i - depth);
+  for (size_t i = 0; i < iterations + kDepth; ++i) {
+    if (i >= kDepth) {
+      const Segment done = rsRecv(i - kDepth);
       if (done.bytes > 0) {
-        checkWait(tmpBuf->waitRecv(timeout_), "ring allreduce receive");
-        reduce(data + done.offset, data + done.offset, scratch + ((i - depth) % depth) * segBytes,
+        checkWait(tmpBuf->waitRecv(timeout_), "receive");
+        reduce(data + done.offset, data + done.offset, scratch + ((i - kDepth) % kDepth) * segBytes,
                done.bytes / es);
       }
     }
     if (i < iterations) {
       const Segment recv = rsRecv(i);
-      if (recv.bytes > 0) tmpBuf->recv(recvRank, rsSlot, (i % depth) * segBytes, recv.bytes);
+      if (recv.bytes > 0) tmpBuf->recv(recvRank, rsSlot, (i % kDepth) * segBytes, recv.bytes);
       // Segment i of chunk r+1: packed now for i < spr, else reduced here
-      // spr >= depth iterations ago (above, at the latest).
+      // spr >= kDepth iterations ago (above, at the latest).
       const Segment out = segment((r + 1) * spr + i);
       if (i < spr) call(pack, out);
       send(out, rsSlot);
       // First touch of the segment receive i will be reduced into: pack it
-      // now, while depth receives and sends are in flight.
+      // now, while kDepth receives and sends are in flight.
       call(pack, recv);
-      drainSends(depth);
+      drainSends(kDepth);
     }
   }
   drainSends(0);
@@ -191,11 +181,11 @@ void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, Red
   // right after its receive when it is never forwarded.
   const uint64_t agSlot = ringAllreduceSlot(tag, 1);
   const size_t forwarded = iterations - spr;  // receives j < forwarded are sent on at j + spr
-  for (size_t i = 0; i < iterations + depth; ++i) {
-    if (i >= depth) {
-      const size_t j = i - depth;
+  for (size_t i = 0; i < iterations + kDepth; ++i) {
+    if (i >= kDepth) {
+      const size_t j = i - kDepth;
       const Segment done = segment((r + 1) * spr + j);
-      if (done.bytes > 0) checkWait(dataBuf->waitRecv(timeout_), "ring allreduce receive");
+      if (done.bytes > 0) checkWait(dataBuf->waitRecv(timeout_), "receive");
       if (j >= forwarded) deferUnpack(done);  // no send reads it: ready now
     }
     if (i < iterations) {
@@ -205,7 +195,7 @@ void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, Red
       send(out, agSlot);
       deferUnpack(out);  // own chunk (i < spr) or a forward: its last send
     }
-    drainSends(depth);
+    drainSends(kDepth);
   }
   drainSends(0);
   if (!pendingUnpacks.empty()) flushUnpacks();
