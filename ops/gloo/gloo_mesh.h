@@ -49,7 +49,9 @@ class AbortableBuffers {
   void add(gloo::transport::UnboundBuffer* tcpBuffer);
   void remove(gloo::transport::UnboundBuffer* tcpBuffer);
   // Every live buffer's waits throw `reason` from now on (waking those
-  // blocked), and so do those of every buffer created later.
+  // blocked), and so do those of every buffer created later. Call it once the
+  // pairs are signalled (GlooBackend::abort does): a pair still open would be
+  // left with half a message read.
   void failAll(const std::string& reason) noexcept;
 
  private:
