@@ -6,6 +6,7 @@
 #include <gloo/common/error.h>
 #include <gloo/transport/context.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -181,48 +182,63 @@ Status MeshContext::connectMesh(gloo::rendezvous::Store& store,
   }
   store.set(std::to_string(rank), all);
   // The watcher: every pair exists now (createPair above), and signalling
-  // one is what GlooBackend::abort does to a connected set.
+  // one is what GlooBackend::abort does to a connected set. It also bounds
+  // each connect by the timeout: Gloo waits five times as long for a pair to
+  // be connected to (a peer that published its address, then stalled).
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
   Status lost;
-  std::thread watcher;
-  if (watch) {
-    watcher = std::thread([&] {
-      std::unique_lock<std::mutex> lk(mu);
-      while (!cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return done; })) {
-        lk.unlock();
-        // Nothing may escape this thread (std::terminate): a throwing
-        // watch counts as a failed set-up.
-        Status s;
-        try {
-          s = watch();
-        } catch (...) {
-          s = Status(Code::kSystemError, "the set-up watch failed (out of memory?)");
-        }
-        lk.lock();
-        if (s.isOk()) continue;
-        lost = s;
-        for (int i = 0; i < size; ++i) {
-          if (i == rank) continue;
-          try {
-            auto& pair = tc->getPair(i);
-            if (pair) signalPair(pair.get(), "hora: " + s.message());
-          } catch (...) {
-            // A pair that cannot be signalled is broken already.
-          }
-        }
-        return;
+  std::atomic<int> connecting{-1};  // the peer whose pair is connecting now
+  std::atomic<int64_t> connectStartNs{0};
+  auto failConnects = [&](const Status& why) {
+    lost = why;
+    for (int i = 0; i < size; ++i) {
+      if (i == rank) continue;
+      try {
+        auto& pair = tc->getPair(i);
+        if (pair) signalPair(pair.get(), "hora: " + why.message());
+      } catch (...) {
+        // A pair that cannot be signalled is broken already.
       }
-    });
-  }
+    }
+  };
+  std::thread watcher([&] {
+    const auto timeout = getTimeout();
+    std::unique_lock<std::mutex> lk(mu);
+    while (!cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return done; })) {
+      lk.unlock();
+      // Nothing may escape this thread (std::terminate): a throwing
+      // watch counts as a failed set-up.
+      Status s;
+      try {
+        if (watch) s = watch();
+        const int peer = connecting.load();
+        const auto started =
+            std::chrono::steady_clock::time_point(std::chrono::nanoseconds(connectStartNs.load()));
+        if (s.isOk() && peer >= 0 && std::chrono::steady_clock::now() - started > timeout)
+          s = Status(Code::kTimeout,
+                     "rank " + std::to_string(peer) +
+                         " of this Gloo communicator did not connect " + "its pair within " +
+                         std::to_string(timeout.count() / 1000.0) +
+                         " s (HORA_PEER_TIMEOUT_S) though it published its address: it is " +
+                         "stopped, overloaded or unreachable");
+      } catch (...) {
+        s = Status(Code::kSystemError, "the set-up watch failed (out of memory?)");
+      }
+      lk.lock();
+      if (s.isOk()) continue;
+      failConnects(s);
+      return;
+    }
+  });
   auto stopWatcher = [&] {
     {
       std::lock_guard<std::mutex> lk(mu);
       done = true;
     }
     cv.notify_all();
-    if (watcher.joinable()) watcher.join();
+    watcher.join();
   };
   try {
     for (int i = 0; i < size; ++i) {
@@ -230,7 +246,12 @@ Status MeshContext::connectMesh(gloo::rendezvous::Store& store,
       const std::string key = std::to_string(i);
       store.wait({key}, getTimeout());
       std::vector<char> addrs = store.get(key);
+      connectStartNs = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now().time_since_epoch())
+                           .count();
+      connecting = i;
       tc->getPair(i)->connect(extractAddress(addrs, i));
+      connecting = -1;
     }
   } catch (...) {
     stopWatcher();

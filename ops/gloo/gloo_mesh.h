@@ -68,7 +68,9 @@ class MeshContext : public gloo::rendezvous::Context {
   // its rank in `store`, then connects each pair to the address the peer
   // published for it), with `watch` (may be empty) asked every 100 ms on a
   // thread of its own until done: an error there signals every pair, which
-  // fails the pending connects, and is what this returns. Gloo's exceptions
+  // fails the pending connects, and is what this returns. The same thread
+  // fails a connect that takes longer than the context's timeout (kTimeout
+  // naming the peer; Gloo's own bound is five times that). Gloo's exceptions
   // (a store timeout, a refused connect) propagate.
   Status connectMesh(gloo::rendezvous::Store& store,
                      std::shared_ptr<gloo::transport::Device>& device,

@@ -417,6 +417,34 @@ TEST(GlooBackendTest, ALossTheSetUpWatchReportsFailsAPendingConnectAtOnce) {
   EXPECT_GE(asked.load(), 2) << "asked while the connect was pending";
 }
 
+// The same passive pair with nothing reporting a loss (a peer that published
+// its address, then stalled): the connect fails after the timeout, naming the
+// peer, not after Gloo's own bound of five times the timeout.
+TEST(GlooBackendTest, APairNobodyConnectsFailsAfterTheTimeoutNamingThePeer) {
+  auto store = std::make_shared<MemoryStore>();
+  const std::string prefix = uniquePrefix();
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(65535);
+  ASSERT_EQ(inet_pton(AF_INET, "255.255.255.254", &sa.sin_addr), 1);
+  sockaddr_storage ss{};
+  std::memcpy(&ss, &sa, sizeof(sa));
+  const std::vector<char> bytes = gloo::transport::tcp::Address(ss, 0).bytes();
+  ASSERT_TRUE(PrefixStore(store, prefix).set("1", std::string(bytes.begin(), bytes.end())).isOk());
+  GlooBackendOptions opts;
+  opts.timeout = milliseconds(1000);
+  const auto start = Clock::now();
+  auto r = createGlooBackend(store, prefix, 0, 2, opts);
+  const auto took = Clock::now() - start;
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), Code::kTimeout) << r.status().toString();
+  EXPECT_NE(r.status().message().find("rank 1 of this Gloo communicator did not connect"),
+            std::string::npos)
+      << r.status().toString();
+  EXPECT_GE(took, milliseconds(900));
+  EXPECT_LT(took, milliseconds(3000)) << "Gloo's own bound is 5 s here";
+}
+
 TEST(GlooBackendTest, InvalidArgumentsLeaveTheBackendUsable) {
   auto store = std::make_shared<MemoryStore>();
   GlooAlgorithm alg = GlooAlgorithm::kRing;
