@@ -17,15 +17,12 @@
 #include <signal.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
 #include <exception>
-#include <functional>
 #include <mutex>
 #include <new>
 #include <numeric>
 #include <string>
-#include <thread>
 #include <utility>
 
 #include "core/reduce.h"
