@@ -278,10 +278,13 @@ TEST(ShmNegotiation, SmallAllreducesRunOnTheControlThreadLargeOnesOnTheExecutor)
         size, [&](int rank) { return controlThreadGroups(rank, size, small); }, 120);
     for (const auto& r : results) {
       ASSERT_EQ(r.exitCode, 0) << r.output;
-      // Each 64 KiB allreduce finds the executor idle; allow a few that found
-      // the lane busy (a frame not yet taken by a peer) and went to it.
+      // Each 64 KiB allreduce finds the executor idle; allow those that found
+      // the lane busy (a frame not yet taken by a peer) and went to it. Idle,
+      // that is a few; beside two CPU hogs 15-27 of 40 stayed here over 25
+      // launches (ctest -j2 beside one hog failed the old bound of 35 once).
+      // With the feature off none would.
       const long onControl = phaseCount(r.output, 16384, "control");
-      EXPECT_GE(onControl, small - 5) << r.output;
+      EXPECT_GE(onControl, small / 4) << r.output;
       EXPECT_LE(onControl, small) << r.output;
       // The 2 MiB ones: all on the data plane, none on the control thread.
       EXPECT_EQ(phaseCount(r.output, 524288, "control"), onControl) << r.output;
