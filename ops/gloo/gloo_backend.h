@@ -61,7 +61,8 @@ struct GlooBackendOptions {
   // Asked every 100 ms while the pairs connect (may be empty): an error (a
   // peer known to be gone) makes every pending connect fail at once and is
   // what createGlooBackend returns, instead of waiting for a dead peer's
-  // connection until `timeout`. Called on a thread of createGlooBackend's own.
+  // connection until the connect's bound (`timeout`, gloo_mesh.h). Called on
+  // a thread of createGlooBackend's own.
   std::function<Status()> setUpWatch;
 };
 

@@ -76,7 +76,7 @@ class MeshContext : public gloo::rendezvous::Context {
                      std::shared_ptr<gloo::transport::Device>& device,
                      const std::function<Status()>& watch);
 
-  // Shared with GlooBackend, which outlives no buffer of this context.
+  // The buffers of the connected context, for GlooBackend::abort.
   const std::shared_ptr<AbortableBuffers>& sharedBuffers() const { return buffers_; }
 
  private:

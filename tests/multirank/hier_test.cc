@@ -375,7 +375,8 @@ void killDuringHierAllreduce(int victim, bool stopFirst = false) {
         std::this_thread::sleep_for(std::chrono::milliseconds(4000));
         if (stopFirst) {
           // Frozen mid-transfer first: its peers' sockets fill and their
-          // transfers stop part-way, the case Gloo's own signal misses.
+          // transfers may stop part-way, a case Gloo's own signal misses
+          // (reproduced deterministically by gloo_mesh_test).
           ::kill(pids[victim], SIGSTOP);
           std::this_thread::sleep_for(std::chrono::milliseconds(500));
         }

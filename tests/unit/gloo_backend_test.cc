@@ -375,15 +375,10 @@ TEST(GlooBackendTest, RendezvousTimesOutWhenARankIsMissing) {
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
 }
 
-// A peer that published its pair's address and then died never connects,
-// and Gloo's own full-mesh connect would wait out the whole timeout for it.
-// The set-up watch reporting the loss (in a process set: the dead rank's
-// control connection closed) fails the connect at once, with its reason.
-TEST(GlooBackendTest, ALossTheSetUpWatchReportsFailsAPendingConnectAtOnce) {
-  auto store = std::make_shared<MemoryStore>();
-  const std::string prefix = uniquePrefix();
-  // "Rank 1" publishes an address above any local one, so rank 0's pair is
-  // the side that waits to be connected to, and nobody ever connects.
+// Publishes, as rank 1 of a 2-rank communicator under `prefix`, a pair
+// address above any local one: rank 0's pair is then the side that waits to
+// be connected to, and nobody ever connects.
+void publishAnAddressNobodyConnectsFrom(Store& store, const std::string& prefix) {
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(65535);
@@ -391,7 +386,17 @@ TEST(GlooBackendTest, ALossTheSetUpWatchReportsFailsAPendingConnectAtOnce) {
   sockaddr_storage ss{};
   std::memcpy(&ss, &sa, sizeof(sa));
   const std::vector<char> bytes = gloo::transport::tcp::Address(ss, 0).bytes();
-  ASSERT_TRUE(PrefixStore(store, prefix).set("1", std::string(bytes.begin(), bytes.end())).isOk());
+  ASSERT_TRUE(store.set(prefix + "/1", std::string(bytes.begin(), bytes.end())).isOk());
+}
+
+// A peer that published its pair's address and then died never connects,
+// and Gloo's own full-mesh connect would wait five times the timeout for it.
+// The set-up watch reporting the loss (in a process set: the dead rank's
+// control connection closed) fails the connect at once, with its reason.
+TEST(GlooBackendTest, ALossTheSetUpWatchReportsFailsAPendingConnectAtOnce) {
+  auto store = std::make_shared<MemoryStore>();
+  const std::string prefix = uniquePrefix();
+  publishAnAddressNobodyConnectsFrom(*store, prefix);
 
   std::atomic<bool> lost{false};
   std::atomic<int> asked{0};
@@ -423,14 +428,7 @@ TEST(GlooBackendTest, ALossTheSetUpWatchReportsFailsAPendingConnectAtOnce) {
 TEST(GlooBackendTest, APairNobodyConnectsFailsAfterTheTimeoutNamingThePeer) {
   auto store = std::make_shared<MemoryStore>();
   const std::string prefix = uniquePrefix();
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(65535);
-  ASSERT_EQ(inet_pton(AF_INET, "255.255.255.254", &sa.sin_addr), 1);
-  sockaddr_storage ss{};
-  std::memcpy(&ss, &sa, sizeof(sa));
-  const std::vector<char> bytes = gloo::transport::tcp::Address(ss, 0).bytes();
-  ASSERT_TRUE(PrefixStore(store, prefix).set("1", std::string(bytes.begin(), bytes.end())).isOk());
+  publishAnAddressNobodyConnectsFrom(*store, prefix);
   GlooBackendOptions opts;
   opts.timeout = milliseconds(1000);
   const auto start = Clock::now();

@@ -116,19 +116,16 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
 
   // The data plane's set-up waits for every rank's keys in the store: a rank
   // that dies meanwhile fails the others' waits at once, named by the control
-  // connection it closed (instead of after the start timeout). Disarmed
-  // before the control thread starts and takes the connections over.
+  // connection it closed (instead of after the start timeout), and so do
+  // Gloo's pair connects (a peer that died after publishing its address never
+  // connects). Disarmed before the control thread starts and takes the
+  // connections over; a communicator connected later would race it for them.
   auto setUpArmed = std::make_shared<std::atomic<bool>>(ps->size() > 1);
   ControlPlane* cpRaw = ps->cp_.get();
-  store = std::make_shared<WatchedStore>(
-      store, [cpRaw] { return cpRaw->peersStillConnected(); }, setUpArmed);
-  // The same look while Gloo's pairs connect (a peer that died after
-  // publishing its address never connects); only while armed, since a
-  // communicator connected later would race the control thread for the
-  // sockets.
   auto setUpWatch = [cpRaw, setUpArmed] {
     return setUpArmed->load() ? cpRaw->peersStillConnected() : Status::ok();
   };
+  store = std::make_shared<WatchedStore>(store, setUpWatch, setUpArmed);
 
   // Data plane: Gloo, wrapped in shared memory when every rank is on one
   // host (the ranks agree on it at set-up, else the set stays on Gloo).
