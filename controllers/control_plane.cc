@@ -387,19 +387,19 @@ void ControlPlane::run() {
 }
 
 void ControlPlane::stop() {
-  asio::post(io_, [this] {
-    boost::system::error_code ec;
-    timer_.cancel();
-    for (auto& p : peers_)
-      if (p) p->sock.close(ec);
-    work_.reset();
-    io_.stop();
-  });
+  asio::post(io_, locked([this] {
+               boost::system::error_code ec;
+               timer_.cancel();
+               for (auto& p : peers_)
+                 if (p) p->sock.close(ec);
+               work_.reset();
+               io_.stop();
+             }));
 }
 
 void ControlPlane::readHeader(std::shared_ptr<Peer> p) {
   asio::async_read(
-      p->sock, asio::buffer(p->hdr, 5), [this, p](boost::system::error_code ec, size_t) {
+      p->sock, asio::buffer(p->hdr, 5), locked([this, p](boost::system::error_code ec, size_t) {
         if (p->lost) return;
         if (ec) {
           lose(p, Status(Code::kRemoteError, peerName(p->rank) +
@@ -415,44 +415,45 @@ void ControlPlane::readHeader(std::shared_ptr<Peer> p) {
           return;
         }
         readBody(p, len);
-      });
+      }));
 }
 
 void ControlPlane::readBody(std::shared_ptr<Peer> p, uint32_t len) {
   p->body.resize(len);
   auto buf = len ? asio::buffer(&p->body[0], len) : asio::buffer(p->hdr, 0);
-  asio::async_read(p->sock, buf, [this, p](boost::system::error_code ec, size_t) {
-    if (p->lost) return;
-    if (ec) {
-      lose(p, Status(Code::kRemoteError, peerName(p->rank) +
-                                             " closed its control connection mid-message (" +
-                                             ec.message() + ")"));
-      return;
-    }
-    p->lastHeard = SteadyClock::now();
-    p->unreadSeen = 0;
-    auto type = static_cast<FrameType>(p->hdr[4]);
-    // What the peer put in the lane before this frame comes first.
-    if (lane_) pollLane();
-    if (p->lost) return;
-    if (type == FrameType::kGoodbye) {
-      // Keep reading: the connection's close is what ends the set (see
-      // closeGracefully); the goodbye only says new work cannot include it.
-      if (!p->saidGoodbye) {
-        p->saidGoodbye = true;
-        if (!closing_ && cb_.onPeerLost)
-          cb_.onPeerLost(
-              isCoordinator() ? p->rank : 0,
-              Status(Code::kShutDown, peerName(p->rank) + " has shut down (called hora_shutdown)"));
-        updateDone();
-      }
-    } else if (type != FrameType::kHeartbeat && type != FrameType::kDoorbell && cb_.onFrame) {
-      std::string payload = std::move(p->body);
-      p->body.clear();
-      cb_.onFrame(isCoordinator() ? p->rank : 0, type, std::move(payload));
-    }
-    if (!p->lost) readHeader(p);
-  });
+  asio::async_read(
+      p->sock, buf, locked([this, p](boost::system::error_code ec, size_t) {
+        if (p->lost) return;
+        if (ec) {
+          lose(p, Status(Code::kRemoteError, peerName(p->rank) +
+                                                 " closed its control connection mid-message (" +
+                                                 ec.message() + ")"));
+          return;
+        }
+        p->lastHeard = SteadyClock::now();
+        p->unreadSeen = 0;
+        auto type = static_cast<FrameType>(p->hdr[4]);
+        // What the peer put in the lane before this frame comes first.
+        if (lane_) pollLane();
+        if (p->lost) return;
+        if (type == FrameType::kGoodbye) {
+          // Keep reading: the connection's close is what ends the set (see
+          // closeGracefully); the goodbye only says new work cannot include it.
+          if (!p->saidGoodbye) {
+            p->saidGoodbye = true;
+            if (!closing_ && cb_.onPeerLost)
+              cb_.onPeerLost(isCoordinator() ? p->rank : 0,
+                             Status(Code::kShutDown,
+                                    peerName(p->rank) + " has shut down (called hora_shutdown)"));
+            updateDone();
+          }
+        } else if (type != FrameType::kHeartbeat && type != FrameType::kDoorbell && cb_.onFrame) {
+          std::string payload = std::move(p->body);
+          p->body.clear();
+          cb_.onFrame(isCoordinator() ? p->rank : 0, type, std::move(payload));
+        }
+        if (!p->lost) readHeader(p);
+      }));
 }
 
 void ControlPlane::updateDone() {
@@ -471,13 +472,23 @@ void ControlPlane::updateDone() {
   peersDone_ = done;
 }
 
+namespace {
+// About what ringing costs the writer (a write(2) on a loopback socket on
+// this machine): polling that long for the reader first costs no more.
+constexpr std::chrono::nanoseconds kRingGrace(2000);
+}  // namespace
+
 void ControlPlane::send(int peer, FrameType type, std::string payload) {
   if (peer < 0 || peer >= static_cast<int>(peers_.size())) return;
   auto& p = peers_[isCoordinator() ? peer : 0];
   if (!p || p->lost) return;
   const int lanePeer = isCoordinator() ? peer : 0;
   if (lane_ && isNegotiationFrame(type)) {
-    if (lane_->send(lanePeer, type, payload)) sendFrame(p, FrameType::kDoorbell, "");
+    // A ring is a system call here and a wake-up there; a peer about to
+    // poll (its framework thread entering hora) is worth that long a look.
+    if (lane_->send(lanePeer, type, payload) && !lane_->readerWithin(lanePeer, kRingGrace)) {
+      sendFrame(p, FrameType::kDoorbell, "");
+    }
     return;
   }
   if (lane_ && (!p->afterLane.empty() || lane_->hasPendingFor(lanePeer))) {
@@ -616,9 +627,10 @@ void ControlPlane::pollSent(std::shared_ptr<asio::steady_timer> timer,
   if (lane_) pollLane();  // frames waiting behind the lane move on as it drains
   if (allSent() || SteadyClock::now() >= deadline) return done();
   timer->expires_after(std::chrono::milliseconds(1));
-  timer->async_wait([this, timer, deadline, done = std::move(done)](boost::system::error_code ec) {
-    if (!ec) pollSent(timer, deadline, done);
-  });
+  timer->async_wait(
+      locked([this, timer, deadline, done = std::move(done)](boost::system::error_code ec) {
+        if (!ec) pollSent(timer, deadline, done);
+      }));
 }
 
 void ControlPlane::flush(std::shared_ptr<Peer> p) {
@@ -627,19 +639,19 @@ void ControlPlane::flush(std::shared_ptr<Peer> p) {
     return;
   }
   p->writing = true;
-  asio::async_write(
-      p->sock, asio::buffer(p->outq.front()), [this, p](boost::system::error_code ec, size_t) {
-        if (ec) {
-          p->outq.clear();
-          p->writing = false;
-          if (!p->lost && !closing_)
-            lose(p, Status(Code::kRemoteError,
-                           "cannot send to " + peerName(p->rank) + ": " + ec.message()));
-          return;
-        }
-        p->outq.pop_front();
-        flush(p);
-      });
+  asio::async_write(p->sock, asio::buffer(p->outq.front()),
+                    locked([this, p](boost::system::error_code ec, size_t) {
+                      if (ec) {
+                        p->outq.clear();
+                        p->writing = false;
+                        if (!p->lost && !closing_)
+                          lose(p, Status(Code::kRemoteError, "cannot send to " + peerName(p->rank) +
+                                                                 ": " + ec.message()));
+                        return;
+                      }
+                      p->outq.pop_front();
+                      flush(p);
+                    }));
 }
 
 void ControlPlane::lose(const std::shared_ptr<Peer>& p, Status why) {
@@ -717,9 +729,9 @@ void ControlPlane::tick() {
     }
   }
   timer_.expires_after(opts_.heartbeatInterval);
-  timer_.async_wait([this](boost::system::error_code ec) {
+  timer_.async_wait(locked([this](boost::system::error_code ec) {
     if (!ec && !closing_) tick();
-  });
+  }));
 }
 
 void ControlPlane::closeGracefully() {

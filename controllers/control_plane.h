@@ -11,9 +11,12 @@
 //
 // Threads: create() runs on the thread that creates the process set (it
 // drives the io_context itself until every rank is connected). After start(),
-// the io_context belongs to the set's control thread, which calls run(); all
-// callbacks run on that thread, and every other method must be called on it
-// too (use post() from elsewhere).
+// the io_context belongs to the set's control thread, which calls run(). With
+// the shared-memory lane up, a framework thread may do the control thread's
+// work for a moment (tryDrive, driveOnce; drive_lock.h): "the control thread"
+// below means whichever thread holds the drive lock. Every handler runs under
+// it, and every method not marked thread-safe must be called under it (use
+// post() from elsewhere).
 //
 // Frames: u32 length, u8 type, payload. Lengths above 64 MiB, unknown types
 // or a bad hello are protocol errors: before the hello the connection is
@@ -29,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "controllers/drive_lock.h"
 #include "controllers/shm_lane.h"
 #include "core/logging.h"
 #include "core/spin_wait.h"
@@ -101,11 +105,54 @@ class ControlPlane {
   // system call, made every eighth round otherwise): on a machine where the
   // runtime's threads share cores each round gives the core away, and the
   // eight rounds were a sizable part of a small allreduce.
+  // The handler runs under the drive lock (drive_lock.h), as every handler
+  // of this loop does.
   template <typename F>
   void post(F&& fn) {
-    boost::asio::post(io_, std::forward<F>(fn));
+    boost::asio::post(io_, locked(std::forward<F>(fn)));
     posted_.fetch_add(1, std::memory_order_release);
   }
+  // `fn` wrapped to run under the drive lock: for every handler given to
+  // io() (timers, posts), since a framework thread driving the set may run
+  // the loop's work while the control thread runs a handler.
+  template <typename F>
+  auto locked(F&& fn) {
+    return [this, fn = std::forward<F>(fn)](auto&&... args) mutable {
+      std::lock_guard<DriveLock> hold(drive_);
+      fn(std::forward<decltype(args)>(args)...);
+      runSoonQueued();
+    };
+  }
+  // Runs `fn` once the work in progress on this thread (which holds the
+  // drive lock) is done, still under the lock: a step that must not run
+  // inside the one that asked for it (re-entrancy), without waking the
+  // control thread as post() would when it sleeps.
+  // From a thread without the lock it is post().
+  void runSoon(std::function<void()> fn) {
+    if (drive_.heldHere())
+      soon_.push_back(std::move(fn));
+    else
+      post(std::move(fn));
+  }
+  DriveLock& driveLock() { return drive_; }
+  // Whether the calling thread is the one running the set's control logic
+  // now (holds the drive lock).
+  bool drivenHere() const { return drive_.heldHere(); }
+
+  // A framework thread doing the control thread's work while it waits for
+  // one of the set's collectives (only with the lane up; see drive_lock.h).
+  // beginDriving() counts it among the lane's pollers (peers then need not
+  // ring it), driveOnce() does one round if no other thread is driving
+  // (true if anything moved), endDriving() undoes beginDriving and hands
+  // what arrived meanwhile to the control thread. Thread-safe.
+  // Runs `fn` (on the calling thread) between two rounds of the lane under
+  // the drive lock, when the lane is up and no thread drives the set now
+  // (nor this one, in a handler); false, running nothing, otherwise.
+  // Meanwhile this thread counts among the lane's pollers.
+  bool tryDrive(const std::function<void()>& fn);
+  void beginDriving();
+  bool driveOnce();
+  void endDriving();
   // Starts reads and heartbeats; call on the control thread before run().
   void start(ControlPlaneCallbacks callbacks);
   // Runs the event loop until stop(). Control thread only.
@@ -195,9 +242,18 @@ class ControlPlane {
   bool closing_ = false;
   std::atomic<bool> peersDone_{false};
   std::atomic<uint64_t> posted_{0};  // post() calls so far
+  uint64_t drivenPostsSeen_ = 0;     // under drive_: posts a driver has polled for
   std::unique_ptr<ShmLane> lane_;
   std::string laneWhyNot_ = "not tried";
   bool inLanePoll_ = false;
+  mutable DriveLock drive_;
+  std::vector<std::function<void()>> soon_;  // under drive_: runSoon()
+  // Runs what runSoon() queued, at the outermost level of the lock only.
+  void runSoonQueued();
+  // A driver leaving (under the lock, no longer counted as a poller): reads
+  // what came after its last round, and wakes the control thread for frames
+  // still waiting for room in a ring (it flushes them).
+  void leaveLane();
 };
 
 const char* frameTypeName(FrameType t);

@@ -111,25 +111,34 @@ Status ControlPlane::setUpLane(Store& store) {
 void ControlPlane::runWithLane() {
   // Polls the lane and the event loop while work came within the spin
   // window; then says so in the mailbox (writers ring the doorbell over
-  // TCP from then on) and sleeps in the event loop.
+  // TCP from then on) and sleeps in the event loop. Each round holds the
+  // drive lock; a round that finds a framework thread driving counts as
+  // idle, so that in steady state this thread sleeps while the framework
+  // threads do the work.
   lane_->setPolling(true);
   Clock::time_point lastWork = Clock::now();
   uint32_t rounds = 0;
   uint64_t postsSeen = posted_.load(std::memory_order_acquire);
   while (!io_.stopped()) {
-    bool did = pollLane();
-    // The event loop's own poll is a system call (epoll): every few rounds,
-    // or at once when post() queued a handler.
-    const uint64_t posts = posted_.load(std::memory_order_acquire);
-    if (did || posts != postsSeen || (++rounds & 7) == 0) {
-      postsSeen = posts;
-      did |= io_.poll() > 0;
+    bool did = false, pending = false;
+    if (drive_.try_lock()) {
+      did = pollLane();
+      // The event loop's own poll is a system call (epoll): every few
+      // rounds, or at once when post() queued a handler.
+      const uint64_t posts = posted_.load(std::memory_order_acquire);
+      if (did || posts != postsSeen || (++rounds & 7) == 0) {
+        postsSeen = posts;
+        did |= io_.poll() > 0;
+      }
+      runSoonQueued();
+      pending = lane_->hasPending();
+      drive_.unlock();
     }
     if (did) {
       lastWork = Clock::now();
       continue;
     }
-    if (lane_->hasPending() || Clock::now() - lastWork < opts_.spin.window) {
+    if (pending || Clock::now() - lastWork < opts_.spin.window) {
       if (opts_.spin.yield)
         ::sched_yield();
       else
@@ -137,15 +146,91 @@ void ControlPlane::runWithLane() {
       continue;
     }
     lane_->setPolling(false);
-    if (lane_->hasInput()) {
+    if (lane_->anyReadable()) {
       lane_->setPolling(true);
       continue;
     }
+    // Handlers lock for themselves (locked()).
     io_.run_one();
     lane_->setPolling(true);
     lastWork = Clock::now();
   }
   lane_->setPolling(false);
+}
+
+void ControlPlane::runSoonQueued() {
+  if (!drive_.outermost()) return;
+  while (!soon_.empty()) {
+    auto fns = std::move(soon_);
+    soon_.clear();
+    for (auto& f : fns) f();
+  }
+}
+
+namespace {
+// The lane's poller count, raised for a scope.
+struct PollingScope {
+  explicit PollingScope(ShmLane& lane) : lane(lane) { lane.setPolling(true); }
+  ~PollingScope() { lane.setPolling(false); }
+  ShmLane& lane;
+};
+}  // namespace
+
+void ControlPlane::leaveLane() {
+  // Bytes written while this thread still counted as a poller: nobody rang
+  // for them; what comes after this look is rung.
+  if (lane_->anyReadable()) pollLane();
+  runSoonQueued();
+  if (lane_->hasPending()) post([] {});
+}
+
+bool ControlPlane::tryDrive(const std::function<void()>& fn) {
+  if (!lane_ || drive_.heldHere() || io_.stopped()) return false;
+  // Checked again under the lock: stop() runs under it too, and once the
+  // loop stopped the set is being torn down (its executor included).
+  std::unique_lock<DriveLock> hold(drive_, std::try_to_lock);
+  if (!hold.owns_lock() || io_.stopped()) return false;
+  {
+    PollingScope polling(*lane_);
+    pollLane();
+    fn();
+    runSoonQueued();
+    pollLane();
+    runSoonQueued();
+  }
+  leaveLane();
+  return true;
+}
+
+void ControlPlane::beginDriving() {
+  if (lane_) lane_->setPolling(true);
+}
+
+bool ControlPlane::driveOnce() {
+  if (!lane_ || io_.stopped()) return false;
+  // Checked again under the lock: stop() runs under it too, and once the
+  // loop stopped the set is being torn down (its executor included).
+  std::unique_lock<DriveLock> hold(drive_, std::try_to_lock);
+  if (!hold.owns_lock() || io_.stopped()) return false;
+  bool did = pollLane();
+  // Handlers queued by post() (a submission's drain): run here rather than
+  // wait for the control thread, which may sleep.
+  const uint64_t posts = posted_.load(std::memory_order_acquire);
+  if (posts != drivenPostsSeen_) {
+    drivenPostsSeen_ = posts;
+    did |= io_.poll() > 0;
+  }
+  runSoonQueued();
+  return did;
+}
+
+void ControlPlane::endDriving() {
+  if (!lane_) return;
+  lane_->setPolling(false);
+  // When another thread holds the lock, it does what leaveLane does once it
+  // stops counting itself as a poller, as this one did.
+  std::unique_lock<DriveLock> hold(drive_, std::try_to_lock);
+  if (hold.owns_lock() && !io_.stopped()) leaveLane();
 }
 
 }  // namespace hora

@@ -101,12 +101,12 @@ void CoordinatorService::maybeEmit(bool force) {
     if (!emitTimerArmed_) {
       emitTimerArmed_ = true;
       emitTimer_.expires_after(cycleTime_);
-      emitTimer_.async_wait([this](boost::system::error_code ec) {
+      emitTimer_.async_wait(cp_.locked([this](boost::system::error_code ec) {
         if (ec == boost::asio::error::operation_aborted)
           return;  // cancelled: a newer timer owns the flag
         emitTimerArmed_ = false;
         maybeEmit(false);
-      });
+      }));
     }
     return;
   }
@@ -156,9 +156,9 @@ void CoordinatorService::stallTick() {
   // A quarter of the shortest stall time, between 50 ms and 1 s.
   const Seconds period = std::clamp(std::min(warn, shut) / 4, Seconds(0.05), Seconds(1));
   stallTimer_.expires_after(toMillis(period));
-  stallTimer_.async_wait([this](boost::system::error_code ec) {
+  stallTimer_.async_wait(cp_.locked([this](boost::system::error_code ec) {
     if (!ec) stallTick();
-  });
+  }));
 }
 
 void CoordinatorService::stop() {

@@ -37,11 +37,11 @@ SetController::SetController(SetControllerOptions options, ControlPlane& cp,
   // A data-plane failure the control plane does not name within the grace
   // period breaks the set as it is (SetHealth::suspect).
   health_.setSuspectHook([this](Clock::time_point deadline) {
-    asio::post(cp_.io(), [this, deadline] {
+    cp_.post([this, deadline] {
       settleTimer_.expires_at(deadline);
-      settleTimer_.async_wait([this](boost::system::error_code ec) {
+      settleTimer_.async_wait(cp_.locked([this](boost::system::error_code ec) {
         if (!ec) health_.settle(Clock::now());
-      });
+      }));
     });
   });
   if (link_->wantsExecutorIdle())
@@ -71,7 +71,7 @@ void SetController::start() {
 }
 
 bool SetController::isControlThread() const {
-  return std::this_thread::get_id() == threadId_.load();
+  return std::this_thread::get_id() == threadId_.load() || cp_.drivenHere();
 }
 
 std::string SetController::autoName(CollectiveKind kind) {
@@ -122,8 +122,25 @@ Status SetController::enqueue(std::vector<EntryPtr> entries) {
       inbox_.push_back(e);
     }
   }
+  // With the lane up and no thread driving the set, the caller sends its
+  // request itself (and runs what that agrees, e.g. on the coordinator
+  // when it completes the set of requests): the control thread, asleep in
+  // steady state, is not woken for it. Otherwise the control thread drains.
+  if (callerDrives_ && cp_.tryDrive([this] { drainInbox(); })) return Status::ok();
   if (!drainPosted_.exchange(true)) cp_.post([this] { drainInbox(); });
   return Status::ok();
+}
+
+bool SetController::driveWhile(const SpinPolicy& spin, const std::function<bool()>& done) {
+  if (!callerDrives_ || stopping_ || cp_.drivenHere()) return spinUntil(spin, done);
+  cp_.beginDriving();
+  const bool finished = spinUntil(spin, [&] {
+    if (done()) return true;
+    cp_.driveOnce();
+    return done();
+  });
+  cp_.endDriving();
+  return finished;
 }
 
 void SetController::drainInbox() {
@@ -426,8 +443,10 @@ void SetController::queueGroup(std::vector<Response> responses) {
   if (smallRunner_ && !stopping_ && runsHere(g) && cp_.laneFlushed() && queue_.tryBeginInline(&g)) {
     const bool ran = smallRunner_(g);
     queue_.endInline();
+    if (ran && opts_.telemetry && std::this_thread::get_id() != threadId_.load())
+      opts_.telemetry->ranByCaller();
     if (ran) {
-      if (link_->wantsExecutorIdle()) cp_.post([this] { link_->executorIdle(); });
+      if (link_->wantsExecutorIdle()) cp_.runSoon([this] { link_->executorIdle(); });
       return;
     }
   }
@@ -505,9 +524,9 @@ void SetController::telemetryTick() {
   }
   t.flushTimeline();
   telemetryTimer_.expires_after(std::chrono::milliseconds(100));
-  telemetryTimer_.async_wait([this](boost::system::error_code ec) {
+  telemetryTimer_.async_wait(cp_.locked([this](boost::system::error_code ec) {
     if (!ec && !stopping_) telemetryTick();
-  });
+  }));
 }
 
 void SetController::onBroken(const Status& why, bool tellPeers) {
@@ -535,7 +554,7 @@ void SetController::onBroken(const Status& why, bool tellPeers) {
     });
   };
   if (isControlThread()) return tell();
-  if (!stopping_) return asio::post(cp_.io(), tell);
+  if (!stopping_) return cp_.post(tell);
   // Shutting down: the control thread may be gone (shutdown releases too).
   health_.release();
   failPending(why);
@@ -560,7 +579,7 @@ bool SetController::beginShutdown() { return !stopping_.exchange(true); }
 void SetController::flush(Clock::time_point deadline) {
   auto flushed = std::make_shared<std::promise<void>>();
   auto done = flushed->get_future();
-  asio::post(cp_.io(), [this, flushed] {
+  cp_.post([this, flushed] {
     link_->flush();
     flushed->set_value();
   });
@@ -568,7 +587,7 @@ void SetController::flush(Clock::time_point deadline) {
 }
 
 void SetController::closeGracefully(Clock::time_point deadline) {
-  asio::post(cp_.io(), [this] {
+  cp_.post([this] {
     settleTimer_.cancel();
     link_->stop();
     cp_.closeGracefully();

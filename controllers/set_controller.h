@@ -24,9 +24,12 @@
 //     break the set through SetHealth. Its listener here tells the peers
 //     (through the link) and fails every pending request with the cause.
 //
-// Threads: enqueue/autoName from framework threads; the shutdown steps from
-// the thread that shuts the set down; everything else on the control thread,
-// which start() creates and which runs the ControlPlane's event loop.
+// Threads: enqueue/autoName/driveWhile from framework threads; the shutdown
+// steps from the thread that shuts the set down; everything else on the
+// control thread, which start() creates and which runs the ControlPlane's
+// event loop, or on a framework thread while it holds the set's drive lock
+// in its stead (setCallerDrives: enqueue sends the request itself, a waiter
+// reads the answer and runs a small group; controllers/drive_lock.h).
 #pragma once
 
 #include <atomic>
@@ -46,6 +49,7 @@
 #include "core/logging.h"
 #include "core/response_cache.h"
 #include "core/set_health.h"
+#include "core/spin_wait.h"
 #include "core/telemetry.h"
 
 namespace hora {
@@ -102,10 +106,20 @@ class SetController : public CoordinatorLink::Client {
   void setPacker(std::function<bool(TensorEntry&, const std::function<bool()>&)> pack) {
     packer_ = std::move(pack);
   }
+  // Framework threads submitting to and waiting on the set do the control
+  // thread's work themselves when no other thread does it (controllers/
+  // drive_lock.h): only with the shared-memory lane. Set before start().
+  void setCallerDrives(bool on) { callerDrives_ = on; }
   void start();
 
   // Framework threads. On failure nothing was enqueued.
   Status enqueue(std::vector<EntryPtr> entries);
+  // A framework thread waiting for `done` (one of its requests on this
+  // set): polls it for up to the spin window like spinUntil, and between
+  // polls does the control thread's work when nobody else does (the lane's
+  // frames, the coordinator's decisions, a small group's data plane).
+  // Returns whether `done` became true.
+  bool driveWhile(const SpinPolicy& spin, const std::function<bool()>& done);
   // "<kind>.noname.<n>", counted per kind in call order.
   std::string autoName(CollectiveKind kind);
 
@@ -176,6 +190,7 @@ class SetController : public CoordinatorLink::Client {
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> autoNames_[static_cast<int>(CollectiveKind::kCount)] = {};
 
+  bool callerDrives_ = false;
   std::function<bool(AgreedGroup&)> smallRunner_;
   size_t smallRunnerMaxBytes_ = 0;
   std::function<bool(TensorEntry&, const std::function<bool()>&)> packer_;

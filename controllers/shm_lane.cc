@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "controllers/control_plane.h"
+#include "core/cpu_relax.h"
 
 namespace hora {
 
@@ -61,6 +62,17 @@ bool ShmLane::send(int peer, FrameType type, const std::string& payload) {
   return flush(*s) && !peerPolling(peer);
 }
 
+bool ShmLane::readerWithin(int peer, std::chrono::nanoseconds grace) {
+  Stream* s = stream(peer);
+  if (!s) return true;
+  const auto until = std::chrono::steady_clock::now() + grace;
+  for (uint32_t i = 0;; ++i) {
+    if (peerPolling(peer) || mb_->readable(s->outRing) == 0) return true;
+    if ((i & 15) == 15 && std::chrono::steady_clock::now() >= until) return false;
+    cpuRelax();
+  }
+}
+
 bool ShmLane::poll(const Handlers& h) {
   bool moved = false;
   for (auto& s : streams_) {
@@ -96,6 +108,15 @@ bool ShmLane::poll(const Handlers& h) {
     if (at > 0 && !s.dropped) s.in.erase(0, at);
   }
   return moved;
+}
+
+bool ShmLane::anyReadable() const {
+  // The mailbox's own words only: safe off the thread that drives the lane
+  // (a dropped peer's ring may still hold bytes: a spurious yes).
+  if (rank_ != 0) return mb_->readable(ShmMailbox::downRing(rank_)) > 0;
+  for (int r = 1; r < mb_->ranks(); ++r)
+    if (mb_->readable(ShmMailbox::upRing(r)) > 0) return true;
+  return false;
 }
 
 bool ShmLane::hasInput() const {
@@ -135,7 +156,10 @@ std::chrono::steady_clock::time_point ShmLane::aliveAt(int peer) const {
 }
 
 void ShmLane::setPolling(bool on) {
-  mb_->polling(rank_).store(on ? 1 : 0, std::memory_order_seq_cst);
+  if (on)
+    mb_->polling(rank_).fetch_add(1, std::memory_order_seq_cst);
+  else
+    mb_->polling(rank_).fetch_sub(1, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 

@@ -42,6 +42,9 @@ class ShmLane {
   // Queues one frame for `peer` and writes what fits. True when the peer
   // must be rung (it is not polling the lane now).
   bool send(int peer, FrameType type, const std::string& payload);
+  // After send() said `peer` must be rung: polls for up to `grace` whether
+  // it starts polling or reads what waits for it (true: no ring needed).
+  bool readerWithin(int peer, std::chrono::nanoseconds grace);
   // Writes what is still queued and reads every ring; each complete frame
   // goes to `deliver` in order, a malformed stream to `bad` (that peer's
   // lane is dropped), and `ring` is called for each peer that must be rung
@@ -56,8 +59,13 @@ class ShmLane {
   bool hasInput() const;
   bool hasPending() const;
   bool hasPendingFor(int peer) const;
-  // This rank's "polling" word: set while its control thread polls.
+  // This rank's "polling" word counts the threads polling its lane now
+  // (its control thread, and a framework thread driving it): each `true`
+  // is undone by one `false`.
   void setPolling(bool on);
+  // Whether some ring this rank reads holds bytes; any thread (hasInput
+  // reads the streams, which belong to the thread driving the lane).
+  bool anyReadable() const;
   // Refreshes this rank's liveness time (the control thread, while it runs
   // a collective itself instead of its event loop), and reads a peer's
   // (steady clock; the epoch when it never did).

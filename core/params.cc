@@ -125,6 +125,13 @@ const std::vector<ParamSpec>& paramRegistry() {
        "rank agreed it is published at once instead of packed then. Only for sets on the "
        "shared-memory data plane (one host) whose ranks have a CPU each; never waits for a peer; "
        "0 packs when the allreduce runs."},
+      {"HORA_CALLER_DRIVES", ParamType::kBool, "1",
+       "When every rank of a process set is on one host (its negotiation goes through shared "
+       "memory), a framework thread that submits a collective sends its request itself, and "
+       "one that waits for a collective does the control thread's work while no other thread "
+       "does (reading the negotiation, running a small allreduce), instead of handing each "
+       "step to the set's control thread: no thread hand-off on a small allreduce's path. 0 "
+       "leaves all of it to the control thread."},
       {"HORA_INLINE_MAX_BYTES", ParamType::kInt, "-1",
        "Allreduces of host tensors up to this size travel inside the negotiation: each rank's "
        "request carries its tensor, the coordinator reduces them and its response carries the "

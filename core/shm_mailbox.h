@@ -6,9 +6,10 @@
 // job). It holds, for every worker rank r, two single-producer
 // single-consumer byte rings: "up" (r writes, the coordinator reads) and
 // "down" (the coordinator writes, r reads), and one "polling" word per rank
-// that says whether that rank's control thread is polling the mailbox now
-// or may sleep (then a writer must wake it another way: the control plane
-// sends a doorbell frame over its TCP connection, controllers/shm_lane.h),
+// that counts that rank's threads polling the mailbox now (its control
+// thread, a framework thread doing its work); at 0 they may all sleep, and a
+// writer must wake the rank another way (the control plane sends a doorbell
+// frame over its TCP connection, controllers/shm_lane.h),
 // next to a liveness time it refreshes while it is busy elsewhere (running
 // a collective itself: its peers then do not take its silence on the
 // sockets for a stall).

@@ -224,6 +224,7 @@ void Telemetry::abandoned(const TensorEntry& e, const Status& why) {
 }
 
 void Telemetry::ranOnControl() { relaxedAdd(controlGroups_, 1); }
+void Telemetry::ranByCaller() { relaxedAdd(callerGroups_, 1); }
 void Telemetry::packedAhead() { relaxedAdd(packedAhead_, 1); }
 void Telemetry::packedAheadUsed() { relaxedAdd(packedAheadUsed_, 1); }
 
@@ -369,6 +370,7 @@ MetricsSnapshot Telemetry::snapshot() const {
   m.groupBytes = load(groupBytes_);
   m.inlineAllreduces = load(inlineAllreduces_);
   m.controlGroups = load(controlGroups_);
+  m.callerGroups = load(callerGroups_);
   m.packedAhead = load(packedAhead_);
   m.packedAheadUsed = load(packedAheadUsed_);
   m.cacheHits = load(cacheHits_);
@@ -519,7 +521,8 @@ std::string metricsJson(const MetricsSnapshot& m) {
   o << "},\"groups\":" << m.groups << ",\"group_tensors\":" << m.groupTensors
     << ",\"fused_groups\":" << m.fusedGroups << ",\"group_bytes\":" << m.groupBytes
     << ",\"inline_allreduces\":" << m.inlineAllreduces
-    << ",\"control_thread_groups\":" << m.controlGroups << ",\"packed_ahead\":" << m.packedAhead
+    << ",\"control_thread_groups\":" << m.controlGroups
+    << ",\"caller_driven_groups\":" << m.callerGroups << ",\"packed_ahead\":" << m.packedAhead
     << ",\"packed_ahead_used\":" << m.packedAheadUsed << ",\"cache_hits\":" << m.cacheHits
     << ",\"cache_misses\":" << m.cacheMisses << ",\"errors\":" << m.errors
     << ",\"negotiation_s\":" << m.negotiationNs / 1e9 << ",\"queue_s\":" << m.queueNs / 1e9
@@ -575,6 +578,10 @@ std::string metricsPrometheus(const MetricsSnapshot& m) {
   one("control_thread_groups_total", "counter",
       "Of those groups, the ones the control thread ran itself (HORA_RUN_ON_CONTROL_MAX_BYTES).",
       static_cast<double>(m.controlGroups));
+  one("caller_driven_groups_total", "counter",
+      "Of those, the ones a framework thread ran while it did the control thread's work "
+      "(HORA_CALLER_DRIVES).",
+      static_cast<double>(m.callerGroups));
   one("packed_ahead_total", "counter",
       "Allreduces whose first chunk the control thread packed into shared memory while their "
       "negotiation was still under way (HORA_PACK_AHEAD).",

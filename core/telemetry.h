@@ -107,6 +107,7 @@ struct MetricsSnapshot {
   uint64_t inlineAllreduces = 0;
   // Of `groups`, those the control thread ran itself (HORA_RUN_ON_CONTROL_MAX_BYTES).
   uint64_t controlGroups = 0;
+  uint64_t callerGroups = 0;
   // Allreduces packed ahead of their negotiation's answer (HORA_PACK_AHEAD),
   // and of those, the ones whose data plane used that instead of packing.
   uint64_t packedAhead = 0;
@@ -148,6 +149,9 @@ class Telemetry {
   // Control thread: the group it is about to run on the data plane itself
   // (SetController's small groups), not handed to the executor.
   void ranOnControl();
+  // Of those, a group a framework thread ran while it drove the set
+  // (HORA_CALLER_DRIVES), in the control thread's stead.
+  void ranByCaller();
   // Control thread: it packed an allreduce's first chunk ahead of the
   // negotiation's answer (HORA_PACK_AHEAD).
   void packedAhead();
@@ -223,6 +227,7 @@ class Telemetry {
   std::atomic<uint64_t> groups_{0}, groupTensors_{0}, fusedGroups_{0}, groupBytes_{0};
   std::atomic<uint64_t> inlineAllreduces_{0};
   std::atomic<uint64_t> controlGroups_{0};
+  std::atomic<uint64_t> callerGroups_{0};
   std::atomic<uint64_t> packedAhead_{0};
   std::atomic<uint64_t> packedAheadUsed_{0};
   std::atomic<uint64_t> cacheHits_{0}, cacheMisses_{0}, errors_{0};

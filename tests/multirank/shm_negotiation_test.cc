@@ -254,7 +254,8 @@ int controlThreadGroups(int rank, int size, int small) {
       }
     }
     const std::string m = metrics(rt);
-    std::printf("PHASE %zu control=%ld groups=%ld\n", elements, counter(m, "control_thread_groups"),
+    std::printf("PHASE %zu control=%ld caller=%ld groups=%ld\n", elements,
+                counter(m, "control_thread_groups"), counter(m, "caller_driven_groups"),
                 counter(m, "groups"));
   }
   std::fflush(stdout);
@@ -290,6 +291,35 @@ TEST(ShmNegotiation, SmallAllreducesRunOnTheControlThreadLargeOnesOnTheExecutor)
       EXPECT_EQ(phaseCount(r.output, 524288, "control"), onControl) << r.output;
       EXPECT_EQ(phaseCount(r.output, 524288, "groups") - phaseCount(r.output, 16384, "groups"), 3)
           << r.output;
+    }
+  }
+}
+
+// HORA_CALLER_DRIVES (controllers/drive_lock.h): the framework thread that
+// waits for a small allreduce does the control thread's work and runs the
+// allreduce itself. Counted per rank; 0 with the feature off.
+TEST(ShmNegotiation, AWaitingCallerRunsSmallAllreducesItself) {
+  const int small = 40;
+  for (int size : {2, 3}) {
+    for (const char* on : {"1", "0"}) {
+      SCOPED_TRACE("size " + std::to_string(size) + ", HORA_CALLER_DRIVES=" + on);
+      auto results =
+          runProcesses(size, [&](int rank) { return controlThreadGroups(rank, size, small); }, 120,
+                       nullptr, {{"HORA_CALLER_DRIVES", on}});
+      for (const auto& r : results) {
+        ASSERT_EQ(r.exitCode, 0) << r.output;
+        const long byCaller = phaseCount(r.output, 16384, "caller");
+        if (on[0] == '0') {
+          EXPECT_EQ(byCaller, 0) << r.output;
+          continue;
+        }
+        // The control thread takes some when it holds the lane as a
+        // response arrives (beside CPU hogs more), so not all of them.
+        EXPECT_GE(byCaller, small / 4) << r.output;
+        EXPECT_LE(byCaller, phaseCount(r.output, 16384, "control")) << r.output;
+        // None of the 2 MiB ones (the executor's).
+        EXPECT_EQ(phaseCount(r.output, 524288, "caller"), byCaller) << r.output;
+      }
     }
   }
 }

@@ -242,6 +242,7 @@ hora_status_t submit(const CallContext& c, std::vector<std::shared_ptr<hora::Ten
   st->allocUser = c.o.alloc_user;
   if (input) st->dlType = input->dtype;
   st->waitSpin = c.set->spin();
+  if (c.set->callerDrives()) st->driveSet = c.set;
   auto* h = new hora_request_s();
   h->state = st;
   st->handle = h;
@@ -759,9 +760,14 @@ HORA_API hora_status_t hora_wait(hora_request_t r, double timeout_s) {
       p2p->poll(r->state->finished);
     // A collective: poll for a moment too (the executor completes it on
     // another thread; a sleep and a wake-up cost more than a short poll).
-    else if (timeout_s != 0 && r->state->waitSpin.enabled())
-      hora::spinUntil(r->state->waitSpin,
-                      [&] { return r->state->finished.load(std::memory_order_acquire); });
+    else if (timeout_s != 0 && r->state->waitSpin.enabled()) {
+      auto finished = [&] { return r->state->finished.load(std::memory_order_acquire); };
+      // Doing the set's control work meanwhile (HORA_CALLER_DRIVES).
+      if (auto set = r->state->driveSet.lock())
+        set->driveWhile(finished);
+      else
+        hora::spinUntil(r->state->waitSpin, finished);
+    }
     // Finished: status was written before `finished` (release), so it is
     // read without the lock.
     if (r->state->finished.load(std::memory_order_acquire)) return setError(r->state->status);

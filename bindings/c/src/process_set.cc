@@ -341,6 +341,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
       return ex->prepareHere(e, stop);
     });
   }
+  ps->controller_->setCallerDrives(o.callerDrives);
   setUpArmed->store(false);
   ps->controller_->start();
   ps->executor_->start();

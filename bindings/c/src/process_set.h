@@ -69,6 +69,8 @@ struct SetOptions {
   size_t runOnControlMaxBytes = 0;
   // HORA_PACK_AHEAD (SetController::setPacker).
   bool packAhead = false;
+  // HORA_CALLER_DRIVES (SetController::setCallerDrives).
+  bool callerDrives = false;
   // Online autotune (core/autotune.h, controllers/autotune_driver.h): on, its
   // CSV log, its seed, and the parameters that stay as configured.
   bool autotune = true;
@@ -144,6 +146,11 @@ class ProcessSet {
   const std::string& name() const { return name_; }
   // How a thread in hora_wait polls this set's requests before it sleeps.
   const SpinPolicy& spin() const { return spin_; }
+  // A framework thread waiting for `done`: SetController::driveWhile.
+  bool driveWhile(const std::function<bool()>& done) {
+    return controller_->driveWhile(spin_, done);
+  }
+  bool callerDrives() const { return opts_.callerDrives; }
   const Telemetry& telemetry() const { return *telemetry_; }
   // Sends and receives (any framework thread); shared with the requests
   // whose waiters drive its progress.

@@ -31,6 +31,7 @@
 
 namespace hora {
 
+class ProcessSet;
 constexpr uint32_t kRequestMagic = 0x68726571;  // "hreq"
 
 struct RequestState : RequestSink {
@@ -64,6 +65,9 @@ struct RequestState : RequestSink {
   // Collectives: how long hora_wait polls `finished` before it sleeps (the
   // set's HORA_SPIN_US policy, core/spin_wait.h).
   SpinPolicy waitSpin;
+  // Collectives on a set whose waiters drive it (HORA_CALLER_DRIVES): the
+  // set, so that hora_wait does its control thread's work while it polls.
+  std::weak_ptr<ProcessSet> driveSet;
 
   // Results written by the executor before completion, read after.
   std::vector<int64_t> outShape;

@@ -564,6 +564,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
                            " is out of range: 0 (off) to 1073741824 bytes");
   so.runOnControlMaxBytes = static_cast<size_t>(onControl);
   so.packAhead = p.getBool("HORA_PACK_AHEAD");
+  so.callerDrives = p.getBool("HORA_CALLER_DRIVES");
   so.autotune = p.getBool("HORA_AUTOTUNE");
   so.autotuneLog = p.getString("HORA_AUTOTUNE_LOG");
   so.autotuneSeed = static_cast<uint64_t>(p.getInt("HORA_AUTOTUNE_SEED"));
