@@ -115,6 +115,7 @@ struct ControlPlane::Peer {
   tcp::socket sock;
   std::string addr;
   std::deque<std::string> outq;
+  size_t outOff = 0;  // bytes of outq.front() already written
   // TCP frames that wait until the lane has written what was sent before
   // them (the lane is a stream of its own: a frame must not overtake it).
   std::deque<std::pair<FrameType, std::string>> afterLane;
@@ -397,63 +398,71 @@ void ControlPlane::stop() {
              }));
 }
 
+void ControlPlane::readExactly(const std::shared_ptr<Peer>& p, char* data, size_t n,
+                               std::function<void(boost::system::error_code)> done) {
+  if (n == 0) return done(boost::system::error_code());
+  p->sock.async_read_some(asio::buffer(data, n),
+                          locked([this, p, data, n, done = std::move(done)](
+                                     boost::system::error_code ec, size_t got) mutable {
+                            if (ec || got >= n) return done(ec);
+                            readExactly(p, data + got, n - got, std::move(done));
+                          }));
+}
+
 void ControlPlane::readHeader(std::shared_ptr<Peer> p) {
-  asio::async_read(
-      p->sock, asio::buffer(p->hdr, 5), locked([this, p](boost::system::error_code ec, size_t) {
-        if (p->lost) return;
-        if (ec) {
-          lose(p, Status(Code::kRemoteError, peerName(p->rank) +
-                                                 " closed its control connection (" + ec.message() +
-                                                 "): the process exited, crashed or was killed"));
-          return;
-        }
-        uint32_t len = 0;
-        FrameType type;
-        Status s = parseFrameHeader(p->hdr, &len, &type);
-        if (!s.isOk()) {
-          lose(p, s.withContext("malformed control frame from " + peerName(p->rank)));
-          return;
-        }
-        readBody(p, len);
-      }));
+  readExactly(p, p->hdr, 5, [this, p](boost::system::error_code ec) {
+    if (p->lost) return;
+    if (ec) {
+      lose(p, Status(Code::kRemoteError, peerName(p->rank) + " closed its control connection (" +
+                                             ec.message() +
+                                             "): the process exited, crashed or was killed"));
+      return;
+    }
+    uint32_t len = 0;
+    FrameType type;
+    Status s = parseFrameHeader(p->hdr, &len, &type);
+    if (!s.isOk()) {
+      lose(p, s.withContext("malformed control frame from " + peerName(p->rank)));
+      return;
+    }
+    readBody(p, len);
+  });
 }
 
 void ControlPlane::readBody(std::shared_ptr<Peer> p, uint32_t len) {
   p->body.resize(len);
-  auto buf = len ? asio::buffer(&p->body[0], len) : asio::buffer(p->hdr, 0);
-  asio::async_read(
-      p->sock, buf, locked([this, p](boost::system::error_code ec, size_t) {
-        if (p->lost) return;
-        if (ec) {
-          lose(p, Status(Code::kRemoteError, peerName(p->rank) +
-                                                 " closed its control connection mid-message (" +
-                                                 ec.message() + ")"));
-          return;
-        }
-        p->lastHeard = SteadyClock::now();
-        p->unreadSeen = 0;
-        auto type = static_cast<FrameType>(p->hdr[4]);
-        // What the peer put in the lane before this frame comes first.
-        if (lane_) pollLane();
-        if (p->lost) return;
-        if (type == FrameType::kGoodbye) {
-          // Keep reading: the connection's close is what ends the set (see
-          // closeGracefully); the goodbye only says new work cannot include it.
-          if (!p->saidGoodbye) {
-            p->saidGoodbye = true;
-            if (!closing_ && cb_.onPeerLost)
-              cb_.onPeerLost(isCoordinator() ? p->rank : 0,
-                             Status(Code::kShutDown,
-                                    peerName(p->rank) + " has shut down (called hora_shutdown)"));
-            updateDone();
-          }
-        } else if (type != FrameType::kHeartbeat && type != FrameType::kDoorbell && cb_.onFrame) {
-          std::string payload = std::move(p->body);
-          p->body.clear();
-          cb_.onFrame(isCoordinator() ? p->rank : 0, type, std::move(payload));
-        }
-        if (!p->lost) readHeader(p);
-      }));
+  readExactly(p, len ? &p->body[0] : nullptr, len, [this, p](boost::system::error_code ec) {
+    if (p->lost) return;
+    if (ec) {
+      lose(p, Status(Code::kRemoteError, peerName(p->rank) +
+                                             " closed its control connection mid-message (" +
+                                             ec.message() + ")"));
+      return;
+    }
+    p->lastHeard = SteadyClock::now();
+    p->unreadSeen = 0;
+    auto type = static_cast<FrameType>(p->hdr[4]);
+    // What the peer put in the lane before this frame comes first.
+    if (lane_) pollLane();
+    if (p->lost) return;
+    if (type == FrameType::kGoodbye) {
+      // Keep reading: the connection's close is what ends the set (see
+      // closeGracefully); the goodbye only says new work cannot include it.
+      if (!p->saidGoodbye) {
+        p->saidGoodbye = true;
+        if (!closing_ && cb_.onPeerLost)
+          cb_.onPeerLost(
+              isCoordinator() ? p->rank : 0,
+              Status(Code::kShutDown, peerName(p->rank) + " has shut down (called hora_shutdown)"));
+        updateDone();
+      }
+    } else if (type != FrameType::kHeartbeat && type != FrameType::kDoorbell && cb_.onFrame) {
+      std::string payload = std::move(p->body);
+      p->body.clear();
+      cb_.onFrame(isCoordinator() ? p->rank : 0, type, std::move(payload));
+    }
+    if (!p->lost) readHeader(p);
+  });
 }
 
 void ControlPlane::updateDone() {
@@ -639,19 +648,28 @@ void ControlPlane::flush(std::shared_ptr<Peer> p) {
     return;
   }
   p->writing = true;
-  asio::async_write(p->sock, asio::buffer(p->outq.front()),
-                    locked([this, p](boost::system::error_code ec, size_t) {
-                      if (ec) {
-                        p->outq.clear();
-                        p->writing = false;
-                        if (!p->lost && !closing_)
-                          lose(p, Status(Code::kRemoteError, "cannot send to " + peerName(p->rank) +
-                                                                 ": " + ec.message()));
-                        return;
-                      }
-                      p->outq.pop_front();
-                      flush(p);
-                    }));
+  const std::string& f = p->outq.front();
+  // One write_some at a time, each completion under the drive lock (a
+  // composed async_write would continue a partial write outside it).
+  p->sock.async_write_some(
+      asio::buffer(f.data() + p->outOff, f.size() - p->outOff),
+      locked([this, p](boost::system::error_code ec, size_t n) {
+        if (ec) {
+          p->outq.clear();
+          p->outOff = 0;
+          p->writing = false;
+          if (!p->lost && !closing_)
+            lose(p, Status(Code::kRemoteError,
+                           "cannot send to " + peerName(p->rank) + ": " + ec.message()));
+          return;
+        }
+        p->outOff += n;
+        if (p->outOff >= p->outq.front().size()) {
+          p->outq.pop_front();
+          p->outOff = 0;
+        }
+        flush(p);
+      }));
 }
 
 void ControlPlane::lose(const std::shared_ptr<Peer>& p, Status why) {

@@ -149,7 +149,8 @@ class ControlPlane {
   // the drive lock, when the lane is up and no thread drives the set now
   // (nor this one, in a handler); false, running nothing, otherwise.
   // Meanwhile this thread counts among the lane's pollers.
-  bool tryDrive(const std::function<void()>& fn);
+  // `*whileDriving`, if given, is true from the lock's taking to its release.
+  bool tryDrive(const std::function<void()>& fn, bool* whileDriving = nullptr);
   void beginDriving();
   bool driveOnce();
   void endDriving();
@@ -207,6 +208,11 @@ class ControlPlane {
   ControlPlane(ControlPlaneOptions options, Logger logger);
   Status rendezvousCoordinator(Store& store);
   Status rendezvousWorker(Store& store);
+  // Reads exactly n bytes through async_read_some steps, each completion
+  // under the drive lock (a composed async_read would run its intermediate
+  // steps, which touch the socket, outside it); `done` runs under it too.
+  void readExactly(const std::shared_ptr<Peer>& p, char* data, size_t n,
+                   std::function<void(boost::system::error_code)> done);
   void readHeader(std::shared_ptr<Peer> p);
   void readBody(std::shared_ptr<Peer> p, uint32_t len);
   void flush(std::shared_ptr<Peer> p);

@@ -184,12 +184,21 @@ void ControlPlane::leaveLane() {
   if (lane_->hasPending()) post([] {});
 }
 
-bool ControlPlane::tryDrive(const std::function<void()>& fn) {
+bool ControlPlane::tryDrive(const std::function<void()>& fn, bool* whileDriving) {
   if (!lane_ || drive_.heldHere() || io_.stopped()) return false;
   // Checked again under the lock: stop() runs under it too, and once the
   // loop stopped the set is being torn down (its executor included).
   std::unique_lock<DriveLock> hold(drive_, std::try_to_lock);
   if (!hold.owns_lock() || io_.stopped()) return false;
+  struct Flag {
+    explicit Flag(bool* f) : f(f) {
+      if (f) *f = true;
+    }
+    ~Flag() {
+      if (f) *f = false;
+    }
+    bool* f;
+  } flag(whileDriving);
   {
     PollingScope polling(*lane_);
     pollLane();
@@ -227,10 +236,15 @@ bool ControlPlane::driveOnce() {
 void ControlPlane::endDriving() {
   if (!lane_) return;
   lane_->setPolling(false);
-  // When another thread holds the lock, it does what leaveLane does once it
-  // stops counting itself as a poller, as this one did.
   std::unique_lock<DriveLock> hold(drive_, std::try_to_lock);
-  if (hold.owns_lock() && !io_.stopped()) leaveLane();
+  if (hold.owns_lock()) {
+    if (!io_.stopped()) leaveLane();
+    return;
+  }
+  // Another thread holds the lock and may have made its own last look
+  // already (a second framework thread leaving): the control thread reads
+  // what this one was counted for.
+  if (lane_->anyReadable()) post([] {});
 }
 
 }  // namespace hora

@@ -126,21 +126,42 @@ Status SetController::enqueue(std::vector<EntryPtr> entries) {
   // request itself (and runs what that agrees, e.g. on the coordinator
   // when it completes the set of requests): the control thread, asleep in
   // steady state, is not woken for it. Otherwise the control thread drains.
-  if (callerDrives_ && cp_.tryDrive([this] { drainInbox(); })) return Status::ok();
+  if (callerDrives_ && cp_.tryDrive([this] { drainInbox(); }, &submitting_)) return Status::ok();
   if (!drainPosted_.exchange(true)) cp_.post([this] { drainInbox(); });
   return Status::ok();
 }
 
-bool SetController::driveWhile(const SpinPolicy& spin, const std::function<bool()>& done) {
+bool SetController::driveWhile(const SpinPolicy& spin, const std::function<bool()>& done,
+                               Clock::time_point deadline) {
   if (!callerDrives_ || stopping_ || cp_.drivenHere()) return spinUntil(spin, done);
-  cp_.beginDriving();
-  const bool finished = spinUntil(spin, [&] {
+  if (!spin.enabled()) return done();
+  // As the control thread's own loop: the window runs from the last work
+  // done, not from the start, so a wait longer than the window whose rounds
+  // keep moving (a collective run here, frames read) does not end in a
+  // sleep that something else must then wake.
+  struct Driving {
+    explicit Driving(ControlPlane& cp) : cp(cp) { cp.beginDriving(); }
+    ~Driving() { cp.endDriving(); }
+    ControlPlane& cp;
+  } driving(cp_);
+  Clock::time_point lastWork = Clock::now();
+  for (uint32_t i = 1;; ++i) {
     if (done()) return true;
-    cp_.driveOnce();
-    return done();
-  });
-  cp_.endDriving();
-  return finished;
+    if (cp_.driveOnce()) {
+      lastWork = Clock::now();
+      if (lastWork >= deadline) return done();
+      continue;
+    }
+    if (done()) return true;
+    if ((i & 7) == 0) {
+      const Clock::time_point now = Clock::now();
+      if (now - lastWork >= spin.window || now >= deadline) return false;
+    }
+    if (spin.yield)
+      ::sched_yield();
+    else
+      cpuRelax();
+  }
 }
 
 void SetController::drainInbox() {
@@ -424,7 +445,12 @@ void SetController::queueGroup(std::vector<Response> responses) {
   // ahead (one thread hand-off less). Every other collective goes to the
   // executor so this thread keeps heartbeats and loss detection running
   // while it waits on peers.
-  if (!needsDataPlane(g) && !stopping_ && queue_.tryBeginInline()) {
+  // Inside one of the caller's own submissions (HORA_CALLER_DRIVES) a group
+  // whose completion runs a callback goes to the executor: hora_*_async
+  // must not run the caller's callbacks (it may hold a lock they take, and
+  // has not handed out the request yet).
+  const bool mayComplete = !submitting_ || !callsBack(g);
+  if (!needsDataPlane(g) && !stopping_ && mayComplete && queue_.tryBeginInline()) {
     if (opts_.telemetry) opts_.telemetry->inlineDone(g);
     completeWithoutDataPlane(g, opts_.globalRanks);
     queue_.endInline();
@@ -440,7 +466,8 @@ void SetController::queueGroup(std::vector<Response> responses) {
   // this thread. A wait inside gives up after the peer timeout or on a dead
   // peer as the executor's would, and meanwhile tells the peers this rank is
   // alive (the runner's wait hook, ControlPlane::markAlive).
-  if (smallRunner_ && !stopping_ && runsHere(g) && cp_.laneFlushed() && queue_.tryBeginInline(&g)) {
+  if (smallRunner_ && !stopping_ && mayComplete && runsHere(g) && cp_.laneFlushed() &&
+      queue_.tryBeginInline(&g)) {
     const bool ran = smallRunner_(g);
     queue_.endInline();
     if (ran && opts_.telemetry && std::this_thread::get_id() != threadId_.load())
@@ -451,6 +478,12 @@ void SetController::queueGroup(std::vector<Response> responses) {
     }
   }
   queue_.push(std::move(g));
+}
+
+bool SetController::callsBack(const AgreedGroup& g) {
+  for (const auto& e : g.entries)
+    if (e && e->sink && e->sink->callsBack()) return true;
+  return false;
 }
 
 EntryPtr SetController::takeEntry(const std::string& name) {

@@ -119,7 +119,9 @@ class SetController : public CoordinatorLink::Client {
   // polls does the control thread's work when nobody else does (the lane's
   // frames, the coordinator's decisions, a small group's data plane).
   // Returns whether `done` became true.
-  bool driveWhile(const SpinPolicy& spin, const std::function<bool()>& done);
+  // Driving stops at `deadline` too (the caller's own timeout).
+  bool driveWhile(const SpinPolicy& spin, const std::function<bool()>& done,
+                  Clock::time_point deadline);
   // "<kind>.noname.<n>", counted per kind in call order.
   std::string autoName(CollectiveKind kind);
 
@@ -157,6 +159,8 @@ class SetController : public CoordinatorLink::Client {
   void queueGroup(std::vector<Response> responses);
   // Whether smallRunner_ takes `g` (allreduces of host tensors within its cap).
   bool runsHere(const AgreedGroup& g) const;
+  // Whether completing `g` runs a caller's callback.
+  static bool callsBack(const AgreedGroup& g);
   EntryPtr takeEntry(const std::string& name);
   // Periodic observability work (see SetControllerOptions); control thread.
   void telemetryTick();
@@ -191,6 +195,8 @@ class SetController : public CoordinatorLink::Client {
   std::atomic<uint64_t> autoNames_[static_cast<int>(CollectiveKind::kCount)] = {};
 
   bool callerDrives_ = false;
+  // Under the drive lock: a framework thread is inside enqueue's drive.
+  bool submitting_ = false;
   std::function<bool(AgreedGroup&)> smallRunner_;
   size_t smallRunnerMaxBytes_ = 0;
   std::function<bool(TensorEntry&, const std::function<bool()>&)> packer_;

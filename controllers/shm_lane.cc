@@ -8,7 +8,11 @@
 namespace hora {
 
 ShmLane::ShmLane(std::unique_ptr<ShmMailbox> mailbox, int rank)
-    : mb_(std::move(mailbox)), rank_(rank), buf_(64 << 10) {
+    : mb_(std::move(mailbox)),
+      rank_(rank),
+      buf_(64 << 10),
+      droppedPeers_(new std::atomic<bool>[static_cast<size_t>(mb_->ranks())]) {
+  for (int r = 0; r < mb_->ranks(); ++r) droppedPeers_[r].store(false);
   if (rank_ == 0) {
     for (int r = 1; r < mb_->ranks(); ++r) {
       Stream s;
@@ -111,11 +115,16 @@ bool ShmLane::poll(const Handlers& h) {
 }
 
 bool ShmLane::anyReadable() const {
-  // The mailbox's own words only: safe off the thread that drives the lane
-  // (a dropped peer's ring may still hold bytes: a spurious yes).
-  if (rank_ != 0) return mb_->readable(ShmMailbox::downRing(rank_)) > 0;
+  // The mailbox's words and the dropped flags only: safe off the thread
+  // that drives the lane.
+  // A dropped peer's ring is never read again: its bytes do not count.
+  if (rank_ != 0)
+    return !droppedPeers_[0].load(std::memory_order_acquire) &&
+           mb_->readable(ShmMailbox::downRing(rank_)) > 0;
   for (int r = 1; r < mb_->ranks(); ++r)
-    if (mb_->readable(ShmMailbox::upRing(r)) > 0) return true;
+    if (!droppedPeers_[r].load(std::memory_order_acquire) &&
+        mb_->readable(ShmMailbox::upRing(r)) > 0)
+      return true;
   return false;
 }
 
@@ -164,6 +173,7 @@ void ShmLane::setPolling(bool on) {
 }
 
 void ShmLane::drop(int peer) {
+  if (peer >= 0 && peer < mb_->ranks()) droppedPeers_[peer].store(true, std::memory_order_release);
   for (auto& s : streams_)
     if (s.peer == peer) {
       s.dropped = true;

@@ -20,6 +20,7 @@
 // Control thread only (the one that runs the set's ControlPlane).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -95,6 +96,9 @@ class ShmLane {
   const int rank_;
   std::vector<Stream> streams_;
   std::vector<char> buf_;
+  // Per set rank: its streams were dropped (read by anyReadable, off the
+  // driving thread).
+  std::unique_ptr<std::atomic<bool>[]> droppedPeers_;
 };
 
 }  // namespace hora

@@ -324,6 +324,119 @@ TEST(ShmNegotiation, AWaitingCallerRunsSmallAllreducesItself) {
   }
 }
 
+// What a completion callback sees: whether it ran inside the submitting
+// call on its own thread (forbidden: hora.h), and how many ran.
+struct CallbackProbe {
+  std::atomic<bool> submitting{false};
+  std::thread::id submitter;
+  std::atomic<int> ran{0}, insideSubmit{0};
+};
+
+void probeCallback(void* user, hora_request_t, hora_status_t) {
+  auto* p = static_cast<CallbackProbe*>(user);
+  if (p->submitting.load() && std::this_thread::get_id() == p->submitter) p->insideSubmit++;
+  p->ran++;
+}
+
+// Rank 0 (the coordinator) submits last, so its own submission completes
+// the agreement: with HORA_CALLER_DRIVES it sends its request itself and
+// agrees there. Allreduces whose requests carry a callback must still not
+// run (nor complete) inside hora_allreduce_async: 4 B (reduced inside the
+// negotiation) and 64 KiB (the shared-memory data plane), results exact.
+TEST(ShmNegotiation, ASubmissionThatCompletesTheAgreementRunsNoCallbackInside) {
+  auto results = runProcesses(
+      2,
+      [](int rank) -> int {
+        hora_runtime_t rt;
+        CHILD_CHECK(hora_init(nullptr, &rt) == HORA_SUCCESS, "init: %s", hora_last_error_message());
+        CallbackProbe probe;
+        probe.submitter = std::this_thread::get_id();
+        int done = 0;
+        for (size_t elements : {size_t{1}, size_t{16384}}) {
+          for (int it = 0; it < 30; ++it, ++done) {
+            std::vector<float> buf(elements);
+            for (size_t i = 0; i < elements; ++i) buf[i] = static_cast<float>((rank + it + i) % 5);
+            // Rank 1's request is in the lane before rank 0 submits.
+            if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            std::vector<int64_t> shape = {static_cast<int64_t>(elements)};
+            DLTensor t = makeTensor(buf.data(), dlType(kDLFloat, 32), &shape);
+            hora_options_t o;
+            hora_options_init(&o);
+            const std::string name = "cb." + std::to_string(elements);
+            o.name = name.c_str();
+            o.callback = probeCallback;
+            o.callback_user = &probe;
+            hora_request_t req = nullptr;
+            probe.submitting = true;
+            const hora_status_t s = hora_allreduce_async(rt, &t, &t, &o, &req);
+            probe.submitting = false;
+            CHILD_CHECK(s == HORA_SUCCESS, "allreduce: %s", hora_last_error_message());
+            std::string msg;
+            CHILD_CHECK(waitAndFree(req, 60, &msg) == HORA_SUCCESS, "wait: %s", msg.c_str());
+            for (size_t i = 0; i < elements; ++i)
+              CHILD_CHECK(buf[i] == static_cast<float>((it + i) % 5 + (1 + it + i) % 5),
+                          "element %zu of %zu wrong", i, elements);
+          }
+        }
+        // hora_wait returns once the request is complete; its callback may
+        // still be finishing on another thread.
+        for (int i = 0; i < 1000 && probe.ran.load() < done; ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        CHILD_CHECK(probe.ran.load() == done, "%d of %d callbacks ran", probe.ran.load(), done);
+        CHILD_CHECK(probe.insideSubmit.load() == 0, "%d callbacks ran inside hora_allreduce_async",
+                    probe.insideSubmit.load());
+        CHILD_CHECK(hora_shutdown(rt) == HORA_SUCCESS, "shutdown: %s", hora_last_error_message());
+        return 0;
+      },
+      120);
+  for (const auto& r : results) EXPECT_EQ(r.exitCode, 0) << r.output;
+}
+
+// Two framework threads of each rank waiting on one set at once (each may
+// drive it while the other waits): every result exact, no wait lost (a
+// frame nobody reads would wait for a heartbeat, a second each).
+TEST(ShmNegotiation, TwoThreadsOfEachRankDriveOneSetTogether) {
+  const auto t0 = Clock::now();
+  auto results = runProcesses(
+      2,
+      [](int rank) -> int {
+        hora_runtime_t rt;
+        CHILD_CHECK(hora_init(nullptr, &rt) == HORA_SUCCESS, "init: %s", hora_last_error_message());
+        std::atomic<int> bad{0};
+        auto worker = [&](int thread) {
+          for (int it = 0; it < 300; ++it) {
+            const size_t n = it % 2 ? 16384 : 7;
+            std::vector<float> buf(n);
+            for (size_t i = 0; i < n; ++i)
+              buf[i] = static_cast<float>((rank + thread + it + i) % 9);
+            const std::string name = "t" + std::to_string(thread) + "." + std::to_string(n);
+            std::string msg;
+            if (allreduceF32(rt, buf, name.c_str(), &msg) != HORA_SUCCESS) {
+              std::fprintf(stderr, "thread %d iteration %d: %s\n", thread, it, msg.c_str());
+              bad++;
+              return;
+            }
+            for (size_t i = 0; i < n; ++i)
+              if (buf[i] != static_cast<float>((thread + it + i) % 9 + (1 + thread + it + i) % 9)) {
+                bad++;
+                return;
+              }
+          }
+        };
+        std::thread a(worker, 0), b(worker, 1);
+        a.join();
+        b.join();
+        CHILD_CHECK(bad.load() == 0, "%d threads failed", bad.load());
+        CHILD_CHECK(hora_shutdown(rt) == HORA_SUCCESS, "shutdown: %s", hora_last_error_message());
+        return 0;
+      },
+      120);
+  for (const auto& r : results) EXPECT_EQ(r.exitCode, 0) << r.output;
+  // 1200 allreduces of at most 64 KiB: well under a second when every
+  // frame is read at once; a lost one costs up to a heartbeat.
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 30);
+}
+
 TEST(ShmNegotiation, ZeroHandsEverySmallAllreduceToTheExecutor) {
   // Off, and on but with the small ones below HORA_SHM_MIN_BYTES (they go
   // to Gloo, whose waits cannot tell the peers this rank is alive).

@@ -764,7 +764,11 @@ HORA_API hora_status_t hora_wait(hora_request_t r, double timeout_s) {
       auto finished = [&] { return r->state->finished.load(std::memory_order_acquire); };
       // Doing the set's control work meanwhile (HORA_CALLER_DRIVES).
       if (auto set = r->state->driveSet.lock())
-        set->driveWhile(finished);
+        set->driveWhile(
+            finished, timeout_s < 0 || timeout_s > 1e9
+                          ? hora::Clock::time_point::max()
+                          : hora::Clock::now() + std::chrono::duration_cast<hora::Clock::duration>(
+                                                     std::chrono::duration<double>(timeout_s)));
       else
         hora::spinUntil(r->state->waitSpin, finished);
     }

@@ -147,8 +147,8 @@ class ProcessSet {
   // How a thread in hora_wait polls this set's requests before it sleeps.
   const SpinPolicy& spin() const { return spin_; }
   // A framework thread waiting for `done`: SetController::driveWhile.
-  bool driveWhile(const std::function<bool()>& done) {
-    return controller_->driveWhile(spin_, done);
+  bool driveWhile(const std::function<bool()>& done, Clock::time_point deadline) {
+    return controller_->driveWhile(spin_, done, deadline);
   }
   bool callerDrives() const { return opts_.callerDrives; }
   const Telemetry& telemetry() const { return *telemetry_; }

@@ -6,10 +6,15 @@
  * DLPack DLTensors, so no framework headers or C++ types cross this boundary.
  *
  * Threads: any thread may call any function once a runtime exists. Collective
- * calls only enqueue work and return a request handle; hora's background
- * threads negotiate and run it. Completion callbacks run on a hora thread:
- * they must be short and must not call hora_wait or any other blocking hora
- * function.
+ * calls enqueue work and return a request handle; hora's background threads
+ * negotiate and run it. When every rank of a process set is on one host
+ * (HORA_CALLER_DRIVES, on by default), the calling thread does some of that
+ * work itself while no hora thread does: a collective call sends its request
+ * and may run a small allreduce it completed the agreement of (never one
+ * whose completion runs a callback), and hora_wait may run any small
+ * allreduce of the set while it waits. Completion callbacks run on a hora
+ * thread or inside hora_wait: they must be short and must not call hora_wait
+ * or any other blocking hora function.
  *
  * Errors: every function returns a hora_status_t (0 = success). On failure a
  * one-line message naming what failed, where (rank, tensor, op) and what to
@@ -160,7 +165,9 @@ HORA_API hora_status_t hora_process_set_rank(hora_process_set_t set, int32_t* ou
 HORA_API hora_status_t hora_process_set_size(hora_process_set_t set, int32_t* out);
 
 /* ---- collective options ---- */
-/* Called on a hora thread when a request completes (success or failure). */
+/* Called on a hora thread, or inside a hora_wait of the same process set,
+ * when a request completes (success or failure); never inside the call that
+ * submitted it. */
 typedef void (*hora_callback_t)(void* user, hora_request_t request, hora_status_t status);
 /* Allocates output memory for results whose size is known only after
  * negotiation (allgather, alltoall, reducescatter). Fill *data with a
