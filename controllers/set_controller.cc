@@ -184,10 +184,10 @@ void SetController::drainInbox() {
     const bool cacheableKind = r.kind == CollectiveKind::kAllreduce ||
                                r.kind == CollectiveKind::kBroadcast ||
                                r.kind == CollectiveKind::kReducescatter;
-    const int32_t bit = cacheableKind ? cache_.lookup(r.name, r.signature()) : -1;
+    const uint64_t sig = cacheableKind ? r.signature() : 0;
+    const int32_t bit = cacheableKind ? cache_.lookup(r.name, sig) : -1;
     if (opts_.telemetry) opts_.telemetry->sent(*e, bit >= 0);
     if (bit >= 0) {
-      const uint64_t sig = r.signature();
       Request& kept = sentAsHits_[sig] = r;  // resent in full after a nack
       if (!withData) kept.payload.clear();
       list.hits.push_back(CacheHit{static_cast<uint32_t>(bit), sig, kept.payload});
