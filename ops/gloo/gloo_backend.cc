@@ -475,7 +475,7 @@ void GlooBackend::ringReduceScatter(uint8_t* data, const std::vector<size_t>& co
       tmpBuf->recv(prev, slot, (j % 2) * segBytes, segLen(recvBytes, j));
     }
     for (size_t j = 0; j < recvSegs; ++j) {
-      tmpBuf->waitRecv(remaining());
+      checkWait(tmpBuf->waitRecv(remaining()), "reducescatter receive");
       const size_t len = segLen(recvBytes, j);
       reduceInto(dtype, op, data + offsets[recvChunk] + j * segBytes,
                  scratch.data() + (j % 2) * segBytes, len / elementSize);
@@ -483,7 +483,8 @@ void GlooBackend::ringReduceScatter(uint8_t* data, const std::vector<size_t>& co
         tmpBuf->recv(prev, slot, (j % 2) * segBytes, segLen(recvBytes, j + 2));
       }
     }
-    for (size_t j = 0; j < sendSegs; ++j) dataBuf->waitSend(remaining());
+    for (size_t j = 0; j < sendSegs; ++j)
+      checkWait(dataBuf->waitSend(remaining()), "reducescatter send");
   }
 }
 

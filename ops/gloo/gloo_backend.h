@@ -120,6 +120,9 @@ class GlooBackend : public Backend {
   // Closes every pair, waking any thread blocked in a Gloo wait. Idempotent.
   void closePairs(const std::string& reason) noexcept;
   uint32_t nextTag() { return ++tag_; }
+  // A Gloo wait that returned false (aborted through abortWait*, which
+  // nothing in hora calls) fails the transfer instead of trusting the data.
+  static void checkWait(bool completed, const char* what);
   void ringReduceScatter(uint8_t* data, const std::vector<size_t>& counts, DataType dtype,
                          ReduceOp op, uint32_t tag);
   // The ring behind allreduceGather (gloo_ring.cc); size_ > 1, count > 0.

@@ -71,13 +71,11 @@ constexpr size_t kDepth = 4;
 
 size_t roundUp(size_t v, size_t m) { return (v + m - 1) / m * m; }
 
-void checkWait(bool completed, const char* what) {
-  // false only when a wait was aborted through abortWait*, which nothing in
-  // hora calls; treat it as a failed transfer rather than trusting the data.
-  if (!completed) throw gloo::IoException(std::string("ring allreduce: ") + what + " aborted");
-}
-
 }  // namespace
+
+void GlooBackend::checkWait(bool completed, const char* what) {
+  if (!completed) throw gloo::IoException(std::string("ring: ") + what + " aborted");
+}
 
 void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, ReduceOp op,
                                 uint32_t tag, const PackFn& pack, const UnpackFn& unpack) {
@@ -141,7 +139,7 @@ void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, Red
   };
   auto drainSends = [&](size_t keep) {
     for (; sendsPosted - sendsDone > keep; ++sendsDone) {
-      checkWait(dataBuf->waitSend(timeout_), "send");
+      checkWait(dataBuf->waitSend(timeout_), "allreduce send");
     }
     flushUnpacks();
   };
@@ -154,7 +152,7 @@ void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, Red
     if (i >= kDepth) {
       const Segment done = rsRecv(i - kDepth);
       if (done.bytes > 0) {
-        checkWait(tmpBuf->waitRecv(timeout_), "receive");
+        checkWait(tmpBuf->waitRecv(timeout_), "allreduce receive");
         reduce(data + done.offset, data + done.offset, scratch + ((i - kDepth) % kDepth) * segBytes,
                done.bytes / es);
       }
@@ -185,7 +183,7 @@ void GlooBackend::ringAllreduce(uint8_t* data, size_t count, DataType dtype, Red
     if (i >= kDepth) {
       const size_t j = i - kDepth;
       const Segment done = segment((r + 1) * spr + j);
-      if (done.bytes > 0) checkWait(dataBuf->waitRecv(timeout_), "receive");
+      if (done.bytes > 0) checkWait(dataBuf->waitRecv(timeout_), "allreduce receive");
       if (j >= forwarded) deferUnpack(done);  // no send reads it: ready now
     }
     if (i < iterations) {
