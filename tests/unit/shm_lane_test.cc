@@ -239,15 +239,15 @@ class LaneSet {
     auto done = std::make_shared<std::promise<void>>();
     auto fut = done->get_future();
     ControlPlane* cp = cps_[r].get();
-    boost::asio::post(cp->io(), [cp, fn, done] {
+    cp->post([cp, fn, done] {
       fn(*cp);
       done->set_value();
     });
     return fut.wait_for(kDeadline) == std::future_status::ready;
   }
-  bool waitFrames(int r, size_t n) {
+  bool waitFrames(int r, size_t n, std::chrono::milliseconds within = kDeadline) {
     std::unique_lock<std::mutex> lk(seen_[r].mu);
-    return seen_[r].cv.wait_for(lk, kDeadline, [&] { return seen_[r].frames.size() >= n; });
+    return seen_[r].cv.wait_for(lk, within, [&] { return seen_[r].frames.size() >= n; });
   }
   bool waitLoss(int r) {
     std::unique_lock<std::mutex> lk(seen_[r].mu);
@@ -316,6 +316,36 @@ TEST_P(LaneSizes, AWorkerLostRightAfterItsLastRequestsIsReportedAfterThem) {
   auto got = set.frames(0);
   ASSERT_EQ(got.size(), 5u) << "every request sent before the loss arrives first";
   EXPECT_EQ(got[4].second, "last words 4");
+}
+
+// A framework thread driving the worker's set (HORA_CALLER_DRIVES) counts as
+// polling its lane, so the coordinator does not ring for what it writes. If
+// that thread stops driving while another thread holds the drive lock (one
+// that already made its last look at the lane), the frame is nobody's but
+// the control thread's, asleep: endDriving must wake it. Without that the
+// frame waited for the next heartbeat (10 s here).
+TEST(ShmLaneDriveTest, AFrameForADriverThatLeavesWhileTheLockIsHeldIsStillRead) {
+  LaneSet set(2, [](int, ControlPlaneOptions& o) {
+    o.spin.window = 0us;  // control threads sleep as soon as they are idle
+    o.heartbeatInterval = 10s;
+  });
+  ControlPlane& worker = set.cp(1);
+  std::this_thread::sleep_for(20ms);  // the worker's control thread asleep
+  worker.beginDriving();
+  std::promise<void> held, release;
+  std::thread other([&] {
+    worker.driveLock().lock();
+    held.set_value();
+    release.get_future().wait();
+    worker.driveLock().unlock();
+  });
+  held.get_future().wait();
+  ASSERT_TRUE(set.onControl(
+      0, [](ControlPlane& cp) { cp.send(1, FrameType::kResponses, "for the driver"); }));
+  worker.endDriving();
+  release.set_value();
+  other.join();
+  EXPECT_TRUE(set.waitFrames(1, 1, 2000ms)) << "the frame was left unread";
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, LaneSizes, ::testing::Values(2, 3, 4),
