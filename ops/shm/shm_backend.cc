@@ -299,7 +299,7 @@ bool ShmBackend::prepackAllreduce(uint64_t token, size_t count, DataType dtype, 
 
 Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
                                 const UnpackFn& unpack, const CombineFn& combine,
-                                const Prepacked& ahead, const std::string& what) {
+                                const Prepacked& ahead, const std::string& what, uint8_t* staging) {
   const size_t es = dataTypeSize(dtype);
   const ReduceFn reduce = reduceFunction(dtype, op);
   ShmSegment& own = *segs_[rank_];
@@ -327,9 +327,12 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
     }
     if (small) {
       // 2'. Small chunk: every rank reduces all of it, in rank order (so every
-      // rank computes the same bits), into private scratch; the first step
-      // reads two slots (no copy of slot 0 first: one pass less).
-      uint8_t* acc = scratch_.data();
+      // rank computes the same bits), into the caller's staging (for one
+      // tensor its output: unpack then has nothing to copy) or else private
+      // scratch; the first step reads two slots (no copy of slot 0 first:
+      // one pass less). The chunk's input is in this rank's slot already, so
+      // writing over it (an in-place allreduce) loses nothing.
+      uint8_t* acc = staging ? staging + base * es : scratch_.data();
       reduce(acc, segs_[0]->slot(c), segs_[1]->slot(c), len);
       for (int j = 2; j < size_; ++j) reduce(acc, acc, segs_[j]->slot(c), len);
       unpack(base, base + len, acc);
@@ -375,7 +378,8 @@ Status ShmBackend::allreduceGatherCombine(void* staging, size_t count, DataType 
     return delegate(
         what, [&] { return fallback_->allreduceGather(staging, count, dtype, op, pack, unpack); });
   }
-  Status s = shmAllreduce(count, dtype, op, pack, unpack, combine, ahead, what);
+  Status s = shmAllreduce(count, dtype, op, pack, unpack, combine, ahead, what,
+                          static_cast<uint8_t*>(staging));
   return s.isOk() ? s : fail(s);
 }
 

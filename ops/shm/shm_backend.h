@@ -195,9 +195,11 @@ class ShmBackend : public Backend {
   // The shared-memory allreduce; size_ > 1, count > 0, op supported.
   // `combine` may be empty (every element packed). `ahead`: what was packed
   // ahead for it (used when it is this very chunk and layout).
+  // `staging`: the caller's (Backend::allreduceGather), where small chunks
+  // are reduced when given; null: private scratch.
   Status shmAllreduce(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
                       const UnpackFn& unpack, const CombineFn& combine, const Prepacked& ahead,
-                      const std::string& what);
+                      const std::string& what, uint8_t* staging = nullptr);
   // allreduceCross's pipeline; same preconditions.
   Status shmAllreduceCross(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
                            const UnpackFn& unpack, const std::string& what, const CrossStage& cross,
