@@ -139,18 +139,19 @@ class ControlPlane {
   // now (holds the drive lock).
   bool drivenHere() const { return drive_.heldHere(); }
 
-  // A framework thread doing the control thread's work while it waits for
-  // one of the set's collectives (only with the lane up; see drive_lock.h).
-  // beginDriving() counts it among the lane's pollers (peers then need not
-  // ring it), driveOnce() does one round if no other thread is driving
-  // (true if anything moved), endDriving() undoes beginDriving and hands
-  // what arrived meanwhile to the control thread. Thread-safe.
-  // Runs `fn` (on the calling thread) between two rounds of the lane under
-  // the drive lock, when the lane is up and no thread drives the set now
-  // (nor this one, in a handler); false, running nothing, otherwise.
-  // Meanwhile this thread counts among the lane's pollers.
-  // `*whileDriving`, if given, is true from the lock's taking to its release.
+  // A framework thread submitting work (only with the lane up; see
+  // drive_lock.h): runs `fn` on the calling thread between two rounds of
+  // the lane under the drive lock, counted among the lane's pollers, when
+  // no thread drives the set now (nor this one, in a handler); false,
+  // running nothing, otherwise. `*whileDriving`, if given, is true from the
+  // lock's taking to its release. Thread-safe.
   bool tryDrive(const std::function<void()>& fn, bool* whileDriving = nullptr);
+  // A framework thread doing the control thread's work while it waits for
+  // one of the set's collectives: beginDriving() counts it among the lane's
+  // pollers (peers then need not ring it), driveOnce() does one round if no
+  // other thread is driving (true if anything moved), endDriving() undoes
+  // beginDriving and hands what arrived meanwhile to the control thread.
+  // Thread-safe.
   void beginDriving();
   bool driveOnce();
   void endDriving();

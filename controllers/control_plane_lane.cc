@@ -146,7 +146,7 @@ void ControlPlane::runWithLane() {
       continue;
     }
     lane_->setPolling(false);
-    if (lane_->anyReadable()) {
+    if (lane_->hasInput()) {
       lane_->setPolling(true);
       continue;
     }
@@ -179,7 +179,7 @@ struct PollingScope {
 void ControlPlane::leaveLane() {
   // Bytes written while this thread still counted as a poller: nobody rang
   // for them; what comes after this look is rung.
-  if (lane_->anyReadable()) pollLane();
+  if (lane_->hasInput()) pollLane();
   runSoonQueued();
   if (lane_->hasPending()) post([] {});
 }
@@ -244,7 +244,7 @@ void ControlPlane::endDriving() {
   // Another thread holds the lock and may have made its own last look
   // already (a second framework thread leaving): the control thread reads
   // what this one was counted for.
-  if (lane_->anyReadable()) post([] {});
+  if (lane_->hasInput()) post([] {});
 }
 
 }  // namespace hora

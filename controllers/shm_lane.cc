@@ -114,10 +114,10 @@ bool ShmLane::poll(const Handlers& h) {
   return moved;
 }
 
-bool ShmLane::anyReadable() const {
-  // The mailbox's words and the dropped flags only: safe off the thread
-  // that drives the lane.
-  // A dropped peer's ring is never read again: its bytes do not count.
+bool ShmLane::hasInput() const {
+  // The mailbox's words and the dropped flags only, not the streams: safe
+  // off the thread that drives the lane. A dropped peer's ring is never
+  // read again: its bytes do not count.
   if (rank_ != 0)
     return !droppedPeers_[0].load(std::memory_order_acquire) &&
            mb_->readable(ShmMailbox::downRing(rank_)) > 0;
@@ -125,12 +125,6 @@ bool ShmLane::anyReadable() const {
     if (!droppedPeers_[r].load(std::memory_order_acquire) &&
         mb_->readable(ShmMailbox::upRing(r)) > 0)
       return true;
-  return false;
-}
-
-bool ShmLane::hasInput() const {
-  for (const auto& s : streams_)
-    if (!s.dropped && mb_->readable(s.inRing) > 0) return true;
   return false;
 }
 

@@ -56,7 +56,8 @@ class ShmLane {
     std::function<void(int peer)> ring;
   };
   bool poll(const Handlers& h);
-  // Whether some ring holds bytes to read, or frames wait to be written.
+  // Whether some ring from a live peer holds bytes to read (any thread),
+  // or frames wait to be written (the driving thread).
   bool hasInput() const;
   bool hasPending() const;
   bool hasPendingFor(int peer) const;
@@ -64,9 +65,6 @@ class ShmLane {
   // (its control thread, and a framework thread driving it): each `true`
   // is undone by one `false`.
   void setPolling(bool on);
-  // Whether some ring this rank reads holds bytes; any thread (hasInput
-  // reads the streams, which belong to the thread driving the lane).
-  bool anyReadable() const;
   // Refreshes this rank's liveness time (the control thread, while it runs
   // a collective itself instead of its event loop), and reads a peer's
   // (steady clock; the epoch when it never did).
@@ -96,7 +94,7 @@ class ShmLane {
   const int rank_;
   std::vector<Stream> streams_;
   std::vector<char> buf_;
-  // Per set rank: its streams were dropped (read by anyReadable, off the
+  // Per set rank: its streams were dropped (read by hasInput, off the
   // driving thread).
   std::unique_ptr<std::atomic<bool>[]> droppedPeers_;
 };
