@@ -46,6 +46,11 @@ class RequestSink {
   // owned by the request (host memory, or `deviceMemory` for a GPU input).
   virtual Result<void*> allocateOutput(const std::vector<int64_t>& shape, DataType dtype,
                                        const Device& device, DeviceMemory* deviceMemory) = 0;
+  // Executor thread, right after allocateOutput gave GPU memory from the
+  // caller's allocator: the event (options.alloc_event) the allocator recorded
+  // on the stream that memory belongs to, which hora's stream must wait for
+  // before writing it; nullptr when there is none.
+  virtual void* allocatedOutputEvent() const { return nullptr; }
   // Executor thread, before completion: rows received from each rank (alltoall).
   virtual void setReceivedSplits(std::vector<int64_t> rows) = 0;
   // Control or executor thread, before completion: the last rank to join.

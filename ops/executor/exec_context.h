@@ -12,6 +12,7 @@
 #include "core/backend.h"
 #include "core/logging.h"
 #include "core/set_health.h"
+#include "core/spin_wait.h"
 #include "core/status.h"
 #include "core/telemetry.h"
 
@@ -35,6 +36,9 @@ struct ExecContext {
   // context and stream creation, comm_init), so they do not inherit the one
   // CPU.
   std::vector<int> processCpus;
+  // The set's HORA_SPIN_US policy: whether waits poll before they sleep
+  // (window 0: never), and whether each poll gives the core away.
+  SpinPolicy spin;
 
   int size() const { return static_cast<int>(globalRanks.size()); }
   int globalRank(int setRank) const { return globalRanks[setRank]; }

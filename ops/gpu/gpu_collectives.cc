@@ -153,7 +153,7 @@ Status GpuPath::output(TensorEntry* e, const std::vector<int64_t>& shape, size_t
                        bool viaComm, const std::string& what, char** out, Status* outputLost) {
   *out = nullptr;
   if (e) {
-    auto o = e->sink->allocateOutput(shape, e->request.dtype, e->request.device, this);
+    auto o = allocateOutput(e, shape, e->request.dtype, what);
     if (o.isOk()) {
       *out = static_cast<char*>(o.value());
       return Status::ok();
@@ -298,7 +298,7 @@ Status GpuPath::reducescatter(const Response& r, TensorEntry* e, Status* outputL
 
   std::vector<int64_t> outShape = r.shape;
   if (!outShape.empty()) outShape[0] = c.rows;
-  auto o = e->sink->allocateOutput(outShape, dt, e->request.device, this);
+  auto o = allocateOutput(e, outShape, dt, what);
   if (!o.isOk()) {
     *outputLost = o.status().withContext(what);
     return wait(what);

@@ -3,6 +3,9 @@
 // and library-owned device memory. The collectives are in gpu_collectives.cc.
 #include "ops/gpu/gpu_path.h"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +14,7 @@
 #include <vector>
 
 #include "core/cpu_affinity.h"
+#include "core/cpu_relax.h"
 #include "core/host_buffer.h"
 #include "core/host_identity.h"
 
@@ -94,6 +98,17 @@ Status GpuPath::afterReady(TensorEntry* e, const std::string& what) {
   if (!e || !e->readyEvent) return Status::ok();
   HORA_GPU_CALL(*plugin(), api_, what, stream_wait_external_event, stream_, e->readyEvent);
   return Status::ok();
+}
+
+Result<void*> GpuPath::allocateOutput(TensorEntry* e, const std::vector<int64_t>& shape,
+                                      DataType dtype, const std::string& what) {
+  auto o = e->sink->allocateOutput(shape, dtype, e->request.device, this);
+  if (!o.isOk()) return o;
+  // A caching allocator may give a block whose last use on the caller's
+  // stream is still queued; the ready event was recorded before that use.
+  if (void* ev = e->sink->allocatedOutputEvent())
+    HORA_GPU_CALL(*plugin(), api_, what, stream_wait_external_event, stream_, ev);
+  return o;
 }
 
 Status GpuPath::comm(const std::string& what) {
@@ -232,12 +247,30 @@ Status GpuPath::wait(const std::string& what) {
   // hora threads are alive but whose GPU work never arrives (its stream stuck
   // behind a kernel that does not end, a hung driver) would otherwise hold
   // this rank forever without any heartbeat going missing.
-  const auto deadline = Clock::now() + ctx_.peerTimeout;
-  auto pause = std::chrono::microseconds(0);
-  for (;;) {
+  const auto start = Clock::now();
+  const auto deadline = start + ctx_.peerTimeout;
+  // How soon the end of the GPU work is seen is latency every GPU collective
+  // pays: one sleep costs ~50 us of timer slack, more than a small NCCL call
+  // takes. So the event is polled without sleeping for the first kGpuSpin
+  // (unless HORA_SPIN_US is 0; yielding the core on a host with more hora
+  // threads than CPUs), which covers one host's collectives up to hundreds of
+  // MiB; then it sleeps, each pause a 64th of the time waited so far (at most
+  // 200 us), so that a long collective is seen within ~2% of its length.
+  constexpr auto kGpuSpin = std::chrono::milliseconds(1);
+  const auto spinUntil = ctx_.spin.enabled() ? start + kGpuSpin : start;
+  for (uint32_t i = 0;; ++i) {
     int done = 0;
     HORA_GPU_CALL(*plugin(), api_, what, event_query, done_, &done);
     if (done) return Status::ok();
+    const auto now = Clock::now();
+    const bool spinning = now < spinUntil;
+    if (spinning && (i & 63) != 0) {  // the checks below every 64 polls
+      if (ctx_.spin.yield)
+        ::sched_yield();
+      else
+        cpuRelax();
+      continue;
+    }
     if (comm_) {
       int failed = 0;
       const int rc = api_->comm_async_error(comm_, &failed);
@@ -257,7 +290,7 @@ Status GpuPath::wait(const std::string& what) {
         return why.withContext(what);
       }
     }
-    if (Clock::now() >= deadline) {
+    if (now >= deadline) {
       if (comm_) api_->comm_abort(comm_);
       char secs[32];
       std::snprintf(secs, sizeof(secs), "%g", Seconds(ctx_.peerTimeout).count());
@@ -271,15 +304,10 @@ Status GpuPath::wait(const std::string& what) {
                         ". Raise HORA_PEER_TIMEOUT_S if one collective legitimately takes "
                         "this long");
     }
-    // Short operations finish within a few yields; long ones are polled
-    // every 200 us at most, off the framework thread.
-    if (pause.count() == 0) {
-      std::this_thread::yield();
-      pause = std::chrono::microseconds(1);
-    } else {
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(200));
-    }
+    if (spinning) continue;
+    const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(now - start);
+    std::this_thread::sleep_for(
+        std::clamp(waited / 64, std::chrono::microseconds(1), std::chrono::microseconds(200)));
   }
 }
 

@@ -85,8 +85,12 @@ class GpuPath : public CollectivePath, public DeviceMemory {
   // "" when every rank has its own physical GPU, else which ranks share one.
   Status sharingVerdict(const std::string& what, std::string* verdict);
   Status afterReady(TensorEntry* e, const std::string& what);  // orders after ready_event
-  Status fusion(size_t bytes, const std::string& what);        // device fusion buffer
-  Status pinned(size_t bytes, const std::string& what);        // pinned host staging
+  // The output of `e` from its sink, with hora's stream ordered after the
+  // caller's allocator event (options.alloc_event) before anything writes it.
+  Result<void*> allocateOutput(TensorEntry* e, const std::vector<int64_t>& shape, DataType dtype,
+                               const std::string& what);
+  Status fusion(size_t bytes, const std::string& what);  // device fusion buffer
+  Status pinned(size_t bytes, const std::string& what);  // pinned host staging
   Status wait(const std::string& what);
 
   // Collective helpers (gpu_collectives.cc).

@@ -46,6 +46,56 @@ TEST(Abi, CallsWithoutARuntime) {
   EXPECT_EQ(ma, HORA_VERSION_MAJOR);
 }
 
+// A program built against an older header has a smaller struct: the
+// initializers write only the size they are told (the macros pass sizeof),
+// and the unsized entry points of earlier headers only the 0.5.0 layout.
+TEST(Abi, InitializersNeverWritePastTheCallersStruct) {
+  constexpr unsigned char kCanary = 0xa5;
+  struct Buf {
+    unsigned char bytes[sizeof(hora_options_t) + sizeof(hora_config_t) + 64];
+  };
+  auto untouchedFrom = [&](const Buf& b, size_t from) {
+    for (size_t i = from; i < sizeof(b.bytes); ++i)
+      if (b.bytes[i] != kCanary) return false;
+    return true;
+  };
+  const size_t optionsV050 = offsetof(hora_options_t, ready_event) + sizeof(void*);
+  for (size_t size : {optionsV050, sizeof(hora_options_t), size_t{12}}) {
+    alignas(hora_options_t) Buf b;
+    std::memset(b.bytes, kCanary, sizeof(b.bytes));
+    auto* o = reinterpret_cast<hora_options_t*>(b.bytes);
+    hora_options_init_sized(o, size);
+    EXPECT_TRUE(untouchedFrom(b, size)) << "options, size " << size;
+    EXPECT_EQ(o->struct_size, size);
+    if (size >= offsetof(hora_options_t, postscale) + sizeof(double)) {
+      EXPECT_EQ(o->postscale, 1.0);
+    }
+  }
+  {
+    alignas(hora_options_t) Buf b;
+    std::memset(b.bytes, kCanary, sizeof(b.bytes));
+    auto* o = reinterpret_cast<hora_options_t*>(b.bytes);
+    (hora_options_init)(o);  // the unsized entry point an older program calls
+    EXPECT_TRUE(untouchedFrom(b, optionsV050));
+    EXPECT_EQ(o->struct_size, optionsV050);
+    EXPECT_EQ(o->op, HORA_OP_SUM);
+  }
+  {
+    alignas(hora_config_t) Buf b;
+    std::memset(b.bytes, kCanary, sizeof(b.bytes));
+    auto* c = reinterpret_cast<hora_config_t*>(b.bytes);
+    hora_config_init_sized(c, offsetof(hora_config_t, cache_capacity));
+    EXPECT_TRUE(untouchedFrom(b, offsetof(hora_config_t, cache_capacity)));
+    EXPECT_EQ(c->rank, -1);
+    (hora_config_init)(c);
+    EXPECT_EQ(c->struct_size, offsetof(hora_config_t, elastic_newcomer) + sizeof(int32_t));
+  }
+  hora_options_t full;
+  hora_options_init(&full);  // the macro: the whole struct, alloc_event included
+  EXPECT_EQ(full.struct_size, sizeof(hora_options_t));
+  EXPECT_EQ(full.alloc_event, nullptr);
+}
+
 // Finite but huge times and capacities are refused naming the value, never
 // wrapped or overflowed into a duration (issue 14).
 // A struct_size that ends inside a pointer field took part of the caller's

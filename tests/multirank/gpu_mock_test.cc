@@ -40,6 +40,22 @@ long mockCalls(const char* fn) {
   return f ? f(fn) : -1;  // stays loaded, like libhora's handle
 }
 
+template <typename Fn>
+Fn mockHook(const char* name) {
+  void* h = ::dlopen(HORA_GPU_MOCK_PATH, RTLD_NOW | RTLD_LOCAL);
+  return h ? reinterpret_cast<Fn>(::dlsym(h, name)) : nullptr;
+}
+// The mock's call order: how many plugin calls so far, and where the last
+// wait on an external event came.
+long mockSeq() {
+  auto f = mockHook<long (*)()>("hora_gpu_mock_seq");
+  return f ? f() : -1;
+}
+long mockEventWaitSeq(const void* ev) {
+  auto f = mockHook<long (*)(const void*)>("hora_gpu_mock_event_wait_seq");
+  return f ? f(ev) : -1;
+}
+
 class GpuMock : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -373,10 +389,12 @@ struct Allocs {
   int rank = 0;
   std::vector<std::vector<char>> blocks;
   size_t lastBytes = 0;
+  long seqAtAlloc = 0;  // the mock's call count when the callback ran
 };
 int testAlloc(void* user, int32_t, const int64_t*, DLDataType, size_t nbytes, void** data) {
   auto* a = static_cast<Allocs*>(user);
   a->lastBytes = nbytes;
+  a->seqAtAlloc = mockSeq();
   if (a->rank == a->failOnRank) return 42;
   a->blocks.emplace_back(std::max<size_t>(nbytes, 1));
   *data = a->blocks.back().data();
@@ -461,6 +479,83 @@ TEST_F(GpuMock, AllocatorFailureFailsOnlyThatRankRequestAndTheSetGoesOn) {
       ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
       EXPECT_EQ(f[0], 3.0f);
     });
+  }
+}
+
+// options.alloc_event: a caching allocator's block may still be read by
+// kernels queued on the caller's stream, so hora's stream waits for the event
+// the allocator recorded before anything writes the output. At one rank the
+// wait is the plugin call right after the allocation; at three (ranks are
+// threads sharing the mock's counters) it comes after it. Without an
+// allocator the event is ignored.
+TEST_F(GpuMock, OutputFromTheCallersAllocatorIsWrittenOnlyAfterItsEvent) {
+  for (const char* backend : {"auto", "gloo"}) {
+    for (int size : {1, 3}) {
+      SCOPED_TRACE(std::string(backend) + ", " + std::to_string(size) + " ranks");
+      ::setenv("HORA_GPU_BACKEND", backend, 1);
+      const bool comm = std::string(backend) == "auto";
+      ::setenv("HORA_GPU_MOCK_DEVICES", comm ? std::to_string(size).c_str() : "1", 1);
+      runThreads(size, [comm, size](int rank, hora_runtime_t rt) {
+        const int dev = comm ? rank : 0;
+        std::vector<int64_t> shape = {6, 2};
+        std::vector<int32_t> v(12);
+        for (int i = 0; i < 12; ++i) v[i] = rank * 100 + i;
+        DLTensor t = cudaTensor(v.data(), dlType(kDLInt, 32), &shape, dev);
+        const char* kinds[] = {"allgather", "alltoall", "reducescatter"};
+        for (const char* kind : kinds) {
+          SCOPED_TRACE(kind);
+          Allocs a;
+          a.rank = rank;
+          int event = 0;  // stands for the allocator's cudaEvent_t
+          hora_options_t o;
+          hora_options_init(&o);
+          std::string name = std::string("alloc.event.") + kind;
+          o.name = name.c_str();
+          o.op = HORA_OP_SUM;
+          o.alloc = testAlloc;
+          o.alloc_user = &a;
+          o.alloc_event = &event;
+          hora_request_t req;
+          hora_status_t rc;
+          if (kind == kinds[0])
+            rc = hora_allgather_async(rt, &t, &o, &req);
+          else if (kind == kinds[1])
+            rc = hora_alltoall_async(rt, &t, nullptr, 0, &o, &req);
+          else
+            rc = hora_reducescatter_async(rt, &t, &o, &req);
+          ASSERT_EQ(rc, HORA_SUCCESS) << hora_last_error_message();
+          ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+          ASSERT_FALSE(a.blocks.empty());
+          const long waited = mockEventWaitSeq(&event);
+          if (size == 1)
+            EXPECT_EQ(waited, a.seqAtAlloc + 1) << "the wait must follow the allocation at once";
+          else
+            EXPECT_GT(waited, a.seqAtAlloc) << "the wait must follow the allocation";
+          const int32_t* r = reinterpret_cast<const int32_t*>(a.blocks.back().data());
+          if (kind == kinds[0]) {
+            EXPECT_EQ(r[12 * (size - 1)], (size - 1) * 100);  // the last rank's first element
+          } else if (kind == kinds[1]) {
+            const int rows = 6 / size;  // from each rank: its rows [rank*rows, ...)
+            EXPECT_EQ(r[0], rank * rows * 2);
+          } else {
+            const int rows = 6 / size;
+            EXPECT_EQ(r[0], 100 * (size * (size - 1) / 2) + size * rank * rows * 2);
+          }
+        }
+        if (size != 1) return;
+        // No allocator: the library's own output ignores alloc_event.
+        int event = 0;
+        hora_options_t o;
+        hora_options_init(&o);
+        o.name = "library.owned";
+        o.alloc_event = &event;
+        const long waits = mockCalls("stream_wait_external_event");
+        hora_request_t req;
+        ASSERT_EQ(hora_allgather_async(rt, &t, &o, &req), HORA_SUCCESS);
+        ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+        EXPECT_EQ(mockCalls("stream_wait_external_event"), waits);
+      });
+    }
   }
 }
 

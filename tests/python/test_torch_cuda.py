@@ -153,6 +153,64 @@ def _b_p2p_staged(rank, size):
     return "ok"
 
 
+_SLEEP_CYCLES_PER_S = []
+
+
+def _gpu_sleep(seconds):
+    """Keeps the current stream busy for about `seconds`: torch.cuda._sleep
+    spins for a number of GPU clock cycles, whose rate is measured once."""
+    if not _SLEEP_CYCLES_PER_S:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        cycles = 50_000_000
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        _SLEEP_CYCLES_PER_S.append(cycles / (start.elapsed_time(end) / 1000.0))
+    torch.cuda._sleep(int(seconds * _SLEEP_CYCLES_PER_S[0]))
+
+
+def _b_reused_output_block(rank, size):
+    """An output block the caller freed on its stream while kernels queued
+    there still read it. torch's caching allocator hands such a block to the
+    next allocation on that stream at once (later work on the stream is
+    ordered after the reads); hora writes it on its own stream, so it must
+    wait for the event recorded after the allocation (options.alloc_event).
+
+    Stream S: [sleep 0.2 s] (A's ready event) [sleep 0.6 s] [keep <- x]; x is
+    freed right after. Allreduce A, whose input is produced after the first
+    sleep, holds the executor until about 0.2 s; allgather B, submitted
+    next, gets its output only then, and with x's block. Without the wait,
+    B's result lands in x's block at about 0.2 s, before the queued copy read
+    x at 0.8 s, and `keep` holds B's data instead of 7s."""
+    dev = _dev()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # no other free block of x's size to pick instead
+    n = 262147  # elements per rank, an odd size no other test leaves behind
+    g = torch.full((n,), float(rank + 1), device=dev)
+    x = torch.full((size * n,), 7.0, device=dev)  # exactly the allgather's output size
+    keep = torch.zeros_like(x)
+    x_ptr = x.data_ptr()
+    y = torch.ones(16, device=dev)
+    torch.cuda.synchronize()
+    _gpu_sleep(0.2)
+    ha = hvd.allreduce_async(y * 2, op=hvd.Sum, name="cuda.reuse.a")
+    hb = hvd.allgather_async(g, name="cuda.reuse.b")
+    _gpu_sleep(0.6)
+    keep.copy_(x)
+    del x
+    out = hvd.synchronize(hb)
+    assert torch.equal(hvd.synchronize(ha).cpu(), torch.full((16,), 2.0 * size))
+    torch.cuda.synchronize()
+    assert out.data_ptr() == x_ptr, "the allocator did not hand x's block to the output: the case did not occur"
+    bad = int((keep != 7.0).sum())
+    assert bad == 0, "%d of %d elements of the freed block were overwritten before the queued copy read them" % (
+        bad, keep.numel())
+    expect = torch.cat([torch.full((n,), float(r + 1)) for r in range(size)])
+    assert torch.equal(out.cpu(), expect)
+    return "ok"
+
+
 @pytest.fixture(scope="module", params=[1, 2], ids=["nccl-1rank", "staged-2ranks-one-gpu"])
 def cuda_pool(request):
     pool = RankPool(request.param, extra_env={"HORA_STALL_SHUTDOWN_TIME_S": 20})
@@ -174,3 +232,7 @@ def test_cuda_distributed_optimizer(cuda_pool):
 
 def test_cuda_p2p_staged(cuda_pool):
     cuda_pool.run(_b_p2p_staged, timeout=60)
+
+
+def test_cuda_output_block_freed_on_the_callers_stream_is_not_written_early(cuda_pool):
+    assert cuda_pool.run(_b_reused_output_block, timeout=60) == ["ok"] * cuda_pool.size

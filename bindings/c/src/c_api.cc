@@ -149,9 +149,10 @@ hora_options_t readOptions(const hora_options_t* o) {
       HORA_FIELD_END(hora_options_t, prescale),      HORA_FIELD_END(hora_options_t, postscale),
       HORA_FIELD_END(hora_options_t, root),          HORA_FIELD_END(hora_options_t, callback),
       HORA_FIELD_END(hora_options_t, callback_user), HORA_FIELD_END(hora_options_t, alloc),
-      HORA_FIELD_END(hora_options_t, alloc_user),    HORA_FIELD_END(hora_options_t, ready_event)};
+      HORA_FIELD_END(hora_options_t, alloc_user),    HORA_FIELD_END(hora_options_t, ready_event),
+      HORA_FIELD_END(hora_options_t, alloc_event)};
   // A field added to hora_options_t must be added above, or its bytes would never be read.
-  static_assert(sizeof(hora_options_t) - HORA_FIELD_END(hora_options_t, ready_event) <
+  static_assert(sizeof(hora_options_t) - HORA_FIELD_END(hora_options_t, alloc_event) <
                     alignof(hora_options_t),
                 "kEnds must list hora_options_t's last field");
   hora_options_t r;
@@ -240,6 +241,7 @@ hora_status_t submit(const CallContext& c, std::vector<std::shared_ptr<hora::Ten
   st->callbackUser = c.o.callback_user;
   st->alloc = c.o.alloc;
   st->allocUser = c.o.alloc_user;
+  st->allocEvent = c.o.alloc_event;
   if (input) st->dlType = input->dtype;
   st->waitSpin = c.set->spin();
   if (c.set->callerDrives()) st->driveSet = c.set;

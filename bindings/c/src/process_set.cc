@@ -315,6 +315,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   ctx.health = &ps->health_;
   ctx.logger = logger;
   ctx.peerTimeout = o.peerTimeout;
+  ctx.spin = ps->spin_;
   ctx.telemetry = o.telemetry ? ps->telemetry_.get() : nullptr;
   ctx.cpu = o.executorCpu;
   if (ctx.cpu >= 0) ctx.processCpus = allowedCpus();

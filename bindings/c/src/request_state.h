@@ -54,6 +54,7 @@ struct RequestState : RequestSink {
   void* callbackUser = nullptr;
   hora_alloc_t alloc = nullptr;
   void* allocUser = nullptr;
+  void* allocEvent = nullptr;        // options.alloc_event
   DLDataType dlType{kDLUInt, 8, 1};  // the input's, echoed into allocated outputs
   bool dlTypeFromOutput = false;     // a receive without a buffer: the message's dtype
   // Set at creation when no entry can allocate an output (sends and
@@ -89,6 +90,7 @@ struct RequestState : RequestSink {
   // request: results become readable, the callback runs, waiters wake.
   void completeEntry(const Status& s) override;
   bool callsBack() const override { return callback != nullptr; }
+  void* allocatedOutputEvent() const override { return alloc ? allocEvent : nullptr; }
 
   // hora_request_free: a completed request's library-owned output goes now.
   void releaseOutputsIfDone();

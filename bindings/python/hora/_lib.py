@@ -79,6 +79,7 @@ class Options(ctypes.Structure):
         ("alloc", ALLOC),
         ("alloc_user", _c_p),
         ("ready_event", _c_p),  # GPU tensors: cudaEvent_t the collective waits for
+        ("alloc_event", _c_p),  # GPU outputs from alloc: cudaEvent_t recorded by alloc
     ]
 
 
@@ -175,6 +176,10 @@ _OPTIONAL_PROTOTYPES = [
                                    ctypes.POINTER(ctypes.c_size_t)]),
     ("hora_timeline_start", _S, [_c_p, ctypes.c_char_p, ctypes.c_int32]),
     ("hora_timeline_stop", _S, [_c_p]),
+    # Struct initializers told the caller's size (0.5.1): an older hora_*_init
+    # would write a newer library's whole struct past ours.
+    ("hora_config_init_sized", None, [ctypes.POINTER(Config), ctypes.c_size_t]),
+    ("hora_options_init_sized", None, [ctypes.POINTER(Options), ctypes.c_size_t]),
     # Point-to-point (0.5, docs/p2p.md).
     ("hora_send_async", _S, [_c_p, _DLTensorP, ctypes.c_int32, ctypes.c_int64, ctypes.POINTER(Options),
                              ctypes.POINTER(_c_p)]),
@@ -292,11 +297,19 @@ def version():
 
 def new_options():
     o = Options()
-    library().hora_options_init(ctypes.byref(o))
+    lib = library()
+    if hasattr(lib, "hora_options_init_sized"):
+        lib.hora_options_init_sized(ctypes.byref(o), ctypes.sizeof(o))
+    else:  # before 0.5.1: fills its own (older, so not larger) layout
+        lib.hora_options_init(ctypes.byref(o))
     return o
 
 
 def new_config():
     c = Config()
-    library().hora_config_init(ctypes.byref(c))
+    lib = library()
+    if hasattr(lib, "hora_config_init_sized"):
+        lib.hora_config_init_sized(ctypes.byref(c), ctypes.sizeof(c))
+    else:
+        lib.hora_config_init(ctypes.byref(c))
     return c

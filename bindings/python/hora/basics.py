@@ -521,9 +521,17 @@ def submit_grouped_allreduce(inps, outs, name=None, op=Average, prescale=1.0, po
 
 def _set_alloc(o, alloc):
     # alloc: an _lib.ALLOC callback placing the result (kept alive by the
-    # caller's keep); None: a library-owned result, read in finish().
-    if alloc is not None:
+    # caller's keep), or an object with .cfunc and, for GPU outputs, .event
+    # (a cudaEvent_t the callback records after allocating: options.alloc_event);
+    # None: a library-owned result, read in finish().
+    if alloc is None:
+        return
+    if isinstance(alloc, _lib.ALLOC):
         o.alloc = alloc
+        return
+    o.alloc = alloc.cfunc
+    event = getattr(alloc, "event", None)
+    o.alloc_event = event.cuda_event if event is not None else None
 
 
 def submit_allgather(inp, name=None, process_set=None, finish=None, keep=(), alloc=None):

@@ -17,6 +17,9 @@
 // Test hooks (exported, C linkage, looked up with dlsym by the tests):
 //   hora_gpu_mock_calls(name)  how often the named table function was called
 //   hora_gpu_mock_reset()      zeroes the counters
+//   hora_gpu_mock_seq()        how many calls so far (a call's place in order)
+//   hora_gpu_mock_event_wait_seq(ev)  where the last wait on external event
+//                              ev came in that order (0: never)
 //   hora_gpu_mock_fewest_init_cpus()  the fewest CPUs a comm_init caller's
 //                              mask held since the last call (INT_MAX: none)
 // HORA_GPU_MOCK_FAIL=<name> makes that function fail with an "injected"
@@ -64,6 +67,17 @@ std::map<std::string, long>& counts() {
   static std::map<std::string, long> m;
   return m;
 }
+// Every call's place in one sequence (under countMu), and the place of the
+// last stream_wait_external_event per event: enough for a test to see that a
+// wait came right after something it did in a callback.
+long& callSeq() {
+  static long n = 0;
+  return n;
+}
+std::map<const void*, long>& eventWaitSeq() {
+  static std::map<const void*, long> m;
+  return m;
+}
 
 int fail(const std::string& msg) {
   tlsError = msg;
@@ -75,6 +89,7 @@ bool enter(const char* fn) {
   {
     std::lock_guard<std::mutex> lk(countMu);
     ++counts()[fn];
+    ++callSeq();
   }
   const char* f = std::getenv("HORA_GPU_MOCK_FAIL");
   if (f && std::strcmp(f, fn) == 0) {
@@ -148,7 +163,10 @@ int streamSynchronize(hora_gpu_stream_t h) {
 }
 int streamWaitExternalEvent(hora_gpu_stream_t, void* ev) {
   ENTER("stream_wait_external_event");
-  return ev ? 0 : fail("mock: NULL external event");
+  if (!ev) return fail("mock: NULL external event");
+  std::lock_guard<std::mutex> lk(countMu);
+  eventWaitSeq()[ev] = callSeq();
+  return 0;
 }
 int eventCreate(int, hora_gpu_event_t* out) {
   ENTER("event_create");
@@ -625,6 +643,19 @@ MOCK_EXPORT long hora_gpu_mock_calls(const char* name) {
   std::lock_guard<std::mutex> lk(countMu);
   auto it = counts().find(name);
   return it == counts().end() ? 0 : it->second;
+}
+
+// The number of plugin calls so far (the last call's place in the sequence).
+MOCK_EXPORT long hora_gpu_mock_seq() {
+  std::lock_guard<std::mutex> lk(countMu);
+  return callSeq();
+}
+
+// The place of the last wait on `ev` (stream_wait_external_event), 0 if none.
+MOCK_EXPORT long hora_gpu_mock_event_wait_seq(const void* ev) {
+  std::lock_guard<std::mutex> lk(countMu);
+  auto it = eventWaitSeq().find(ev);
+  return it == eventWaitSeq().end() ? 0 : it->second;
 }
 
 MOCK_EXPORT void hora_gpu_mock_reset() {

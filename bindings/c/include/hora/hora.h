@@ -110,7 +110,11 @@ typedef struct hora_config {
   int32_t elastic_newcomer; /* -1: HORA_ELASTIC_NEWCOMER; 1: join the next epoch */
 } hora_config_t;
 
-HORA_API void hora_config_init(hora_config_t* config);
+/* Fills the caller's struct with the defaults: `size` is sizeof the caller's
+ * hora_config_t, so a library newer than the caller's header never writes
+ * past it. Call it through the macro, which passes that size. */
+HORA_API void hora_config_init_sized(hora_config_t* config, size_t size);
+#define hora_config_init(config) hora_config_init_sized((config), sizeof(*(config)))
 
 /* ---- lifecycle ---- */
 HORA_API hora_status_t hora_init_versioned(const hora_config_t* config, hora_runtime_t* out,
@@ -200,9 +204,24 @@ typedef struct hora_options {
    * input must be ready when the collective runs (e.g. the producing stream
    * was synchronized before the call). Ignored for CPU tensors. */
   void* ready_event;
+  /* GPU outputs allocated through alloc: a cudaEvent_t (as void*) that the
+   * alloc callback records, before it returns, on the stream the memory was
+   * allocated for; hora's stream waits for it before writing the output. A
+   * caching allocator (torch's, CuPy's) may hand out a block whose earlier
+   * use on that stream is still queued: without this event hora could write
+   * the block while those kernels still read it. NULL: the memory alloc
+   * returns may be written at once. Ignored for CPU tensors and for outputs
+   * hora allocates itself, and by a library older than the field. */
+  void* alloc_event;
 } hora_options_t;
 
-HORA_API void hora_options_init(hora_options_t* options);
+/* As hora_config_init_sized, for options; call it through the macro. (The
+ * exported functions hora_config_init and hora_options_init, for programs
+ * built against headers before 0.5.1, fill the 0.5.0 layout only.) */
+HORA_API void hora_options_init_sized(hora_options_t* options, size_t size);
+#define hora_options_init(options) hora_options_init_sized((options), sizeof(*(options)))
+HORA_API void(hora_config_init)(hora_config_t* config);    /* 0.5.0 layout only */
+HORA_API void(hora_options_init)(hora_options_t* options); /* 0.5.0 layout only */
 
 /* ---- collectives (asynchronous) ----
  * Inputs are read and outputs written on hora threads after the call

@@ -112,20 +112,31 @@ class _Output(_Allocator):
     negotiation (allgather, alltoall, reducescatter): allocated by torch on the
     input's device when hora asks, so the result is written once, in place, on
     CPU and GPU alike."""
-    __slots__ = ("like", "stream")
+    __slots__ = ("like", "stream", "event")
 
     def __init__(self, like):
         self.like = like
         # CUDA: allocate on the caller's current stream (captured here, on the
-        # framework thread), as a tensor created by the caller would be; the
-        # caching allocator then reuses the block only after that stream's work.
+        # framework thread), as a tensor created by the caller would be, so
+        # that the caching allocator keeps the block until that stream's later
+        # work is done. The block itself may have been freed on that stream
+        # after submission while kernels queued there still read it: the event
+        # recorded after the allocation (options.alloc_event) makes hora's
+        # stream wait for them before it writes. Recorded once here so that
+        # torch creates the cudaEvent_t whose handle goes into the options.
         self.stream = torch.cuda.current_stream(like.device) if like.is_cuda else None
+        self.event = None
+        if self.stream is not None:
+            self.event = torch.cuda.Event()
+            self.event.record(self.stream)
         super().__init__()
 
     def _make(self, dims, _dl_dtype):
         if self.stream is not None:
             with torch.cuda.stream(self.stream):
-                return torch.empty(dims, dtype=self.like.dtype, device=self.like.device)
+                t = torch.empty(dims, dtype=self.like.dtype, device=self.like.device)
+            self.event.record(self.stream)
+            return t
         return torch.empty(dims, dtype=self.like.dtype, device=self.like.device)
 
 
@@ -298,7 +309,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 def _submit_allgather(tensor, name, process_set):
     out = _Output(tensor)
     p = basics.submit_allgather(_ref(tensor), name, _check_set(process_set), finish=out.result,
-                                keep=out, alloc=out.cfunc)
+                                keep=out, alloc=out)
     p.cause = out.cause
     return p
 
@@ -429,7 +440,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     def finish(p):
         return out.tensor, torch.tensor(p.received_splits(), dtype=torch.int32)
     p = basics.submit_alltoall(_ref(tensor), _splits_list(splits), name, _check_set(process_set), finish=finish,
-                               keep=out, alloc=out.cfunc)
+                               keep=out, alloc=out)
     p.cause = out.cause
     return basics.register(p)
 
@@ -469,7 +480,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 def _submit_reducescatter(tensor, name, op, prescale_factor, postscale_factor, process_set):
     out = _Output(tensor)
     p = basics.submit_reducescatter(_ref(tensor), name, op, prescale_factor, postscale_factor,
-                                    _check_set(process_set), finish=out.result, keep=out, alloc=out.cfunc)
+                                    _check_set(process_set), finish=out.result, keep=out, alloc=out)
     p.cause = out.cause
     return p
 
