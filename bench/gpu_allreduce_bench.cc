@@ -10,12 +10,17 @@
 //         + hora_wait + hora_request_free; hora_wait returns once the GPU
 //         work completed (hora synchronizes its own stream)
 //   nccl  ncclAllReduce on a non-blocking stream + cudaStreamSynchronize
-// Each call is synchronous on purpose: hora's request completes only after
-// its stream finished, so a framework waiting for the result pays the whole
-// round trip, and NCCL is timed the same way (launch + completion), not as a
-// stream of back-to-back launches whose host cost would hide behind the GPU.
-// The difference is what hora costs per call: negotiation, its threads, the
-// completion poll and any extra copy.
+// Two ways, both reported:
+//  - one call at a time: each call synchronous (hora's request completes only
+//    after its stream finished, NCCL is launch + synchronize), so a framework
+//    waiting for the result pays the whole round trip. The difference is
+//    what hora costs per call: negotiation, its threads, the completion poll
+//    and any extra copy (the latency target).
+//  - back to back, as nccl-tests times bandwidth: `iters` calls in flight
+//    (hora: that many requests, one name each, then all waited for; NCCL:
+//    that many launches, then one synchronize), so host costs hide behind
+//    the GPU where they can (the bandwidth target). Below the fusion
+//    threshold hora fuses such requests: fewer, larger launches.
 //
 // Timing: for each size, `warmup` calls of each untimed, then `reps` blocks;
 // each block runs `iters` hora calls and `iters` NCCL calls, the first side
@@ -180,6 +185,46 @@ struct Bench {
     checkHora(hora_request_free(req), "hora_request_free");
   }
 
+  // Back to back, as nccl-tests times bandwidth: `n` requests in flight at
+  // once (one name each: a name has one request in flight), then all waited
+  // for. Same-sized tensors of at least the fusion threshold stay apart;
+  // smaller ones are fused by hora into fewer launches.
+  void horaBatch(size_t count, const std::string& name, int n) {
+    int64_t shape[1] = {static_cast<int64_t>(count)};
+    DLTensor ti;
+    std::memset(&ti, 0, sizeof ti);
+    ti.device.device_type = kDLCUDA;
+    ti.device.device_id = 0;
+    ti.ndim = 1;
+    ti.dtype = DLDataType{kDLFloat, 32, 1};
+    ti.shape = shape;
+    DLTensor to = ti;
+    ti.data = in;
+    to.data = out;
+    std::vector<hora_request_t> reqs(n, nullptr);
+    std::vector<std::string> names(n);
+    for (int k = 0; k < n; ++k) {
+      names[k] = name + "." + std::to_string(k);
+      hora_options_t opts;
+      hora_options_init(&opts);
+      opts.op = HORA_OP_SUM;
+      opts.name = names[k].c_str();
+      checkHora(hora_allreduce_async(rt, &ti, &to, &opts, &reqs[k]),
+                "hora_allreduce_async " + names[k]);
+    }
+    for (int k = 0; k < n; ++k) {
+      const hora_status_t s = hora_wait(reqs[k], 120.0);
+      if (s != HORA_SUCCESS) fail("hora_wait " + names[k] + ": " + hora_last_error_message());
+      checkHora(hora_request_free(reqs[k]), "hora_request_free");
+    }
+  }
+
+  void ncclBatch(size_t count, int n) {
+    for (int k = 0; k < n; ++k)
+      checkNccl(ncclAllReduce(in, out, count, ncclFloat, ncclSum, comm, stream), "ncclAllReduce");
+    checkCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  }
+
   void ncclCall(size_t count) {
     checkNccl(ncclAllReduce(in, out, count, ncclFloat, ncclSum, comm, stream), "ncclAllReduce");
     checkCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
@@ -265,10 +310,12 @@ int main(int argc, char** argv) {
     if (std::strncmp(*e, "HORA_", 5) == 0) std::printf(" %s", *e);
   std::printf("\n# %d blocks of %d calls per side and size after %d warm-up; median block\n",
               o.reps, o.iters, o.warmup);
-  std::printf("#%12s %10s %10s %10s %10s %10s %8s %6s\n", "bytes", "hora us", "nccl us", "added us",
-              "hora GB/s", "nccl GB/s", "ratio", "check");
+  std::printf("# one call at a time (us, GB/s) | back to back, %d in flight (GB/s)\n", o.iters);
+  std::printf("#%12s %10s %10s %10s %10s %10s %8s | %10s %10s %8s %6s\n", "bytes", "hora us",
+              "nccl us", "added us", "hora GB/s", "nccl GB/s", "ratio", "hora GB/s", "nccl GB/s",
+              "ratio", "check");
 
-  double maxAdded = -1e300, minRatio = 1e300;
+  double maxAdded = -1e300, minRatio = 1e300, minPipeRatio = 1e300;
   bool anySmall = false, anyLarge = false;
   size_t wrongTotal = 0;
   for (const size_t bytes : o.sizes) {
@@ -293,16 +340,40 @@ int main(int argc, char** argv) {
         block(hora, &horaUs);
       }
     }
+    std::vector<double> horaPipeUs, ncclPipeUs;
+    auto batch = [&](auto&& run, std::vector<double>* into) {
+      const auto t0 = Clock::now();
+      run();
+      into->push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() /
+                      o.iters);
+    };
+    auto horaPipe = [&] { b.horaBatch(count, name, o.iters); };
+    auto ncclPipe = [&] { b.ncclBatch(count, o.iters); };
+    horaPipe(), ncclPipe();  // warm-up (the batch's names, fusion)
+    for (int r = 0; r < o.reps; ++r) {
+      if (r % 2 == 0) {
+        batch(horaPipe, &horaPipeUs);
+        batch(ncclPipe, &ncclPipeUs);
+      } else {
+        batch(ncclPipe, &ncclPipeUs);
+        batch(horaPipe, &horaPipeUs);
+      }
+    }
     const size_t wrongHora = b.verify(count, hora);
     const size_t wrongNccl = b.verify(count, nccl);
     wrongTotal += wrongHora + wrongNccl;
     const double h = median(horaUs), n = median(ncclUs);
-    const double added = h - n, ratio = n / h;
+    const double hp = median(horaPipeUs), np = median(ncclPipeUs);
+    const double added = h - n, ratio = n / h, pipeRatio = np / hp;
     if (bytes <= (size_t{64} << 10)) anySmall = true, maxAdded = std::max(maxAdded, added);
-    if (bytes >= (size_t{64} << 20)) anyLarge = true, minRatio = std::min(minRatio, ratio);
-    std::printf(" %12zu %10.2f %10.2f %10.2f %10.2f %10.2f %8.3f %6s\n", bytes, h, n, added,
-                bytes / h / 1e3, bytes / n / 1e3, ratio,
-                wrongHora + wrongNccl == 0 ? "ok" : "WRONG");
+    if (bytes >= (size_t{64} << 20)) {
+      anyLarge = true;
+      minRatio = std::min(minRatio, ratio);
+      minPipeRatio = std::min(minPipeRatio, pipeRatio);
+    }
+    std::printf(" %12zu %10.2f %10.2f %10.2f %10.2f %10.2f %8.3f | %10.2f %10.2f %8.3f %6s\n",
+                bytes, h, n, added, bytes / h / 1e3, bytes / n / 1e3, ratio, bytes / hp / 1e3,
+                bytes / np / 1e3, pipeRatio, wrongHora + wrongNccl == 0 ? "ok" : "WRONG");
     if (wrongHora + wrongNccl != 0)
       std::printf("# WRONG at %zu bytes: %zu elements from hora, %zu from NCCL\n", bytes, wrongHora,
                   wrongNccl);
@@ -315,10 +386,13 @@ int main(int argc, char** argv) {
                 maxAdded <= 20.0 ? "MET" : "NOT MET");
   else
     std::printf("max added latency at <= 64 KiB: n/a (no size <= 64 KiB ran)\n");
-  if (anyLarge)
-    std::printf("min bandwidth ratio at >= 64 MiB: %.3f (target >= 0.97) %s\n", minRatio,
-                minRatio >= 0.97 ? "MET" : "NOT MET");
-  else
+  if (anyLarge) {
+    std::printf(
+        "min bandwidth ratio at >= 64 MiB, back to back (as nccl-tests): %.3f "
+        "(target >= 0.97) %s\n",
+        minPipeRatio, minPipeRatio >= 0.97 ? "MET" : "NOT MET");
+    std::printf("min bandwidth ratio at >= 64 MiB, one call at a time: %.3f\n", minRatio);
+  } else
     std::printf("min bandwidth ratio at >= 64 MiB: n/a (no size >= 64 MiB ran)\n");
   if (wrongTotal) std::printf("WRONG: %zu elements in all\n", wrongTotal);
 

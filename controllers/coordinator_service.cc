@@ -97,7 +97,7 @@ void CoordinatorService::maybeEmit(bool force) {
   if (!emitTimerArmed_) firstReady_ = now;
   // Emit at once when the executor is idle (lowest latency); while it is
   // busy, let more tensors become ready so they fuse, for at most one cycle.
-  if (!force && queue_.inFlight() > 0 && now - firstReady_ < cycleTime_) {
+  if (!force && queue_.busy() > 0 && now - firstReady_ < cycleTime_) {
     if (!emitTimerArmed_) {
       emitTimerArmed_ = true;
       emitTimer_.expires_after(cycleTime_);

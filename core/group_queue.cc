@@ -77,10 +77,42 @@ bool GroupQueue::pop(AgreedGroup* out) {
   return true;
 }
 
+int GroupQueue::tryPop(AgreedGroup* out) {
+  if (queued_.load(std::memory_order_acquire) == 0 && !closedFlag_.load(std::memory_order_acquire))
+    return 0;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (closed_) return -1;
+  if (queue_.empty()) return 0;
+  *out = std::move(queue_.front());
+  queue_.pop_front();
+  queued_.store(static_cast<int>(queue_.size()), std::memory_order_release);
+  running_ = describe(*out);
+  return 1;
+}
+
 void GroupQueue::finished() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     running_.clear();
+  }
+  leave();
+  if (doneHook_) doneHook_();
+}
+
+void GroupQueue::launched() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    running_.clear();
+    ++launched_;
+  }
+  if (doneHook_) doneHook_();
+}
+
+void GroupQueue::finishedLaunched() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    HORA_CHECK(launched_ > 0) << "a launched group finished that was never launched";
+    --launched_;
   }
   leave();
   if (doneHook_) doneHook_();
@@ -98,6 +130,11 @@ void GroupQueue::leave() {
 int GroupQueue::inFlight() const {
   std::lock_guard<std::mutex> lk(mu_);
   return inFlight_;
+}
+
+int GroupQueue::busy() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return inFlight_ - launched_;
 }
 
 std::string GroupQueue::runningSummary() const {

@@ -5,9 +5,10 @@
 //  - control thread: push() a group; or, for a group that needs no data plane,
 //    tryBeginInline() / endInline() to complete it right there when nothing is
 //    queued or running ahead of it (one thread hop less, order kept);
-//  - executor thread: pop() the next group (blocks), run it, finished();
-//  - any thread: inFlight() (the coordinator emits at once while its executor
-//    is idle, and waits up to a cycle to fuse more while it is busy),
+//  - executor thread: pop() the next group (blocks; tryPop() does not), run
+//    it, finished();
+//  - any thread: inFlight(), busy() (the coordinator emits at once while its
+//    executor is idle, and waits up to a cycle to fuse more while it is busy),
 //    waitIdle() (shutdown lets agreed work finish), close() / takeRemaining().
 //
 // The "group done" hook runs on the executor thread after each popped group
@@ -48,11 +49,23 @@ class GroupQueue {
   // Blocks until a group is queued (true) or the queue is closed (false;
   // groups still queued stay for takeRemaining()).
   bool pop(AgreedGroup* out);
+  // pop() without blocking: 1 when a group was taken, 0 when none is
+  // queued, -1 when the queue is closed.
+  int tryPop(AgreedGroup* out);
   // After running a popped group: no longer in flight; runs the done hook.
   void finished();
+  // A popped group left running on the GPU (pipelining): the executor is
+  // free for the next group, though this one stays in flight until
+  // finishedLaunched(). Runs the done hook (what became ready while the
+  // executor was busy may go now).
+  void launched();
+  void finishedLaunched();
 
-  // Groups queued or running.
+  // Groups queued or running (launched ones included).
   int inFlight() const;
+  // Groups queued or in the executor's hands, launched ones not counted:
+  // whether the executor is busy (the coordinator fuses more meanwhile).
+  int busy() const;
   // What the executor runs now, for failure reports: e.g. 'allreduce "w" and
   // 3 more fused, 1 more group queued'; "" when nothing was popped.
   std::string runningSummary() const;
@@ -73,6 +86,7 @@ class GroupQueue {
   std::atomic<bool> closedFlag_{false};
   SpinPolicy spin_;
   int inFlight_ = 0;
+  int launched_ = 0;  // of inFlight_, left running on the GPU
   bool closed_ = false;
   std::string running_;  // the popped group, described; "" after finished()
   std::function<void()> doneHook_;

@@ -206,6 +206,10 @@ const std::vector<ParamSpec>& paramRegistry() {
        "the CPU data plane), nccl (the communicator without the sharing check), or gloo (always "
        "staging). Must be the same on every rank (checked at start).",
        "auto|nccl|gloo"},
+      {"HORA_GPU_PIPELINE", ParamType::kBool, "1",
+       "GPU collectives through the communicator (NCCL) are launched one after another on the "
+       "process set's stream; the executor completes each when its event fires, while it "
+       "launches the next (as NCCL streams work). 0 waits for each before starting the next."},
       {"HORA_LOG_LEVEL", ParamType::kString, "warning",
        "trace, debug, info, warning, error or off.", "trace|debug|info|warning|error|off"},
       {"HORA_TELEMETRY", ParamType::kBool, "1",

@@ -41,12 +41,69 @@ void Executor::join() {
 void Executor::releaseGpu() { gpu_.release(); }
 
 void Executor::run() {
-  AgreedGroup group;
-  while (queue_.pop(&group)) {
-    execute(group);
+  for (;;) {
+    AgreedGroup group;
+    if (launched_.empty()) {
+      if (!queue_.pop(&group)) break;
+    } else {
+      // GPU work in flight: launch what comes next, and complete what is done.
+      const int got = queue_.tryPop(&group);
+      if (got < 0) break;
+      if (got == 0) {
+        if (!reapLaunched(false))
+          gpuPollPause(ctx_.spin, Clock::now() - gpu_.oldestLaunch(),
+                       ctx_.spin.enabled() && Clock::now() - gpu_.oldestLaunch() < kGpuSpin);
+        continue;
+      }
+    }
+    const bool done = execute(group);
     group = AgreedGroup();  // the entries go before the next wait
-    queue_.finished();
+    if (done)
+      queue_.finished();
+    else
+      queue_.launched();
   }
+  reapLaunched(true);  // closed: what was launched still completes
+}
+
+bool Executor::reapLaunched(bool all) {
+  bool any = false;
+  while (!launched_.empty()) {
+    auto state = gpu_.pollLaunched();
+    if (!state.isOk()) {
+      // The communicator failed or was aborted: every launched group fails.
+      const Status why = state.status();
+      while (!launched_.empty()) {
+        LaunchedGroup l = std::move(launched_.front());
+        launched_.pop_front();
+        finishLaunched(l, &why);
+      }
+      return true;
+    }
+    if (!state.value()) {
+      if (!all) return any;
+      const auto waited = Clock::now() - gpu_.oldestLaunch();
+      gpuPollPause(ctx_.spin, waited, ctx_.spin.enabled() && waited < kGpuSpin);
+      continue;
+    }
+    LaunchedGroup l = std::move(launched_.front());
+    launched_.pop_front();
+    finishLaunched(l, nullptr);
+    any = true;
+  }
+  return any;
+}
+
+void Executor::finishLaunched(LaunchedGroup& l, const Status* failure) {
+  if (ctx_.telemetry)
+    ctx_.telemetry->finished(l.group, failure ? *failure : l.outputLost, gpu_.planeName(), true, -1,
+                             -1);
+  if (failure)
+    fail(l.group, *failure);
+  else
+    complete(l.group, l.outputLost);
+  l.group = AgreedGroup();
+  queue_.finishedLaunched();
 }
 
 bool Executor::runHere(AgreedGroup& group, std::function<void()> whileWaiting) {
@@ -71,12 +128,17 @@ bool Executor::prepareHere(TensorEntry& entry, const std::function<bool()>& stop
   return packed;
 }
 
-void Executor::execute(AgreedGroup& g) {
+bool Executor::execute(AgreedGroup& g) {
   HORA_CHECK(!g.responses.empty() && g.entries.size() == g.responses.size())
       << g.entries.size() << " entries for " << g.responses.size() << " responses";
+  const bool onGpu = g.responses.front().device.kind == DeviceKind::kCuda;
+  // Only GPU groups go on behind launched ones (their stream orders them);
+  // anything else completes after them, as it would have without pipelining.
+  if (!onGpu || !needsDataPlane(g)) reapLaunched(true);
   if (!needsDataPlane(g)) {
     if (ctx_.telemetry) ctx_.telemetry->inlineDone(g);
-    return completeWithoutDataPlane(g, ctx_.globalRanks);
+    completeWithoutDataPlane(g, ctx_.globalRanks);
+    return true;
   }
   // Autotune: every rank applies the same values before the same group.
   if (g.tuning) {
@@ -87,12 +149,13 @@ void Executor::execute(AgreedGroup& g) {
   // status is not final yet: this one cannot run either (its peers are
   // failing too), and it reports whatever that status becomes.
   if (ctx_.health->suspected()) {
+    reapLaunched(true);
     const Status s(Code::kRemoteError, "the data plane failed");
     if (ctx_.telemetry) ctx_.telemetry->finished(g, s, "-", false);
-    return fail(g, s);
+    fail(g, s);
+    return true;
   }
   const Response& first = g.responses.front();
-  const bool onGpu = first.device.kind == DeviceKind::kCuda;
   if (ctx_.telemetry) ctx_.telemetry->started(g);
   CollectivePath& path =
       first.device.kind == DeviceKind::kCuda ? static_cast<CollectivePath&>(gpu_) : cpu_;
@@ -118,6 +181,12 @@ void Executor::execute(AgreedGroup& g) {
       s = internalError("unexpected response kind " + std::to_string(static_cast<int>(first.kind)));
       break;
   }
+  if (onGpu && gpu_.tookLaunch()) {  // completed by reapLaunched once its event fires
+    HORA_CHECK(s.isOk()) << "a GPU group failed after it was launched";
+    launched_.push_back(LaunchedGroup{std::move(g), outputLost});
+    return false;
+  }
+  if (onGpu) reapLaunched(true);  // those launched before it complete first
   if (ctx_.telemetry) {
     const bool cpuAllreduce = !onGpu && first.kind == ResponseKind::kAllreduce;
     const CpuPath::Phases ph = cpuAllreduce ? cpu_.lastPhases() : CpuPath::Phases{-1, -1};
@@ -127,8 +196,11 @@ void Executor::execute(AgreedGroup& g) {
                                             : "cpu",
                              onGpu, ph.packNs, ph.unpackNs);
   }
-  if (!s.isOk()) return fail(g, s);
-  complete(g, outputLost);
+  if (!s.isOk())
+    fail(g, s);
+  else
+    complete(g, outputLost);
+  return true;
 }
 
 void Executor::complete(AgreedGroup& g, const Status& outputLost) {

@@ -17,6 +17,12 @@
 // final status once the control thread has named the cause, or the grace
 // period has passed; the executor never waits for that.
 //
+// GPU groups through the communicator are pipelined (HORA_GPU_PIPELINE,
+// GpuPath::tookLaunch): such a group is left launched on the set's stream and
+// completed, in order, once its event fires, while the executor launches
+// the groups after it. Any other group first waits for the launched ones and
+// completes them, so completion order is launch order throughout.
+//
 // Placement: the thread is named hora-exec; when the assembly gives it a CPU
 // (ExecContext::cpu, the global set under HORA_BIND_EXECUTOR) start() binds
 // the thread there before returning (core/cpu_affinity.h says why).
@@ -26,6 +32,7 @@
 // down, after closing the queue.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -66,14 +73,26 @@ class Executor {
 
  private:
   void run();
-  void execute(AgreedGroup& group);
+  // False when the group was left launched on the GPU (then in launched_).
+  bool execute(AgreedGroup& group);
   void complete(AgreedGroup& group, const Status& outputLost);
   void fail(AgreedGroup& group, const Status& why);
+  // Completes the launched groups whose GPU work is done, in order; with
+  // `all`, waits for every one. Each completed group is finishedLaunched()
+  // on the queue. Returns whether any completed.
+  bool reapLaunched(bool all);
+  struct LaunchedGroup {
+    AgreedGroup group;
+    Status outputLost;  // this rank's output could not be allocated
+  };
+  // Completes (failure null) or fails a launched group, then finishedLaunched().
+  void finishLaunched(LaunchedGroup& launched, const Status* failure);
 
   const ExecContext ctx_;
   GroupQueue& queue_;
   CpuPath cpu_;
   GpuPath gpu_;
+  std::deque<LaunchedGroup> launched_;  // launch order = GpuPath's
   std::thread thread_;
 };
 

@@ -115,7 +115,7 @@ Status GpuPath::allreduce(const std::vector<Response>& group, const std::vector<
           plug.check(api_->batched_scale_copy(dtc, copies.data(), copies.size(), x.post, stream_),
                      "batched_scale_copy (unpack)", what));
   }
-  return wait(what);
+  return finish(what);
 }
 
 Status GpuPath::broadcast(const Response& r, TensorEntry* e) {
@@ -146,7 +146,7 @@ Status GpuPath::broadcast(const Response& r, TensorEntry* e) {
     if (!s.isOk()) return dataPlaneFailure(ctx_, s, what);
     HORA_GPU_CALL(plug, api_, what, memcpy_async, data, pinned_, bytes, stream_);
   }
-  return wait(what);
+  return finish(what);
 }
 
 Status GpuPath::output(TensorEntry* e, const std::vector<int64_t>& shape, size_t bytes,
@@ -207,7 +207,7 @@ Status GpuPath::allgather(const Response& r, TensorEntry* e, Status* outputLost)
     for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * esz;
     HORA_GPU_CALL(*plugin(), api_, what, allgatherv, in, out, bytes.data(),
                   static_cast<int32_t>(DataType::kUint8), comm_, stream_);
-    return wait(what);
+    return finish(what);
   }
   return staged(
       in, inBytes, out, outBytes,
@@ -244,7 +244,7 @@ Status GpuPath::alltoall(const Response& r, TensorEntry* e, Status* outputLost) 
     }
     HORA_GPU_CALL(*plugin(), api_, what, alltoallv, in, sendB.data(), out, recvB.data(),
                   static_cast<int32_t>(DataType::kUint8), comm_, stream_);
-    return wait(what);
+    return finish(what);
   }
   return staged(
       in, inBytes, out, outBytes,
@@ -294,20 +294,20 @@ Status GpuPath::reducescatter(const Response& r, TensorEntry* e, Status* outputL
                       pinned_ + c.before * esz, mine * esz, stream_);
     }
   }
-  if (!e) return wait(what);
+  if (!e) return finish(what);
 
   std::vector<int64_t> outShape = r.shape;
   if (!outShape.empty()) outShape[0] = c.rows;
   auto o = allocateOutput(e, outShape, dt, what);
   if (!o.isOk()) {
     *outputLost = o.status().withContext(what);
-    return wait(what);
+    return finish(what);
   }
   if (mine) {
     hora_gpu_copy_t copy{o.value(), buf + c.before * esz, mine};
     HORA_GPU_CALL(plug, api_, what, batched_scale_copy, dtc, &copy, 1, x.post, stream_);
   }
-  return wait(what);
+  return finish(what);
 }
 
 }  // namespace hora

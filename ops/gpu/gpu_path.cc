@@ -44,6 +44,19 @@ const char* gpuBackendName(GpuBackendChoice choice) {
   }
 }
 
+void gpuPollPause(const SpinPolicy& spin, Clock::duration waited, bool spinning) {
+  if (spinning) {
+    if (spin.yield)
+      ::sched_yield();
+    else
+      cpuRelax();
+    return;
+  }
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(waited);
+  std::this_thread::sleep_for(
+      std::clamp(us / 64, std::chrono::microseconds(1), std::chrono::microseconds(200)));
+}
+
 bool ncclHasType(DataType dt) { return dt != DataType::kInt16 && dt != DataType::kBool; }
 
 Status GpuPath::prepare(const Device& dev, const std::string& what) {
@@ -51,6 +64,7 @@ Status GpuPath::prepare(const Device& dev, const std::string& what) {
   // stream, where the driver may start threads of its own: like comm_init's,
   // they must not inherit the executor's one CPU.
   ScopedThreadCpus unbound(!api_ || !stream_ ? ctx_.processCpus : std::vector<int>());
+  viaComm_ = false;
   if (!api_) {
     if (!plugin()) return Status(Code::kNotSupported, what + ": no GPU plugin configured");
     auto api = plugin()->get();
@@ -90,7 +104,7 @@ Status GpuPath::choosePath(bool dtypeOk, const std::string& what, bool* viaComm)
   *viaComm = false;
   if (opts_.backend == GpuBackendChoice::kGloo || !api_->comm_init || !dtypeOk) return Status::ok();
   HORA_RETURN_IF_ERROR(comm(what));
-  *viaComm = comm_ != nullptr;
+  *viaComm = viaComm_ = comm_ != nullptr;
   return Status::ok();
 }
 
@@ -215,6 +229,7 @@ Status GpuPath::createComm(const std::string& what) {
 Status GpuPath::fusion(size_t bytes, const std::string& what) {
   if (bytes <= fusionBytes_) return Status::ok();
   const size_t cap = grownCapacity(fusionBytes_, bytes);
+  HORA_RETURN_IF_ERROR(settle(what));  // launched groups may still use it
   if (fusion_) api_->device_free(device_, fusion_);
   fusion_ = nullptr;
   fusionBytes_ = 0;
@@ -227,6 +242,9 @@ Status GpuPath::fusion(size_t bytes, const std::string& what) {
 }
 
 Status GpuPath::pinned(size_t bytes, const std::string& what) {
+  // Called before the host writes or reads the staging memory, which a
+  // launched group's copies may still read.
+  HORA_RETURN_IF_ERROR(settle(what));
   if (bytes <= pinnedBytes_) return Status::ok();
   const size_t cap = grownCapacity(pinnedBytes_, bytes);
   if (pinned_) api_->host_free_pinned(pinned_);
@@ -241,74 +259,113 @@ Status GpuPath::pinned(size_t bytes, const std::string& what) {
   return Status::ok();
 }
 
-Status GpuPath::wait(const std::string& what) {
-  HORA_GPU_CALL(*plugin(), api_, what, event_record, done_, stream_);
+Status GpuPath::checkWhileWaiting(Clock::time_point since, const std::string& what) {
+  if (comm_) {
+    int failed = 0;
+    const int rc = api_->comm_async_error(comm_, &failed);
+    if (rc != 0 || failed) {
+      Status s = plugin()->check(rc ? rc : 1, "the GPU communicator", what);
+      api_->comm_abort(comm_);
+      return s;
+    }
+  }
+  if (ctx_.health->broken()) {
+    // A peer is gone: its part of the collective will never come. A
+    // goodbye is different: that peer finished everything agreed before
+    // it, so this work completes.
+    Status why = ctx_.health->status();
+    if (why.code() != Code::kShutDown) {
+      if (comm_) api_->comm_abort(comm_);
+      return why.withContext(what);
+    }
+  }
   // Like every data-plane wait, bounded by HORA_PEER_TIMEOUT_S: a peer whose
   // hora threads are alive but whose GPU work never arrives (its stream stuck
   // behind a kernel that does not end, a hung driver) would otherwise hold
   // this rank forever without any heartbeat going missing.
+  if (Clock::now() >= since + ctx_.peerTimeout) {
+    if (comm_) api_->comm_abort(comm_);
+    char secs[32];
+    std::snprintf(secs, sizeof(secs), "%g", Seconds(ctx_.peerTimeout).count());
+    return Status(Code::kTimeout,
+                  what + ": the GPU work did not complete within HORA_PEER_TIMEOUT_S=" + secs +
+                      " s on rank " + std::to_string(ctx_.myGlobalRank()) +
+                      " (cuda:" + std::to_string(device_) +
+                      "); a peer's GPU work may be stalled (its stream stuck behind a kernel "
+                      "that does not end) or this GPU hung" +
+                      (comm_ ? "; the set's GPU communicator was aborted" : "") +
+                      ". Raise HORA_PEER_TIMEOUT_S if one collective legitimately takes "
+                      "this long");
+  }
+  return Status::ok();
+}
+
+Status GpuPath::wait(const std::string& what) {
+  HORA_GPU_CALL(*plugin(), api_, what, event_record, done_, stream_);
   const auto start = Clock::now();
-  const auto deadline = start + ctx_.peerTimeout;
-  // How soon the end of the GPU work is seen is latency every GPU collective
-  // pays: one sleep costs ~50 us of timer slack, more than a small NCCL call
-  // takes. So the event is polled without sleeping for the first kGpuSpin
-  // (unless HORA_SPIN_US is 0; yielding the core on a host with more hora
-  // threads than CPUs), which covers one host's collectives up to hundreds of
-  // MiB; then it sleeps, each pause a 64th of the time waited so far (at most
-  // 200 us), so that a long collective is seen within ~2% of its length.
-  constexpr auto kGpuSpin = std::chrono::milliseconds(1);
+  // Polled as gpuPollPause says (gpu_path.h); kGpuSpin covers one host's
+  // collectives up to hundreds of MiB.
   const auto spinUntil = ctx_.spin.enabled() ? start + kGpuSpin : start;
   for (uint32_t i = 0;; ++i) {
     int done = 0;
     HORA_GPU_CALL(*plugin(), api_, what, event_query, done_, &done);
     if (done) return Status::ok();
     const auto now = Clock::now();
-    const bool spinning = now < spinUntil;
-    if (spinning && (i & 63) != 0) {  // the checks below every 64 polls
-      if (ctx_.spin.yield)
-        ::sched_yield();
-      else
-        cpuRelax();
+    if (now < spinUntil && (i & 63) != 0) {  // the checks below every 64 polls
+      gpuPollPause(ctx_.spin, now - start, true);
       continue;
     }
-    if (comm_) {
-      int failed = 0;
-      const int rc = api_->comm_async_error(comm_, &failed);
-      if (rc != 0 || failed) {
-        Status s = plugin()->check(rc ? rc : 1, "the GPU communicator", what);
-        api_->comm_abort(comm_);
-        return s;
-      }
-    }
-    if (ctx_.health->broken()) {
-      // A peer is gone: its part of the collective will never come. A
-      // goodbye is different: that peer finished everything agreed before
-      // it, so this work completes.
-      Status why = ctx_.health->status();
-      if (why.code() != Code::kShutDown) {
-        if (comm_) api_->comm_abort(comm_);
-        return why.withContext(what);
-      }
-    }
-    if (now >= deadline) {
-      if (comm_) api_->comm_abort(comm_);
-      char secs[32];
-      std::snprintf(secs, sizeof(secs), "%g", Seconds(ctx_.peerTimeout).count());
-      return Status(Code::kTimeout,
-                    what + ": the GPU work did not complete within HORA_PEER_TIMEOUT_S=" + secs +
-                        " s on rank " + std::to_string(ctx_.myGlobalRank()) +
-                        " (cuda:" + std::to_string(device_) +
-                        "); a peer's GPU work may be stalled (its stream stuck behind a kernel "
-                        "that does not end) or this GPU hung" +
-                        (comm_ ? "; the set's GPU communicator was aborted" : "") +
-                        ". Raise HORA_PEER_TIMEOUT_S if one collective legitimately takes "
-                        "this long");
-    }
-    if (spinning) continue;
-    const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(now - start);
-    std::this_thread::sleep_for(
-        std::clamp(waited / 64, std::chrono::microseconds(1), std::chrono::microseconds(200)));
+    HORA_RETURN_IF_ERROR(checkWhileWaiting(start, what));
+    gpuPollPause(ctx_.spin, now - start, now < spinUntil);
   }
+}
+
+Status GpuPath::finish(const std::string& what) {
+  if (!opts_.pipeline || !viaComm_) return wait(what);
+  hora_gpu_event_t ev = nullptr;
+  if (freeEvents_.empty()) {
+    HORA_GPU_CALL(*plugin(), api_, what, event_create, device_, &ev);
+  } else {
+    ev = freeEvents_.back();
+    freeEvents_.pop_back();
+  }
+  const int rc = api_->event_record(ev, stream_);
+  if (rc != 0) {
+    freeEvents_.push_back(ev);
+    return plugin()->check(rc, "event_record", what);
+  }
+  launched_.push_back(Launch{ev, Clock::now(), what});
+  tookLaunch_ = true;
+  return Status::ok();
+}
+
+bool GpuPath::tookLaunch() {
+  const bool took = tookLaunch_;
+  tookLaunch_ = false;
+  return took;
+}
+
+Result<bool> GpuPath::pollLaunched() {
+  Launch& l = launched_.front();
+  int done = 0;
+  Status s = plugin()->check(api_->event_query(l.event, &done), "event_query", l.what);
+  if (s.isOk() && done) {
+    freeEvents_.push_back(l.event);
+    launched_.pop_front();
+    return true;
+  }
+  if (s.isOk()) s = checkWhileWaiting(l.at, l.what);
+  if (s.isOk()) return false;
+  // The stream is unusable behind the failed work (the communicator was
+  // aborted): every launched group fails with it.
+  for (Launch& x : launched_) freeEvents_.push_back(x.event);
+  launched_.clear();
+  return s;
+}
+
+Status GpuPath::settle(const std::string& what) {
+  if (launched_.empty()) return Status::ok();
+  return wait(what);
 }
 
 Result<std::shared_ptr<void>> GpuPath::allocate(size_t bytes, const std::string& what) {
@@ -326,6 +383,10 @@ void GpuPath::release() {
   if (fusion_) api_->device_free(device_, fusion_);
   if (pinned_) api_->host_free_pinned(pinned_);
   if (done_) api_->event_destroy(done_);
+  for (const Launch& l : launched_) api_->event_destroy(l.event);
+  for (hora_gpu_event_t ev : freeEvents_) api_->event_destroy(ev);
+  launched_.clear();
+  freeEvents_.clear();
   if (stream_) api_->stream_destroy(stream_);
   api_ = nullptr;
   device_ = -1;

@@ -25,9 +25,11 @@
 // executor stopped) and the memory it hands out (freed from any thread).
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ops/executor/collective_path.h"
 #include "ops/executor/exec_context.h"
@@ -48,6 +50,9 @@ struct GpuPathOptions {
   // history takes part on (local rank modulo the visible GPUs, the usual
   // one-GPU-per-local-rank layout).
   int localRank = 0;
+  // HORA_GPU_PIPELINE: collectives through the communicator end launched,
+  // not waited for (see GpuPath::tookLaunch).
+  bool pipeline = true;
 };
 
 class GpuPath : public CollectivePath, public DeviceMemory {
@@ -63,6 +68,23 @@ class GpuPath : public CollectivePath, public DeviceMemory {
 
   // DeviceMemory: library-owned outputs on the current group's device.
   Result<std::shared_ptr<void>> allocate(size_t bytes, const std::string& what) override;
+
+  // Pipelining (HORA_GPU_PIPELINE). A collective through the communicator
+  // ends with its work launched on the stream instead of finished: an event
+  // from a small pool is recorded after it, and the executor goes on to the
+  // next group (stream order keeps the fusion buffer and outputs safe). True
+  // once after such a group; the executor then completes it when
+  // pollLaunched() says its event fired. Groups are launched and seen done
+  // in order.
+  bool tookLaunch();
+  size_t launched() const { return launched_.size(); }
+  // The oldest launched group: true when done (its event goes back to the
+  // pool), false while it runs. An error (the communicator's asynchronous
+  // error, a lost peer, HORA_PEER_TIMEOUT_S) aborts the communicator and
+  // forgets every launched group: they all fail with it.
+  Result<bool> pollLaunched();
+  // When the oldest launched group was launched (for the executor's pacing).
+  Clock::time_point oldestLaunch() const { return launched_.front().at; }
 
   // After the executor stopped.
   void release();
@@ -92,6 +114,15 @@ class GpuPath : public CollectivePath, public DeviceMemory {
   Status fusion(size_t bytes, const std::string& what);  // device fusion buffer
   Status pinned(size_t bytes, const std::string& what);  // pinned host staging
   Status wait(const std::string& what);
+  // The end of a collective: launched (pipelining, communicator) or waited for.
+  Status finish(const std::string& what);
+  // Waits until every launched group's work is done (before the host touches
+  // pinned staging, or a device buffer is freed); the executor still
+  // completes them through pollLaunched().
+  Status settle(const std::string& what);
+  // While GPU work runs: the communicator's asynchronous error, the set's
+  // health and the deadline (`since` + HORA_PEER_TIMEOUT_S); ok to go on.
+  Status checkWhileWaiting(Clock::time_point since, const std::string& what);
 
   // Collective helpers (gpu_collectives.cc).
   // Every single-tensor collective's start: the device this rank runs it on,
@@ -123,7 +154,27 @@ class GpuPath : public CollectivePath, public DeviceMemory {
   size_t fusionBytes_ = 0;
   char* pinned_ = nullptr;  // pinned host staging
   size_t pinnedBytes_ = 0;
+  // Pipelining: whether this group chose the communicator (choosePath), the
+  // groups launched and not yet seen done, and their events' pool.
+  bool viaComm_ = false;
+  bool tookLaunch_ = false;
+  struct Launch {
+    hora_gpu_event_t event;
+    Clock::time_point at;
+    std::string what;
+  };
+  std::deque<Launch> launched_;
+  std::vector<hora_gpu_event_t> freeEvents_;
 };
+
+// How hora waits for GPU work (GpuPath::wait, and the executor for launched
+// groups): polling without sleeping for the first kGpuSpin (one sleep costs
+// ~50 us of timer slack, more than a small NCCL call takes), then sleeping a
+// 64th of the time waited so far (1-200 us), so that a long collective is seen
+// within ~2% of its length. One pause between two polls, `waited` after the
+// work began; `spinning`: still inside kGpuSpin (and HORA_SPIN_US not 0).
+constexpr std::chrono::milliseconds kGpuSpin{1};
+void gpuPollPause(const SpinPolicy& spin, Clock::duration waited, bool spinning);
 
 // Whether NCCL reduces this dtype (it lacks int16 and bool).
 bool ncclHasType(DataType dt);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/cpu_affinity.h"
+#include "gpu_mock_util.h"
 #include "gtest/gtest.h"
 #include "rank_harness.h"
 #include "tensor_util.h"
@@ -30,31 +31,6 @@ using hora::DataType;
 using hora::ReduceOp;
 
 namespace {
-
-// The mock's counters. dlopen of the same path yields the instance libhora
-// loads (or will load), so both see one set of counters.
-long mockCalls(const char* fn) {
-  void* h = ::dlopen(HORA_GPU_MOCK_PATH, RTLD_NOW | RTLD_LOCAL);
-  if (!h) return -1;
-  auto f = reinterpret_cast<long (*)(const char*)>(::dlsym(h, "hora_gpu_mock_calls"));
-  return f ? f(fn) : -1;  // stays loaded, like libhora's handle
-}
-
-template <typename Fn>
-Fn mockHook(const char* name) {
-  void* h = ::dlopen(HORA_GPU_MOCK_PATH, RTLD_NOW | RTLD_LOCAL);
-  return h ? reinterpret_cast<Fn>(::dlsym(h, name)) : nullptr;
-}
-// The mock's call order: how many plugin calls so far, and where the last
-// wait on an external event came.
-long mockSeq() {
-  auto f = mockHook<long (*)()>("hora_gpu_mock_seq");
-  return f ? f() : -1;
-}
-long mockEventWaitSeq(const void* ev) {
-  auto f = mockHook<long (*)(const void*)>("hora_gpu_mock_event_wait_seq");
-  return f ? f(ev) : -1;
-}
 
 class GpuMock : public ::testing::Test {
  protected:
@@ -72,13 +48,6 @@ class GpuMock : public ::testing::Test {
     ::unsetenv("HORA_GPU_MOCK_STUCK");
   }
 };
-
-DLTensor cudaTensor(void* data, DLDataType dt, std::vector<int64_t>* shape, int device = 0) {
-  DLTensor t = makeTensor(data, dt, shape);
-  t.device.device_type = kDLCUDA;
-  t.device.device_id = device;
-  return t;
-}
 
 // Submits an in-place allreduce of `v`, described as CUDA memory on `device`
 // (v must outlive the request; the shape is copied at submission).

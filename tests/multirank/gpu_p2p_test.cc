@@ -15,19 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "gpu_mock_util.h"
 #include "gtest/gtest.h"
 #include "rank_harness.h"
 
 using namespace htest;
 
 namespace {
-
-long mockCalls(const char* fn) {
-  void* h = ::dlopen(HORA_GPU_MOCK_PATH, RTLD_NOW | RTLD_LOCAL);
-  if (!h) return -1;
-  auto f = reinterpret_cast<long (*)(const char*)>(::dlsym(h, "hora_gpu_mock_calls"));
-  return f ? f(fn) : -1;
-}
 
 class GpuP2p : public ::testing::Test {
  protected:

@@ -541,6 +541,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   if (!parseGlooAlgorithm(p.getString("HORA_GLOO_ALGORITHM"), &so.glooAlgorithm) ||
       !parseGpuBackend(p.getString("HORA_GPU_BACKEND"), &so.gpu.backend))
     return internalError("HORA_GLOO_ALGORITHM or HORA_GPU_BACKEND passed the registry's check");
+  so.gpu.pipeline = p.getBool("HORA_GPU_PIPELINE");
   so.shm = p.getBool("HORA_SHM");
   so.shmChunkBytes = p.getInt("HORA_SHM_CHUNK_BYTES");
   // Set: chunk and slot as before 1 MiB became the default chunk (a user's

@@ -20,6 +20,7 @@
 //   hora_gpu_mock_seq()        how many calls so far (a call's place in order)
 //   hora_gpu_mock_event_wait_seq(ev)  where the last wait on external event
 //                              ev came in that order (0: never)
+//   hora_gpu_mock_hold_events(1|0)  while 1, no event completes
 //   hora_gpu_mock_fewest_init_cpus()  the fewest CPUs a comm_init caller's
 //                              mask held since the last call (INT_MAX: none)
 // HORA_GPU_MOCK_FAIL=<name> makes that function fail with an "injected"
@@ -187,8 +188,16 @@ int eventRecord(hora_gpu_event_t e, hora_gpu_stream_t h) {
   ev.upTo = s.enqueued;
   return 0;
 }
+std::atomic<bool>& heldEvents() {
+  static std::atomic<bool> held{false};
+  return held;
+}
 int eventQuery(hora_gpu_event_t e, int* done) {
   ENTER("event_query");
+  if (heldEvents().load()) {
+    *done = 0;
+    return 0;
+  }
   const char* stuck = std::getenv("HORA_GPU_MOCK_STUCK");
   if (stuck && std::strcmp(stuck, "1") == 0) {
     *done = 0;
@@ -644,6 +653,9 @@ MOCK_EXPORT long hora_gpu_mock_calls(const char* name) {
   auto it = counts().find(name);
   return it == counts().end() ? 0 : it->second;
 }
+
+// 1: no event completes until called with 0 (GPU work that is still running).
+MOCK_EXPORT void hora_gpu_mock_hold_events(int hold) { heldEvents().store(hold != 0); }
 
 // The number of plugin calls so far (the last call's place in the sequence).
 MOCK_EXPORT long hora_gpu_mock_seq() {

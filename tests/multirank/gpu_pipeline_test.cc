@@ -1,0 +1,214 @@
+// GPU pipelining (HORA_GPU_PIPELINE, ops/executor/executor.h): collectives
+// through the communicator are launched one after another on the set's
+// stream, and completed in order once their events fire. Against the mock
+// plugin (tests/gpu/mock), whose events can be held "running": while they
+// are, the executor must go on launching GPU groups, must not complete any,
+// and must hold back a host group that came after them; released, all
+// complete in launch order with their results. With HORA_GPU_PIPELINE=0 the
+// executor waits for each group before it starts the next.
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpu_mock_util.h"
+#include "gtest/gtest.h"
+#include "rank_harness.h"
+
+using namespace htest;
+
+namespace {
+
+class GpuPipeline : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ::setenv("HORA_GPU_PLUGIN", HORA_GPU_MOCK_PATH, 1);
+    ::unsetenv("HORA_GPU_PIPELINE");
+    mockHoldEvents(false);
+  }
+  void TearDown() override {
+    mockHoldEvents(false);
+    ::unsetenv("HORA_GPU_PLUGIN");
+    ::unsetenv("HORA_GPU_PIPELINE");
+  }
+};
+
+// Completion order, recorded by the requests' callbacks.
+struct Order {
+  std::mutex mu;
+  std::vector<int> done;
+};
+struct Tag {
+  Order* order;
+  int id;
+};
+void recordDone(void* user, hora_request_t, hora_status_t) {
+  auto* t = static_cast<Tag*>(user);
+  std::lock_guard<std::mutex> lk(t->order->mu);
+  t->order->done.push_back(t->id);
+}
+
+hora_status_t submitAllreduce(hora_runtime_t rt, std::vector<float>& v, bool gpu, const char* name,
+                              Tag* tag, hora_request_t* req) {
+  std::vector<int64_t> shape = {static_cast<int64_t>(v.size())};
+  DLTensor t = gpu ? cudaTensor(v.data(), dlType(kDLFloat, 32), &shape)
+                   : makeTensor(v.data(), dlType(kDLFloat, 32), &shape);
+  hora_options_t o;
+  hora_options_init(&o);
+  o.name = name;
+  o.op = HORA_OP_SUM;
+  o.postscale = 2.0;  // a result that differs from the input
+  o.callback = recordDone;
+  o.callback_user = tag;
+  return hora_allreduce_async(rt, &t, &t, &o, req);
+}
+
+// Waits (up to 10 s) until the mock saw `n` more calls of `fn` than `before`.
+bool awaitCalls(const char* fn, long before, long n) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (mockCalls(fn) - before < n) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+bool finished(hora_request_t req) {
+  int32_t done = 0;
+  hora_test(req, &done);
+  return done != 0;
+}
+
+TEST_F(GpuPipeline, CollectivesAreLaunchedWhileEarlierOnesRunAndCompleteInOrder) {
+  runThreads(1, [](int, hora_runtime_t rt) {
+    // The communicator exists before the events are held.
+    std::vector<float> warm(4, 1.0f);
+    hora_request_t req;
+    Order order;
+    Tag warmTag{&order, -1};
+    ASSERT_EQ(submitAllreduce(rt, warm, true, "warm", &warmTag, &req), HORA_SUCCESS);
+    ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+
+    mockHoldEvents(true);
+    const long before = mockCalls("allreduce");
+    std::vector<std::vector<float>> v(3, std::vector<float>(16));
+    std::vector<Tag> tags;
+    for (int i = 0; i < 3; ++i) tags.push_back(Tag{&order, i});
+    std::vector<hora_request_t> reqs(3);
+    for (int i = 0; i < 3; ++i) {
+      for (size_t j = 0; j < v[i].size(); ++j) v[i][j] = static_cast<float>(i * 100 + j);
+      const std::string name = "pipelined." + std::to_string(i);
+      ASSERT_EQ(submitAllreduce(rt, v[i], true, name.c_str(), &tags[i], &reqs[i]), HORA_SUCCESS)
+          << hora_last_error_message();
+      // Each its own group (submitted together they would be fused into one).
+      ASSERT_TRUE(awaitCalls("allreduce", before, i + 1))
+          << "the executor launched " << mockCalls("allreduce") - before << " of " << i + 1
+          << " GPU allreduces while the first was still running";
+    }
+    for (int i = 0; i < 3; ++i) EXPECT_FALSE(finished(reqs[i])) << i << " completed while held";
+    mockHoldEvents(false);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_EQ(waitAndFree(reqs[i]), HORA_SUCCESS) << lastMessage();
+      for (size_t j = 0; j < v[i].size(); ++j)
+        ASSERT_EQ(v[i][j], 2.0f * static_cast<float>(i * 100 + j)) << i << " " << j;
+    }
+    std::lock_guard<std::mutex> lk(order.mu);
+    EXPECT_EQ(order.done, (std::vector<int>{-1, 0, 1, 2}));
+  });
+}
+
+TEST_F(GpuPipeline, AHostGroupCompletesAfterTheGpuGroupsLaunchedBeforeIt) {
+  runThreads(1, [](int, hora_runtime_t rt) {
+    Order order;
+    std::vector<float> warm(4, 1.0f);
+    Tag warmTag{&order, -1};
+    hora_request_t req;
+    ASSERT_EQ(submitAllreduce(rt, warm, true, "warm", &warmTag, &req), HORA_SUCCESS);
+    ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+
+    mockHoldEvents(true);
+    const long before = mockCalls("allreduce");
+    std::vector<float> g(8, 3.0f), c(8, 5.0f);
+    Tag gTag{&order, 0}, cTag{&order, 1};
+    hora_request_t gr, cr;
+    ASSERT_EQ(submitAllreduce(rt, g, true, "gpu.first", &gTag, &gr), HORA_SUCCESS);
+    ASSERT_TRUE(awaitCalls("allreduce", before, 1));
+    ASSERT_EQ(submitAllreduce(rt, c, false, "host.second", &cTag, &cr), HORA_SUCCESS);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_FALSE(finished(cr)) << "the host group completed before the GPU group launched first";
+    EXPECT_FALSE(finished(gr));
+    mockHoldEvents(false);
+    ASSERT_EQ(waitAndFree(gr), HORA_SUCCESS) << lastMessage();
+    ASSERT_EQ(waitAndFree(cr), HORA_SUCCESS) << lastMessage();
+    EXPECT_EQ(g[0], 6.0f);
+    EXPECT_EQ(c[0], 10.0f);
+    std::lock_guard<std::mutex> lk(order.mu);
+    EXPECT_EQ(order.done, (std::vector<int>{-1, 0, 1}));
+  });
+}
+
+TEST_F(GpuPipeline, TurnedOffTheExecutorWaitsForEachGroupBeforeTheNext) {
+  ::setenv("HORA_GPU_PIPELINE", "0", 1);
+  runThreads(1, [](int, hora_runtime_t rt) {
+    Order order;
+    std::vector<float> warm(4, 1.0f);
+    Tag warmTag{&order, -1};
+    hora_request_t req;
+    ASSERT_EQ(submitAllreduce(rt, warm, true, "warm", &warmTag, &req), HORA_SUCCESS);
+    ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+
+    mockHoldEvents(true);
+    const long before = mockCalls("allreduce");
+    std::vector<float> a(8, 1.0f), b(8, 2.0f);
+    Tag aTag{&order, 0}, bTag{&order, 1};
+    hora_request_t ar, br;
+    ASSERT_EQ(submitAllreduce(rt, a, true, "a", &aTag, &ar), HORA_SUCCESS);
+    ASSERT_TRUE(awaitCalls("allreduce", before, 1));
+    ASSERT_EQ(submitAllreduce(rt, b, true, "b", &bTag, &br), HORA_SUCCESS);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_EQ(mockCalls("allreduce") - before, 1) << "launched the second before the first ended";
+    mockHoldEvents(false);
+    ASSERT_EQ(waitAndFree(ar), HORA_SUCCESS) << lastMessage();
+    ASSERT_EQ(waitAndFree(br), HORA_SUCCESS) << lastMessage();
+    EXPECT_EQ(a[0], 2.0f);
+    EXPECT_EQ(b[0], 4.0f);
+  });
+}
+
+// Launched groups whose GPU work never ends fail together once the peer
+// timeout passes, naming the timeout; the set is broken afterwards.
+TEST_F(GpuPipeline, LaunchedGroupsThatNeverEndAllFailAfterThePeerTimeout) {
+  runThreads(
+      1,
+      [](int, hora_runtime_t rt) {
+        Order order;
+        std::vector<float> warm(4, 1.0f);
+        Tag warmTag{&order, -1};
+        hora_request_t req;
+        ASSERT_EQ(submitAllreduce(rt, warm, true, "warm", &warmTag, &req), HORA_SUCCESS);
+        ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+        mockHoldEvents(true);
+        const long before = mockCalls("allreduce");
+        std::vector<float> a(8, 1.0f), b(8, 2.0f);
+        Tag aTag{&order, 0}, bTag{&order, 1};
+        hora_request_t ar, br;
+        ASSERT_EQ(submitAllreduce(rt, a, true, "stuck.a", &aTag, &ar), HORA_SUCCESS);
+        ASSERT_TRUE(awaitCalls("allreduce", before, 1));
+        ASSERT_EQ(submitAllreduce(rt, b, true, "stuck.b", &bTag, &br), HORA_SUCCESS);
+        EXPECT_TRUE(awaitCalls("allreduce", before, 2));
+        std::string msg;
+        EXPECT_EQ(waitAndFree(ar, 30, &msg), HORA_ERR_TIMEOUT) << msg;
+        EXPECT_NE(msg.find("allreduce \"stuck.a\" (cuda:0)"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("HORA_PEER_TIMEOUT_S=1 s"), std::string::npos) << msg;
+        EXPECT_NE(waitAndFree(br, 30, &msg), HORA_SUCCESS);
+        EXPECT_NE(msg.find("HORA_PEER_TIMEOUT_S=1 s"), std::string::npos) << msg;
+        mockHoldEvents(false);
+        std::lock_guard<std::mutex> lk(order.mu);
+        EXPECT_EQ(order.done, (std::vector<int>{-1, 0, 1}));
+      },
+      [](hora_config_t& c) { c.peer_timeout_s = 1; });
+}
+
+}  // namespace
