@@ -49,6 +49,7 @@ Status GpuPath::allreduce(const std::vector<Response>& group, const std::vector<
   const size_t total = start.back();
   const size_t bytes = total * esz;
   if (total == 0) return Status::ok();
+  if (viaComm) return allreduceViaComm(group, es, x, start, what);
   const auto dtc = static_cast<int32_t>(dt);
   GpuPlugin& plug = *plugin();
 
@@ -89,17 +90,13 @@ Status GpuPath::allreduce(const std::vector<Response>& group, const std::vector<
                      "batched_scale_copy (pack)", what));
   }
 
-  if (viaComm) {
-    HORA_GPU_CALL(plug, api_, what, allreduce, buf, buf, total, dtc, static_cast<int32_t>(x.op),
-                  comm_, stream_);
-  } else {
-    HORA_RETURN_IF_ERROR(pinned(bytes, what));
-    HORA_GPU_CALL(plug, api_, what, memcpy_async, pinned_, buf, bytes, stream_);
-    HORA_RETURN_IF_ERROR(wait(what));
-    Status s = ctx_.backend->allreduce(pinned_, total, dt, x.op);
-    if (!s.isOk()) return dataPlaneFailure(ctx_, s, what);
-    HORA_GPU_CALL(plug, api_, what, memcpy_async, buf, pinned_, bytes, stream_);
-  }
+  // Staged: device -> pinned host -> the CPU data plane -> device.
+  HORA_RETURN_IF_ERROR(pinned(bytes, what));
+  HORA_GPU_CALL(plug, api_, what, memcpy_async, pinned_, buf, bytes, stream_);
+  HORA_RETURN_IF_ERROR(wait(what));
+  Status s = ctx_.backend->allreduce(pinned_, total, dt, x.op);
+  if (!s.isOk()) return dataPlaneFailure(ctx_, s, what);
+  HORA_GPU_CALL(plug, api_, what, memcpy_async, buf, pinned_, bytes, stream_);
 
   if (inOutput) {
     if (x.post != 1.0) {
@@ -115,6 +112,98 @@ Status GpuPath::allreduce(const std::vector<Response>& group, const std::vector<
           plug.check(api_->batched_scale_copy(dtc, copies.data(), copies.size(), x.post, stream_),
                      "batched_scale_copy (unpack)", what));
   }
+  return finish(what);
+}
+
+Status GpuPath::allreduceViaComm(const std::vector<Response>& group,
+                                 const std::vector<EntryPtr>& es, const Reduction& x,
+                                 const std::vector<size_t>& start, const std::string& what) {
+  const size_t esz = x.elementSize;
+  const auto dtc = static_cast<int32_t>(x.dtype);
+  const auto op = static_cast<int32_t>(x.op);
+  GpuPlugin& plug = *plugin();
+  // Which tensors the communicator reduces one by one, in their own output:
+  // a group of one, and in a fused group each tensor of kGpuDirectBytes or
+  // more, for which packing into the fusion buffer and unpacking again (two
+  // device copies) costs more than a launch of its own. Decided from the
+  // responses alone, so every rank makes the same calls in the same order.
+  // The others are packed and reduced together in the fusion buffer; so is a
+  // joined rank's stand-in (the op's identity) for any of them.
+  const size_t n = group.size();
+  std::vector<char> direct(n);
+  std::vector<size_t> at(n);  // element offset in the fusion buffer (packed or stand-in)
+  size_t packed = 0;          // elements packed together, first in the buffer
+  for (size_t i = 0; i < n; ++i) {
+    const size_t count = start[i + 1] - start[i];
+    direct[i] = n == 1 || count * esz >= kGpuDirectBytes;
+    if (!direct[i]) at[i] = packed, packed += count;
+  }
+  size_t standIns = packed;  // joined stand-ins of direct tensors follow
+  for (size_t i = 0; i < n; ++i)
+    if (direct[i] && !es[i]) at[i] = standIns, standIns += start[i + 1] - start[i];
+  char* buf = nullptr;
+  if (standIns > 0) {
+    HORA_RETURN_IF_ERROR(fusion(standIns * esz, what));
+    buf = fusion_;
+  }
+
+  // A joined rank contributes the op's identity, through pinned memory.
+  bool joinedHere = false;
+  for (size_t i = 0; i < n; ++i) joinedHere = joinedHere || !es[i];
+  if (joinedHere) {
+    HORA_RETURN_IF_ERROR(pinned(standIns * esz, what));
+    for (size_t i = 0; i < n; ++i) {
+      if (es[i]) continue;
+      const size_t off = at[i] * esz, count = start[i + 1] - start[i];
+      fillIdentity(x.dtype, x.op, pinned_ + off, count);
+      HORA_GPU_CALL(plug, api_, what, memcpy_async, buf + off, pinned_ + off, count * esz, stream_);
+    }
+  }
+  std::vector<hora_gpu_copy_t> pack, prescaled, unpack, postscaled;
+  for (size_t i = 0; i < n; ++i) {
+    if (!es[i]) continue;
+    const size_t count = start[i + 1] - start[i];
+    char* out = static_cast<char*>(es[i]->out);
+    if (!direct[i]) {
+      pack.push_back({buf + at[i] * esz, es[i]->in, count});
+      unpack.push_back({out, buf + at[i] * esz, count});
+      continue;
+    }
+    // Reduced from its input into its output (out of place), unless a
+    // prescale must first be applied: then scaled into the output and
+    // reduced there.
+    if (x.pre != 1.0) prescaled.push_back({out, es[i]->in, count});
+    if (x.post != 1.0) postscaled.push_back({out, out, count});
+  }
+  if (!pack.empty())
+    HORA_RETURN_IF_ERROR(
+        plug.check(api_->batched_scale_copy(dtc, pack.data(), pack.size(), x.pre, stream_),
+                   "batched_scale_copy (pack)", what));
+  if (!prescaled.empty())
+    HORA_RETURN_IF_ERROR(plug.check(
+        api_->batched_scale_copy(dtc, prescaled.data(), prescaled.size(), x.pre, stream_),
+        "batched_scale_copy (prescale)", what));
+  for (size_t i = 0; i < n; ++i) {
+    if (!direct[i]) continue;
+    const size_t count = start[i + 1] - start[i];
+    if (!es[i]) {
+      char* p = buf + at[i] * esz;
+      HORA_GPU_CALL(plug, api_, what, allreduce, p, p, count, dtc, op, comm_, stream_);
+      continue;
+    }
+    const void* in = x.pre != 1.0 ? es[i]->out : es[i]->in;
+    HORA_GPU_CALL(plug, api_, what, allreduce, in, es[i]->out, count, dtc, op, comm_, stream_);
+  }
+  if (packed > 0)
+    HORA_GPU_CALL(plug, api_, what, allreduce, buf, buf, packed, dtc, op, comm_, stream_);
+  if (!unpack.empty())
+    HORA_RETURN_IF_ERROR(
+        plug.check(api_->batched_scale_copy(dtc, unpack.data(), unpack.size(), x.post, stream_),
+                   "batched_scale_copy (unpack)", what));
+  if (!postscaled.empty())
+    HORA_RETURN_IF_ERROR(plug.check(
+        api_->batched_scale_copy(dtc, postscaled.data(), postscaled.size(), x.post, stream_),
+        "batched_scale_copy (postscale)", what));
   return finish(what);
 }
 

@@ -125,6 +125,11 @@ class GpuPath : public CollectivePath, public DeviceMemory {
   Status checkWhileWaiting(Clock::time_point since, const std::string& what);
 
   // Collective helpers (gpu_collectives.cc).
+  // An allreduce group through the communicator: big tensors (and a group of
+  // one) reduced in their own output, the rest packed into the fusion buffer.
+  Status allreduceViaComm(const std::vector<Response>& group, const std::vector<EntryPtr>& es,
+                          const Reduction& x, const std::vector<size_t>& start,
+                          const std::string& what);
   // Every single-tensor collective's start: the device this rank runs it on,
   // its description for messages, the set's GPU resources, and the order
   // after the caller's ready event.
@@ -174,6 +179,11 @@ class GpuPath : public CollectivePath, public DeviceMemory {
 // within ~2% of its length. One pause between two polls, `waited` after the
 // work began; `spinning`: still inside kGpuSpin (and HORA_SPIN_US not 0).
 constexpr std::chrono::milliseconds kGpuSpin{1};
+
+// Fused allreduce through the communicator: tensors from this size on are
+// reduced in their own output instead of packed (two device copies, ~4 MiB
+// of them cost about what one NCCL launch does on an H100/H200).
+constexpr size_t kGpuDirectBytes = size_t{4} << 20;
 void gpuPollPause(const SpinPolicy& spin, Clock::duration waited, bool spinning);
 
 // Whether NCCL reduces this dtype (it lacks int16 and bool).

@@ -5,7 +5,9 @@
 // are, the executor must go on launching GPU groups, must not complete any,
 // and must hold back a host group that came after them; released, all
 // complete in launch order with their results. With HORA_GPU_PIPELINE=0 the
-// executor waits for each group before it starts the next.
+// executor waits for each group before it starts the next. Also the fused
+// allreduce through the communicator that pipelining made worth it: big
+// tensors reduced in their own output, the rest packed.
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -15,6 +17,7 @@
 
 #include "gpu_mock_util.h"
 #include "gtest/gtest.h"
+#include "ops/gpu/gpu_path.h"
 #include "rank_harness.h"
 
 using namespace htest;
@@ -209,6 +212,84 @@ TEST_F(GpuPipeline, LaunchedGroupsThatNeverEndAllFailAfterThePeerTimeout) {
         EXPECT_EQ(order.done, (std::vector<int>{-1, 0, 1}));
       },
       [](hora_config_t& c) { c.peer_timeout_s = 1; });
+}
+
+// A fused group through the communicator: tensors of kGpuDirectBytes or more
+// are reduced one by one from their input into their output, the rest packed
+// and reduced together; a joined rank makes the same calls with stand-ins.
+TEST_F(GpuPipeline, AFusedGroupReducesBigTensorsInTheirOwnOutputAndPacksTheRest) {
+  const int64_t big = static_cast<int64_t>(hora::kGpuDirectBytes / 4);
+  const std::vector<int64_t> counts = {big + 5, 7, big, 100};
+  for (int size : {1, 2, 3}) {
+    for (bool withJoined : {false, true}) {
+      if (withJoined && size < 2) continue;
+      SCOPED_TRACE(std::to_string(size) + " ranks" + (withJoined ? ", the last joined" : ""));
+      ::setenv("HORA_GPU_MOCK_DEVICES", std::to_string(size).c_str(), 1);
+      const long calls = mockCalls("allreduce"), copies = mockCalls("batched_scale_copy");
+      runThreads(size, [&](int rank, hora_runtime_t rt) {
+        const bool joined = withJoined && rank == size - 1;
+        const int contributors = withJoined ? size - 1 : size;
+        // Every rank runs one group first: the joined one then knows its GPU.
+        std::vector<float> warm(4, 1.0f);
+        std::vector<int64_t> ws = {4};
+        DLTensor wt = cudaTensor(warm.data(), dlType(kDLFloat, 32), &ws, rank);
+        hora_options_t o;
+        hora_options_init(&o);
+        o.name = "warm";
+        hora_request_t req;
+        ASSERT_EQ(hora_allreduce_async(rt, &wt, &wt, &o, &req), HORA_SUCCESS);
+        ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+        if (joined) {
+          hora_request_t j;
+          ASSERT_EQ(hora_join_async(rt, nullptr, &j), HORA_SUCCESS);
+          ASSERT_EQ(waitAndFree(j), HORA_SUCCESS) << lastMessage();
+          return;
+        }
+        std::vector<std::vector<float>> in(4), out(4);
+        std::vector<std::vector<int64_t>> shapes(4);
+        std::vector<DLTensor> ti(4), to(4);
+        std::vector<const DLTensor*> pin(4);
+        std::vector<DLTensor*> pout(4);
+        for (int k = 0; k < 4; ++k) {
+          shapes[k] = {counts[k]};
+          in[k].resize(counts[k]);
+          for (int64_t i = 0; i < counts[k]; ++i) in[k][i] = (rank + 1.0f) * (k + 1) + i % 3;
+          ti[k] = cudaTensor(in[k].data(), dlType(kDLFloat, 32), &shapes[k], rank);
+          if (k % 2 == 0) {  // out of place
+            out[k].assign(counts[k], -1.0f);
+            to[k] = cudaTensor(out[k].data(), dlType(kDLFloat, 32), &shapes[k], rank);
+          } else {
+            to[k] = ti[k];
+          }
+          pin[k] = &ti[k];
+          pout[k] = &to[k];
+        }
+        o.name = "mixed";
+        o.prescale = 2.0;
+        o.postscale = 0.25;
+        ASSERT_EQ(hora_grouped_allreduce_async(rt, 4, pin.data(), pout.data(), &o, &req),
+                  HORA_SUCCESS)
+            << hora_last_error_message();
+        ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+        double rankSum = 0;
+        for (int r = 0; r < contributors; ++r) rankSum += r + 1.0;
+        for (int k = 0; k < 4; ++k) {
+          const std::vector<float>& got = k % 2 == 0 ? out[k] : in[k];
+          for (int64_t i = 0; i < counts[k]; ++i) {
+            const double want = (rankSum * (k + 1) + contributors * (i % 3)) * 2.0 * 0.25;
+            ASSERT_FLOAT_EQ(got[i], static_cast<float>(want)) << "tensor " << k << " at " << i;
+          }
+        }
+        hora_request_t j;
+        ASSERT_EQ(hora_join_async(rt, nullptr, &j), HORA_SUCCESS);
+        ASSERT_EQ(waitAndFree(j), HORA_SUCCESS) << lastMessage();
+      });
+      // Per rank: the warm-up, then both big tensors alone and one packed call.
+      EXPECT_EQ(mockCalls("allreduce") - calls, size * 4);
+      if (!withJoined)  // pack, prescale, unpack, postscale (the in-place warm-up needs none)
+        EXPECT_EQ(mockCalls("batched_scale_copy") - copies, size * 4);
+    }
+  }
 }
 
 }  // namespace

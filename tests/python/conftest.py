@@ -9,6 +9,13 @@ from harness import RankPool  # noqa: E402
 
 
 @pytest.fixture(scope="session")
+def pool1():
+    pool = RankPool(1, extra_env={"HORA_STALL_SHUTDOWN_TIME_S": 20})
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="session")
 def pool2():
     pool = RankPool(2, extra_env={"HORA_STALL_SHUTDOWN_TIME_S": 20})
     yield pool

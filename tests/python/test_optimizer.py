@@ -78,6 +78,14 @@ def test_equivalence_fp16_compression(pool2):
     pool2.run(_b_equivalence, 1, 0.0, "fp16")
 
 
+def test_one_rank_equals_one_process(pool1):
+    """At one rank there are no hooks (as in Horovod): step() reduces every
+    gradient, the dense ones as one grouped allreduce; the result must still be
+    plain SGD, with accumulation and compression too."""
+    for bpps, momentum, compression in ((1, 0.0, "none"), (2, 0.9, "none"), (1, 0.0, "fp16")):
+        pool1.run(_b_equivalence, bpps, momentum, compression)
+
+
 def _b_unused_param(rank, size):
     """A parameter used on one rank only: no hang, its gradient is the average of
     the rank that used it and zeros."""

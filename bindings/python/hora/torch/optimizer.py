@@ -24,14 +24,31 @@ stays sparse, so optimizers that need sparse gradients (SparseAdam) work; with
 ``sparse_as_dense=True`` they are allreduced densely and made sparse again
 before the step.
 """
+import os
 import warnings
 from contextlib import contextmanager
 
 import torch
 
-from ..basics import Adasum, Average, global_process_set
+from ..basics import Adasum, Average, global_process_set, size
 from .compression import Compression
-from .mpi_ops import allreduce_async_, sparse_allreduce_async, synchronize
+from .mpi_ops import allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async, synchronize
+
+
+class _GroupResults:
+    """One grouped allreduce's outputs, waited for once; member(i) is a callable
+    returning the i-th (synchronize() calls a callable handle)."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.outputs = None
+
+    def member(self, i):
+        def get():
+            if self.outputs is None:
+                self.outputs = synchronize(self.handle)
+            return self.outputs[i]
+        return get
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -75,13 +92,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._sparse_params = {}  # parameter -> sparse_dim of its gradient
         self._synchronized = False
         self._should_synchronize = True
-        # Horovod registers the hooks only with more than one rank (or elastic)
-        # and then reduces every gradient in step(), after backward. hora
-        # registers them at every size: each gradient's reduction then starts
-        # while backward goes on, so its cost (the binding's per-tensor work,
-        # the GPU copies) overlaps backward at one rank too (bench/
-        # torch_gpu_vs_ddp.py: 1.08x DDP's step at one rank without them).
-        if self.process_set.included():
+        # As Horovod: hooks only with more than one rank (or elastic); at one
+        # rank every gradient is reduced in step(), the dense ones as one grouped
+        # allreduce (_reduce_grouped). Hooks at one rank were tried: their Python
+        # work runs on the autograd thread, between backward's kernel launches
+        # (bench/results/2026-11-28-gpu-h200.md).
+        if self.process_set.included() and (size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"):
             self._register_hooks()
 
     def load_state_dict(self, *args, **kwargs):
@@ -138,6 +154,32 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                   postscale_factor=postscale, process_set=self.process_set)
         return handle, ctx
 
+    def _reduce_grouped(self, params):
+        """Starts the reduction of every gradient in `params` at once: the dense
+        ones as one grouped allreduce per dtype and device (one call, one ready
+        event, instead of a submission per tensor: at one rank, where there
+        are no hooks, that per-tensor work was the step's whole overhead), the
+        rest one by one."""
+        buckets = {}
+        for p in params:
+            if p.grad is None or p.grad.is_sparse or p in self._sparse_params or \
+                    isinstance(self, torch.optim.SparseAdam):
+                self._handles[p] = self._allreduce_grad_async(p)
+                continue
+            buckets.setdefault((p.grad.dtype, p.grad.device), []).append(p)
+        if self.op == Average:
+            prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        else:
+            prescale, postscale = 1.0, 1.0
+        for k, members in enumerate(buckets.values()):
+            compressed = [self._compression.compress(p.grad) for p in members]
+            handle = grouped_allreduce_async_([t for t, _ in compressed], name="DistributedOptimizer.grouped.%d" % k,
+                                              op=self.op, prescale_factor=prescale, postscale_factor=postscale,
+                                              process_set=self.process_set)
+            results = _GroupResults(handle)
+            for i, (p, (_, ctx)) in enumerate(zip(members, compressed)):
+                self._handles[p] = (results.member(i), ctx)
+
     def _make_hook(self, p):
         def hook(*ignore):
             if p in self._handles and self._handles[p][0] is not None:
@@ -166,10 +208,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if handle is None:
                 self._handles[p] = self._allreduce_grad_async(p)
         if not self._requires_update:  # hooks not registered (one rank): reduce every gradient here
-            for group in self.param_groups:
-                for p in group["params"]:
-                    if p.requires_grad and p not in self._handles:
-                        self._handles[p] = self._allreduce_grad_async(p)
+            self._reduce_grouped([p for group in self.param_groups for p in group["params"]
+                                  if p.requires_grad and p not in self._handles])
         handles, self._handles = self._handles, {}
         error = None
         for p, (handle, ctx) in handles.items():
