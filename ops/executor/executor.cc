@@ -2,6 +2,8 @@
 // path follows when the data plane fails.
 #include "ops/executor/executor.h"
 
+#include <cstdint>
+
 #include "core/check.h"
 #include "core/cpu_affinity.h"
 
@@ -46,13 +48,16 @@ void Executor::run() {
     if (launched_.empty()) {
       if (!queue_.pop(&group)) break;
     } else {
-      // GPU work in flight: launch what comes next, and complete what is done.
-      const int got = queue_.tryPop(&group);
+      // GPU work in flight: complete what is done, launch what comes next
+      // (at most kMaxLaunchedGroups at once).
+      reapLaunched(launched_.size() >= kMaxLaunchedGroups ? kMaxLaunchedGroups - 1 : SIZE_MAX);
+      const int got = launched_.empty() ? 0 : queue_.tryPop(&group);
       if (got < 0) break;
       if (got == 0) {
-        if (!reapLaunched(false))
-          gpuPollPause(ctx_.spin, Clock::now() - gpu_.oldestLaunch(),
-                       ctx_.spin.enabled() && Clock::now() - gpu_.oldestLaunch() < kGpuSpin);
+        if (!launched_.empty()) {
+          const auto waited = Clock::now() - gpu_.oldestLaunch();
+          gpuPollPause(ctx_.spin, waited, ctx_.spin.enabled() && waited < kGpuSpin);
+        }
         continue;
       }
     }
@@ -63,10 +68,10 @@ void Executor::run() {
     else
       queue_.launched();
   }
-  reapLaunched(true);  // closed: what was launched still completes
+  reapLaunched(0);  // closed: what was launched still completes
 }
 
-bool Executor::reapLaunched(bool all) {
+bool Executor::reapLaunched(size_t keepAtMost) {
   bool any = false;
   while (!launched_.empty()) {
     auto state = gpu_.pollLaunched();
@@ -81,7 +86,7 @@ bool Executor::reapLaunched(bool all) {
       return true;
     }
     if (!state.value()) {
-      if (!all) return any;
+      if (launched_.size() <= keepAtMost) return any;
       const auto waited = Clock::now() - gpu_.oldestLaunch();
       gpuPollPause(ctx_.spin, waited, ctx_.spin.enabled() && waited < kGpuSpin);
       continue;
@@ -96,8 +101,7 @@ bool Executor::reapLaunched(bool all) {
 
 void Executor::finishLaunched(LaunchedGroup& l, const Status* failure) {
   if (ctx_.telemetry)
-    ctx_.telemetry->finished(l.group, failure ? *failure : l.outputLost, gpu_.planeName(), true, -1,
-                             -1);
+    ctx_.telemetry->finished(l.group, failure ? *failure : l.outputLost, l.plane, true, -1, -1);
   if (failure)
     fail(l.group, *failure);
   else
@@ -116,7 +120,10 @@ bool Executor::runHere(AgreedGroup& group, std::function<void()> whileWaiting) {
   // caller may read the metrics the moment they do.
   if (ctx_.telemetry) ctx_.telemetry->ranOnControl();
   ctx_.backend->setWaitHook(std::move(whileWaiting));
-  execute(group);
+  // Host groups only, and nothing launched on the GPU (tryBeginInline counts
+  // launched groups in flight), so execute() never leaves this one launched.
+  const bool done = execute(group);
+  HORA_CHECK(done) << "a group run on the control thread was left launched";
   ctx_.backend->setWaitHook(nullptr);
   return true;
 }
@@ -134,7 +141,7 @@ bool Executor::execute(AgreedGroup& g) {
   const bool onGpu = g.responses.front().device.kind == DeviceKind::kCuda;
   // Only GPU groups go on behind launched ones (their stream orders them);
   // anything else completes after them, as it would have without pipelining.
-  if (!onGpu || !needsDataPlane(g)) reapLaunched(true);
+  if (!onGpu || !needsDataPlane(g)) reapLaunched(0);
   if (!needsDataPlane(g)) {
     if (ctx_.telemetry) ctx_.telemetry->inlineDone(g);
     completeWithoutDataPlane(g, ctx_.globalRanks);
@@ -149,7 +156,7 @@ bool Executor::execute(AgreedGroup& g) {
   // status is not final yet: this one cannot run either (its peers are
   // failing too), and it reports whatever that status becomes.
   if (ctx_.health->suspected()) {
-    reapLaunched(true);
+    reapLaunched(0);
     const Status s(Code::kRemoteError, "the data plane failed");
     if (ctx_.telemetry) ctx_.telemetry->finished(g, s, "-", false);
     fail(g, s);
@@ -183,10 +190,10 @@ bool Executor::execute(AgreedGroup& g) {
   }
   if (onGpu && gpu_.tookLaunch()) {  // completed by reapLaunched once its event fires
     HORA_CHECK(s.isOk()) << "a GPU group failed after it was launched";
-    launched_.push_back(LaunchedGroup{std::move(g), outputLost});
+    launched_.push_back(LaunchedGroup{std::move(g), outputLost, gpu_.planeName()});
     return false;
   }
-  if (onGpu) reapLaunched(true);  // those launched before it complete first
+  if (onGpu) reapLaunched(0);  // those launched before it complete first
   if (ctx_.telemetry) {
     const bool cpuAllreduce = !onGpu && first.kind == ResponseKind::kAllreduce;
     const CpuPath::Phases ph = cpuAllreduce ? cpu_.lastPhases() : CpuPath::Phases{-1, -1};

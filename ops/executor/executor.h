@@ -77,13 +77,18 @@ class Executor {
   bool execute(AgreedGroup& group);
   void complete(AgreedGroup& group, const Status& outputLost);
   void fail(AgreedGroup& group, const Status& why);
-  // Completes the launched groups whose GPU work is done, in order; with
-  // `all`, waits for every one. Each completed group is finishedLaunched()
-  // on the queue. Returns whether any completed.
-  bool reapLaunched(bool all);
+  // Completes the launched groups whose GPU work is done, in order, and
+  // waits until at most `keepAtMost` are left (0: all done; SIZE_MAX: never
+  // waits). Each completed group is finishedLaunched() on the queue. Returns
+  // whether any completed.
+  bool reapLaunched(size_t keepAtMost);
+  // Launched groups at once: the executor waits for the oldest beyond this
+  // (a bound on the events and entries held while the GPU runs behind).
+  static constexpr size_t kMaxLaunchedGroups = 64;
   struct LaunchedGroup {
     AgreedGroup group;
     Status outputLost;  // this rank's output could not be allocated
+    const char* plane;  // the data plane it went through, for telemetry
   };
   // Completes (failure null) or fails a launched group, then finishedLaunched().
   void finishLaunched(LaunchedGroup& launched, const Status* failure);

@@ -260,6 +260,14 @@ Status GpuPath::pinned(size_t bytes, const std::string& what) {
 }
 
 Status GpuPath::checkWhileWaiting(Clock::time_point since, const std::string& what) {
+  Status s = checkHealth(since, what);
+  // Once the communicator is aborted, work launched behind it cannot be
+  // trusted even if its events fire: launched groups fail with this.
+  if (!s.isOk() && aborted_.isOk()) aborted_ = s;
+  return s;
+}
+
+Status GpuPath::checkHealth(Clock::time_point since, const std::string& what) {
   if (comm_) {
     int failed = 0;
     const int rc = api_->comm_async_error(comm_, &failed);
@@ -302,13 +310,17 @@ Status GpuPath::checkWhileWaiting(Clock::time_point since, const std::string& wh
 
 Status GpuPath::wait(const std::string& what) {
   HORA_GPU_CALL(*plugin(), api_, what, event_record, done_, stream_);
+  return waitEvent(done_, what);
+}
+
+Status GpuPath::waitEvent(hora_gpu_event_t event, const std::string& what) {
   const auto start = Clock::now();
   // Polled as gpuPollPause says (gpu_path.h); kGpuSpin covers one host's
   // collectives up to hundreds of MiB.
   const auto spinUntil = ctx_.spin.enabled() ? start + kGpuSpin : start;
   for (uint32_t i = 0;; ++i) {
     int done = 0;
-    HORA_GPU_CALL(*plugin(), api_, what, event_query, done_, &done);
+    HORA_GPU_CALL(*plugin(), api_, what, event_query, event, &done);
     if (done) return Status::ok();
     const auto now = Clock::now();
     if (now < spinUntil && (i & 63) != 0) {  // the checks below every 64 polls
@@ -323,16 +335,15 @@ Status GpuPath::wait(const std::string& what) {
 Status GpuPath::finish(const std::string& what) {
   if (!opts_.pipeline || !viaComm_) return wait(what);
   hora_gpu_event_t ev = nullptr;
-  if (freeEvents_.empty()) {
-    HORA_GPU_CALL(*plugin(), api_, what, event_create, device_, &ev);
-  } else {
+  if (!freeEvents_.empty()) {
     ev = freeEvents_.back();
     freeEvents_.pop_back();
+  } else if (api_->event_create(device_, &ev) != 0) {
+    return wait(what);  // no event to launch with: wait for the group as without pipelining
   }
-  const int rc = api_->event_record(ev, stream_);
-  if (rc != 0) {
+  if (api_->event_record(ev, stream_) != 0) {
     freeEvents_.push_back(ev);
-    return plugin()->check(rc, "event_record", what);
+    return wait(what);
   }
   launched_.push_back(Launch{ev, Clock::now(), what});
   tookLaunch_ = true;
@@ -347,25 +358,40 @@ bool GpuPath::tookLaunch() {
 
 Result<bool> GpuPath::pollLaunched() {
   Launch& l = launched_.front();
+  Status s = aborted_;
   int done = 0;
-  Status s = plugin()->check(api_->event_query(l.event, &done), "event_query", l.what);
+  if (s.isOk()) {
+    s = plugin()->check(api_->event_query(l.event, &done), "event_query", l.what);
+    if (!s.isOk()) {
+      if (comm_) api_->comm_abort(comm_);
+      aborted_ = s;
+    }
+  }
   if (s.isOk() && done) {
     freeEvents_.push_back(l.event);
     launched_.pop_front();
+    // The next group's work starts once this one's ended: its own
+    // HORA_PEER_TIMEOUT_S counts from here, not from its launch.
+    if (!launched_.empty()) launched_.front().at = Clock::now();
     return true;
   }
   if (s.isOk()) s = checkWhileWaiting(l.at, l.what);
   if (s.isOk()) return false;
   // The stream is unusable behind the failed work (the communicator was
-  // aborted): every launched group fails with it.
+  // aborted; events may still fire, over aborted kernels): every launched
+  // group fails with it.
   for (Launch& x : launched_) freeEvents_.push_back(x.event);
   launched_.clear();
   return s;
 }
 
 Status GpuPath::settle(const std::string& what) {
-  if (launched_.empty()) return Status::ok();
-  return wait(what);
+  // Each launched group in turn, with a timeout of its own (a burst of them
+  // may take longer than one HORA_PEER_TIMEOUT_S together); the executor
+  // completes them afterwards through pollLaunched().
+  if (!aborted_.isOk()) return aborted_.withContext(what);
+  for (const Launch& l : launched_) HORA_RETURN_IF_ERROR(waitEvent(l.event, l.what));
+  return Status::ok();
 }
 
 Result<std::shared_ptr<void>> GpuPath::allocate(size_t bytes, const std::string& what) {
@@ -387,6 +413,7 @@ void GpuPath::release() {
   for (hora_gpu_event_t ev : freeEvents_) api_->event_destroy(ev);
   launched_.clear();
   freeEvents_.clear();
+  aborted_ = Status::ok();
   if (stream_) api_->stream_destroy(stream_);
   api_ = nullptr;
   device_ = -1;

@@ -122,7 +122,12 @@ class GpuPath : public CollectivePath, public DeviceMemory {
   Status settle(const std::string& what);
   // While GPU work runs: the communicator's asynchronous error, the set's
   // health and the deadline (`since` + HORA_PEER_TIMEOUT_S); ok to go on.
+  // (A failure is also kept in aborted_.)
   Status checkWhileWaiting(Clock::time_point since, const std::string& what);
+  Status checkHealth(Clock::time_point since, const std::string& what);
+  // Polls `event` until it fired, checking as checkWhileWaiting says; the
+  // timeout counts from the call.
+  Status waitEvent(hora_gpu_event_t event, const std::string& what);
 
   // Collective helpers (gpu_collectives.cc).
   // An allreduce group through the communicator: big tensors (and a group of
@@ -170,6 +175,9 @@ class GpuPath : public CollectivePath, public DeviceMemory {
   };
   std::deque<Launch> launched_;
   std::vector<hora_gpu_event_t> freeEvents_;
+  // The first failure while GPU work ran (the communicator aborted, a lost
+  // peer, a timeout): launched groups and later settles fail with it.
+  Status aborted_;
 };
 
 // How hora waits for GPU work (GpuPath::wait, and the executor for launched

@@ -21,4 +21,4 @@ from .exceptions import (HoraError, HoraInternalError, HoraInvalidArgumentError,
                          HoraRemoteError, HoraResetLimitError, HoraShutDownError, HoraTimeoutError,
                          HorovodInternalError, HostsUpdatedInterrupt)
 
-__version__ = "0.5.0"  # the version of libhora it is released with (CMakeLists.txt)
+__version__ = "0.5.1"  # the version of libhora it is released with (CMakeLists.txt)

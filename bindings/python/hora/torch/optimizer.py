@@ -42,11 +42,17 @@ class _GroupResults:
     def __init__(self, handle):
         self.handle = handle
         self.outputs = None
+        self.error = None
 
     def member(self, i):
         def get():
-            if self.outputs is None:
-                self.outputs = synchronize(self.handle)
+            if self.outputs is None and self.error is None:
+                try:
+                    self.outputs = synchronize(self.handle)
+                except Exception as e:  # every member reports the group's failure
+                    self.error = e
+            if self.error is not None:
+                raise self.error
             return self.outputs[i]
         return get
 
