@@ -12,8 +12,9 @@
 // Threads: create() runs on the thread that creates the process set (it
 // drives the io_context itself until every rank is connected). After start(),
 // the io_context belongs to the set's control thread, which calls run(). With
-// the shared-memory lane up, a framework thread may do the control thread's
-// work for a moment (tryDrive, driveOnce; drive_lock.h): "the control thread"
+// the shared-memory lane up (or alone in a set of one rank), a framework
+// thread may do the control thread's work for a moment (tryDrive, driveOnce;
+// drive_lock.h): "the control thread"
 // below means whichever thread holds the drive lock. Every handler runs under
 // it, and every method not marked thread-safe must be called under it (use
 // post() from elsewhere).
@@ -139,12 +140,13 @@ class ControlPlane {
   // now (holds the drive lock).
   bool drivenHere() const { return drive_.heldHere(); }
 
-  // A framework thread submitting work (only with the lane up; see
-  // drive_lock.h): runs `fn` on the calling thread between two rounds of
-  // the lane under the drive lock, counted among the lane's pollers, when
-  // no thread drives the set now (nor this one, in a handler); false,
-  // running nothing, otherwise. `*whileDriving`, if given, is true from the
-  // lock's taking to its release. Thread-safe.
+  // A framework thread submitting work (with the lane up, or in a set of one
+  // rank, which has no peers to hear from; see drive_lock.h): runs `fn` on
+  // the calling thread under the drive lock (with the lane, between two of
+  // its rounds, counted among its pollers), when no thread drives the set
+  // now (nor this one, in a handler); false, running nothing, otherwise.
+  // `*whileDriving`, if given, is true from the lock's taking to its
+  // release. Thread-safe.
   bool tryDrive(const std::function<void()>& fn, bool* whileDriving = nullptr);
   // A framework thread doing the control thread's work while it waits for
   // one of the set's collectives: beginDriving() counts it among the lane's

@@ -185,7 +185,10 @@ void ControlPlane::leaveLane() {
 }
 
 bool ControlPlane::tryDrive(const std::function<void()>& fn, bool* whileDriving) {
-  if (!lane_ || drive_.heldHere() || io_.stopped()) return false;
+  // With the lane up; or alone in the set, where there is no peer to hear
+  // from and the caller's request is the whole negotiation.
+  const bool solo = !lane_ && opts_.size == 1;
+  if ((!lane_ && !solo) || drive_.heldHere() || io_.stopped()) return false;
   // Checked again under the lock: stop() runs under it too, and once the
   // loop stopped the set is being torn down (its executor included).
   std::unique_lock<DriveLock> hold(drive_, std::try_to_lock);
@@ -199,6 +202,11 @@ bool ControlPlane::tryDrive(const std::function<void()>& fn, bool* whileDriving)
     }
     bool* f;
   } flag(whileDriving);
+  if (solo) {
+    fn();
+    runSoonQueued();
+    return true;
+  }
   {
     PollingScope polling(*lane_);
     pollLane();

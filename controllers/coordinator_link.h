@@ -58,6 +58,10 @@ class CoordinatorLink {
   // Whether executorIdle() does anything (the controller only wakes the
   // control thread after each group when it does).
   virtual bool wantsExecutorIdle() const { return false; }
+  // Executor thread, after a group: whether executorIdle() has anything to
+  // do now (the coordinator held tensors back while the executor was busy);
+  // if not, the control thread is not woken for it.
+  virtual bool executorIdleWanted() const { return wantsExecutorIdle(); }
   // This rank's executor finished a group (the coordinator may emit now).
   virtual void executorIdle() {}
   // Emits everything ready at once (shutdown: other ranks may wait for it).

@@ -97,7 +97,16 @@ void CoordinatorService::maybeEmit(bool force) {
   if (!emitTimerArmed_) firstReady_ = now;
   // Emit at once when the executor is idle (lowest latency); while it is
   // busy, let more tensors become ready so they fuse, for at most one cycle.
-  if (!force && queue_.busy() > 0 && now - firstReady_ < cycleTime_) {
+  // The hold is published before busy() is read again, and the executor's
+  // done hook reads it after busy() dropped: one of the two sees the other
+  // (both are ordered by the queue's mutex), so held tensors are never left
+  // for the timer alone.
+  bool hold = !force && queue_.busy() > 0 && now - firstReady_ < cycleTime_;
+  if (hold) {
+    heldForBusy_.store(true);
+    hold = queue_.busy() > 0;
+  }
+  if (hold) {
     if (!emitTimerArmed_) {
       emitTimerArmed_ = true;
       emitTimer_.expires_after(cycleTime_);
@@ -110,6 +119,7 @@ void CoordinatorService::maybeEmit(bool force) {
     }
     return;
   }
+  heldForBusy_.store(false);
   if (emitTimerArmed_) {
     emitTimer_.cancel();
     emitTimerArmed_ = false;

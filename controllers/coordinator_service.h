@@ -27,6 +27,7 @@
 // Control thread only.
 #pragma once
 
+#include <atomic>
 #include <boost/asio/steady_timer.hpp>
 #include <memory>
 #include <optional>
@@ -65,6 +66,7 @@ class CoordinatorService : public CoordinatorLink {
   void onFrame(int from, FrameType type, std::string payload) override;
   Status describeLoss(int peer, const Status& why) const override;
   bool wantsExecutorIdle() const override { return true; }
+  bool executorIdleWanted() const override { return heldForBusy_.load(); }
   void executorIdle() override { maybeEmit(false); }
   void flush() override { maybeEmit(true); }
   void stop() override;
@@ -87,6 +89,9 @@ class CoordinatorService : public CoordinatorLink {
   Coordinator coordinator_;
   boost::asio::steady_timer emitTimer_, stallTimer_;
   bool emitTimerArmed_ = false;
+  // Ready tensors held back because the executor was busy: its done hook
+  // then wakes the control thread to emit them (read on the executor).
+  std::atomic<bool> heldForBusy_{false};
   Clock::time_point firstReady_{};
   std::chrono::microseconds cycleTime_;       // autotune may change it
   std::unique_ptr<AutotuneDriver> autotune_;  // null: off

@@ -45,7 +45,9 @@ SetController::SetController(SetControllerOptions options, ControlPlane& cp,
     });
   });
   if (link_->wantsExecutorIdle())
-    queue_.setGroupDoneHook([this] { cp_.post([this] { link_->executorIdle(); }); });
+    queue_.setGroupDoneHook([this] {
+      if (link_->executorIdleWanted()) cp_.post([this] { link_->executorIdle(); });
+    });
 }
 
 SetController::~SetController() { stop(); }

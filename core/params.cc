@@ -130,8 +130,9 @@ const std::vector<ParamSpec>& paramRegistry() {
        "memory), a framework thread that submits a collective sends its request itself, and "
        "one that waits for a collective does the control thread's work while no other thread "
        "does (reading the negotiation, running a small allreduce), instead of handing each "
-       "step to the set's control thread: no thread hand-off on a small allreduce's path. 0 "
-       "leaves all of it to the control thread."},
+       "step to the set's control thread: no thread hand-off on a small allreduce's path. In a "
+       "process set of one rank the submitting thread negotiates by itself. 0 leaves all of it "
+       "to the control thread."},
       {"HORA_INLINE_MAX_BYTES", ParamType::kInt, "-1",
        "Allreduces of host tensors up to this size travel inside the negotiation: each rank's "
        "request carries its tensor, the coordinator reduces them and its response carries the "

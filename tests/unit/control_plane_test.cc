@@ -609,6 +609,42 @@ TEST(ControlPlaneTest, SizeOneHasNoPeersAndNeedsNoStore) {
   EXPECT_TRUE(seen.losses.empty());
 }
 
+// Alone in its set, a submitting thread does the control thread's work
+// itself (HORA_CALLER_DRIVES without a lane): there is no peer to hear from.
+// Not while another thread drives, nor from inside a handler of this plane.
+TEST(ControlPlaneTest, SizeOneLetsTheCallerDriveWithoutALane) {
+  CpSet set(1);
+  ASSERT_TRUE(set.createAll());
+  set.startAll();
+  ControlPlane& cp = *set.cp(0);
+  const auto me = std::this_thread::get_id();
+  std::thread::id ranOn;
+  bool whileDriving = false, sawFlag = false;
+  EXPECT_TRUE(cp.tryDrive(
+      [&] {
+        ranOn = std::this_thread::get_id();
+        sawFlag = whileDriving;
+        EXPECT_TRUE(cp.drivenHere());
+      },
+      &whileDriving));
+  EXPECT_EQ(ranOn, me) << "ran on the calling thread";
+  EXPECT_TRUE(sawFlag);
+  EXPECT_FALSE(whileDriving);
+  EXPECT_FALSE(cp.drivenHere());
+  // Inside one of the plane's handlers (they run under the drive lock): not again.
+  auto nested = std::make_shared<std::promise<bool>>();
+  auto nestedResult = nested->get_future();
+  cp.post([&cp, nested] { nested->set_value(cp.tryDrive([] {})); });
+  ASSERT_EQ(nestedResult.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_FALSE(nestedResult.get());
+  // Another thread holding the lock: refused, running nothing.
+  std::unique_lock<DriveLock> held(cp.driveLock());
+  bool ran = false;
+  std::thread other([&] { EXPECT_FALSE(cp.tryDrive([&] { ran = true; })); });
+  other.join();
+  EXPECT_FALSE(ran);
+}
+
 TEST(ControlPlaneTest, HeartbeatsKeepAnIdleSetAliveAndAreNotDelivered) {
   CpSet set(3);
   set.setAllOptions([](ControlPlaneOptions& o) {
