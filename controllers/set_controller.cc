@@ -431,8 +431,15 @@ void SetController::queueGroup(std::vector<Response> responses) {
   AgreedGroup g;
   Status s = claimEntries(responses, &g);
   if (!s.isOk()) {
-    for (auto& e : g.entries)
-      if (e) e->complete(entryFailure(*e, myGlobalRank(), s));
+    auto fail = [this, entries = g.entries, s] {
+      for (auto& e : entries)
+        if (e) e->complete(entryFailure(*e, myGlobalRank(), s));
+    };
+    // Completing runs the user's callbacks: never inside a submission.
+    if (cp_.drivenHere() && submitting_)
+      cp_.post(fail);
+    else
+      fail();
     return failSet(s, true);
   }
   HORA_CHECK(g.entries.size() == responses.size());
@@ -502,7 +509,19 @@ void SetController::onPeerLost(int peer, Status why) {
   failSet(link_->describeLoss(peer, why), true);
 }
 
-void SetController::failSet(Status why, bool tellPeers) { health_.fail(std::move(why), tellPeers); }
+void SetController::failSet(Status why, bool tellPeers) {
+  // A framework thread inside its own submission (HORA_CALLER_DRIVES) runs
+  // the set's logic: the failure's completions (the user's callbacks, which
+  // may shut hora down) go to the control thread instead of running inside
+  // hora_*_async under the drive lock.
+  if (cp_.drivenHere() && submitting_ && !stopping_) {
+    cp_.post([this, why = std::move(why), tellPeers]() mutable {
+      health_.fail(std::move(why), tellPeers);
+    });
+    return;
+  }
+  health_.fail(std::move(why), tellPeers);
+}
 
 void SetController::dumpFlight(const std::string& why) {
   if (!opts_.telemetry || opts_.telemetry->options().flightEntries == 0) return;

@@ -110,11 +110,14 @@ void GroupQueue::launched() {
 
 void GroupQueue::finishedLaunched() {
   {
+    // One step, so that busy() never sees the group launched but gone.
     std::lock_guard<std::mutex> lk(mu_);
-    HORA_CHECK(launched_ > 0) << "a launched group finished that was never launched";
+    HORA_CHECK(launched_ > 0 && inFlight_ > 0)
+        << "a launched group finished that was never launched";
     --launched_;
+    --inFlight_;
   }
-  leave();
+  idle_.notify_all();
   if (doneHook_) doneHook_();
 }
 
