@@ -158,18 +158,23 @@ struct Bench {
   float* out = nullptr;
   size_t capacity = 0;  // elements of `out`, one more than the largest size
 
+  // The input and output as CUDA float32 tensors of `shape` (one dimension).
+  void describe(int64_t* shape, DLTensor* ti, DLTensor* to) const {
+    std::memset(ti, 0, sizeof *ti);
+    ti->device.device_type = kDLCUDA;
+    ti->device.device_id = 0;
+    ti->ndim = 1;
+    ti->dtype = DLDataType{kDLFloat, 32, 1};
+    ti->shape = shape;
+    *to = *ti;
+    ti->data = in;
+    to->data = out;
+  }
+
   void horaCall(size_t count, const std::string& name) {
     int64_t shape[1] = {static_cast<int64_t>(count)};
-    DLTensor ti;
-    std::memset(&ti, 0, sizeof ti);
-    ti.device.device_type = kDLCUDA;
-    ti.device.device_id = 0;
-    ti.ndim = 1;
-    ti.dtype = DLDataType{kDLFloat, 32, 1};
-    ti.shape = shape;
-    DLTensor to = ti;
-    ti.data = in;
-    to.data = out;
+    DLTensor ti, to;
+    describe(shape, &ti, &to);
     hora_options_t opts;
     hora_options_init(&opts);
     opts.op = HORA_OP_SUM;
@@ -191,16 +196,8 @@ struct Bench {
   // smaller ones are fused by hora into fewer launches.
   void horaBatch(size_t count, const std::string& name, int n) {
     int64_t shape[1] = {static_cast<int64_t>(count)};
-    DLTensor ti;
-    std::memset(&ti, 0, sizeof ti);
-    ti.device.device_type = kDLCUDA;
-    ti.device.device_id = 0;
-    ti.ndim = 1;
-    ti.dtype = DLDataType{kDLFloat, 32, 1};
-    ti.shape = shape;
-    DLTensor to = ti;
-    ti.data = in;
-    to.data = out;
+    DLTensor ti, to;
+    describe(shape, &ti, &to);
     std::vector<hora_request_t> reqs(n, nullptr);
     std::vector<std::string> names(n);
     for (int k = 0; k < n; ++k) {

@@ -22,9 +22,7 @@ import argparse
 import copy
 import gc
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
@@ -32,11 +30,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 TARGET = 1.02
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, HERE)
+from torch_vs_ddp import free_port, launch  # noqa: E402  (the ranks' launcher, shared)
 
 
 def build_model(name):
@@ -55,28 +50,6 @@ def build_model(name):
                 nn.ReLU(inplace=True)]
     layers = block(3, 32, 2) + block(32, 64, 2) + block(64, 128, 2) + block(128, 256, 2) + block(256, 256, 1)
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, 1000)), name
-
-
-def launch(args):
-    hora_port, torch_port, secret = free_port(), free_port(), os.urandom(8).hex()
-    procs = []
-    for r in range(args.np):
-        env = dict(os.environ, HORA_RANK=str(r), HORA_SIZE=str(args.np), HORA_STORE_ADDR="127.0.0.1",
-                   HORA_STORE_PORT=str(hora_port), HORA_SECRET=secret, MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(torch_port), RANK=str(r), WORLD_SIZE=str(args.np))
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker"] + sys.argv[1:]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=None if r == 0 else subprocess.DEVNULL))
-    deadline = time.time() + args.timeout
-    rc = 0
-    for p in procs:
-        try:
-            rc = rc or p.wait(timeout=max(1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            rc = 124
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-    return rc
 
 
 def worker(args):
@@ -254,7 +227,7 @@ def main():
                   % (args.np, args.np, torch.cuda.device_count()), file=sys.stderr)
             return 2
     if args.np > 1:
-        return launch(args)
+        return launch(args, __file__, omp_threads=None)
     # one rank, in this process: hora's identity and torch's rendezvous for world size 1
     os.environ.update(HORA_RANK="0", HORA_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                       RANK="0", WORLD_SIZE="1")

@@ -36,30 +36,31 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(args):
-    hora_port, torch_port = free_port(), free_port()
+def launch(args, script=None, omp_threads="1"):
+    """Starts args.np ranks of `script` (default this one) with "--worker" and
+    this command's arguments, with both hora's HORA_* contract and
+    torch.distributed's MASTER_ADDR/PORT; rank 0's output shows. Returns the
+    first non-zero exit status, 124 past args.timeout. bench/torch_gpu_vs_ddp.py
+    starts its ranks with it too."""
+    hora_port, torch_port, secret = free_port(), free_port(), os.urandom(8).hex()
+    pythonpath = os.path.join(REPO, "bindings", "python") + os.pathsep + os.environ.get("PYTHONPATH", "")
     procs = []
     for r in range(args.np):
         env = dict(os.environ, HORA_RANK=str(r), HORA_SIZE=str(args.np), HORA_STORE_ADDR="127.0.0.1",
-                   HORA_STORE_PORT=str(hora_port), HORA_SECRET=os.urandom(8).hex() if r == 0 else "",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(torch_port), RANK=str(r), WORLD_SIZE=str(args.np),
-                   OMP_NUM_THREADS="1")
-        env["PYTHONPATH"] = os.path.join(REPO, "bindings", "python") + os.pathsep + env.get("PYTHONPATH", "")
-        procs.append(env)
-    secret = procs[0]["HORA_SECRET"]
-    running = []
-    for env in procs:
-        env["HORA_SECRET"] = secret
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker"] + sys.argv[1:]
-        running.append(subprocess.Popen(cmd, env=env, stdout=None if env["HORA_RANK"] == "0" else subprocess.DEVNULL))
+                   HORA_STORE_PORT=str(hora_port), HORA_SECRET=secret, MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(torch_port), RANK=str(r), WORLD_SIZE=str(args.np), PYTHONPATH=pythonpath)
+        if omp_threads:
+            env["OMP_NUM_THREADS"] = omp_threads
+        cmd = [sys.executable, os.path.abspath(script or __file__), "--worker"] + sys.argv[1:]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=None if r == 0 else subprocess.DEVNULL))
     deadline = time.time() + args.timeout
     rc = 0
-    for p in running:
+    for p in procs:
         try:
             rc = rc or p.wait(timeout=max(1, deadline - time.time()))
         except subprocess.TimeoutExpired:
             rc = 124
-    for p in running:
+    for p in procs:
         if p.poll() is None:
             p.kill()
     return rc

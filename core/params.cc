@@ -151,7 +151,8 @@ const std::vector<ParamSpec>& paramRegistry() {
       {"HORA_SPIN_US", ParamType::kInt, "100",
        "Microseconds the control thread, the executor and a thread in hora_wait poll for the next "
        "hand-off before they sleep (0 = sleep at once). When the ranks' threads outnumber the "
-       "cores each poll gives the core away (sched_yield)."},
+       "cores each poll gives the core away (sched_yield). The executor polls GPU work for 1 ms "
+       "before it sleeps, unless this is 0."},
       {"HORA_BIND_EXECUTOR", ParamType::kBool, "1",
        "Bind the executor thread of the global process set (where its collectives copy and "
        "reduce) to one CPU of the process's affinity mask, picked by local rank: mask[local_rank "

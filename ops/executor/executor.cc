@@ -55,8 +55,7 @@ void Executor::run() {
       if (got < 0) break;
       if (got == 0) {
         if (!launched_.empty()) {
-          const auto waited = Clock::now() - gpu_.oldestLaunch();
-          gpuPollPause(ctx_.spin, waited, ctx_.spin.enabled() && waited < kGpuSpin);
+          gpuPollPause(ctx_.spin, Clock::now() - gpu_.oldestLaunch());
         }
         continue;
       }
@@ -87,8 +86,7 @@ bool Executor::reapLaunched(size_t keepAtMost) {
     }
     if (!state.value()) {
       if (launched_.size() <= keepAtMost) return any;
-      const auto waited = Clock::now() - gpu_.oldestLaunch();
-      gpuPollPause(ctx_.spin, waited, ctx_.spin.enabled() && waited < kGpuSpin);
+      gpuPollPause(ctx_.spin, Clock::now() - gpu_.oldestLaunch());
       continue;
     }
     LaunchedGroup l = std::move(launched_.front());

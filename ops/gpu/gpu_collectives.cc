@@ -175,14 +175,14 @@ Status GpuPath::allreduceViaComm(const std::vector<Response>& group,
     if (x.pre != 1.0) prescaled.push_back({out, es[i]->in, count});
     if (x.post != 1.0) postscaled.push_back({out, out, count});
   }
-  if (!pack.empty())
-    HORA_RETURN_IF_ERROR(
-        plug.check(api_->batched_scale_copy(dtc, pack.data(), pack.size(), x.pre, stream_),
-                   "batched_scale_copy (pack)", what));
-  if (!prescaled.empty())
-    HORA_RETURN_IF_ERROR(plug.check(
-        api_->batched_scale_copy(dtc, prescaled.data(), prescaled.size(), x.pre, stream_),
-        "batched_scale_copy (prescale)", what));
+  // One launch for each kind of copy, skipped when there is none.
+  auto copy = [&](const std::vector<hora_gpu_copy_t>& v, double scale, const char* call) {
+    if (v.empty()) return Status::ok();
+    return plug.check(api_->batched_scale_copy(dtc, v.data(), v.size(), scale, stream_), call,
+                      what);
+  };
+  HORA_RETURN_IF_ERROR(copy(pack, x.pre, "batched_scale_copy (pack)"));
+  HORA_RETURN_IF_ERROR(copy(prescaled, x.pre, "batched_scale_copy (prescale)"));
   for (size_t i = 0; i < n; ++i) {
     if (!direct[i]) continue;
     const size_t count = start[i + 1] - start[i];
@@ -196,14 +196,8 @@ Status GpuPath::allreduceViaComm(const std::vector<Response>& group,
   }
   if (packed > 0)
     HORA_GPU_CALL(plug, api_, what, allreduce, buf, buf, packed, dtc, op, comm_, stream_);
-  if (!unpack.empty())
-    HORA_RETURN_IF_ERROR(
-        plug.check(api_->batched_scale_copy(dtc, unpack.data(), unpack.size(), x.post, stream_),
-                   "batched_scale_copy (unpack)", what));
-  if (!postscaled.empty())
-    HORA_RETURN_IF_ERROR(plug.check(
-        api_->batched_scale_copy(dtc, postscaled.data(), postscaled.size(), x.post, stream_),
-        "batched_scale_copy (postscale)", what));
+  HORA_RETURN_IF_ERROR(copy(unpack, x.post, "batched_scale_copy (unpack)"));
+  HORA_RETURN_IF_ERROR(copy(postscaled, x.post, "batched_scale_copy (postscale)"));
   return finish(what);
 }
 

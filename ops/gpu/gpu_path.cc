@@ -44,8 +44,8 @@ const char* gpuBackendName(GpuBackendChoice choice) {
   }
 }
 
-void gpuPollPause(const SpinPolicy& spin, Clock::duration waited, bool spinning) {
-  if (spinning) {
+void gpuPollPause(const SpinPolicy& spin, Clock::duration waited) {
+  if (spin.enabled() && waited < kGpuSpin) {
     if (spin.yield)
       ::sched_yield();
     else
@@ -324,11 +324,11 @@ Status GpuPath::waitEvent(hora_gpu_event_t event, const std::string& what) {
     if (done) return Status::ok();
     const auto now = Clock::now();
     if (now < spinUntil && (i & 63) != 0) {  // the checks below every 64 polls
-      gpuPollPause(ctx_.spin, now - start, true);
+      gpuPollPause(ctx_.spin, now - start);
       continue;
     }
     HORA_RETURN_IF_ERROR(checkWhileWaiting(start, what));
-    gpuPollPause(ctx_.spin, now - start, now < spinUntil);
+    gpuPollPause(ctx_.spin, now - start);
   }
 }
 

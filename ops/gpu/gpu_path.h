@@ -77,7 +77,6 @@ class GpuPath : public CollectivePath, public DeviceMemory {
   // pollLaunched() says its event fired. Groups are launched and seen done
   // in order.
   bool tookLaunch();
-  size_t launched() const { return launched_.size(); }
   // The oldest launched group: true when done (its event goes back to the
   // pool), false while it runs. An error (the communicator's asynchronous
   // error, a lost peer, HORA_PEER_TIMEOUT_S) aborts the communicator and
@@ -185,14 +184,14 @@ class GpuPath : public CollectivePath, public DeviceMemory {
 // ~50 us of timer slack, more than a small NCCL call takes), then sleeping a
 // 64th of the time waited so far (1-200 us), so that a long collective is seen
 // within ~2% of its length. One pause between two polls, `waited` after the
-// work began; `spinning`: still inside kGpuSpin (and HORA_SPIN_US not 0).
+// work began (HORA_SPIN_US=0: no spinning at all).
 constexpr std::chrono::milliseconds kGpuSpin{1};
+void gpuPollPause(const SpinPolicy& spin, Clock::duration waited);
 
 // Fused allreduce through the communicator: tensors from this size on are
 // reduced in their own output instead of packed (two device copies, ~4 MiB
 // of them cost about what one NCCL launch does on an H100/H200).
 constexpr size_t kGpuDirectBytes = size_t{4} << 20;
-void gpuPollPause(const SpinPolicy& spin, Clock::duration waited, bool spinning);
 
 // Whether NCCL reduces this dtype (it lacks int16 and bool).
 bool ncclHasType(DataType dt);

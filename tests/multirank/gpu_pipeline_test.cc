@@ -78,6 +78,16 @@ bool awaitCalls(const char* fn, long before, long n) {
   return true;
 }
 
+// One GPU allreduce run to the end (completion recorded as -1 in `order`):
+// the communicator exists before a test holds the events.
+hora_status_t warmUp(hora_runtime_t rt, Order* order) {
+  std::vector<float> warm(4, 1.0f);
+  Tag tag{order, -1};
+  hora_request_t req;
+  const hora_status_t rc = submitAllreduce(rt, warm, true, "warm", &tag, &req);
+  return rc != HORA_SUCCESS ? rc : waitAndFree(req);
+}
+
 bool finished(hora_request_t req) {
   int32_t done = 0;
   hora_test(req, &done);
@@ -86,13 +96,8 @@ bool finished(hora_request_t req) {
 
 TEST_F(GpuPipeline, CollectivesAreLaunchedWhileEarlierOnesRunAndCompleteInOrder) {
   runThreads(1, [](int, hora_runtime_t rt) {
-    // The communicator exists before the events are held.
-    std::vector<float> warm(4, 1.0f);
-    hora_request_t req;
     Order order;
-    Tag warmTag{&order, -1};
-    ASSERT_EQ(submitAllreduce(rt, warm, true, "warm", &warmTag, &req), HORA_SUCCESS);
-    ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+    ASSERT_EQ(warmUp(rt, &order), HORA_SUCCESS) << lastMessage();
 
     mockHoldEvents(true);
     const long before = mockCalls("allreduce");
@@ -125,11 +130,7 @@ TEST_F(GpuPipeline, CollectivesAreLaunchedWhileEarlierOnesRunAndCompleteInOrder)
 TEST_F(GpuPipeline, AHostGroupCompletesAfterTheGpuGroupsLaunchedBeforeIt) {
   runThreads(1, [](int, hora_runtime_t rt) {
     Order order;
-    std::vector<float> warm(4, 1.0f);
-    Tag warmTag{&order, -1};
-    hora_request_t req;
-    ASSERT_EQ(submitAllreduce(rt, warm, true, "warm", &warmTag, &req), HORA_SUCCESS);
-    ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+    ASSERT_EQ(warmUp(rt, &order), HORA_SUCCESS) << lastMessage();
 
     mockHoldEvents(true);
     const long before = mockCalls("allreduce");
@@ -156,11 +157,7 @@ TEST_F(GpuPipeline, TurnedOffTheExecutorWaitsForEachGroupBeforeTheNext) {
   ::setenv("HORA_GPU_PIPELINE", "0", 1);
   runThreads(1, [](int, hora_runtime_t rt) {
     Order order;
-    std::vector<float> warm(4, 1.0f);
-    Tag warmTag{&order, -1};
-    hora_request_t req;
-    ASSERT_EQ(submitAllreduce(rt, warm, true, "warm", &warmTag, &req), HORA_SUCCESS);
-    ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+    ASSERT_EQ(warmUp(rt, &order), HORA_SUCCESS) << lastMessage();
 
     mockHoldEvents(true);
     const long before = mockCalls("allreduce");
@@ -187,11 +184,7 @@ TEST_F(GpuPipeline, LaunchedGroupsThatNeverEndAllFailAfterThePeerTimeout) {
       1,
       [](int, hora_runtime_t rt) {
         Order order;
-        std::vector<float> warm(4, 1.0f);
-        Tag warmTag{&order, -1};
-        hora_request_t req;
-        ASSERT_EQ(submitAllreduce(rt, warm, true, "warm", &warmTag, &req), HORA_SUCCESS);
-        ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+        ASSERT_EQ(warmUp(rt, &order), HORA_SUCCESS) << lastMessage();
         mockHoldEvents(true);
         const long before = mockCalls("allreduce");
         std::vector<float> a(8, 1.0f), b(8, 2.0f);
@@ -226,11 +219,7 @@ TEST_F(GpuPipeline, ATensorHeldWhileTheExecutorIsBusyGoesOutWhenItFinishes) {
       1,
       [](int, hora_runtime_t rt) {
         Order order;
-        std::vector<float> warm(4, 1.0f);
-        Tag warmTag{&order, -1};
-        hora_request_t req;
-        ASSERT_EQ(submitAllreduce(rt, warm, true, "warm", &warmTag, &req), HORA_SUCCESS);
-        ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << lastMessage();
+        ASSERT_EQ(warmUp(rt, &order), HORA_SUCCESS) << lastMessage();
         mockHoldEvents(true);
         const long before = mockCalls("allreduce");
         std::vector<float> g(8, 1.0f), c(8, 2.0f);

@@ -520,14 +520,11 @@ def submit_grouped_allreduce(inps, outs, name=None, op=Average, prescale=1.0, po
 
 
 def _set_alloc(o, alloc):
-    # alloc: an _lib.ALLOC callback placing the result (kept alive by the
-    # caller's keep), or an object with .cfunc and, for GPU outputs, .event
-    # (a cudaEvent_t the callback records after allocating: options.alloc_event);
-    # None: a library-owned result, read in finish().
+    # alloc: an _alloc.Allocator placing the result (kept alive by the
+    # caller's keep), with, for GPU outputs, an .event (a cudaEvent_t its
+    # callback records after allocating: options.alloc_event); None: a
+    # library-owned result, read in finish().
     if alloc is None:
-        return
-    if isinstance(alloc, _lib.ALLOC):
-        o.alloc = alloc
         return
     o.alloc = alloc.cfunc
     event = getattr(alloc, "event", None)

@@ -25,13 +25,11 @@ staging through host memory when ranks share a GPU: docs/gpu.md).
 Rank, size and process sets are ``hora``'s (framework-agnostic) ones; a
 ``root_rank`` is a rank within ``process_set``, as in ``hora.numpy``.
 """
-import weakref
-
 import jax
 import jax.numpy as jnp
 
+from . import _alloc
 from . import _dlpack
-from . import _lib
 from . import basics
 from .basics import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_process_set, barrier,  # noqa: F401
                      global_process_set, init, is_initialized, join, local_rank, local_size, cross_rank,
@@ -66,46 +64,26 @@ def _fresh_copy(x):
     return y, _ref(y)
 
 
-class _Output:
+class _Output(_alloc.Allocator):
     """The result of a collective whose output shape is known only after the
     ranks agreed (options.alloc, called on a hora thread): a new JAX array on
     the input's device, ready before hora writes into it."""
-    __slots__ = ("device", "array", "ref", "error", "cfunc", "__weakref__")
+    __slots__ = ("device", "ref")
 
     def __init__(self, like):
         self.device = next(iter(like.devices()))
-        self.array = None
         self.ref = None
-        self.error = None
-        # Reached weakly: a bound method would make a cycle (self -> cfunc ->
-        # self) that keeps the output's device memory until the cyclic GC.
-        me = weakref.ref(self)
+        super().__init__()
 
-        def alloc(user, ndim, shape, dtype, nbytes, data):
-            o = me()
-            return 1 if o is None else o._alloc(user, ndim, shape, dtype, nbytes, data)
+    def _make(self, dims, dl_dtype):
+        key = (dl_dtype.code, dl_dtype.bits)
+        if key not in _DL_TO_JNP:
+            raise TypeError("hora.jax: DLPack dtype (code %d, bits %d) has no JAX equivalent" % key)
+        return jax.device_put(jnp.zeros(tuple(dims), dtype=_DL_TO_JNP[key]), self.device)
 
-        self.cfunc = _lib.ALLOC(alloc)
-
-    def _alloc(self, _user, ndim, shape, dtype, _nbytes, data):
-        try:
-            key = (dtype.code, dtype.bits)
-            if key not in _DL_TO_JNP:
-                raise TypeError("hora.jax: DLPack dtype (code %d, bits %d) has no JAX equivalent" % key)
-            dims = tuple(shape[i] for i in range(ndim))
-            self.array = jax.device_put(jnp.zeros(dims, dtype=_DL_TO_JNP[key]), self.device)
-            self.ref = _ref(self.array)
-            data[0] = _dlpack.data_address(self.ref.dl) or None
-            return 0
-        except BaseException as e:  # nothing may propagate into the hora thread
-            self.error = e
-            return 1
-
-    def cause(self):
-        return self.error
-
-    def result(self, _pending=None):
-        return self.array
+    def _address(self, array):
+        self.ref = _ref(array)  # the export stays alive with the allocator
+        return _dlpack.data_address(self.ref.dl)
 
 
 def allreduce(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -130,7 +108,7 @@ def allgather(x, name=None, process_set=global_process_set):
     """Every rank's ``x`` concatenated along dimension 0 (first dimensions may differ)."""
     x = _array(x, "allgather")
     out = _Output(x)
-    p = basics.submit_allgather(_ref(x), name, process_set, finish=out.result, keep=out, alloc=out.cfunc)
+    p = basics.submit_allgather(_ref(x), name, process_set, finish=out.result, keep=out, alloc=out)
     p.cause = out.cause
     return basics.synchronize(basics.register(p))
 
@@ -141,7 +119,7 @@ def reducescatter(x, op=Average, name=None, prescale_factor=1.0, postscale_facto
     x = _array(x, "reducescatter")
     out = _Output(x)
     p = basics.submit_reducescatter(_ref(x), name, op, prescale_factor, postscale_factor, process_set,
-                                    finish=out.result, keep=out, alloc=out.cfunc)
+                                    finish=out.result, keep=out, alloc=out)
     p.cause = out.cause
     return basics.synchronize(basics.register(p))
 

@@ -22,14 +22,11 @@ submission, so no synchronization is needed before the call. torch 1.13's
 DLPack export refuses bool, so bool tensors are exported as uint8 and marked
 bool for hora.
 """
-
-import weakref
-
 import torch
 from torch.utils.dlpack import to_dlpack
 
+from .. import _alloc
 from .. import _dlpack
-from .. import _lib
 from .. import basics
 from ..basics import (Adasum, Average, Max, Min, Product, Sum, global_process_set, poll,  # noqa: F401
                       synchronize)
@@ -65,46 +62,8 @@ def _ref(tensor):
     return ref
 
 
-class _Allocator:
-    """Output memory hora asks for once it knows the result's shape
-    (options.alloc, called on a hora thread): ``_make(dims, dl_dtype)``
-    returns the tensor to write into. Whatever it raises fails the request
-    and is chained onto the request's error (``cause``)."""
-    __slots__ = ("tensor", "error", "cfunc", "__weakref__")
-
-    def __init__(self):
-        self.tensor = None
-        self.error = None
-        # The callback reaches the allocator weakly: a bound method would make
-        # a cycle (allocator -> cfunc -> allocator) that keeps the output
-        # tensor alive until the cyclic GC runs, long after the request
-        # finished. The request's keep holds the allocator while in flight.
-        me = weakref.ref(self)
-
-        def alloc(user, ndim, shape, dtype, nbytes, data):
-            a = me()
-            return 1 if a is None else a._alloc(user, ndim, shape, dtype, nbytes, data)
-
-        self.cfunc = _lib.ALLOC(alloc)
-
-    def _make(self, dims, dl_dtype):
-        raise NotImplementedError
-
-    def _alloc(self, _user, ndim, shape, dtype, _nbytes, data):
-        try:
-            self.tensor = self._make([shape[i] for i in range(ndim)], dtype)
-            data[0] = self.tensor.data_ptr() or None
-            return 0
-        except BaseException as e:  # nothing may propagate into the hora thread
-            self.error = e
-            return 1
-
-    def cause(self):
-        """Why the allocation failed (chained onto the request's error), or None."""
-        return self.error
-
-    def result(self, _pending=None):
-        return self.tensor
+# Output memory allocated when hora asks (options.alloc); shared with hora.jax.
+_Allocator = _alloc.Allocator
 
 
 class _Output(_Allocator):

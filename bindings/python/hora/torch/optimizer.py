@@ -152,13 +152,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 return sparse_allreduce_async(tensor, name=name, op=self.op, process_set=self.process_set), None
             tensor = tensor.to_dense()
         compressed, ctx = self._compression.compress(tensor)
-        if self.op == Average:
-            prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        else:
-            prescale, postscale = 1.0, 1.0
+        prescale, postscale = self._scales()
         handle = allreduce_async_(compressed, name=name, op=self.op, prescale_factor=prescale,
                                   postscale_factor=postscale, process_set=self.process_set)
         return handle, ctx
+
+    def _scales(self):
+        """(prescale, postscale) of a gradient's reduction: gradient_predivide_factor
+        splits an average's division around the sum."""
+        if self.op == Average:
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
 
     def _reduce_grouped(self, params):
         """Starts the reduction of every gradient in `params` at once: the dense
@@ -173,10 +177,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._handles[p] = self._allreduce_grad_async(p)
                 continue
             buckets.setdefault((p.grad.dtype, p.grad.device), []).append(p)
-        if self.op == Average:
-            prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        else:
-            prescale, postscale = 1.0, 1.0
+        prescale, postscale = self._scales()
         for k, members in enumerate(buckets.values()):
             compressed = [self._compression.compress(p.grad) for p in members]
             handle = grouped_allreduce_async_([t for t, _ in compressed], name="DistributedOptimizer.grouped.%d" % k,

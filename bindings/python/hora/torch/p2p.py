@@ -87,7 +87,7 @@ def irecv(tensor=None, src=None, tag=0, process_set=basics.global_process_set):
     ps = _check_set(process_set)
     if tensor is None:
         out = _RecvOutput()
-        p = basics.submit_recv(None, peer, tag, ps, finish=out.result, keep=(out,), alloc=out.cfunc)
+        p = basics.submit_recv(None, peer, tag, ps, finish=out.result, keep=(out,), alloc=out)
         p.cause = out.cause
         return basics.register(p)
     host = _host(tensor)

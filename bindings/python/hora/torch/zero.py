@@ -132,14 +132,14 @@ class _Into(_Allocator):
 def _reducescatter_into(tensor, out, name, prescale, postscale, process_set):
     into = _Into(out)
     p = basics.submit_reducescatter(_ref(tensor), name, Sum, prescale, postscale, process_set,
-                                    finish=into.result, keep=into, alloc=into.cfunc)
+                                    finish=into.result, keep=into, alloc=into)
     p.cause = into.cause
     return basics.register(p)
 
 
 def _allgather_into(tensor, out, name, process_set):
     into = _Into(out)
-    p = basics.submit_allgather(_ref(tensor), name, process_set, finish=into.result, keep=into, alloc=into.cfunc)
+    p = basics.submit_allgather(_ref(tensor), name, process_set, finish=into.result, keep=into, alloc=into)
     p.cause = into.cause
     return basics.register(p)
 
