@@ -151,11 +151,13 @@ class ControlPlane {
   // A framework thread doing the control thread's work while it waits for
   // one of the set's collectives: beginDriving() counts it among the lane's
   // pollers (peers then need not ring it), driveOnce() does one round if no
-  // other thread is driving (true if anything moved), endDriving() undoes
-  // beginDriving and hands what arrived meanwhile to the control thread.
-  // Thread-safe.
+  // other thread is driving (kWorked if anything moved; kHeldElsewhere, doing
+  // nothing, while another thread of this process drives), endDriving()
+  // undoes beginDriving and hands what arrived meanwhile to the control
+  // thread. Thread-safe.
+  enum class DriveRound { kWorked, kIdle, kHeldElsewhere };
   void beginDriving();
-  bool driveOnce();
+  DriveRound driveOnce();
   void endDriving();
   // Starts reads and heartbeats; call on the control thread before run().
   void start(ControlPlaneCallbacks callbacks);
@@ -251,7 +253,11 @@ class ControlPlane {
   bool closing_ = false;
   std::atomic<bool> peersDone_{false};
   std::atomic<uint64_t> posted_{0};  // post() calls so far
-  uint64_t drivenPostsSeen_ = 0;     // under drive_: posts a driver has polled for
+  // Framework threads between beginDriving() and endDriving(): while one
+  // polls the lane, the control thread sleeps instead of racing it for the
+  // lock (runWithLane).
+  std::atomic<int> drivers_{0};
+  uint64_t drivenPostsSeen_ = 0;  // under drive_: posts a driver has polled for
   std::unique_ptr<ShmLane> lane_;
   std::string laneWhyNot_ = "not tried";
   bool inLanePoll_ = false;

@@ -121,7 +121,11 @@ void ControlPlane::runWithLane() {
   uint64_t postsSeen = posted_.load(std::memory_order_acquire);
   while (!io_.stopped()) {
     bool did = false, pending = false;
-    if (drive_.try_lock()) {
+    // A framework thread polling the lane does this thread's work: racing
+    // it for the lock would only pass the work back and forth (and next to
+    // other busy processes each pass costs a time slice), so sleep.
+    const bool driven = drivers_.load(std::memory_order_seq_cst) > 0;
+    if (!driven && drive_.try_lock()) {
       did = pollLane();
       // The event loop's own poll is a system call (epoll): every few
       // rounds, or at once when post() queued a handler.
@@ -138,7 +142,7 @@ void ControlPlane::runWithLane() {
       lastWork = Clock::now();
       continue;
     }
-    if (pending || Clock::now() - lastWork < opts_.spin.window) {
+    if (!driven && (pending || Clock::now() - lastWork < opts_.spin.window)) {
       if (opts_.spin.yield)
         ::sched_yield();
       else
@@ -146,7 +150,9 @@ void ControlPlane::runWithLane() {
       continue;
     }
     lane_->setPolling(false);
-    if (lane_->hasInput()) {
+    // The last look, unless a framework thread still drives: it reads what
+    // came, or makes that look itself when it stops (endDriving).
+    if (drivers_.load(std::memory_order_seq_cst) == 0 && lane_->hasInput()) {
       lane_->setPolling(true);
       continue;
     }
@@ -220,15 +226,18 @@ bool ControlPlane::tryDrive(const std::function<void()>& fn, bool* whileDriving)
 }
 
 void ControlPlane::beginDriving() {
-  if (lane_) lane_->setPolling(true);
+  if (!lane_) return;
+  drivers_.fetch_add(1, std::memory_order_seq_cst);
+  lane_->setPolling(true);
 }
 
-bool ControlPlane::driveOnce() {
-  if (!lane_ || io_.stopped()) return false;
+ControlPlane::DriveRound ControlPlane::driveOnce() {
+  if (!lane_ || io_.stopped()) return DriveRound::kIdle;
   // Checked again under the lock: stop() runs under it too, and once the
   // loop stopped the set is being torn down (its executor included).
   std::unique_lock<DriveLock> hold(drive_, std::try_to_lock);
-  if (!hold.owns_lock() || io_.stopped()) return false;
+  if (!hold.owns_lock()) return DriveRound::kHeldElsewhere;
+  if (io_.stopped()) return DriveRound::kIdle;
   bool did = pollLane();
   // Handlers queued by post() (a submission's drain): run here rather than
   // wait for the control thread, which may sleep.
@@ -238,11 +247,14 @@ bool ControlPlane::driveOnce() {
     did |= io_.poll() > 0;
   }
   runSoonQueued();
-  return did;
+  return did ? DriveRound::kWorked : DriveRound::kIdle;
 }
 
 void ControlPlane::endDriving() {
   if (!lane_) return;
+  // Uncounted before the last look below: a control thread that saw this
+  // thread driving and went to sleep without its own last look relies on it.
+  drivers_.fetch_sub(1, std::memory_order_seq_cst);
   lane_->setPolling(false);
   std::unique_lock<DriveLock> hold(drive_, std::try_to_lock);
   if (hold.owns_lock()) {

@@ -146,10 +146,16 @@ bool SetController::driveWhile(const SpinPolicy& spin, const std::function<bool(
     ~Driving() { cp.endDriving(); }
     ControlPlane& cp;
   } driving(cp_);
+  // It gives the core away only while it waits for a thread of this
+  // process (one driving in its stead, the executor running a group) when
+  // those may share its core, or when the ranks alone outnumber the cores
+  // (core/spin_wait.h: a yield next to another busy process costs a slice).
   Clock::time_point lastWork = Clock::now();
+  bool executorBusy = false;
   for (uint32_t i = 1;; ++i) {
     if (done()) return true;
-    if (cp_.driveOnce()) {
+    const ControlPlane::DriveRound round = cp_.driveOnce();
+    if (round == ControlPlane::DriveRound::kWorked) {
       lastWork = Clock::now();
       if (lastWork >= deadline) return done();
       continue;
@@ -159,7 +165,9 @@ bool SetController::driveWhile(const SpinPolicy& spin, const std::function<bool(
       const Clock::time_point now = Clock::now();
       if (now - lastWork >= spin.window || now >= deadline) return false;
     }
-    if (spin.yield)
+    if (spin.yield && !spin.yieldToPeers && (i & 7) == 1) executorBusy = queue_.busy() > 0;
+    if (spin.yieldToPeers ||
+        (spin.yield && (executorBusy || round == ControlPlane::DriveRound::kHeldElsewhere)))
       ::sched_yield();
     else
       cpuRelax();

@@ -12,7 +12,9 @@ SpinPolicy spinPolicyFor(int64_t spinUs, int localRanks) {
   SpinPolicy p;
   p.window = std::chrono::microseconds(std::max<int64_t>(spinUs, 0));
   // A framework, a control and an executor thread per rank.
-  p.yield = 3 * std::max(localRanks, 1) > usableCpuCount();
+  const int ranks = std::max(localRanks, 1), cpus = usableCpuCount();
+  p.yield = 3 * ranks > cpus;
+  p.yieldToPeers = ranks > cpus;
   return p;
 }
 

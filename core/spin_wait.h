@@ -16,6 +16,14 @@
 // the core away (sched_yield) and the waiter still never sleeps inside the
 // window. With the window at 0 every wait sleeps at once (the old behaviour).
 //
+// Giving the core away is not free: next to a CPU-bound process of someone
+// else's (a data loader, a second job) sched_yield hands that process a whole
+// time slice, 1.5-4 ms, and a 4 KiB allreduce at 2 ranks took 4-8 ms instead
+// of 6 us (bench/results/2026-11-28-cpu-hogs.md). So a poller yields only
+// when the thread it waits for may need its core: always when the ranks
+// alone outnumber the cores (a peer rank's thread), and otherwise only while
+// it waits for a thread of its own process (`yield`; the caller knows which).
+//
 // Any thread; no state of its own.
 #pragma once
 
@@ -31,7 +39,12 @@ namespace hora {
 
 struct SpinPolicy {
   std::chrono::nanoseconds window{0};  // 0: never poll, sleep at once
-  bool yield = false;                  // give the core away between polls
+  // Give the core away between polls while waiting for a thread of this
+  // process (the ranks' threads outnumber the cores).
+  bool yield = false;
+  // Give it away while waiting for another rank too (the ranks alone
+  // outnumber the cores).
+  bool yieldToPeers = false;
   bool enabled() const { return window.count() > 0; }
 };
 
@@ -39,11 +52,13 @@ struct SpinPolicy {
 int usableCpuCount();
 
 // HORA_SPIN_US for a set whose `localRanks` ranks share this host: polls
-// yield the core unless every rank's three threads fit the usable CPUs.
+// for this process's threads yield the core unless every rank's three
+// threads fit the usable CPUs, polls for peers unless the ranks fit them.
 SpinPolicy spinPolicyFor(int64_t spinUs, int localRanks);
 
-// Polls `ready` until it returns true (true) or the policy's window has
-// passed (false). The clock is read every 32 polls only.
+// Polls `ready` (a thread of this process's work) until it returns true
+// (true) or the policy's window has passed (false). The clock is read every
+// 32 polls only.
 template <typename Ready>
 bool spinUntil(const SpinPolicy& p, Ready&& ready) {
   if (ready()) return true;
