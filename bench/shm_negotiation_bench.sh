@@ -3,7 +3,7 @@
 # and of Open MPI, interleaved in one run (issue 20).
 #
 #   bench/shm_negotiation_bench.sh [-reps N] [-np "2 4"] [-sizes "4 65536 1048576 16777216"]
-#                                  [-variants "NAME[:VAR=V,VAR=V] ..."]
+#                                  [-variants "NAME[:VAR=V,VAR=V] ..."] [-hogs N] [-stat mean]
 #
 # -variants runs this tree's library once per variant instead of
 # before/after, each with its own HORA_* settings, interleaved the same way,
@@ -18,6 +18,12 @@
 # after, Open MPI's median (max over ranks), and the ratios after/MPI and
 # after/before.
 #
+# -hogs N keeps N busy-loop processes running for the whole run (what data
+# loader workers or a second job do to the training cores): hora's waits
+# must not hand those processes a time slice per hand-off. -stat mean
+# reports each launch's mean per iteration instead of its median (the tail
+# that such neighbours add shows there).
+#
 # Environment: BUILD_DIR (default build), BEFORE_LIB (required for the
 # "before" column; empty skips it), HORA_* pass through to hora's ranks.
 set -u
@@ -25,13 +31,17 @@ REPS=3
 VARIANTS=""
 NPS="2 4"
 SIZES="4 65536 1048576 16777216"
+HOGS=0
+STAT=median
 while [ $# -gt 0 ]; do
   case "$1" in
     -reps) REPS=$2; shift 2 ;;
     -np) NPS=$2; shift 2 ;;
     -sizes) SIZES=$2; shift 2 ;;
     -variants) VARIANTS=$2; shift 2 ;;
-    *) echo "usage: $0 [-reps N] [-np LIST] [-sizes LIST] [-variants LIST]" >&2; exit 2 ;;
+    -hogs) HOGS=$2; shift 2 ;;
+    -stat) STAT=$2; shift 2 ;;
+    *) echo "usage: $0 [-reps N] [-np LIST] [-sizes LIST] [-variants LIST] [-hogs N] [-stat median|mean]" >&2; exit 2 ;;
   esac
 done
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -41,6 +51,19 @@ MPIB="$BUILD_DIR/bench/mpi-allreduce-bench"
 BEFORE_LIB="${BEFORE_LIB:-}"
 [ -x "$PROBE" ] || { echo "no $PROBE (ninja -C $BUILD_DIR hora-negotiation-probe)" >&2; exit 2; }
 [ -x "$MPIB" ] || { echo "no $MPIB (needs Open MPI: scripts/install_deps.sh --mpi)" >&2; exit 2; }
+case "$STAT" in
+  median) HORA_KEY=median_us MPI_KEY=mpi_med_us ;;
+  mean) HORA_KEY=total_us MPI_KEY=mpi_us ;;
+  *) echo "-stat: median or mean, not '$STAT'" >&2; exit 2 ;;
+esac
+HOG_PIDS=()
+stop_hogs() { [ ${#HOG_PIDS[@]} -gt 0 ] && kill "${HOG_PIDS[@]}" 2>/dev/null; HOG_PIDS=(); }
+trap stop_hogs EXIT
+trap 'exit 130' INT TERM
+for ((h = 0; h < HOGS; h++)); do
+  bash -c 'exec -a hora-bench-hog bash -c "while :; do :; done"' &
+  HOG_PIDS+=($!)
+done
 
 iters_for() {  # as hora-bench: clamp(256 MiB / size, 10, 200), 2000 for tiny sizes
   local s=$1
@@ -59,7 +82,7 @@ hora_run() {  # np bytes iters libdir -> "max median over ranks"
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p"; done
-  grep -h PROBE "$out"/* | sed 's/.*median_us=\([0-9.]*\).*wrong=\([0-9]*\).*/\1 \2/' |
+  grep -h PROBE "$out"/* | sed "s/.* $HORA_KEY=\([0-9.]*\).*wrong=\([0-9]*\).*/\1 \2/" |
     awk '{ if ($1 > m) m = $1; w += $2 } END { printf "%s %d\n", m, w }'
   cat "$out"/* >&2
   rm -rf "$out"
@@ -67,10 +90,10 @@ hora_run() {  # np bytes iters libdir -> "max median over ranks"
 
 mpi_run() {  # np bytes iters -> median
   timeout 300 mpirun --allow-run-as-root --oversubscribe -np "$1" "$MPIB" --sizes "$2" \
-    --iters "$3" 2>/dev/null | grep RESULT | sed 's/.*mpi_med_us=\([0-9.]*\).*mpi_wrong=\([0-9]*\).*/\1 \2/'
+    --iters "$3" 2>/dev/null | grep RESULT | sed "s/.* $MPI_KEY=\([0-9.]*\).*mpi_wrong=\([0-9]*\).*/\1 \2/"
 }
 
-echo "# shm_negotiation_bench: reps $REPS, np $NPS, sizes $SIZES; $(uptime)"
+echo "# shm_negotiation_bench: reps $REPS, np $NPS, sizes $SIZES, $HOGS busy-loop processes, per-launch $STAT; $(uptime)"
 for ((rep = 1; rep <= REPS; rep++)); do
   for np in $NPS; do
     for s in $SIZES; do

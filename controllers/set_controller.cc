@@ -161,6 +161,14 @@ bool SetController::driveWhile(const SpinPolicy& spin, const std::function<bool(
       continue;
     }
     if (done()) return true;
+    if (round == ControlPlane::DriveRound::kIdle && queue_.queued() == 1) {
+      bool ran = false;
+      cp_.tryDrive([&] { ran = runLoneQueued(); });
+      if (ran) {
+        lastWork = Clock::now();
+        continue;
+      }
+    }
     if ((i & 7) == 0) {
       const Clock::time_point now = Clock::now();
       if (now - lastWork >= spin.window || now >= deadline) return false;
@@ -425,13 +433,38 @@ Status SetController::claimEntries(const std::vector<Response>& responses, Agree
   return Status::ok();
 }
 
+bool SetController::hostAllreduces(const AgreedGroup& g) {
+  for (const Response& r : g.responses)
+    if (r.kind != ResponseKind::kAllreduce || r.device.kind != DeviceKind::kCpu) return false;
+  return !g.responses.empty();
+}
+
 bool SetController::runsHere(const AgreedGroup& g) const {
+  if (!hostAllreduces(g)) return false;
   size_t bytes = 0;
   for (const Response& r : g.responses) {
-    if (r.kind != ResponseKind::kAllreduce || r.device.kind != DeviceKind::kCpu) return false;
     bytes += static_cast<size_t>(r.numElements()) * dataTypeSize(r.dtype);
     if (bytes > smallRunnerMaxBytes_) return false;
   }
+  return true;
+}
+
+bool SetController::runLoneQueued() {
+  // As for a small group (queueGroup): only with the lane flushed, so that
+  // no peer waits in the data plane for a response this thread holds.
+  if (!smallRunner_ || stopping_ || !cp_.laneFlushed()) return false;
+  {
+    std::lock_guard<std::mutex> lk(tableMu_);
+    if (!table_.empty() || !inbox_.empty()) return false;
+  }
+  AgreedGroup g;
+  if (!queue_.tryTakeLone(&g, hostAllreduces)) return false;
+  if (!smallRunner_(g)) {
+    queue_.giveBack(std::move(g));
+    return false;
+  }
+  if (opts_.telemetry) opts_.telemetry->ranByCaller();
+  queue_.finished();
   return true;
 }
 

@@ -159,6 +159,14 @@ class SetController : public CoordinatorLink::Client {
   void queueGroup(std::vector<Response> responses);
   // Whether smallRunner_ takes `g` (allreduces of host tensors within its cap).
   bool runsHere(const AgreedGroup& g) const;
+  static bool hostAllreduces(const AgreedGroup& g);
+  // A framework thread waiting in driveWhile, under the drive lock: runs
+  // the one group queued for the executor itself, of any size, when the
+  // executor has not picked it up and this rank has nothing else pending
+  // (no later group to negotiate while it runs, the executor's reason to
+  // exist). The executor's wake-up is saved: next to other busy processes
+  // it waits for a time slice (bench/results/2026-11-28-cpu-hogs.md).
+  bool runLoneQueued();
   // Whether completing `g` runs a caller's callback.
   static bool callsBack(const AgreedGroup& g);
   EntryPtr takeEntry(const std::string& name);
@@ -187,7 +195,7 @@ class SetController : public CoordinatorLink::Client {
   uint64_t dumpRequestsSeen_ = 0;
   uint64_t stallDumpedSeq_ = 0;  // the last stalled entry dumped for
 
-  std::mutex tableMu_;  // guards table_, inbox_
+  mutable std::mutex tableMu_;  // guards table_, inbox_
   std::unordered_map<std::string, EntryPtr> table_;
   std::vector<EntryPtr> inbox_;
   std::atomic<bool> drainPosted_{false};

@@ -90,6 +90,29 @@ int GroupQueue::tryPop(AgreedGroup* out) {
   return 1;
 }
 
+bool GroupQueue::tryTakeLone(AgreedGroup* out,
+                             const std::function<bool(const AgreedGroup&)>& fits) {
+  if (queued_.load(std::memory_order_acquire) != 1) return false;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (closed_ || queue_.size() != 1 || inFlight_ != 1 || launched_ != 0 || !fits(queue_.front()))
+    return false;
+  *out = std::move(queue_.front());
+  queue_.pop_front();
+  queued_.store(0, std::memory_order_release);
+  running_ = describe(*out) + " (on a waiting framework thread)";
+  return true;
+}
+
+void GroupQueue::giveBack(AgreedGroup group) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    running_.clear();
+    queue_.push_front(std::move(group));
+    queued_.store(static_cast<int>(queue_.size()), std::memory_order_release);
+  }
+  ready_.notify_one();
+}
+
 void GroupQueue::finished() {
   {
     std::lock_guard<std::mutex> lk(mu_);

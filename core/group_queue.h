@@ -6,7 +6,8 @@
 //    tryBeginInline() / endInline() to complete it right there when nothing is
 //    queued or running ahead of it (one thread hop less, order kept);
 //  - executor thread: pop() the next group (blocks; tryPop() does not), run
-//    it, finished();
+//    it, finished(); a framework thread waiting for its collectives may take
+//    a lone queued group the executor has not picked up (tryTakeLone);
 //  - any thread: inFlight(), busy() (the coordinator emits at once while its
 //    executor is idle, and waits up to a cycle to fuse more while it is busy),
 //    waitIdle() (shutdown lets agreed work finish), close() / takeRemaining().
@@ -52,6 +53,14 @@ class GroupQueue {
   // pop() without blocking: 1 when a group was taken, 0 when none is
   // queued, -1 when the queue is closed.
   int tryPop(AgreedGroup* out);
+  // Another thread runs the queued group instead of the executor: true (and
+  // `out` taken, still in flight until finished()) only when it is the one
+  // group queued, nothing runs or is launched ahead of it, and `fits` says
+  // so. A thread blocked waiting for its own collectives uses it when the
+  // executor has not picked the group up yet (a wake-up less). giveBack()
+  // returns a taken group that was not run, at the front.
+  bool tryTakeLone(AgreedGroup* out, const std::function<bool(const AgreedGroup&)>& fits);
+  void giveBack(AgreedGroup group);
   // After running a popped group: no longer in flight; runs the done hook.
   void finished();
   // A popped group left running on the GPU (pipelining): the executor is
@@ -61,6 +70,8 @@ class GroupQueue {
   void launched();
   void finishedLaunched();
 
+  // Groups queued and not yet popped (a lock-free look).
+  int queued() const { return queued_.load(std::memory_order_acquire); }
   // Groups queued or running (launched ones included).
   int inFlight() const;
   // Groups queued or in the executor's hands, launched ones not counted:

@@ -153,6 +153,14 @@ const std::vector<ParamSpec>& paramRegistry() {
        "hand-off before they sleep (0 = sleep at once). When the ranks' threads outnumber the "
        "cores each poll gives the core away (sched_yield). The executor polls GPU work for 1 ms "
        "before it sleeps, unless this is 0."},
+      {"HORA_WAIT_SPIN_US", ParamType::kInt, "2000",
+       "Microseconds a framework thread blocked in hora_wait on a collective of a set "
+       "negotiating through shared memory keeps polling after the last progress, doing the "
+       "set's control work meanwhile, before it sleeps; only while the host's ranks fit its "
+       "cores (otherwise HORA_SPIN_US). About one scheduler time slice: a peer rank that "
+       "another busy process pushed off its core comes back within one, and a waiter that "
+       "slept would then wait a slice for its own core. Never below HORA_SPIN_US; "
+       "HORA_SPIN_US=0 turns it off too."},
       {"HORA_BIND_EXECUTOR", ParamType::kBool, "1",
        "Bind the executor thread of the global process set (where its collectives copy and "
        "reduce) to one CPU of the process's affinity mask, picked by local rank: mask[local_rank "

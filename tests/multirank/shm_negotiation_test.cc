@@ -232,14 +232,14 @@ long counter(const std::string& json, const std::string& key) {
 }
 
 // Each rank: `small` 64 KiB allreduces one after another (above the inline
-// cap, within HORA_RUN_ON_CONTROL_MAX_BYTES), then 3 of 2 MiB (above it),
-// every result exact; prints the control thread's group count after each
-// phase for the parent.
-int controlThreadGroups(int rank, int size, int small) {
+// cap, within HORA_RUN_ON_CONTROL_MAX_BYTES), then `large` of 2 MiB (above
+// it), every result exact; prints the control thread's group count after
+// each phase for the parent.
+int controlThreadGroups(int rank, int size, int small, int large = 3) {
   hora_runtime_t rt;
   CHILD_CHECK(hora_init(nullptr, &rt) == HORA_SUCCESS, "init: %s", hora_last_error_message());
   for (size_t elements : {size_t{16384}, size_t{524288}}) {
-    const int iters = elements == 16384 ? small : 3;
+    const int iters = elements == 16384 ? small : large;
     for (int it = 0; it < iters; ++it) {
       std::vector<float> buf(elements);
       for (size_t i = 0; i < elements; ++i) buf[i] = static_cast<float>((rank + it + i) % 7);
@@ -271,12 +271,15 @@ long phaseCount(const std::string& out, size_t elements, const char* what) {
   return k == std::string::npos ? -1 : std::stol(out.substr(k + std::strlen(what) + 1));
 }
 
+// The control thread alone (HORA_CALLER_DRIVES=0: a waiting framework
+// thread would also take a lone large group, next test but one).
 TEST(ShmNegotiation, SmallAllreducesRunOnTheControlThreadLargeOnesOnTheExecutor) {
   for (int size : {2, 3}) {
     SCOPED_TRACE("size " + std::to_string(size));
     const int small = 40;
-    auto results = runProcesses(
-        size, [&](int rank) { return controlThreadGroups(rank, size, small); }, 120);
+    auto results =
+        runProcesses(size, [&](int rank) { return controlThreadGroups(rank, size, small); }, 120,
+                     nullptr, {{"HORA_CALLER_DRIVES", "0"}});
     for (const auto& r : results) {
       ASSERT_EQ(r.exitCode, 0) << r.output;
       // Each 64 KiB allreduce finds the executor idle; allow those that found
@@ -317,12 +320,13 @@ TEST(ShmNegotiation, AWaitingCallerRunsSmallAllreducesItself) {
         for (const auto& r : results) {
           ASSERT_EQ(r.exitCode, 0) << r.output;
           const long byCaller = phaseCount(r.output, 16384, "caller");
-          // Never more than ran on "the control thread", and none of the 2 MiB
-          // ones (the executor's).
+          // Never more than ran on "the control thread"; of the 3 lone 2 MiB
+          // ones the waiting caller may take some from the executor.
           EXPECT_LE(byCaller, phaseCount(r.output, 16384, "control")) << r.output;
-          EXPECT_EQ(phaseCount(r.output, 524288, "caller"), byCaller) << r.output;
+          EXPECT_LE(phaseCount(r.output, 524288, "caller"), byCaller + 3) << r.output;
           if (on[0] == '0') {
             EXPECT_EQ(byCaller, 0) << r.output;
+            EXPECT_EQ(phaseCount(r.output, 524288, "caller"), 0) << r.output;
             continue;
           }
           // The control thread takes some when it holds the lane as a
@@ -462,9 +466,108 @@ TEST(ShmNegotiation, ZeroHandsEverySmallAllreduceToTheExecutor) {
                                 nullptr, {param, {"HORA_AUTOTUNE", "0"}});
     for (const auto& r : results) {
       ASSERT_EQ(r.exitCode, 0) << r.output;
-      EXPECT_EQ(phaseCount(r.output, 524288, "control"), 0) << r.output;
+      EXPECT_EQ(phaseCount(r.output, 16384, "control"), 0) << r.output;
+      // Off: nothing leaves the executor. Under the minimum the 2 MiB ones
+      // are the shared-memory plane's, which a waiting caller may take.
+      if (param.first == "HORA_RUN_ON_CONTROL_MAX_BYTES")
+        EXPECT_EQ(phaseCount(r.output, 524288, "control"), 0) << r.output;
     }
   }
+}
+
+// A framework thread blocked in hora_wait with nothing else pending runs a
+// lone allreduce above HORA_RUN_ON_CONTROL_MAX_BYTES itself when the
+// executor has not picked it up (SetController::runLoneQueued): 20 of 2 MiB,
+// exact. The executor polls for the group too, so it takes some: each rank's
+// caller must take a quarter in one of three runs. Without caller driving,
+// none.
+TEST(ShmNegotiation, AWaitingCallerRunsALoneLargeAllreduceItself) {
+  const int large = 20;
+  for (int size : {2, 3}) {
+    for (const char* on : {"1", "0"}) {
+      SCOPED_TRACE("size " + std::to_string(size) + ", HORA_CALLER_DRIVES=" + on);
+      std::string outputs;
+      bool shown = false;
+      for (int attempt = 0; attempt < 3 && !shown; ++attempt) {
+        auto results =
+            runProcesses(size, [&](int rank) { return controlThreadGroups(rank, size, 4, large); },
+                         120, nullptr, {{"HORA_CALLER_DRIVES", on}, {"HORA_AUTOTUNE", "0"}});
+        shown = true;
+        for (const auto& r : results) {
+          ASSERT_EQ(r.exitCode, 0) << r.output;
+          const long large =
+              phaseCount(r.output, 524288, "caller") - phaseCount(r.output, 16384, "caller");
+          EXPECT_LE(large, 20) << r.output;
+          if (on[0] == '0') {
+            EXPECT_EQ(large, 0) << r.output;
+            continue;
+          }
+          if (large < 5) shown = false;
+          outputs += r.output;
+        }
+      }
+      if (on[0] == '1')
+        EXPECT_TRUE(shown) << "in three runs some rank's waiting caller ran fewer than 5 of 20 "
+                              "lone 2 MiB allreduces:\n"
+                           << outputs;
+    }
+  }
+}
+
+// Two 2 MiB allreduces in flight at once (fusion off: two groups): while the
+// first is queued the second is still pending, so the waiting caller leaves
+// the first to the executor (it would hold up the second's negotiation)
+// and may take only the second. 15 pairs at 2 ranks, every result exact.
+TEST(ShmNegotiation, ALargeAllreduceWithAnotherPendingIsLeftToTheExecutor) {
+  auto results = runProcesses(
+      2,
+      [](int rank) -> int {
+        hora_runtime_t rt;
+        CHILD_CHECK(hora_init(nullptr, &rt) == HORA_SUCCESS, "init: %s", hora_last_error_message());
+        const size_t n = 524288;
+        const int pairs = 15;
+        for (int it = 0; it < pairs; ++it) {
+          std::vector<float> a(n), b(n);
+          for (size_t i = 0; i < n; ++i) {
+            a[i] = static_cast<float>((rank + it + i) % 5);
+            b[i] = static_cast<float>((rank * 3 + it + i) % 11);
+          }
+          std::vector<int64_t> shape = {static_cast<int64_t>(n)};
+          DLTensor ta = makeTensor(a.data(), dlType(kDLFloat, 32), &shape);
+          DLTensor tb = makeTensor(b.data(), dlType(kDLFloat, 32), &shape);
+          hora_options_t o;
+          hora_options_init(&o);
+          hora_request_t ra, rb;
+          o.name = "pair.a";
+          CHILD_CHECK(hora_allreduce_async(rt, &ta, &ta, &o, &ra) == HORA_SUCCESS, "a: %s",
+                      hora_last_error_message());
+          o.name = "pair.b";
+          CHILD_CHECK(hora_allreduce_async(rt, &tb, &tb, &o, &rb) == HORA_SUCCESS, "b: %s",
+                      hora_last_error_message());
+          std::string msg;
+          CHILD_CHECK(waitAndFree(ra, 60, &msg) == HORA_SUCCESS, "wait a: %s", msg.c_str());
+          CHILD_CHECK(waitAndFree(rb, 60, &msg) == HORA_SUCCESS, "wait b: %s", msg.c_str());
+          for (size_t i = 0; i < n; ++i) {
+            float wa = 0, wb = 0;
+            for (int r = 0; r < 2; ++r) {
+              wa += static_cast<float>((r + it + i) % 5);
+              wb += static_cast<float>((r * 3 + it + i) % 11);
+            }
+            CHILD_CHECK(a[i] == wa && b[i] == wb, "pair %d element %zu: %f/%f != %f/%f", it, i,
+                        a[i], b[i], wa, wb);
+          }
+        }
+        const std::string m = metrics(rt);
+        const long byCaller = counter(m, "caller_driven_groups"), groups = counter(m, "groups");
+        std::printf("caller=%ld groups=%ld\n", byCaller, groups);
+        std::fflush(stdout);
+        CHILD_CHECK(groups == 2 * pairs, "%ld groups for %d pairs (fused?)", groups, pairs);
+        CHILD_CHECK(byCaller <= pairs, "the caller ran %ld groups of %d pairs", byCaller, pairs);
+        CHILD_CHECK(hora_shutdown(rt) == HORA_SUCCESS, "shutdown: %s", hora_last_error_message());
+        return 0;
+      },
+      120, nullptr, {{"HORA_FUSION_THRESHOLD_BYTES", "0"}, {"HORA_AUTOTUNE", "0"}});
+  for (const auto& r : results) EXPECT_EQ(r.exitCode, 0) << r.output;
 }
 
 // Each rank: allreduces of 64 KiB (one whole chunk), 256 KiB (one split

@@ -152,5 +152,57 @@ TEST(GroupQueueTest, RunningSummaryNamesAGroupTheControlThreadRuns) {
   EXPECT_EQ(q.inFlight(), 0);
 }
 
+TEST(GroupQueueTest, ALoneQueuedGroupMayBeTakenByAnotherThreadOnly) {
+  GroupQueue q;
+  auto any = [](const AgreedGroup&) { return true; };
+  AgreedGroup g;
+  EXPECT_FALSE(q.tryTakeLone(&g, any)) << "nothing queued";
+  q.push(group("a"));
+  EXPECT_FALSE(q.tryTakeLone(&g, [](const AgreedGroup&) { return false; })) << "does not fit";
+  q.push(group("b"));
+  EXPECT_FALSE(q.tryTakeLone(&g, any)) << "two queued";
+  ASSERT_TRUE(q.pop(&g));
+  EXPECT_FALSE(q.tryTakeLone(&g, any)) << "one queued behind a running one";
+  q.finished();
+  ASSERT_TRUE(q.tryTakeLone(&g, any));
+  EXPECT_EQ(g.responses[0].name, "b");
+  EXPECT_EQ(q.inFlight(), 1) << "taken, still running";
+  EXPECT_EQ(q.busy(), 1);
+  EXPECT_FALSE(q.tryBeginInline()) << "the taken group runs";
+  EXPECT_NE(q.runningSummary().find("waiting framework thread"), std::string::npos)
+      << q.runningSummary();
+  q.finished();
+  EXPECT_EQ(q.inFlight(), 0);
+}
+
+TEST(GroupQueueTest, ATakenGroupGivenBackIsPoppedFirst) {
+  GroupQueue q;
+  q.push(group("a"));
+  AgreedGroup g;
+  ASSERT_TRUE(q.tryTakeLone(&g, [](const AgreedGroup&) { return true; }));
+  q.push(group("b"));  // agreed while "a" was out
+  q.giveBack(std::move(g));
+  EXPECT_EQ(q.inFlight(), 2);
+  ASSERT_TRUE(q.pop(&g));
+  EXPECT_EQ(g.responses[0].name, "a");
+  q.finished();
+  ASSERT_TRUE(q.pop(&g));
+  EXPECT_EQ(g.responses[0].name, "b");
+  q.finished();
+  EXPECT_EQ(q.inFlight(), 0);
+}
+
+TEST(GroupQueueTest, NothingIsTakenBehindALaunchedGroupOrAfterClose) {
+  GroupQueue q;
+  q.push(group("a"));
+  AgreedGroup g;
+  ASSERT_TRUE(q.pop(&g));
+  q.launched();  // left running on the GPU
+  q.push(group("b"));
+  EXPECT_FALSE(q.tryTakeLone(&g, [](const AgreedGroup&) { return true; }));
+  q.close();
+  EXPECT_FALSE(q.tryTakeLone(&g, [](const AgreedGroup&) { return true; }));
+}
+
 }  // namespace
 }  // namespace hora

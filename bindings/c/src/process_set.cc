@@ -70,6 +70,10 @@ ProcessSet::ProcessSet(std::string name, std::vector<int> globalRanks, int rank,
       health_(name_, opts_.logger) {
   health_.setElastic(opts_.elastic);
   spin_ = spinPolicyFor(opts_.spinUs, opts_.localSize);
+  driveSpin_ = spin_;
+  if (spin_.enabled() && !spin_.yieldToPeers)
+    driveSpin_.window = std::max(
+        spin_.window, std::chrono::nanoseconds(std::chrono::microseconds(opts_.waitSpinUs)));
   queue_.setSpin(spin_);
 }
 

@@ -91,6 +91,9 @@ struct SetOptions {
   // Polling before a thread sleeps on a hand-off (core/spin_wait.h), and the
   // runtime's ranks on this host (whether the polls must yield the core).
   int64_t spinUs = 100;
+  // How long a framework thread in hora_wait drives before it sleeps
+  // (HORA_WAIT_SPIN_US; driveSpin_).
+  int64_t waitSpinUs = 2000;
   int localSize = 1;
   // The CPU of the set's executor thread (ExecContext::cpu); -1: unbound.
   // Only the global set gets one (runtime.cc, HORA_BIND_EXECUTOR).
@@ -148,7 +151,7 @@ class ProcessSet {
   const SpinPolicy& spin() const { return spin_; }
   // A framework thread waiting for `done`: SetController::driveWhile.
   bool driveWhile(const std::function<bool()>& done, Clock::time_point deadline) {
-    return controller_->driveWhile(spin_, done, deadline);
+    return controller_->driveWhile(driveSpin_, done, deadline);
   }
   bool callerDrives() const { return opts_.callerDrives; }
   const Telemetry& telemetry() const { return *telemetry_; }
@@ -164,6 +167,8 @@ class ProcessSet {
   const int rank_;
   const SetOptions opts_;
   SpinPolicy spin_;
+  // spin_ with HORA_WAIT_SPIN_US's window while the ranks fit the cores.
+  SpinPolicy driveSpin_;
   // Outlives the threads that report into it.
   std::shared_ptr<Telemetry> telemetry_;  // shared with the p2p engine
   // Destroyed in reverse order: the threads' owners first.

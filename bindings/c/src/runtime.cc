@@ -603,6 +603,10 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   if (so.spinUs < 0 || so.spinUs > 1000000)
     return invalidArgument("HORA_SPIN_US must be 0..1000000 (got " + std::to_string(so.spinUs) +
                            ")");
+  so.waitSpinUs = p.getInt("HORA_WAIT_SPIN_US");
+  if (so.waitSpinUs < 0 || so.waitSpinUs > 1000000)
+    return invalidArgument("HORA_WAIT_SPIN_US must be 0..1000000 (got " +
+                           std::to_string(so.waitSpinUs) + ")");
   const bool bindExecutor = p.getBool("HORA_BIND_EXECUTOR");
   so.shmNegotiation = p.getBool("HORA_SHM_NEGOTIATION");
   so.p2pTransport = p.getString("HORA_P2P_TRANSPORT");  // the registry checked the choice
