@@ -135,7 +135,8 @@ Status SetController::enqueue(std::vector<EntryPtr> entries) {
 
 bool SetController::driveWhile(const SpinPolicy& spin, const std::function<bool()>& done,
                                Clock::time_point deadline) {
-  if (!callerDrives_ || stopping_ || cp_.drivenHere()) return spinUntil(spin, done);
+  if (!callerDrives_ || stopping_ || cp_.drivenHere() || !cp_.laneUp())
+    return spinUntil(spin, done);
   if (!spin.enabled()) return done();
   // As the control thread's own loop: the window runs from the last work
   // done, not from the start, so a wait longer than the window whose rounds
@@ -152,20 +153,28 @@ bool SetController::driveWhile(const SpinPolicy& spin, const std::function<bool(
   // (core/spin_wait.h: a yield next to another busy process costs a slice).
   Clock::time_point lastWork = Clock::now();
   bool executorBusy = false;
+  // A lone queued group is asked for once per quiet spell: what keeps it
+  // (another request pending, a group the runner declines) changes only
+  // when something moves.
+  bool takeAsked = false;
   for (uint32_t i = 1;; ++i) {
     if (done()) return true;
     const ControlPlane::DriveRound round = cp_.driveOnce();
     if (round == ControlPlane::DriveRound::kWorked) {
       lastWork = Clock::now();
+      takeAsked = false;
       if (lastWork >= deadline) return done();
       continue;
     }
     if (done()) return true;
-    if (round == ControlPlane::DriveRound::kIdle && queue_.queued() == 1) {
+    if (round == ControlPlane::DriveRound::kHeldElsewhere) takeAsked = false;
+    if (round == ControlPlane::DriveRound::kIdle && !takeAsked && queue_.loneQueued()) {
+      takeAsked = true;
       bool ran = false;
-      cp_.tryDrive([&] { ran = runLoneQueued(); });
+      cp_.tryDrive([&] { ran = runLoneQueued(deadline); });
       if (ran) {
         lastWork = Clock::now();
+        takeAsked = false;
         continue;
       }
     }
@@ -173,7 +182,8 @@ bool SetController::driveWhile(const SpinPolicy& spin, const std::function<bool(
       const Clock::time_point now = Clock::now();
       if (now - lastWork >= spin.window || now >= deadline) return false;
     }
-    if (spin.yield && !spin.yieldToPeers && (i & 7) == 1) executorBusy = queue_.busy() > 0;
+    // Launched GPU groups count: the executor must run to reap them.
+    if (spin.yield && !spin.yieldToPeers && (i & 7) == 1) executorBusy = queue_.inFlight() > 0;
     if (spin.yieldToPeers ||
         (spin.yield && (executorBusy || round == ControlPlane::DriveRound::kHeldElsewhere)))
       ::sched_yield();
@@ -449,7 +459,7 @@ bool SetController::runsHere(const AgreedGroup& g) const {
   return true;
 }
 
-bool SetController::runLoneQueued() {
+bool SetController::runLoneQueued(Clock::time_point deadline) {
   // As for a small group (queueGroup): only with the lane flushed, so that
   // no peer waits in the data plane for a response this thread holds.
   if (!smallRunner_ || stopping_ || !cp_.laneFlushed()) return false;
@@ -457,8 +467,23 @@ bool SetController::runLoneQueued() {
     std::lock_guard<std::mutex> lk(tableMu_);
     if (!table_.empty() || !inbox_.empty()) return false;
   }
+  // Groups the runner declines (autotune values, the Gloo fallback's sizes)
+  // and those needing no data plane (the executor completes them at once)
+  // stay queued.
+  const double budgetBytes =
+      deadline == Clock::time_point::max()
+          ? 1e300
+          : std::chrono::duration<double, std::nano>(deadline - Clock::now()).count();
+  auto fits = [&](const AgreedGroup& q) {
+    if (!hostAllreduces(q) || !needsDataPlane(q)) return false;
+    double bytes = 0;
+    for (const Response& r : q.responses)
+      bytes += static_cast<double>(r.numElements()) * dataTypeSize(r.dtype);
+    return (bytes <= static_cast<double>(smallRunnerMaxBytes_) || bytes <= budgetBytes) &&
+           (!smallRunnerAccepts_ || smallRunnerAccepts_(q));
+  };
   AgreedGroup g;
-  if (!queue_.tryTakeLone(&g, hostAllreduces)) return false;
+  if (!queue_.tryTakeLone(&g, fits)) return false;
   if (!smallRunner_(g)) {
     queue_.giveBack(std::move(g));
     return false;

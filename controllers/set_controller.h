@@ -92,9 +92,14 @@ class SetController : public CoordinatorLink::Client {
   // executor idle, and every frame handed to the shared-memory lane, run on
   // the control thread through `run` (the executor's runHere): one thread
   // hand-off less. Set before start(); none by default.
-  // `run` returns false, running nothing, to leave the group to the executor.
-  void setSmallGroupRunner(std::function<bool(AgreedGroup&)> run, size_t maxBytes) {
+  // `run` returns false, running nothing, to leave the group to the executor;
+  // `accepts` says beforehand whether it would run a group (the executor's
+  // canRunHere). A framework thread waiting for its requests runs a lone
+  // queued group through `run` too, of any size (runLoneQueued).
+  void setSmallGroupRunner(std::function<bool(AgreedGroup&)> run,
+                           std::function<bool(const AgreedGroup&)> accepts, size_t maxBytes) {
     smallRunner_ = std::move(run);
+    smallRunnerAccepts_ = std::move(accepts);
     smallRunnerMaxBytes_ = maxBytes;
   }
   // Packs an allreduce's first chunk into the data plane's memory while its
@@ -161,12 +166,15 @@ class SetController : public CoordinatorLink::Client {
   bool runsHere(const AgreedGroup& g) const;
   static bool hostAllreduces(const AgreedGroup& g);
   // A framework thread waiting in driveWhile, under the drive lock: runs
-  // the one group queued for the executor itself, of any size, when the
-  // executor has not picked it up and this rank has nothing else pending
-  // (no later group to negotiate while it runs, the executor's reason to
-  // exist). The executor's wake-up is saved: next to other busy processes
-  // it waits for a time slice (bench/results/2026-11-28-cpu-hogs.md).
-  bool runLoneQueued();
+  // the one group queued for the executor itself when the executor has not
+  // picked it up and this rank has nothing else pending (no later group to
+  // negotiate while it runs, the executor's reason to exist). Of any size
+  // within the runner's cap; above it only if it would move at 1 GB/s
+  // (this plane's 4-ranks-on-2-cores speed is 1.5) before `deadline`, so
+  // that a wait with a timeout keeps its bound. The executor's wake-up is
+  // saved: next to other busy processes it waits for a time slice
+  // (bench/results/2026-11-28-cpu-hogs.md).
+  bool runLoneQueued(Clock::time_point deadline);
   // Whether completing `g` runs a caller's callback.
   static bool callsBack(const AgreedGroup& g);
   EntryPtr takeEntry(const std::string& name);
@@ -206,6 +214,7 @@ class SetController : public CoordinatorLink::Client {
   // Under the drive lock: a framework thread is inside enqueue's drive.
   bool submitting_ = false;
   std::function<bool(AgreedGroup&)> smallRunner_;
+  std::function<bool(const AgreedGroup&)> smallRunnerAccepts_;
   size_t smallRunnerMaxBytes_ = 0;
   std::function<bool(TensorEntry&, const std::function<bool()>&)> packer_;
   std::thread thread_;

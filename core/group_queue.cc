@@ -41,7 +41,7 @@ void GroupQueue::push(AgreedGroup group) {
     std::lock_guard<std::mutex> lk(mu_);
     queue_.push_back(std::move(group));
     queued_.store(static_cast<int>(queue_.size()), std::memory_order_release);
-    ++inFlight_;
+    inFlightSeen_.store(++inFlight_, std::memory_order_release);
   }
   ready_.notify_one();
 }
@@ -49,7 +49,7 @@ void GroupQueue::push(AgreedGroup group) {
 bool GroupQueue::tryBeginInline(const AgreedGroup* group) {
   std::lock_guard<std::mutex> lk(mu_);
   if (!queue_.empty() || inFlight_ > 0) return false;
-  ++inFlight_;
+  inFlightSeen_.store(++inFlight_, std::memory_order_release);
   if (group) running_ = describe(*group) + " (on the control thread)";
   return true;
 }
@@ -92,10 +92,10 @@ int GroupQueue::tryPop(AgreedGroup* out) {
 
 bool GroupQueue::tryTakeLone(AgreedGroup* out,
                              const std::function<bool(const AgreedGroup&)>& fits) {
-  if (queued_.load(std::memory_order_acquire) != 1) return false;
+  if (!loneQueued()) return false;
   std::lock_guard<std::mutex> lk(mu_);
-  if (closed_ || queue_.size() != 1 || inFlight_ != 1 || launched_ != 0 || !fits(queue_.front()))
-    return false;
+  // One queued and one in flight: nothing runs or is launched ahead of it.
+  if (closed_ || queue_.size() != 1 || inFlight_ != 1 || !fits(queue_.front())) return false;
   *out = std::move(queue_.front());
   queue_.pop_front();
   queued_.store(0, std::memory_order_release);
@@ -138,7 +138,7 @@ void GroupQueue::finishedLaunched() {
     HORA_CHECK(launched_ > 0 && inFlight_ > 0)
         << "a launched group finished that was never launched";
     --launched_;
-    --inFlight_;
+    inFlightSeen_.store(--inFlight_, std::memory_order_release);
   }
   idle_.notify_all();
   if (doneHook_) doneHook_();
@@ -148,7 +148,7 @@ void GroupQueue::leave() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     HORA_CHECK(inFlight_ > 0) << "a group finished that was never pushed or begun inline";
-    --inFlight_;
+    inFlightSeen_.store(--inFlight_, std::memory_order_release);
   }
   idle_.notify_all();
 }

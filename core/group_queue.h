@@ -12,9 +12,9 @@
 //    executor is idle, and waits up to a cycle to fuse more while it is busy),
 //    waitIdle() (shutdown lets agreed work finish), close() / takeRemaining().
 //
-// The "group done" hook runs on the executor thread after each popped group
-// (the coordinator uses it to emit what became ready while it was busy). It is
-// set before the executor starts. Thread-safe.
+// The "group done" hook runs after each popped or taken group, on the thread
+// that ran it (the coordinator uses it to emit what became ready while it was
+// busy). It is set before the executor starts. Thread-safe.
 //
 // pop() polls for a group for up to the spin window (core/spin_wait.h) before
 // it sleeps, so a group pushed right after the last one finished costs no
@@ -70,8 +70,12 @@ class GroupQueue {
   void launched();
   void finishedLaunched();
 
-  // Groups queued and not yet popped (a lock-free look).
-  int queued() const { return queued_.load(std::memory_order_acquire); }
+  // One group queued and nothing else in flight (a lock-free look; what
+  // tryTakeLone asks, up to its fit).
+  bool loneQueued() const {
+    return queued_.load(std::memory_order_acquire) == 1 &&
+           inFlightSeen_.load(std::memory_order_acquire) == 1;
+  }
   // Groups queued or running (launched ones included).
   int inFlight() const;
   // Groups queued or in the executor's hands, launched ones not counted:
@@ -94,6 +98,7 @@ class GroupQueue {
   std::deque<AgreedGroup> queue_;
   // queue_.size() and closed_, readable without mu_ (pop()'s polling).
   std::atomic<int> queued_{0};
+  std::atomic<int> inFlightSeen_{0};  // inFlight_, for lock-free looks
   std::atomic<bool> closedFlag_{false};
   SpinPolicy spin_;
   int inFlight_ = 0;

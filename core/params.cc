@@ -118,7 +118,9 @@ const std::vector<ParamSpec>& paramRegistry() {
        "Allreduces of host tensors up to this many bytes (a fused group in all) run on the "
        "process set's control thread instead of its executor when the executor is idle, one "
        "thread hand-off less. Only for sets on the shared-memory data plane (one host) that "
-       "negotiate through shared memory; 0 hands every group to the executor."},
+       "negotiate through shared memory. A framework thread blocked in hora_wait also runs a "
+       "larger allreduce the executor has not picked up when it is all its rank has pending "
+       "and its timeout leaves time for it at 1 GB/s. 0 hands every group to the executor."},
       {"HORA_PACK_AHEAD", ParamType::kBool, "1",
        "While an allreduce of a host tensor is still being negotiated and is the only tensor "
        "pending, the control thread packs its first chunk into shared memory, so that once every "
@@ -129,7 +131,8 @@ const std::vector<ParamSpec>& paramRegistry() {
        "When every rank of a process set is on one host (its negotiation goes through shared "
        "memory), a framework thread that submits a collective sends its request itself, and "
        "one that waits for a collective does the control thread's work while no other thread "
-       "does (reading the negotiation, running a small allreduce), instead of handing each "
+       "does (reading the negotiation, running a small allreduce, or a lone one of any size), "
+       "instead of handing each "
        "step to the set's control thread: no thread hand-off on a small allreduce's path. In a "
        "process set of one rank the submitting thread negotiates by itself. 0 leaves all of it "
        "to the control thread."},

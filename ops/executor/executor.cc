@@ -108,12 +108,15 @@ void Executor::finishLaunched(LaunchedGroup& l, const Status* failure) {
   queue_.finishedLaunched();
 }
 
-bool Executor::runHere(AgreedGroup& group, std::function<void()> whileWaiting) {
+bool Executor::canRunHere(const AgreedGroup& group) const {
   if (!ctx_.backend || group.tuning || group.responses.empty()) return false;
   int64_t elements = 0;
   for (const Response& r : group.responses) elements += r.numElements();
-  if (!ctx_.backend->callsWaitHook(static_cast<size_t>(elements), group.responses[0].dtype))
-    return false;
+  return ctx_.backend->callsWaitHook(static_cast<size_t>(elements), group.responses[0].dtype);
+}
+
+bool Executor::runHere(AgreedGroup& group, std::function<void()> whileWaiting) {
+  if (!canRunHere(group)) return false;
   // Counted before it runs: its requests complete inside execute(), and a
   // caller may read the metrics the moment they do.
   if (ctx_.telemetry) ctx_.telemetry->ranOnControl();

@@ -65,6 +65,8 @@ class Executor {
   // group carries new autotune values (which may change that): the caller
   // then queues the group for the executor.
   bool runHere(AgreedGroup& group, std::function<void()> whileWaiting);
+  // Whether runHere would run `group` (asked before taking a queued group).
+  bool canRunHere(const AgreedGroup& group) const;
   // Packs the first chunk of a host allreduce still being negotiated into
   // the data plane's memory on the calling thread (CpuPath::prepack), under
   // the same rule as runHere; `stop` as for Backend::prepackAllreduce.

@@ -347,7 +347,9 @@ TEST(Regression, SecondRequestWithANameInFlightFailsAtOnceForEveryKind) {
       if (rank == 0) checked.fetch_add(1);
       while (rank == 1 && checked.load() <= kind - kinds)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      if (rank == 1) ASSERT_EQ(submit(&t, &first), HORA_SUCCESS) << hora_last_error_message();
+      if (rank == 1) {
+        ASSERT_EQ(submit(&t, &first), HORA_SUCCESS) << hora_last_error_message();
+      }
       EXPECT_EQ(waitAndFree(first, 20), HORA_SUCCESS) << k << ": " << lastMessage();
     }
   });

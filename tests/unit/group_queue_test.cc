@@ -192,16 +192,28 @@ TEST(GroupQueueTest, ATakenGroupGivenBackIsPoppedFirst) {
   EXPECT_EQ(q.inFlight(), 0);
 }
 
-TEST(GroupQueueTest, NothingIsTakenBehindALaunchedGroupOrAfterClose) {
+TEST(GroupQueueTest, NothingIsTakenBehindALaunchedGroup) {
   GroupQueue q;
   q.push(group("a"));
   AgreedGroup g;
   ASSERT_TRUE(q.pop(&g));
-  q.launched();  // left running on the GPU
+  q.launched();  // left running on the GPU: the executor is free, "a" is not done
   q.push(group("b"));
+  EXPECT_FALSE(q.loneQueued());
   EXPECT_FALSE(q.tryTakeLone(&g, [](const AgreedGroup&) { return true; }));
+  q.finishedLaunched();
+  EXPECT_TRUE(q.loneQueued());
+  EXPECT_TRUE(q.tryTakeLone(&g, [](const AgreedGroup&) { return true; }));
+  q.finished();
+}
+
+TEST(GroupQueueTest, NothingIsTakenFromAClosedQueue) {
+  GroupQueue q;
+  q.push(group("a"));
   q.close();
+  AgreedGroup g;
   EXPECT_FALSE(q.tryTakeLone(&g, [](const AgreedGroup&) { return true; }));
+  EXPECT_EQ(q.takeRemaining().size(), 1u) << "left for shutdown";
 }
 
 }  // namespace

@@ -334,7 +334,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
     ControlPlane* cp = ps->cp_.get();
     ps->controller_->setSmallGroupRunner(
         [ex, cp](AgreedGroup& g) { return ex->runHere(g, [cp] { cp->markAlive(); }); },
-        o.runOnControlMaxBytes);
+        [ex](const AgreedGroup& g) { return ex->canRunHere(g); }, o.runOnControlMaxBytes);
   }
   // Packing ahead is for the shared-memory plane only (the one whose memory
   // a rank can fill before its peers are ready), and only with a core per

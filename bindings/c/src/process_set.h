@@ -151,7 +151,8 @@ class ProcessSet {
   const SpinPolicy& spin() const { return spin_; }
   // A framework thread waiting for `done`: SetController::driveWhile.
   bool driveWhile(const std::function<bool()>& done, Clock::time_point deadline) {
-    return controller_->driveWhile(driveSpin_, done, deadline);
+    // The wider window only where there is a lane to drive.
+    return controller_->driveWhile(cp_->laneUp() ? driveSpin_ : spin_, done, deadline);
   }
   bool callerDrives() const { return opts_.callerDrives; }
   const Telemetry& telemetry() const { return *telemetry_; }

@@ -12,7 +12,9 @@
  * work itself while no hora thread does: a collective call sends its request
  * and may run a small allreduce it completed the agreement of (never one
  * whose completion runs a callback), and hora_wait may run any small
- * allreduce of the set while it waits. Completion callbacks run on a hora
+ * allreduce of the set while it waits, and a larger one that is all the
+ * rank has pending when its timeout leaves time for it (at 1 GB/s).
+ * Completion callbacks run on a hora
  * thread or inside hora_wait: they must be short and must not call hora_wait
  * or any other blocking hora function.
  *
