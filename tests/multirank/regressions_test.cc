@@ -230,10 +230,11 @@ TEST(Regression, CpuOutputAllocatorFailingOnOneRankFailsOnlyThatRequest) {
       std::string msg;
       EXPECT_EQ(waitAndFree(req, 30, &msg), rank == 1 ? HORA_ERR_SYSTEM : HORA_SUCCESS)
           << name << " rank " << rank << ": " << msg;
-      if (rank == 1)
+      if (rank == 1) {
         EXPECT_NE(msg.find("allocator callback failed (returned 7)"), std::string::npos) << msg;
-      else if (kind == 2)  // reducescatter: one row each, the sum 1 + 2 + 3
+      } else if (kind == 2) {  // reducescatter: one row each, the sum 1 + 2 + 3
         EXPECT_EQ(reinterpret_cast<const float*>(mine.second.data())[0], 6.0f);
+      }
     }
     std::vector<int64_t> s1 = {1};
     std::vector<float> one(1, 1.0f);
