@@ -60,12 +60,16 @@ void Executor::run() {
         continue;
       }
     }
-    const bool done = execute(group);
-    group = AgreedGroup();  // the entries go before the next wait
-    if (done)
+    bool released = false;
+    const bool done = execute(group, [&] {
+      released = true;
       queue_.finished();
-    else
+    });
+    group = AgreedGroup();  // the entries go before the next wait
+    if (!done)
       queue_.launched();
+    else if (!released)
+      queue_.finished();
   }
   reapLaunched(0);  // closed: what was launched still completes
 }
@@ -136,7 +140,7 @@ bool Executor::prepareHere(TensorEntry& entry, const std::function<bool()>& stop
   return packed;
 }
 
-bool Executor::execute(AgreedGroup& g) {
+bool Executor::execute(AgreedGroup& g, const std::function<void()>& release) {
   HORA_CHECK(!g.responses.empty() && g.entries.size() == g.responses.size())
       << g.entries.size() << " entries for " << g.responses.size() << " responses";
   const bool onGpu = g.responses.front().device.kind == DeviceKind::kCuda;
@@ -145,6 +149,7 @@ bool Executor::execute(AgreedGroup& g) {
   if (!onGpu || !needsDataPlane(g)) reapLaunched(0);
   if (!needsDataPlane(g)) {
     if (ctx_.telemetry) ctx_.telemetry->inlineDone(g);
+    if (release) release();
     completeWithoutDataPlane(g, ctx_.globalRanks);
     return true;
   }
@@ -204,6 +209,9 @@ bool Executor::execute(AgreedGroup& g) {
                                             : "cpu",
                              onGpu, ph.packNs, ph.unpackNs);
   }
+  // Failures keep it in flight until they are reported (shutdown's
+  // waitIdle, the set's final status).
+  if (release && s.isOk()) release();
   if (!s.isOk())
     fail(g, s);
   else
