@@ -85,10 +85,11 @@ TEST_P(ShmNegotiationSizes, ProcessesAgreeThroughTheLaneAndGetExactResults) {
                               120, nullptr, {{"HORA_LOG_LEVEL", "info"}});
   for (int r = 0; r < size; ++r) {
     EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
-    if (size > 1)
+    if (size > 1) {
       EXPECT_NE(results[r].output.find("negotiation through shared memory"), std::string::npos)
           << "rank " << r << ":\n"
           << results[r].output;
+    }
   }
 }
 
@@ -117,9 +118,10 @@ TEST_P(ShmNegotiationSizes, ProcessesOverTcpWhenTheLaneIsOff) {
                    120, nullptr, {{"HORA_LOG_LEVEL", "info"}, {"HORA_SHM_NEGOTIATION", "0"}});
   for (int r = 0; r < size; ++r) {
     EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
-    if (size > 1)
+    if (size > 1) {
       EXPECT_NE(results[r].output.find("negotiation over TCP"), std::string::npos)
           << results[r].output;
+    }
   }
 }
 
@@ -191,9 +193,10 @@ void expectKilledRankNamedQuickly(size_t elements) {
         {{"HORA_PEER_TIMEOUT_S", "30"}});
     EXPECT_EQ(results[culprit].signal, SIGKILL) << results[culprit].output;
     for (int r = 0; r < 3; ++r)
-      if (r != culprit)
+      if (r != culprit) {
         EXPECT_EQ(results[r].exitCode, 0) << "culprit " << culprit << ", rank " << r << ":\n"
                                           << results[r].output;
+      }
     const double total = std::chrono::duration<double>(Clock::now() - t0).count();
     EXPECT_LT(total - killedAtMs.load() / 1000.0, 10.0) << "survivors took too long to fail";
   }
@@ -469,8 +472,9 @@ TEST(ShmNegotiation, ZeroHandsEverySmallAllreduceToTheExecutor) {
       EXPECT_EQ(phaseCount(r.output, 16384, "control"), 0) << r.output;
       // Off: nothing leaves the executor. Under the minimum the 2 MiB ones
       // are the shared-memory plane's, which a waiting caller may take.
-      if (param.first == "HORA_RUN_ON_CONTROL_MAX_BYTES")
+      if (param.first == "HORA_RUN_ON_CONTROL_MAX_BYTES") {
         EXPECT_EQ(phaseCount(r.output, 524288, "control"), 0) << r.output;
+      }
     }
   }
 }
@@ -506,10 +510,11 @@ TEST(ShmNegotiation, AWaitingCallerRunsALoneLargeAllreduceItself) {
           outputs += r.output;
         }
       }
-      if (on[0] == '1')
+      if (on[0] == '1') {
         EXPECT_TRUE(shown) << "in three runs some rank's waiting caller ran fewer than 5 of 20 "
                               "lone 2 MiB allreduces:\n"
                            << outputs;
+      }
     }
   }
 }
@@ -678,6 +683,17 @@ TEST(ShmNegotiation, RankKilledDuringAControlThreadAllreduceFailsSurvivorsQuickl
 
 TEST(ShmNegotiation, RankStalledDuringAControlThreadAllreduceIsLostAfterThePeerTimeout) {
   expectStalledRankLost(16384);
+}
+
+// 2 MiB tensors, above HORA_RUN_ON_CONTROL_MAX_BYTES: each lone one is run
+// by the waiting framework thread (SetController::runLoneQueued) or the
+// executor, whichever takes it first; either way a lost peer is named.
+TEST(ShmNegotiation, RankKilledDuringAWaitingCallersLargeAllreduceFailsSurvivorsQuickly) {
+  expectKilledRankNamedQuickly(524288);
+}
+
+TEST(ShmNegotiation, RankStalledDuringAWaitingCallersLargeAllreduceIsLostAfterThePeerTimeout) {
+  expectStalledRankLost(524288);
 }
 
 }  // namespace
