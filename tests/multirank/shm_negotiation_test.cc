@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -301,48 +302,63 @@ TEST(ShmNegotiation, SmallAllreducesRunOnTheControlThreadLargeOnesOnTheExecutor)
   }
 }
 
-// HORA_CALLER_DRIVES (controllers/drive_lock.h): the framework thread that
-// waits for a small allreduce does the control thread's work and runs the
-// allreduce itself. Counted per rank; 0 with the feature off.
-// Under load a whole run can miss (the CI machine, ctest -j2: once every
-// small allreduce of a rank went to the executor, once the control thread took
-// 37 of 40): with the feature on, the best of three runs must show it; with it
-// off, every run must show none.
-TEST(ShmNegotiation, AWaitingCallerRunsSmallAllreducesItself) {
-  const int small = 40;
+// For world sizes 2 and 3, with HORA_CALLER_DRIVES on and off, each rank runs
+// controlThreadGroups(small, large); `count` reads from a rank's output how
+// many allreduces its waiting caller ran. Off, every run must show 0; on,
+// every rank must show at least `atLeast` in one of three runs (load can
+// make a whole run miss). `check` adds per-rank checks of every run.
+void expectWaitingCallerRuns(int small, int large, long atLeast, const char* what,
+                             const std::function<long(const std::string&)>& count,
+                             const std::function<void(const std::string&)>& check) {
   for (int size : {2, 3}) {
     for (const char* on : {"1", "0"}) {
       SCOPED_TRACE("size " + std::to_string(size) + ", HORA_CALLER_DRIVES=" + on);
       std::string outputs;
       bool shown = false;
       for (int attempt = 0; attempt < 3 && !shown; ++attempt) {
-        auto results =
-            runProcesses(size, [&](int rank) { return controlThreadGroups(rank, size, small); },
-                         120, nullptr, {{"HORA_CALLER_DRIVES", on}});
+        auto results = runProcesses(
+            size, [&](int rank) { return controlThreadGroups(rank, size, small, large); }, 120,
+            nullptr, {{"HORA_CALLER_DRIVES", on}, {"HORA_AUTOTUNE", "0"}});
         shown = true;
         for (const auto& r : results) {
           ASSERT_EQ(r.exitCode, 0) << r.output;
-          const long byCaller = phaseCount(r.output, 16384, "caller");
-          // Never more than ran on "the control thread"; of the 3 lone 2 MiB
-          // ones the waiting caller may take some from the executor.
-          EXPECT_LE(byCaller, phaseCount(r.output, 16384, "control")) << r.output;
-          EXPECT_LE(phaseCount(r.output, 524288, "caller"), byCaller + 3) << r.output;
+          check(r.output);
           if (on[0] == '0') {
-            EXPECT_EQ(byCaller, 0) << r.output;
+            EXPECT_EQ(count(r.output), 0) << r.output;
             EXPECT_EQ(phaseCount(r.output, 524288, "caller"), 0) << r.output;
             continue;
           }
-          // The control thread takes some when it holds the lane as a
-          // response arrives (beside CPU hogs more), so not all of them.
-          if (byCaller < small / 4) shown = false;
+          if (count(r.output) < atLeast) shown = false;
           outputs += r.output;
         }
       }
-      EXPECT_TRUE(shown) << "in three runs some rank's waiting caller ran fewer than " << small / 4
-                         << " of " << small << " small allreduces:\n"
-                         << outputs;
+      if (on[0] == '1') {
+        EXPECT_TRUE(shown) << "in three runs some rank's waiting caller ran fewer than " << atLeast
+                           << " " << what << ":\n"
+                           << outputs;
+      }
     }
   }
+}
+
+// HORA_CALLER_DRIVES (controllers/drive_lock.h): the framework thread that
+// waits for a small allreduce does the control thread's work and runs the
+// allreduce itself. Counted per rank; 0 with the feature off.
+// Under load a whole run can miss (the CI machine, ctest -j2: once every
+// small allreduce of a rank went to the executor, once the control thread took
+// 37 of 40): with the feature on, the best of three runs must show it.
+TEST(ShmNegotiation, AWaitingCallerRunsSmallAllreducesItself) {
+  const int small = 40;
+  expectWaitingCallerRuns(
+      small, 3, small / 4, "of 40 small allreduces",
+      [](const std::string& out) { return phaseCount(out, 16384, "caller"); },
+      [](const std::string& out) {
+        // Never more than ran on "the control thread"; of the 3 lone 2 MiB
+        // ones the waiting caller may take some from the executor.
+        const long byCaller = phaseCount(out, 16384, "caller");
+        EXPECT_LE(byCaller, phaseCount(out, 16384, "control")) << out;
+        EXPECT_LE(phaseCount(out, 524288, "caller"), byCaller + 3) << out;
+      });
 }
 
 // What a completion callback sees: whether it ran inside the submitting
@@ -486,37 +502,11 @@ TEST(ShmNegotiation, ZeroHandsEverySmallAllreduceToTheExecutor) {
 // caller must take a quarter in one of three runs. Without caller driving,
 // none.
 TEST(ShmNegotiation, AWaitingCallerRunsALoneLargeAllreduceItself) {
-  const int large = 20;
-  for (int size : {2, 3}) {
-    for (const char* on : {"1", "0"}) {
-      SCOPED_TRACE("size " + std::to_string(size) + ", HORA_CALLER_DRIVES=" + on);
-      std::string outputs;
-      bool shown = false;
-      for (int attempt = 0; attempt < 3 && !shown; ++attempt) {
-        auto results =
-            runProcesses(size, [&](int rank) { return controlThreadGroups(rank, size, 4, large); },
-                         120, nullptr, {{"HORA_CALLER_DRIVES", on}, {"HORA_AUTOTUNE", "0"}});
-        shown = true;
-        for (const auto& r : results) {
-          ASSERT_EQ(r.exitCode, 0) << r.output;
-          const long large =
-              phaseCount(r.output, 524288, "caller") - phaseCount(r.output, 16384, "caller");
-          EXPECT_LE(large, 20) << r.output;
-          if (on[0] == '0') {
-            EXPECT_EQ(large, 0) << r.output;
-            continue;
-          }
-          if (large < 5) shown = false;
-          outputs += r.output;
-        }
-      }
-      if (on[0] == '1') {
-        EXPECT_TRUE(shown) << "in three runs some rank's waiting caller ran fewer than 5 of 20 "
-                              "lone 2 MiB allreduces:\n"
-                           << outputs;
-      }
-    }
-  }
+  auto large = [](const std::string& out) {
+    return phaseCount(out, 524288, "caller") - phaseCount(out, 16384, "caller");
+  };
+  expectWaitingCallerRuns(4, 20, 5, "of 20 lone 2 MiB allreduces", large,
+                          [&](const std::string& out) { EXPECT_LE(large(out), 20) << out; });
 }
 
 // Two 2 MiB allreduces in flight at once (fusion off: two groups): while the
