@@ -114,7 +114,10 @@ void CoordinatorService::maybeEmit(bool force) {
         if (ec == boost::asio::error::operation_aborted)
           return;  // cancelled: a newer timer owns the flag
         emitTimerArmed_ = false;
-        maybeEmit(false);
+        // A cycle held: emit now, busy or not. Asking again would start a
+        // new cycle from here (firstReady_), holding until the executor
+        // idles however long that takes.
+        maybeEmit(true);
       }));
     }
     return;
