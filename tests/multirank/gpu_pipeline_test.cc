@@ -243,6 +243,45 @@ TEST_F(GpuPipeline, ATensorHeldWhileTheExecutorIsBusyGoesOutWhenItFinishes) {
       [](hora_config_t& c) { c.cycle_time_ms = 10000; });
 }
 
+// The same hold with a 20 ms cycle and the executor kept busy for 300 ms:
+// the held tensor is agreed (negotiation_s stops for it) when its cycle
+// ends, not when the executor becomes idle. The timer once asked again
+// without force, which started a new cycle each time and held it for as
+// long as the executor stayed busy.
+TEST_F(GpuPipeline, ATensorHeldWhileTheExecutorIsBusyGoesOutAfterOneCycle) {
+  ::setenv("HORA_GPU_PIPELINE", "0", 1);  // the executor waits in the GPU group
+  runThreads(
+      1,
+      [](int, hora_runtime_t rt) {
+        Order order;
+        ASSERT_EQ(warmUp(rt, &order), HORA_SUCCESS) << lastMessage();
+        auto negotiationS = [&] {
+          const std::string m = metrics(rt);
+          const size_t at = m.find("\"negotiation_s\":");
+          return at == std::string::npos ? -1.0 : std::stod(m.substr(at + 16));
+        };
+        const double before = negotiationS();
+        ASSERT_GE(before, 0.0);
+        mockHoldEvents(true);
+        const long calls = mockCalls("allreduce");
+        std::vector<float> g(8, 1.0f), c(8, 2.0f);
+        Tag gTag{&order, 0}, cTag{&order, 1};
+        hora_request_t gr, cr;
+        ASSERT_EQ(submitAllreduce(rt, g, true, "busy.gpu", &gTag, &gr), HORA_SUCCESS);
+        ASSERT_TRUE(awaitCalls("allreduce", calls, 1));
+        ASSERT_EQ(submitAllreduce(rt, c, false, "held.host", &cTag, &cr), HORA_SUCCESS);
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        mockHoldEvents(false);
+        ASSERT_EQ(waitAndFree(gr), HORA_SUCCESS) << lastMessage();
+        ASSERT_EQ(waitAndFree(cr, 30), HORA_SUCCESS) << lastMessage();
+        EXPECT_EQ(c[0], 4.0f);
+        // Both tensors' negotiations: about a cycle in all; 0.3 s or more when
+        // the held one waited for the executor.
+        EXPECT_LT(negotiationS() - before, 0.2) << "the held tensor outlived its cycle";
+      },
+      [](hora_config_t& c) { c.cycle_time_ms = 20; });
+}
+
 // A fused group through the communicator: tensors of kGpuDirectBytes or more
 // are reduced one by one from their input into their output, the rest packed
 // and reduced together; a joined rank makes the same calls with stand-ins.
@@ -315,8 +354,9 @@ TEST_F(GpuPipeline, AFusedGroupReducesBigTensorsInTheirOwnOutputAndPacksTheRest)
       });
       // Per rank: the warm-up, then both big tensors alone and one packed call.
       EXPECT_EQ(mockCalls("allreduce") - calls, size * 4);
-      if (!withJoined)  // pack, prescale, unpack, postscale (the in-place warm-up needs none)
+      if (!withJoined) {  // pack, prescale, unpack, postscale (the in-place warm-up needs none)
         EXPECT_EQ(mockCalls("batched_scale_copy") - copies, size * 4);
+      }
     }
   }
 }
