@@ -60,16 +60,12 @@ void Executor::run() {
         continue;
       }
     }
-    bool released = false;
-    const bool done = execute(group, [&] {
-      released = true;
-      queue_.finished();
-    });
+    const bool done = execute(group);
     group = AgreedGroup();  // the entries go before the next wait
-    if (!done)
-      queue_.launched();
-    else if (!released)
+    if (done)
       queue_.finished();
+    else
+      queue_.launched();
   }
   reapLaunched(0);  // closed: what was launched still completes
 }
@@ -140,7 +136,7 @@ bool Executor::prepareHere(TensorEntry& entry, const std::function<bool()>& stop
   return packed;
 }
 
-bool Executor::execute(AgreedGroup& g, const std::function<void()>& release) {
+bool Executor::execute(AgreedGroup& g) {
   HORA_CHECK(!g.responses.empty() && g.entries.size() == g.responses.size())
       << g.entries.size() << " entries for " << g.responses.size() << " responses";
   const bool onGpu = g.responses.front().device.kind == DeviceKind::kCuda;
@@ -149,7 +145,6 @@ bool Executor::execute(AgreedGroup& g, const std::function<void()>& release) {
   if (!onGpu || !needsDataPlane(g)) reapLaunched(0);
   if (!needsDataPlane(g)) {
     if (ctx_.telemetry) ctx_.telemetry->inlineDone(g);
-    if (release) release();
     completeWithoutDataPlane(g, ctx_.globalRanks);
     return true;
   }
@@ -209,9 +204,6 @@ bool Executor::execute(AgreedGroup& g, const std::function<void()>& release) {
                                             : "cpu",
                              onGpu, ph.packNs, ph.unpackNs);
   }
-  // Failures keep it in flight until they are reported (shutdown's
-  // waitIdle, the set's final status).
-  if (release && s.isOk()) release();
   if (!s.isOk())
     fail(g, s);
   else

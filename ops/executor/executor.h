@@ -76,12 +76,7 @@ class Executor {
  private:
   void run();
   // False when the group was left launched on the GPU (then in launched_).
-  // `release`, if given, runs once a group that succeeded no longer needs
-  // the data plane and before its requests complete (the executor's own
-  // runs: the queue counts it done, so that a caller its completion wakes
-  // finds the executor idle and runs its next small group itself instead
-  // of queueing it behind a group that is over).
-  bool execute(AgreedGroup& group, const std::function<void()>& release = nullptr);
+  bool execute(AgreedGroup& group);
   void complete(AgreedGroup& group, const Status& outputLost);
   void fail(AgreedGroup& group, const Status& why);
   // Completes the launched groups whose GPU work is done, in order, and
