@@ -109,10 +109,12 @@ void CoordinatorService::maybeEmit(bool force) {
   if (hold) {
     if (!emitTimerArmed_) {
       emitTimerArmed_ = true;
+      const uint64_t gen = ++emitTimerGen_;
       emitTimer_.expires_after(cycleTime_);
-      emitTimer_.async_wait(cp_.locked([this](boost::system::error_code ec) {
-        if (ec == boost::asio::error::operation_aborted)
-          return;  // cancelled: a newer timer owns the flag
+      emitTimer_.async_wait(cp_.locked([this, gen](boost::system::error_code ec) {
+        // Cancelled, or already queued when an emit (or a newer arming)
+        // made it stale: a newer timer owns the flag, or none is needed.
+        if (ec == boost::asio::error::operation_aborted || gen != emitTimerGen_) return;
         emitTimerArmed_ = false;
         // A cycle held: emit now, busy or not. Asking again would start a
         // new cycle from here (firstReady_), holding until the executor
@@ -126,6 +128,7 @@ void CoordinatorService::maybeEmit(bool force) {
   if (emitTimerArmed_) {
     emitTimer_.cancel();
     emitTimerArmed_ = false;
+    ++emitTimerGen_;
   }
   std::vector<std::vector<Response>> emitted;
   ResponseList list = coordinator_.emit(autotune_ ? &emitted : nullptr);
@@ -176,6 +179,8 @@ void CoordinatorService::stallTick() {
 
 void CoordinatorService::stop() {
   emitTimer_.cancel();
+  emitTimerArmed_ = false;
+  ++emitTimerGen_;  // a handler already queued emits nothing
   stallTimer_.cancel();
 }
 

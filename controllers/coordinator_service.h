@@ -89,6 +89,10 @@ class CoordinatorService : public CoordinatorLink {
   Coordinator coordinator_;
   boost::asio::steady_timer emitTimer_, stallTimer_;
   bool emitTimerArmed_ = false;
+  // Which arming of emitTimer_ is current: a handler asio had already
+  // queued when the timer was cancelled (or re-armed) still runs with
+  // success, and must then do nothing.
+  uint64_t emitTimerGen_ = 0;
   // Ready tensors held back because the executor was busy: its done hook
   // then wakes the control thread to emit them (read on the executor).
   std::atomic<bool> heldForBusy_{false};
