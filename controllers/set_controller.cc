@@ -449,14 +449,15 @@ bool SetController::hostAllreduces(const AgreedGroup& g) {
   return !g.responses.empty();
 }
 
-bool SetController::runsHere(const AgreedGroup& g) const {
-  if (!hostAllreduces(g)) return false;
+size_t SetController::groupBytes(const AgreedGroup& g) {
   size_t bytes = 0;
-  for (const Response& r : g.responses) {
+  for (const Response& r : g.responses)
     bytes += static_cast<size_t>(r.numElements()) * dataTypeSize(r.dtype);
-    if (bytes > smallRunnerMaxBytes_) return false;
-  }
-  return true;
+  return bytes;
+}
+
+bool SetController::runsHere(const AgreedGroup& g) const {
+  return hostAllreduces(g) && groupBytes(g) <= smallRunnerMaxBytes_;
 }
 
 bool SetController::runLoneQueued(Clock::time_point deadline) {
@@ -475,11 +476,9 @@ bool SetController::runLoneQueued(Clock::time_point deadline) {
           ? 1e300
           : std::chrono::duration<double, std::nano>(deadline - Clock::now()).count();
   auto fits = [&](const AgreedGroup& q) {
-    if (!hostAllreduces(q) || !needsDataPlane(q)) return false;
-    double bytes = 0;
-    for (const Response& r : q.responses)
-      bytes += static_cast<double>(r.numElements()) * dataTypeSize(r.dtype);
-    return (bytes <= static_cast<double>(smallRunnerMaxBytes_) || bytes <= budgetBytes) &&
+    return needsDataPlane(q) &&
+           (runsHere(q) ||
+            (hostAllreduces(q) && static_cast<double>(groupBytes(q)) <= budgetBytes)) &&
            (!smallRunnerAccepts_ || smallRunnerAccepts_(q));
   };
   AgreedGroup g;

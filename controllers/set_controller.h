@@ -165,6 +165,7 @@ class SetController : public CoordinatorLink::Client {
   // Whether smallRunner_ takes `g` (allreduces of host tensors within its cap).
   bool runsHere(const AgreedGroup& g) const;
   static bool hostAllreduces(const AgreedGroup& g);
+  static size_t groupBytes(const AgreedGroup& g);
   // A framework thread waiting in driveWhile, under the drive lock: runs
   // the one group queued for the executor itself when the executor has not
   // picked it up and this rank has nothing else pending (no later group to

@@ -41,7 +41,7 @@ void GroupQueue::push(AgreedGroup group) {
     std::lock_guard<std::mutex> lk(mu_);
     queue_.push_back(std::move(group));
     queued_.store(static_cast<int>(queue_.size()), std::memory_order_release);
-    inFlightSeen_.store(++inFlight_, std::memory_order_release);
+    ++inFlight_;
   }
   ready_.notify_one();
 }
@@ -49,7 +49,7 @@ void GroupQueue::push(AgreedGroup group) {
 bool GroupQueue::tryBeginInline(const AgreedGroup* group) {
   std::lock_guard<std::mutex> lk(mu_);
   if (!queue_.empty() || inFlight_ > 0) return false;
-  inFlightSeen_.store(++inFlight_, std::memory_order_release);
+  ++inFlight_;
   if (group) running_ = describe(*group) + " (on the control thread)";
   return true;
 }
@@ -138,7 +138,7 @@ void GroupQueue::finishedLaunched() {
     HORA_CHECK(launched_ > 0 && inFlight_ > 0)
         << "a launched group finished that was never launched";
     --launched_;
-    inFlightSeen_.store(--inFlight_, std::memory_order_release);
+    --inFlight_;
   }
   idle_.notify_all();
   if (doneHook_) doneHook_();
@@ -148,14 +148,9 @@ void GroupQueue::leave() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     HORA_CHECK(inFlight_ > 0) << "a group finished that was never pushed or begun inline";
-    inFlightSeen_.store(--inFlight_, std::memory_order_release);
+    --inFlight_;
   }
   idle_.notify_all();
-}
-
-int GroupQueue::inFlight() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return inFlight_;
 }
 
 int GroupQueue::busy() const {

@@ -74,10 +74,10 @@ class GroupQueue {
   // tryTakeLone asks, up to its fit).
   bool loneQueued() const {
     return queued_.load(std::memory_order_acquire) == 1 &&
-           inFlightSeen_.load(std::memory_order_acquire) == 1;
+           inFlight_.load(std::memory_order_acquire) == 1;
   }
-  // Groups queued or running (launched ones included).
-  int inFlight() const;
+  // Groups queued or running (launched ones included); a lock-free look.
+  int inFlight() const { return inFlight_.load(std::memory_order_acquire); }
   // Groups queued or in the executor's hands, launched ones not counted:
   // whether the executor is busy (the coordinator fuses more meanwhile).
   int busy() const;
@@ -92,17 +92,16 @@ class GroupQueue {
  private:
   void leave();
 
-  mutable std::mutex mu_;          // guards queue_, inFlight_, closed_
+  mutable std::mutex mu_;          // guards queue_, closed_, launched_; inFlight_ changes under it
   std::condition_variable ready_;  // a group was pushed, or closed
   std::condition_variable idle_;   // inFlight_ dropped
   std::deque<AgreedGroup> queue_;
   // queue_.size() and closed_, readable without mu_ (pop()'s polling).
   std::atomic<int> queued_{0};
-  std::atomic<int> inFlightSeen_{0};  // inFlight_, for lock-free looks
   std::atomic<bool> closedFlag_{false};
   SpinPolicy spin_;
-  int inFlight_ = 0;
-  int launched_ = 0;  // of inFlight_, left running on the GPU
+  std::atomic<int> inFlight_{0};  // read without mu_ by inFlight()/loneQueued()
+  int launched_ = 0;              // of inFlight_, left running on the GPU
   bool closed_ = false;
   std::string running_;  // the popped group, described; "" after finished()
   std::function<void()> doneHook_;

@@ -18,7 +18,7 @@
 //
 // Giving the core away is not free: next to a CPU-bound process of someone
 // else's (a data loader, a second job) sched_yield hands that process a whole
-// time slice, 1.5-4 ms, and a 4 KiB allreduce at 2 ranks took 4-8 ms instead
+// time slice, 1.5-3 ms, and a 4 KiB allreduce at 2 ranks took 4-8 ms instead
 // of 6 us (bench/results/2026-11-28-cpu-hogs.md). So a poller yields only
 // when the thread it waits for may need its core: always when the ranks
 // alone outnumber the cores (a peer rank's thread), and otherwise only while
