@@ -43,11 +43,6 @@ class BusyNeighbours {
   std::vector<pid_t> pids_;
 };
 
-long counter(const std::string& json, const std::string& key) {
-  const size_t at = json.find("\"" + key + "\":");
-  return at == std::string::npos ? -1 : std::stol(json.substr(at + key.size() + 3));
-}
-
 float valueOf(int rank, int it, size_t i, int salt) {
   return static_cast<float>((rank * salt + it + i) % 9);
 }
@@ -106,8 +101,8 @@ int mixedLoop(int rank, int size, int iters) {
     CHILD_CHECK(check(a, it, 2, "two.a") && check(b, it, 3, "two.b"), "pair wrong");
   }
   const std::string m = metrics(rt);
-  const long groups = counter(m, "groups"), byCaller = counter(m, "caller_driven_groups"),
-             onControl = counter(m, "control_thread_groups");
+  const long groups = metricCount(m, "groups"), byCaller = metricCount(m, "caller_driven_groups"),
+             onControl = metricCount(m, "control_thread_groups");
   std::printf("groups=%ld control=%ld caller=%ld\n", groups, onControl, byCaller);
   std::fflush(stdout);
   // What the telemetry says ran off the executor is a part of what ran.

@@ -207,6 +207,34 @@ TEST_F(GpuPipeline, LaunchedGroupsThatNeverEndAllFailAfterThePeerTimeout) {
       [](hora_config_t& c) { c.peer_timeout_s = 1; });
 }
 
+// One rank, the executor waiting in a GPU group whose event is held: a host
+// tensor submitted meanwhile is held back by the coordinator (to fuse more).
+// The event is released after `busyMs`; both requests must succeed, the
+// host one exact. `*released` gets the time of the release; `*negotiated`
+// how much negotiation time (the metric) both tensors added.
+void holdBehindABusyExecutor(hora_runtime_t rt, int busyMs,
+                             std::chrono::steady_clock::time_point* released, double* negotiated) {
+  Order order;
+  ASSERT_EQ(warmUp(rt, &order), HORA_SUCCESS) << lastMessage();
+  const double before = metricValue(metrics(rt), "negotiation_s");
+  ASSERT_GE(before, 0.0);
+  mockHoldEvents(true);
+  const long calls = mockCalls("allreduce");
+  std::vector<float> g(8, 1.0f), c(8, 2.0f);
+  Tag gTag{&order, 0}, cTag{&order, 1};
+  hora_request_t gr, cr;
+  ASSERT_EQ(submitAllreduce(rt, g, true, "busy.gpu", &gTag, &gr), HORA_SUCCESS);
+  ASSERT_TRUE(awaitCalls("allreduce", calls, 1));
+  ASSERT_EQ(submitAllreduce(rt, c, false, "held.host", &cTag, &cr), HORA_SUCCESS);
+  std::this_thread::sleep_for(std::chrono::milliseconds(busyMs));
+  *released = std::chrono::steady_clock::now();
+  mockHoldEvents(false);
+  ASSERT_EQ(waitAndFree(gr), HORA_SUCCESS) << lastMessage();
+  ASSERT_EQ(waitAndFree(cr, 30), HORA_SUCCESS) << lastMessage();
+  EXPECT_EQ(c[0], 4.0f);
+  *negotiated = metricValue(metrics(rt), "negotiation_s") - before;
+}
+
 // The coordinator holds a tensor back while its executor is busy (to fuse
 // more), for at most a cycle; when the executor finishes, its done hook must
 // wake the control thread to emit it. With a cycle of 10 s, a hold left to the
@@ -218,27 +246,14 @@ TEST_F(GpuPipeline, ATensorHeldWhileTheExecutorIsBusyGoesOutWhenItFinishes) {
   runThreads(
       1,
       [](int, hora_runtime_t rt) {
-        Order order;
-        ASSERT_EQ(warmUp(rt, &order), HORA_SUCCESS) << lastMessage();
-        mockHoldEvents(true);
-        const long before = mockCalls("allreduce");
-        std::vector<float> g(8, 1.0f), c(8, 2.0f);
-        Tag gTag{&order, 0}, cTag{&order, 1};
-        hora_request_t gr, cr;
-        ASSERT_EQ(submitAllreduce(rt, g, true, "busy.gpu", &gTag, &gr), HORA_SUCCESS);
-        ASSERT_TRUE(awaitCalls("allreduce", before, 1));
-        ASSERT_EQ(submitAllreduce(rt, c, false, "held.host", &cTag, &cr), HORA_SUCCESS);
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        const auto released = std::chrono::steady_clock::now();
-        mockHoldEvents(false);
-        ASSERT_EQ(waitAndFree(gr), HORA_SUCCESS) << lastMessage();
-        ASSERT_EQ(waitAndFree(cr, 30), HORA_SUCCESS) << lastMessage();
+        std::chrono::steady_clock::time_point released;
+        double negotiated = 0;
+        holdBehindABusyExecutor(rt, 50, &released, &negotiated);
         // At once when the hook wakes the control thread (a few ms here);
         // without that wake-up it went out only about a second later.
         EXPECT_LT(
             std::chrono::duration<double>(std::chrono::steady_clock::now() - released).count(), 0.5)
             << "the held tensor waited for a timer";
-        EXPECT_EQ(c[0], 4.0f);
       },
       [](hora_config_t& c) { c.cycle_time_ms = 10000; });
 }
@@ -253,31 +268,12 @@ TEST_F(GpuPipeline, ATensorHeldWhileTheExecutorIsBusyGoesOutAfterOneCycle) {
   runThreads(
       1,
       [](int, hora_runtime_t rt) {
-        Order order;
-        ASSERT_EQ(warmUp(rt, &order), HORA_SUCCESS) << lastMessage();
-        auto negotiationS = [&] {
-          const std::string m = metrics(rt);
-          const size_t at = m.find("\"negotiation_s\":");
-          return at == std::string::npos ? -1.0 : std::stod(m.substr(at + 16));
-        };
-        const double before = negotiationS();
-        ASSERT_GE(before, 0.0);
-        mockHoldEvents(true);
-        const long calls = mockCalls("allreduce");
-        std::vector<float> g(8, 1.0f), c(8, 2.0f);
-        Tag gTag{&order, 0}, cTag{&order, 1};
-        hora_request_t gr, cr;
-        ASSERT_EQ(submitAllreduce(rt, g, true, "busy.gpu", &gTag, &gr), HORA_SUCCESS);
-        ASSERT_TRUE(awaitCalls("allreduce", calls, 1));
-        ASSERT_EQ(submitAllreduce(rt, c, false, "held.host", &cTag, &cr), HORA_SUCCESS);
-        std::this_thread::sleep_for(std::chrono::milliseconds(300));
-        mockHoldEvents(false);
-        ASSERT_EQ(waitAndFree(gr), HORA_SUCCESS) << lastMessage();
-        ASSERT_EQ(waitAndFree(cr, 30), HORA_SUCCESS) << lastMessage();
-        EXPECT_EQ(c[0], 4.0f);
+        std::chrono::steady_clock::time_point released;
+        double negotiated = 1e9;
+        holdBehindABusyExecutor(rt, 300, &released, &negotiated);
         // Both tensors' negotiations: about a cycle in all; 0.3 s or more when
         // the held one waited for the executor.
-        EXPECT_LT(negotiationS() - before, 0.2) << "the held tensor outlived its cycle";
+        EXPECT_LT(negotiated, 0.2) << "the held tensor outlived its cycle";
       },
       [](hora_config_t& c) { c.cycle_time_ms = 20; });
 }

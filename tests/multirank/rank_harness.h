@@ -74,6 +74,12 @@ const std::string& lastMessage();
 // The global set's metrics as hora_metrics_snapshot writes them in `format`
 // (JSON by default); "" when the call fails.
 std::string metrics(hora_runtime_t rt, int32_t format = HORA_METRICS_JSON);
+// The number after "key": in a metrics JSON (the first such key); -1 when
+// there is none.
+double metricValue(const std::string& json, const std::string& key);
+inline long metricCount(const std::string& json, const std::string& key) {
+  return static_cast<long>(metricValue(json, key));
+}
 
 }  // namespace htest
 

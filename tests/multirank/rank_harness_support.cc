@@ -263,6 +263,11 @@ std::string metrics(hora_runtime_t rt, int32_t format) {
   return "";
 }
 
+double metricValue(const std::string& json, const std::string& key) {
+  const size_t at = json.find("\"" + key + "\":");
+  return at == std::string::npos ? -1.0 : std::stod(json.substr(at + key.size() + 3));
+}
+
 hora_status_t waitAndFree(hora_request_t req, double timeoutS, std::string* message) {
   hora_status_t s = hora_wait(req, timeoutS);
   tlsMessage = hora_last_error_message();

@@ -230,11 +230,6 @@ TEST(ShmNegotiation, RankStalledDuringLaneNegotiationIsLostAfterThePeerTimeout) 
   expectStalledRankLost(1);
 }
 
-long counter(const std::string& json, const std::string& key) {
-  const size_t at = json.find("\"" + key + "\":");
-  return at == std::string::npos ? -1 : std::stol(json.substr(at + key.size() + 3));
-}
-
 // Each rank: `small` 64 KiB allreduces one after another (above the inline
 // cap, within HORA_RUN_ON_CONTROL_MAX_BYTES), then `large` of 2 MiB (above
 // it), every result exact; prints the control thread's group count after
@@ -259,8 +254,8 @@ int controlThreadGroups(int rank, int size, int small, int large = 3) {
     }
     const std::string m = metrics(rt);
     std::printf("PHASE %zu control=%ld caller=%ld groups=%ld\n", elements,
-                counter(m, "control_thread_groups"), counter(m, "caller_driven_groups"),
-                counter(m, "groups"));
+                metricCount(m, "control_thread_groups"), metricCount(m, "caller_driven_groups"),
+                metricCount(m, "groups"));
   }
   std::fflush(stdout);
   CHILD_CHECK(hora_shutdown(rt) == HORA_SUCCESS, "shutdown: %s", hora_last_error_message());
@@ -553,7 +548,8 @@ TEST(ShmNegotiation, ALargeAllreduceWithAnotherPendingIsLeftToTheExecutor) {
           }
         }
         const std::string m = metrics(rt);
-        const long byCaller = counter(m, "caller_driven_groups"), groups = counter(m, "groups");
+        const long byCaller = metricCount(m, "caller_driven_groups"),
+                   groups = metricCount(m, "groups");
         std::printf("caller=%ld groups=%ld\n", byCaller, groups);
         std::fflush(stdout);
         CHILD_CHECK(groups == 2 * pairs, "%ld groups for %d pairs (fused?)", groups, pairs);
@@ -618,8 +614,8 @@ int packAheadLoop(int rank, int size) {
     }
   }
   const std::string m = metrics(rt);
-  std::printf("PACKED_AHEAD %ld USED %ld\n", counter(m, "packed_ahead"),
-              counter(m, "packed_ahead_used"));
+  std::printf("PACKED_AHEAD %ld USED %ld\n", metricCount(m, "packed_ahead"),
+              metricCount(m, "packed_ahead_used"));
   std::fflush(stdout);
   CHILD_CHECK(hora_shutdown(rt) == HORA_SUCCESS, "shutdown: %s", hora_last_error_message());
   return 0;
