@@ -134,12 +134,11 @@ int worker(int rank) {
 // the launcher would see it: reaped, live count lowered, dead key written.
 std::vector<htest::ProcessResult> shrink(int n, const std::vector<int>& victims, int minNp,
                                          const std::string& elasticTimeoutS = "60") {
-  hora_store_server_t server = nullptr;
-  EXPECT_EQ(hora_store_server_start("127.0.0.1", 0, "test-secret", &server), HORA_SUCCESS);
-  int32_t port = 0;
-  EXPECT_EQ(hora_store_server_port(server, &port), HORA_SUCCESS);
+  // In a process of its own: the ranks are forked below (see ForkedStoreServer).
+  htest::ForkedStoreServer server("test-secret");
+  const int port = server.port();
   auto publish = [&](const std::string& key, const std::string& value) {
-    EXPECT_EQ(hora_store_server_set(server, key.c_str(), value.data(), value.size()), HORA_SUCCESS);
+    EXPECT_TRUE(server.set(key, value)) << key;
   };
   publish("hora/el/live", std::to_string(n));
   publish("hora/el/min_np", std::to_string(minNp));
@@ -159,7 +158,6 @@ std::vector<htest::ProcessResult> shrink(int n, const std::vector<int>& victims,
                            {"HORA_STORE_PORT", std::to_string(port)},
                            {"HORA_PEER_TIMEOUT_S", "10"},
                            {"HORA_ELASTIC_TIMEOUT_S", elasticTimeoutS}});
-  hora_store_server_stop(server);
   for (int victim : victims) EXPECT_EQ(results[victim].signal, SIGKILL) << results[victim].output;
   return results;
 }

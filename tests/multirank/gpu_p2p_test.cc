@@ -236,7 +236,9 @@ TEST_F(GpuP2p, MismatchesFailBothSidesAndLeaveTheBufferUntouched) {
       std::string msg;
       if (rank == 0) fill(b, 0, 1, tag);
       EXPECT_EQ(postWait(rt, rank == 0, b, 1 - rank, tag, &msg), HORA_SUCCESS) << msg;
-      if (rank == 1) EXPECT_TRUE(matches(b.bytes.data(), b.size(), 0, 1, tag));
+      if (rank == 1) {
+        EXPECT_TRUE(matches(b.bytes.data(), b.size(), 0, 1, tag));
+      }
       ++tag;
     }
   });
@@ -308,7 +310,9 @@ TEST_F(GpuP2p, RunsBesideCollectivesInOppositeOrders) {
       EXPECT_EQ(waitAndFree(pr), HORA_SUCCESS) << lastMessage();
       EXPECT_EQ(waitAndFree(ar), HORA_SUCCESS) << lastMessage();
       EXPECT_EQ(v[0], 3.0f);
-      if (rank == 1) EXPECT_TRUE(matches(b.bytes.data(), b.size(), 0, 1, round));
+      if (rank == 1) {
+        EXPECT_TRUE(matches(b.bytes.data(), b.size(), 0, 1, round));
+      }
     }
   });
 }

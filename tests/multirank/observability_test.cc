@@ -338,9 +338,13 @@ TEST(Observability, PointToPointIsCountedDumpedAndTraced) {
       ASSERT_EQ(waitAndFree(req), HORA_SUCCESS) << htest::lastMessage();
     };
     // Rank 0 creates the file before rank 1 appends to it.
-    if (rank == 0) ASSERT_EQ(hora_timeline_start(rt, trace.c_str(), 0), HORA_SUCCESS);
+    if (rank == 0) {
+      ASSERT_EQ(hora_timeline_start(rt, trace.c_str(), 0), HORA_SUCCESS);
+    }
     barrier();
-    if (rank == 1) ASSERT_EQ(hora_timeline_start(rt, trace.c_str(), 0), HORA_SUCCESS);
+    if (rank == 1) {
+      ASSERT_EQ(hora_timeline_start(rt, trace.c_str(), 0), HORA_SUCCESS);
+    }
     std::vector<int64_t> shape{16};
     std::vector<float> buf(16, 1.f), late(16, 0.f);
     DLTensor t = makeTensor(buf.data(), DLDataType{kDLFloat, 32, 1}, &shape);
@@ -362,9 +366,13 @@ TEST(Observability, PointToPointIsCountedDumpedAndTraced) {
       EXPECT_NE(flight.find("from rank 0 (tag 9)"), std::string::npos) << flight;
     }
     barrier();
-    if (rank == 0) ASSERT_EQ(hora_send_async(rt, &t, 1, 9, nullptr, &pending), HORA_SUCCESS);
+    if (rank == 0) {
+      ASSERT_EQ(hora_send_async(rt, &t, 1, 9, nullptr, &pending), HORA_SUCCESS);
+    }
     ASSERT_EQ(waitAndFree(pending), HORA_SUCCESS) << htest::lastMessage();
-    if (rank == 1) EXPECT_EQ(late[0], 1.f);
+    if (rank == 1) {
+      EXPECT_EQ(late[0], 1.f);
+    }
     const std::string m = metrics(rt);
     const std::string want = rank == 0
                                  ? "\"p2p\":{\"sends\":4,\"recvs\":0,\"bytes\":256,\"errors\":0}"

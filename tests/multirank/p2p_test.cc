@@ -261,9 +261,10 @@ TEST(P2p, SendsRunBesideCollectivesAndInSubsets) {
     // A subset {1, 3}: its rank 0 is global 1.
     const int32_t members[2] = {1, 3};
     hora_process_set_t sub = nullptr;
-    if (rank == 1 || rank == 3)
+    if (rank == 1 || rank == 3) {
       ASSERT_EQ(hora_process_set_create(rt, members, 2, &sub), HORA_SUCCESS)
           << hora_last_error_message();
+    }
     std::vector<float> big(1 << 18, 1.0f);
     std::vector<int64_t> bigShape = {static_cast<int64_t>(big.size())};
     DLTensor bt = makeTensor(big.data(), kF32, &bigShape);

@@ -48,6 +48,30 @@ std::vector<ProcessResult> runProcesses(
     const std::function<void(const std::vector<int>& pids)>& hooks = nullptr,
     const std::vector<std::pair<std::string, std::string>>& env = {});
 
+// A store server (hora_store_server_*) in a process of its own, for tests
+// that fork ranks (runProcesses) against an external store. Why not in this
+// process: its serving thread would be running when runProcesses forks, and
+// a child can inherit a lock that thread holds at that moment and block on
+// it for good (seen once under ctest -j2: a rank of
+// Elastic.ShrinkFourToThreeToTwoWithKillNine silent in start-up for 120 s,
+// past its 30 s start timeout). Construct it before this process starts any
+// thread. set() returns once the server holds the value.
+class ForkedStoreServer {
+ public:
+  explicit ForkedStoreServer(const std::string& secret);
+  ~ForkedStoreServer();
+  ForkedStoreServer(const ForkedStoreServer&) = delete;
+  ForkedStoreServer& operator=(const ForkedStoreServer&) = delete;
+  // 0 when the server did not start (the test has failed then).
+  int port() const { return port_; }
+  bool set(const std::string& key, const std::string& value);
+
+ private:
+  int pid_ = -1;
+  int toServer_ = -1, fromServer_ = -1;
+  int port_ = 0;
+};
+
 // Small DLTensor helpers.
 DLTensor makeTensor(void* data, DLDataType dt, std::vector<int64_t>* shape);
 // Allreduce of every dtype, op and count (0, 1, 7, 1001) as tensors of

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -132,6 +133,94 @@ void runThreads(int size, const std::function<void(int, hora_runtime_t)>& body,
     std::_Exit(3);
   }
   for (auto& t : threads) t.join();
+}
+
+namespace {
+
+bool writeAll(int fd, const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    const ssize_t k = write(fd, c, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    c += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+bool readAll(int fd, void* p, size_t n) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    const ssize_t k = read(fd, c, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    c += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+// The server process: starts the server, reports its port (0: failed), then
+// sets each (key, value) it is sent and acknowledges it, until its input
+// closes.
+[[noreturn]] void serveStore(const std::string& secret, int in, int out) {
+  hora_store_server_t server = nullptr;
+  int32_t port = 0;
+  if (hora_store_server_start("127.0.0.1", 0, secret.c_str(), &server) != HORA_SUCCESS ||
+      hora_store_server_port(server, &port) != HORA_SUCCESS)
+    port = 0;
+  writeAll(out, &port, sizeof(port));
+  uint32_t lens[2];
+  while (port != 0 && readAll(in, lens, sizeof(lens))) {
+    std::string key(lens[0], '\0'), value(lens[1], '\0');
+    if (!readAll(in, &key[0], key.size()) || !readAll(in, &value[0], value.size())) break;
+    const char ok =
+        hora_store_server_set(server, key.c_str(), value.data(), value.size()) == HORA_SUCCESS;
+    if (!writeAll(out, &ok, 1)) break;
+  }
+  if (server) hora_store_server_stop(server);
+  _exit(0);
+}
+
+}  // namespace
+
+ForkedStoreServer::ForkedStoreServer(const std::string& secret) {
+  int down[2], up[2];
+  if (pipe(down) != 0 || pipe(up) != 0) std::abort();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(down[1]);
+    close(up[0]);
+    serveStore(secret, down[0], up[1]);
+  }
+  close(down[0]);
+  close(up[1]);
+  pid_ = pid;
+  toServer_ = down[1];
+  fromServer_ = up[0];
+  int32_t port = 0;
+  if (pid > 0 && readAll(fromServer_, &port, sizeof(port))) port_ = port;
+  EXPECT_NE(port_, 0) << "the store server process did not start";
+}
+
+ForkedStoreServer::~ForkedStoreServer() {
+  if (toServer_ >= 0) close(toServer_);
+  if (fromServer_ >= 0) close(fromServer_);
+  if (pid_ > 0) {
+    int st = 0;
+    waitpid(pid_, &st, 0);
+  }
+}
+
+bool ForkedStoreServer::set(const std::string& key, const std::string& value) {
+  const uint32_t lens[2] = {static_cast<uint32_t>(key.size()), static_cast<uint32_t>(value.size())};
+  char ok = 0;
+  return port_ != 0 && writeAll(toServer_, lens, sizeof(lens)) &&
+         writeAll(toServer_, key.data(), key.size()) &&
+         writeAll(toServer_, value.data(), value.size()) && readAll(fromServer_, &ok, 1) && ok == 1;
 }
 
 std::vector<ProcessResult> runProcesses(
