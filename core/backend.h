@@ -71,19 +71,26 @@ class Backend {
     if (s.isOk()) unpack(0, count, staging);
     return s;
   }
-  // dst[k] = op(input element begin + k, other[k]) for k < end - begin, where
-  // the input element is what pack would have written (prescaled, or the
-  // op's identity for a rank that joined) and op the allreduce's `op`,
-  // computed with reduceFunction(dtype, op) in that operand order (so the
-  // bits equal packing first, then reducing). Returns false, writing nothing,
-  // when it cannot (then the backend packs [begin, end) and reduces).
-  using CombineFn = std::function<bool(size_t begin, size_t end, void* dst, const void* other)>;
+  // dst[k] = op(input element begin + k, other[k]) for k < end - begin
+  // (otherFirst: op(other[k], input element)), where the input element is
+  // what pack would have written (prescaled, or the op's identity for a rank
+  // that joined) and op the allreduce's `op`, computed with
+  // reduceFunction(dtype, op) in that operand order (so the bits equal
+  // packing first, then reducing). dst may be the input itself (an in-place
+  // allreduce's output); it never overlaps `other`. Returns false, writing
+  // nothing, when it cannot (then the backend packs [begin, end), unless it
+  // has already, and reduces).
+  using CombineFn =
+      std::function<bool(size_t begin, size_t end, void* dst, const void* other, bool otherFirst)>;
   // allreduceGather where a backend may skip packing some input elements and
   // instead combine them straight from the input with a peer's contribution
   // (ShmBackend: this rank's own part of each chunk, which only this rank
   // reads before it is reduced, is never copied into shared memory: a pass
-  // over 1/n of the data less). Each element is then packed or combined
-  // exactly once, never both. Default: allreduceGather, combine unused.
+  // over 1/n of the data less). Each element is packed at most once and
+  // combined at most once, and at least one of the two (ShmBackend packs
+  // every element of a small chunk for its peers, and ranks 0 and 1 also
+  // combine it: their own operand then comes from the input, not from the
+  // slot the peers are reading). Default: allreduceGather, combine unused.
   virtual Status allreduceGatherCombine(void* staging, size_t count, DataType dtype, ReduceOp op,
                                         const PackFn& pack, const UnpackFn& unpack,
                                         const CombineFn& combine) {

@@ -43,15 +43,19 @@ void timed(bool on, std::atomic<int64_t>& sum, F&& fn) {
 }
 
 // Backend::CombineFn for one contiguous piece of n elements: to = op(input,
-// with), where a rank that joined (in == nullptr) contributes the op's
-// identity, so the bits equal packing first and reducing after.
+// with) (withFirst: op(with, input)), where a rank that joined (in ==
+// nullptr) contributes the op's identity, so the bits equal packing first
+// and reducing after. `to` may be `in`, never `with`.
 void combinePiece(DataType dt, ReduceOp op, ReduceFn reduce, char* to, const char* in,
-                  const void* with, size_t n) {
-  if (in != nullptr) {
-    reduce(to, in, with, n);
-  } else {
+                  const void* with, size_t n, bool withFirst) {
+  if (in == nullptr) {
     fillIdentity(dt, op, to, n);
-    reduce(to, to, with, n);
+    in = to;
+  }
+  if (withFirst) {
+    reduce(to, with, in, n);
+  } else {
+    reduce(to, in, with, n);
   }
 }
 
@@ -106,11 +110,11 @@ Status CpuPath::allreduceOne(const Response& r, TensorEntry* e) {
   // This rank's own part of a chunk, straight from the input (Backend::CombineFn);
   // with a prescale the backend packs it first instead.
   const ReduceFn reduce = reduceFunction(dt, x.op);
-  auto combine = [&](size_t lo, size_t hi, void* dst, const void* other) {
+  auto combine = [&](size_t lo, size_t hi, void* dst, const void* other, bool otherFirst) {
     if (x.pre != 1.0 || reduce == nullptr) return false;
     timed(on, packNs_, [&] {
       const char* in = e ? static_cast<const char*>(e->in) + lo * esz : nullptr;
-      combinePiece(dt, x.op, reduce, static_cast<char*>(dst), in, other, hi - lo);
+      combinePiece(dt, x.op, reduce, static_cast<char*>(dst), in, other, hi - lo, otherFirst);
     });
     return true;
   };
@@ -203,14 +207,14 @@ Status CpuPath::allreduceFused(const std::vector<Response>& group,
     });
   };
   const ReduceFn reduce = reduceFunction(dt, x.op);
-  auto combine = [&](size_t lo, size_t hi, void* dst, const void* other) {
+  auto combine = [&](size_t lo, size_t hi, void* dst, const void* other, bool otherFirst) {
     if (x.pre != 1.0 || reduce == nullptr) return false;
     timed(on, packNs_, [&] {
       char* d = static_cast<char*>(dst);
       const char* o = static_cast<const char*>(other);
       forPieces(lo, hi, [&](size_t i, size_t off, size_t n, size_t at) {
         const char* in = es[i] ? static_cast<const char*>(es[i]->in) + off * esz : nullptr;
-        combinePiece(dt, x.op, reduce, d + (at - lo) * esz, in, o + (at - lo) * esz, n);
+        combinePiece(dt, x.op, reduce, d + (at - lo) * esz, in, o + (at - lo) * esz, n, otherFirst);
       });
     });
     return true;

@@ -213,7 +213,7 @@ void ShmBackend::reduceOwnPart(size_t begin, size_t end, uint8_t* acc, uint32_t 
     const uint8_t* other = segs_[j]->slot(c) + at * es;
     if (!ownPacked) {
       ownPacked = true;
-      if (combine(begin, end, acc, other)) continue;
+      if (combine(begin, end, acc, other, false)) continue;
       pack(begin, end, acc);  // the caller could not combine
     }
     reduce(acc, acc, other, end - begin);
@@ -332,8 +332,18 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
       // scratch; the first step reads two slots (no copy of slot 0 first:
       // one pass less). The chunk's input is in this rank's slot already, so
       // writing over it (an in-place allreduce) loses nothing.
+      // Ranks 0 and 1 take their own operand of that first step from their
+      // input (combine, in the same operand order) instead of their slot,
+      // which the peers are reading meanwhile: 64 KiB at 2 ranks went from
+      // 15.7 to 11.6 us (bench/results/2026-11-28-small-combine.md). Not
+      // ranks from 2 on: acc may be their input, already overwritten by the
+      // first step when their own operand comes.
       uint8_t* acc = staging ? staging + base * es : scratch_.data();
-      reduce(acc, segs_[0]->slot(c), segs_[1]->slot(c), len);
+      const uint8_t* s0 = segs_[0]->slot(c);
+      const uint8_t* s1 = segs_[1]->slot(c);
+      const bool combined =
+          combine && rank_ < 2 && combine(base, base + len, acc, rank_ == 0 ? s1 : s0, rank_ == 1);
+      if (!combined) reduce(acc, s0, s1, len);
       for (int j = 2; j < size_; ++j) reduce(acc, acc, segs_[j]->slot(c), len);
       unpack(base, base + len, acc);
     } else {

@@ -9,6 +9,7 @@
 //   broadcast      receives nothing; from a joined root it is an error on
 //                  every rank that submitted it
 //   alltoall       an error on every rank that submitted it
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -198,6 +199,49 @@ TEST(Join, AlltoallFailsAndReducescatterSumsTheOthersWhileARankHasJoined) {
     EXPECT_FLOAT_EQ(static_cast<const float*>(out->data)[1],
                     size * (size + 1) / 2.0f - (joiner + 1));
     hora_request_free(req);
+    joinAndExpectLast(rt, -1);
+  });
+}
+
+// Allreduces large enough for the data plane (above the inline cut-over;
+// one small shared-memory chunk, and one split into parts), every op, one
+// tensor and two fused, while a rank has joined: the joined rank's identity
+// is combined in as its own operand, in rank order, so the others get
+// exactly the reduction of theirs.
+TEST(Join, DataPlaneAllreducesOfEveryOpWhileARankHasJoined) {
+  forEachWorld([](int size, int joiner, int rank, hora_runtime_t rt) {
+    if (rank == joiner) return joinAndExpectLast(rt, -1);
+    const hora_reduce_op_t ops[] = {HORA_OP_SUM, HORA_OP_MIN, HORA_OP_MAX, HORA_OP_PRODUCT};
+    auto value = [](int r, size_t i) { return float(1 + (r + i) % 2) * (i % 5 == 0 ? -1 : 1); };
+    for (size_t count : {size_t{4000}, size_t{70000}}) {
+      for (hora_reduce_op_t op : ops) {
+        std::vector<float> a(count), b(count / 2 + 1);
+        for (size_t i = 0; i < a.size(); ++i) a[i] = value(rank, i);
+        for (size_t i = 0; i < b.size(); ++i) b[i] = value(rank, i + 1);
+        const std::string name = "dp." + std::to_string(count) + "." + std::to_string(op);
+        hora_request_t ra, rb;
+        ASSERT_EQ(allreduce(rt, a, name + ".a", &ra, op), HORA_SUCCESS) << lastMessage();
+        ASSERT_EQ(allreduce(rt, b, name + ".b", &rb, op), HORA_SUCCESS) << lastMessage();
+        ASSERT_EQ(waitAndFree(ra, 30), HORA_SUCCESS) << lastMessage();
+        ASSERT_EQ(waitAndFree(rb, 30), HORA_SUCCESS) << lastMessage();
+        auto want = [&](size_t i) {
+          float w = op == HORA_OP_SUM ? 0.0f : op == HORA_OP_PRODUCT ? 1.0f : value(rank, i);
+          for (int r = 0; r < size; ++r) {
+            if (r == joiner) continue;
+            const float x = value(r, i);
+            w = op == HORA_OP_SUM       ? w + x
+                : op == HORA_OP_PRODUCT ? w * x
+                : op == HORA_OP_MIN     ? std::min(w, x)
+                                        : std::max(w, x);
+          }
+          return w;
+        };
+        for (size_t i = 0; i < a.size(); ++i)
+          ASSERT_EQ(a[i], want(i)) << name << " rank " << rank << " [" << i << "]";
+        for (size_t i = 0; i < b.size(); ++i)
+          ASSERT_EQ(b[i], want(i + 1)) << name << ".b rank " << rank << " [" << i << "]";
+      }
+    }
     joinAndExpectLast(rt, -1);
   });
 }

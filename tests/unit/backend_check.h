@@ -144,7 +144,8 @@ void checkAllreduce(World& world, DataType dt, ReduceOp op, size_t count) {
 // elements it was given) or that refuses every time (the backend packs).
 enum class CombineMode { kNone, kCombine, kRefuse };
 
-// Returns how many elements every rank together combined instead of packing.
+// Returns how many elements every rank together combined (instead of, or as
+// well as, packing them).
 inline size_t checkAllreduceGather(World& world, DataType dt, ReduceOp op, size_t count,
                                    CombineMode mode = CombineMode::kNone) {
   const int size = static_cast<int>(world.size());
@@ -168,7 +169,7 @@ inline size_t checkAllreduceGather(World& world, DataType dt, ReduceOp op, size_
       std::memcpy(dst, in.data() + lo * es, (hi - lo) * es);
     };
     const ReduceFn reduce = reduceFunction(dt, op);
-    auto combine = [&](size_t lo, size_t hi, void* dst, const void* other) {
+    auto combine = [&](size_t lo, size_t hi, void* dst, const void* other, bool otherFirst) {
       badThread |= std::this_thread::get_id() != caller;
       if (mode == CombineMode::kRefuse) return false;
       if (lo >= hi || hi > count) {
@@ -176,7 +177,12 @@ inline size_t checkAllreduceGather(World& world, DataType dt, ReduceOp op, size_
         return true;
       }
       for (size_t i = lo; i < hi; ++i) ++combined[i];
-      reduce(dst, in.data() + lo * es, other, hi - lo);
+      const uint8_t* own = in.data() + lo * es;
+      if (otherFirst) {
+        reduce(dst, other, own, hi - lo);
+      } else {
+        reduce(dst, own, other, hi - lo);
+      }
       return true;
     };
     auto unpack = [&](size_t lo, size_t hi, const void* src) {
@@ -187,7 +193,7 @@ inline size_t checkAllreduceGather(World& world, DataType dt, ReduceOp op, size_
       }
       for (size_t i = lo; i < hi; ++i) {
         ++unpacked[i];
-        unpackBeforePack |= packed[i] + combined[i] != 1;
+        unpackBeforePack |= packed[i] + combined[i] == 0;
       }
       wrongFinal |= !sameBytes(src, want.data() + lo * es, (hi - lo) * es);
       std::memcpy(out.data() + lo * es, src, (hi - lo) * es);
@@ -205,12 +211,14 @@ inline size_t checkAllreduceGather(World& world, DataType dt, ReduceOp op, size_
     EXPECT_FALSE(wrongFinal) << where;
     size_t inputOnce = 0, unpackedOnce = 0, combinedHere = 0;
     for (size_t i = 0; i < count; ++i) {
-      inputOnce += packed[i] + combined[i] == 1;
+      inputOnce += packed[i] <= 1 && combined[i] <= 1 && packed[i] + combined[i] >= 1;
       unpackedOnce += unpacked[i] == 1;
       combinedHere += combined[i];
     }
     combinedTotal += combinedHere;
-    EXPECT_EQ(inputOnce, count) << where << ": every element packed or combined exactly once";
+    EXPECT_EQ(inputOnce, count) << where
+                                << ": every element packed at most once, combined at most "
+                                   "once, and one of the two";
     EXPECT_EQ(unpackedOnce, count) << where;
     EXPECT_TRUE(sameBytes(out.data(), want.data(), want.size())) << where;
     EXPECT_EQ(out[count * es], 0xab) << where;

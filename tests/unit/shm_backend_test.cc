@@ -139,8 +139,10 @@ TEST_P(ShmWorldTest, AllreduceGatherPacksAndUnpacksEveryElementOnce) {
 }
 
 // The combine path (Backend::CombineFn): on split chunks each rank's own part
-// comes straight from its input; small chunks and one rank pack everything.
-// Results, the pack-or-combine-once contract and a combine that refuses.
+// comes straight from its input; small chunks pack everything, and ranks 0
+// and 1 also take their own operand of the first step from the input; one
+// rank only packs. Results, the pack/combine-at-most-once contract and a
+// combine that refuses.
 TEST_P(ShmWorldTest, AllreduceGatherCombineSkipsPackingTheOwnPart) {
   for (size_t chunk : {size_t{4096}, size_t{256} << 10}) {
     ShmWorld w = makeShmWorld(GetParam(), chunk);
@@ -151,15 +153,78 @@ TEST_P(ShmWorldTest, AllreduceGatherCombineSkipsPackingTheOwnPart) {
               checkAllreduceGather(w.world, dt, op, count, CombineMode::kCombine);
           const bool split = GetParam() > 1 && chunk > (size_t{64} << 10) &&
                              count * dataTypeSize(dt) > (size_t{64} << 10);
-          if (split) {
+          if (GetParam() == 1 || count == 0) {
+            EXPECT_EQ(combined, 0u) << dataTypeName(dt) << " " << count;
+          } else if (split) {
             EXPECT_GT(combined, 0u) << dataTypeName(dt) << " " << count;
           } else {
-            EXPECT_EQ(combined, 0u) << dataTypeName(dt) << " " << count;
+            // Every element by ranks 0 and 1, none by the others.
+            EXPECT_EQ(combined, 2 * count) << dataTypeName(dt) << " " << count;
           }
           checkAllreduceGather(w.world, dt, op, count, CombineMode::kRefuse);
         }
       }
     }
+  }
+}
+
+// Small chunks, in place (staging, input and output are one buffer): every
+// rank gets the bits of the reduction in rank order, ranks 0 and 1 combining
+// their own operand from that buffer (rank 1 with otherFirst) while the
+// others read theirs from their slot. The values tell the operand order
+// apart: NaNs whose payload names the rank (x86 keeps the first operand's)
+// and sums whose rounding depends on the grouping.
+TEST_P(ShmWorldTest, SmallChunksInPlaceGiveEveryRankTheBitsOfRankOrder) {
+  const int size = GetParam();
+  ShmWorld w = makeShmWorld(size, 4096);
+  const ReduceFn add = reduceFunction(DataType::kFloat32, ReduceOp::kSum);
+  auto input = [](int r, size_t i) {
+    if (i % 2 == 0) {
+      const uint32_t bits = 0x7fc00000u | static_cast<uint32_t>(r * 8 + i % 5 + 1);
+      float f;
+      std::memcpy(&f, &bits, sizeof(f));
+      return f;
+    }
+    const float v[] = {1e8f, -1e8f, 1.0f, 3.0f};
+    return v[r % 4] * static_cast<float>(1 + i % 3);
+  };
+  for (size_t count : {size_t{700}, size_t{3001}}) {  // one chunk, several
+    std::vector<float> want(count), next(count);
+    for (size_t i = 0; i < count; ++i) want[i] = input(0, i);
+    for (int q = 1; q < size; ++q) {
+      for (size_t i = 0; i < count; ++i) next[i] = input(q, i);
+      add(want.data(), want.data(), next.data(), count);
+    }
+    std::atomic<size_t> combinedTotal{0};
+    runRanks(w.world, [&](int r, Backend& b) {
+      std::vector<float> buf(count);
+      for (size_t i = 0; i < count; ++i) buf[i] = input(r, i);
+      auto pack = [&](size_t lo, size_t hi, void* dst) {
+        std::memcpy(dst, buf.data() + lo, (hi - lo) * sizeof(float));
+      };
+      auto combine = [&](size_t lo, size_t hi, void* dst, const void* other, bool otherFirst) {
+        combinedTotal += hi - lo;
+        if (otherFirst) {
+          add(dst, other, buf.data() + lo, hi - lo);
+        } else {
+          add(dst, buf.data() + lo, other, hi - lo);
+        }
+        return true;
+      };
+      auto unpack = [&](size_t lo, size_t hi, const void* src) {
+        if (src != buf.data() + lo) std::memcpy(buf.data() + lo, src, (hi - lo) * sizeof(float));
+      };
+      Status s = b.allreduceGatherCombine(buf.data(), count, DataType::kFloat32, ReduceOp::kSum,
+                                          pack, unpack, combine);
+      ASSERT_TRUE(s.isOk()) << s.toString();
+      for (size_t i = 0; i < count; ++i) {
+        uint32_t got, exp;
+        std::memcpy(&got, &buf[i], sizeof(got));
+        std::memcpy(&exp, &want[i], sizeof(exp));
+        ASSERT_EQ(got, exp) << "rank " << r << " count " << count << " element " << i;
+      }
+    });
+    EXPECT_EQ(combinedTotal.load(), size > 1 ? 2 * count : 0) << count;
   }
 }
 
@@ -209,6 +274,7 @@ TEST_P(ShmWorldTest, PackedAheadIsUsedByTheMatchingNextAllreduceOnly) {
           const bool mayPack = size > 1 && size <= usableCpuCount();
           EXPECT_EQ(packed, mayPack && mode != Mode::kStopAtOnce) << where << " rank " << r;
           const size_t ahead = static_cast<size_t>(std::count(packs.begin(), packs.end(), 1));
+          const std::vector<int> packsAhead = packs;
           EXPECT_EQ(ahead > 0, packed) << where << " rank " << r;
           if (packed && mode == Mode::kStopAfterOnePiece) {
             EXPECT_LE(ahead, pieceElems) << where << " rank " << r;
@@ -221,9 +287,14 @@ TEST_P(ShmWorldTest, PackedAheadIsUsedByTheMatchingNextAllreduceOnly) {
           tv.shmChunkBytes = static_cast<int64_t>(chunk / 2);
           if (mode == Mode::kRetuned) b.tune(tv);
           std::vector<int> combined(count, 0);
-          auto combine = [&](size_t lo, size_t hi, void* dst, const void* other) {
+          auto combine = [&](size_t lo, size_t hi, void* dst, const void* other, bool otherFirst) {
             for (size_t i = lo; i < hi; ++i) ++combined[i];
-            reduceFunction(DataType::kFloat32, ReduceOp::kSum)(dst, in.data() + lo, other, hi - lo);
+            const ReduceFn add = reduceFunction(DataType::kFloat32, ReduceOp::kSum);
+            if (otherFirst) {
+              add(dst, other, in.data() + lo, hi - lo);
+            } else {
+              add(dst, in.data() + lo, other, hi - lo);
+            }
             return true;
           };
           auto unpack = [&](size_t lo, size_t hi, const void* src) {
@@ -244,11 +315,16 @@ TEST_P(ShmWorldTest, PackedAheadIsUsedByTheMatchingNextAllreduceOnly) {
             for (int q = 0; q < size; ++q) want += static_cast<float>((q * 5 + i) % 11);
             ASSERT_EQ(out[i], want) << where << " rank " << r << " element " << i;
           }
-          size_t once = 0, twice = 0;
+          // Packed once, or not packed but combined (the own part of a split
+          // chunk); small chunks may combine what they packed too. `again`:
+          // packed ahead, then packed or combined by the allreduce as well.
+          size_t once = 0, again = 0, tooMany = 0;
           for (size_t i = 0; i < count; ++i) {
-            once += packs[i] + combined[i] == 1;
-            twice += packs[i] + combined[i] == 2;
+            once += packs[i] == 1 || (packs[i] == 0 && combined[i] == 1);
+            again += packsAhead[i] == 1 && (packs[i] == 2 || combined[i] == 1);
+            tooMany += combined[i] > 1 || packs[i] > 2;
           }
+          EXPECT_EQ(tooMany, 0u) << where << " rank " << r;
           // A new chunk size changes the first chunk's layout unless the
           // first chunk is the whole tensor either way.
           const bool sameLayout =
@@ -261,8 +337,8 @@ TEST_P(ShmWorldTest, PackedAheadIsUsedByTheMatchingNextAllreduceOnly) {
           if (!packed || used) {
             EXPECT_EQ(once, count) << where << " rank " << r;
           } else {
-            // Not used: the elements packed ahead were packed again.
-            EXPECT_EQ(twice, ahead) << where << " rank " << r;
+            // Not used: the elements packed ahead were packed (or combined) again.
+            EXPECT_EQ(again, ahead) << where << " rank " << r;
           }
         });
       }
