@@ -38,7 +38,9 @@ uint16_t floatToBfloat16(float f);
 void reduceInto(DataType dt, ReduceOp op, void* inout, const void* in, size_t n);
 
 // out[i] = op(a[i], b[i]); `out` may be the same pointer as `a` or `b` (the
-// other operand must not partially overlap it). Matches the signature of
+// other operand must not partially overlap it), with the same bits as into a
+// separate buffer, NaN payloads included: ranks of one allreduce call it both
+// ways on the same operands and must agree. Matches the signature of
 // gloo::AllreduceOptions::Func, so it can be handed to setReduceFunction.
 using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
 // The kernel for (dt, op), or nullptr when the pair is not supported.

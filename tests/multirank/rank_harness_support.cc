@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -192,10 +193,16 @@ ForkedStoreServer::ForkedStoreServer(const std::string& secret) {
   std::fflush(stderr);
   const pid_t pid = fork();
   if (pid == 0) {
+    // Gone with this process if it is killed (it would keep the test's
+    // output open otherwise).
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     close(down[1]);
     close(up[0]);
     serveStore(secret, down[0], up[1]);
   }
+  // A server process that died makes set() fail instead of killing this
+  // process with SIGPIPE.
+  signal(SIGPIPE, SIG_IGN);
   close(down[0]);
   close(up[1]);
   pid_ = pid;

@@ -145,14 +145,16 @@ void checkAllreduce(World& world, DataType dt, ReduceOp op, size_t count) {
 enum class CombineMode { kNone, kCombine, kRefuse };
 
 // Returns how many elements every rank together combined (instead of, or as
-// well as, packing them).
+// well as, packing them); `packedAndCombined` (optional): how many of those
+// the same rank also packed.
 inline size_t checkAllreduceGather(World& world, DataType dt, ReduceOp op, size_t count,
-                                   CombineMode mode = CombineMode::kNone) {
+                                   CombineMode mode = CombineMode::kNone,
+                                   size_t* packedAndCombined = nullptr) {
   const int size = static_cast<int>(world.size());
   const size_t es = dataTypeSize(dt);
   std::vector<uint8_t> want(count * es);
   for (size_t i = 0; i < count; ++i) storeInt(dt, want.data(), i, expectedValue(dt, op, size, i));
-  std::atomic<size_t> combinedTotal{0};
+  std::atomic<size_t> combinedTotal{0}, bothTotal{0};
   runRanks(world, [&](int r, Backend& b) {
     std::vector<uint8_t> in(count * es), staging(count * es + 1), out(count * es + 1, 0xab);
     for (size_t i = 0; i < count; ++i) storeInt(dt, in.data(), i, inputValue(dt, op, r, i));
@@ -209,13 +211,15 @@ inline size_t checkAllreduceGather(World& world, DataType dt, ReduceOp op, size_
     EXPECT_FALSE(badThread) << where;
     EXPECT_FALSE(unpackBeforePack) << where;
     EXPECT_FALSE(wrongFinal) << where;
-    size_t inputOnce = 0, unpackedOnce = 0, combinedHere = 0;
+    size_t inputOnce = 0, unpackedOnce = 0, combinedHere = 0, bothHere = 0;
     for (size_t i = 0; i < count; ++i) {
       inputOnce += packed[i] <= 1 && combined[i] <= 1 && packed[i] + combined[i] >= 1;
       unpackedOnce += unpacked[i] == 1;
       combinedHere += combined[i];
+      bothHere += packed[i] == 1 && combined[i] == 1;
     }
     combinedTotal += combinedHere;
+    bothTotal += bothHere;
     EXPECT_EQ(inputOnce, count) << where
                                 << ": every element packed at most once, combined at most "
                                    "once, and one of the two";
@@ -223,6 +227,7 @@ inline size_t checkAllreduceGather(World& world, DataType dt, ReduceOp op, size_
     EXPECT_TRUE(sameBytes(out.data(), want.data(), want.size())) << where;
     EXPECT_EQ(out[count * es], 0xab) << where;
   });
+  if (packedAndCombined) *packedAndCombined = bothTotal.load();
   return combinedTotal.load();
 }
 

@@ -149,17 +149,24 @@ TEST_P(ShmWorldTest, AllreduceGatherCombineSkipsPackingTheOwnPart) {
     for (DataType dt : {DataType::kFloat32, DataType::kInt32, DataType::kFloat16}) {
       for (ReduceOp op : kReduceOps) {
         for (size_t count : {size_t{0}, size_t{1}, size_t{1001}, size_t{300007}}) {
+          size_t both = 0;
           const size_t combined =
-              checkAllreduceGather(w.world, dt, op, count, CombineMode::kCombine);
-          const bool split = GetParam() > 1 && chunk > (size_t{64} << 10) &&
-                             count * dataTypeSize(dt) > (size_t{64} << 10);
-          if (GetParam() == 1 || count == 0) {
-            EXPECT_EQ(combined, 0u) << dataTypeName(dt) << " " << count;
-          } else if (split) {
-            EXPECT_GT(combined, 0u) << dataTypeName(dt) << " " << count;
+              checkAllreduceGather(w.world, dt, op, count, CombineMode::kCombine, &both);
+          // Small chunks (at most 64 KiB): ranks 0 and 1 pack and combine
+          // every element, the others only pack. Split chunks: each element
+          // packed or combined, never both.
+          const size_t es = dataTypeSize(dt), chunkElems = chunk / es;
+          size_t inSmall = 0, inSplit = 0;
+          for (size_t base = 0; base < count; base += chunkElems) {
+            const size_t len = std::min(chunkElems, count - base);
+            (len * es <= (size_t{64} << 10) ? inSmall : inSplit) += len;
+          }
+          const std::string what = std::string(dataTypeName(dt)) + " " + std::to_string(count);
+          if (GetParam() == 1) {
+            EXPECT_EQ(combined, 0u) << what;
           } else {
-            // Every element by ranks 0 and 1, none by the others.
-            EXPECT_EQ(combined, 2 * count) << dataTypeName(dt) << " " << count;
+            EXPECT_EQ(both, 2 * inSmall) << what;
+            EXPECT_EQ(combined > both, inSplit > 0) << what;
           }
           checkAllreduceGather(w.world, dt, op, count, CombineMode::kRefuse);
         }
@@ -171,15 +178,16 @@ TEST_P(ShmWorldTest, AllreduceGatherCombineSkipsPackingTheOwnPart) {
 // Small chunks, in place (staging, input and output are one buffer): every
 // rank gets the bits of the reduction in rank order, ranks 0 and 1 combining
 // their own operand from that buffer (rank 1 with otherFirst) while the
-// others read theirs from their slot. The values tell the operand order
-// apart: NaNs whose payload names the rank (x86 keeps the first operand's)
-// and sums whose rounding depends on the grouping.
+// others read theirs from their slot. The values tell the first step's
+// operand order apart at every world size: NaNs only from ranks 0 and 1, with
+// payloads naming the rank (which one a sum keeps depends on the kernel, but
+// the kernel is one function of its operands; min and max keep their first
+// operand's by definition), and sums whose rounding depends on the grouping.
 TEST_P(ShmWorldTest, SmallChunksInPlaceGiveEveryRankTheBitsOfRankOrder) {
   const int size = GetParam();
   ShmWorld w = makeShmWorld(size, 4096);
-  const ReduceFn add = reduceFunction(DataType::kFloat32, ReduceOp::kSum);
   auto input = [](int r, size_t i) {
-    if (i % 2 == 0) {
+    if (i % 2 == 0 && r < 2) {
       const uint32_t bits = 0x7fc00000u | static_cast<uint32_t>(r * 8 + i % 5 + 1);
       float f;
       std::memcpy(&f, &bits, sizeof(f));
@@ -188,43 +196,47 @@ TEST_P(ShmWorldTest, SmallChunksInPlaceGiveEveryRankTheBitsOfRankOrder) {
     const float v[] = {1e8f, -1e8f, 1.0f, 3.0f};
     return v[r % 4] * static_cast<float>(1 + i % 3);
   };
-  for (size_t count : {size_t{700}, size_t{3001}}) {  // one chunk, several
-    std::vector<float> want(count), next(count);
-    for (size_t i = 0; i < count; ++i) want[i] = input(0, i);
-    for (int q = 1; q < size; ++q) {
-      for (size_t i = 0; i < count; ++i) next[i] = input(q, i);
-      add(want.data(), want.data(), next.data(), count);
-    }
-    std::atomic<size_t> combinedTotal{0};
-    runRanks(w.world, [&](int r, Backend& b) {
-      std::vector<float> buf(count);
-      for (size_t i = 0; i < count; ++i) buf[i] = input(r, i);
-      auto pack = [&](size_t lo, size_t hi, void* dst) {
-        std::memcpy(dst, buf.data() + lo, (hi - lo) * sizeof(float));
-      };
-      auto combine = [&](size_t lo, size_t hi, void* dst, const void* other, bool otherFirst) {
-        combinedTotal += hi - lo;
-        if (otherFirst) {
-          add(dst, other, buf.data() + lo, hi - lo);
-        } else {
-          add(dst, buf.data() + lo, other, hi - lo);
-        }
-        return true;
-      };
-      auto unpack = [&](size_t lo, size_t hi, const void* src) {
-        if (src != buf.data() + lo) std::memcpy(buf.data() + lo, src, (hi - lo) * sizeof(float));
-      };
-      Status s = b.allreduceGatherCombine(buf.data(), count, DataType::kFloat32, ReduceOp::kSum,
-                                          pack, unpack, combine);
-      ASSERT_TRUE(s.isOk()) << s.toString();
-      for (size_t i = 0; i < count; ++i) {
-        uint32_t got, exp;
-        std::memcpy(&got, &buf[i], sizeof(got));
-        std::memcpy(&exp, &want[i], sizeof(exp));
-        ASSERT_EQ(got, exp) << "rank " << r << " count " << count << " element " << i;
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax}) {
+    const ReduceFn reduce = reduceFunction(DataType::kFloat32, op);
+    for (size_t count : {size_t{700}, size_t{3001}}) {  // one chunk, several
+      const std::string what = std::string(reduceOpName(op)) + " count " + std::to_string(count);
+      std::vector<float> want(count), next(count);
+      for (size_t i = 0; i < count; ++i) want[i] = input(0, i);
+      for (int q = 1; q < size; ++q) {
+        for (size_t i = 0; i < count; ++i) next[i] = input(q, i);
+        reduce(want.data(), want.data(), next.data(), count);
       }
-    });
-    EXPECT_EQ(combinedTotal.load(), size > 1 ? 2 * count : 0) << count;
+      std::atomic<size_t> combinedTotal{0};
+      runRanks(w.world, [&](int r, Backend& b) {
+        std::vector<float> buf(count);
+        for (size_t i = 0; i < count; ++i) buf[i] = input(r, i);
+        auto pack = [&](size_t lo, size_t hi, void* dst) {
+          std::memcpy(dst, buf.data() + lo, (hi - lo) * sizeof(float));
+        };
+        auto combine = [&](size_t lo, size_t hi, void* dst, const void* other, bool otherFirst) {
+          combinedTotal += hi - lo;
+          if (otherFirst) {
+            reduce(dst, other, buf.data() + lo, hi - lo);
+          } else {
+            reduce(dst, buf.data() + lo, other, hi - lo);
+          }
+          return true;
+        };
+        auto unpack = [&](size_t lo, size_t hi, const void* src) {
+          if (src != buf.data() + lo) std::memcpy(buf.data() + lo, src, (hi - lo) * sizeof(float));
+        };
+        Status s = b.allreduceGatherCombine(buf.data(), count, DataType::kFloat32, op, pack, unpack,
+                                            combine);
+        ASSERT_TRUE(s.isOk()) << s.toString();
+        for (size_t i = 0; i < count; ++i) {
+          uint32_t got, exp;
+          std::memcpy(&got, &buf[i], sizeof(got));
+          std::memcpy(&exp, &want[i], sizeof(exp));
+          ASSERT_EQ(got, exp) << "rank " << r << " " << what << " element " << i;
+        }
+      });
+      EXPECT_EQ(combinedTotal.load(), size > 1 ? 2 * count : 0) << what;
+    }
   }
 }
 
