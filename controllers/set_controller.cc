@@ -224,8 +224,9 @@ void SetController::drainInbox() {
       if (!withData) list.requests.back().payload.clear();
     }
   }
+  if (packer_ && packBeforeRequest_ && batch.size() == 1) packAhead(*batch.front());
   link_->submit(std::move(list));
-  if (packer_ && batch.size() == 1) packAhead(*batch.front());
+  if (packer_ && !packBeforeRequest_ && batch.size() == 1) packAhead(*batch.front());
 }
 
 void SetController::packAhead(TensorEntry& e) {
@@ -234,9 +235,12 @@ void SetController::packAhead(TensorEntry& e) {
   if (e.completed || stopping_ || health_.broken() || r.kind != CollectiveKind::kAllreduce ||
       r.device.kind != DeviceKind::kCpu || !r.payload.empty())
     return;
-  // Only with every frame of this rank already in the lane (its request
-  // above included): packing must not hold back what its peers wait for.
-  if (!cp_.laneFlushed() || cp_.laneHasInput()) return;
+  // Only with every frame of this rank already in the lane (after the
+  // request: its request included): packing must not hold back what its
+  // peers wait for. Before the request, input from peers does not stop it:
+  // no answer for this tensor can come before its request, and the pack
+  // would be due once it comes anyway.
+  if (!cp_.laneFlushed() || (!packBeforeRequest_ && cp_.laneHasInput())) return;
   if (!queue_.tryBeginInline()) return;  // the executor is busy: it owns the data plane
   {
     // Held while packing: a thread that fails pending entries (shutdown,
@@ -250,7 +254,8 @@ void SetController::packAhead(TensorEntry& e) {
     auto it = table_.find(r.name);
     if (!stopping_ && table_.size() == 1 && inbox_.empty() && it != table_.end() &&
         it->second.get() == &e)
-      packer_(e, [this] { return cp_.laneHasInput(); });
+      packer_(e, packBeforeRequest_ ? std::function<bool()>()
+                                    : std::function<bool()>([this] { return cp_.laneHasInput(); }));
   }
   queue_.endInline();
 }

@@ -108,8 +108,16 @@ class SetController : public CoordinatorLink::Client {
   // lane and the executor is idle. `pack` gets a stop function to ask
   // between pieces (true: the lane has input; the negotiation's answer
   // comes first). Set before start(); none by default.
-  void setPacker(std::function<bool(TensorEntry&, const std::function<bool()>&)> pack) {
+  // beforeRequest: pack first, then send the request. Where the ranks
+  // outnumber the cores no core idles while a rank waits for its answer, so
+  // packing after the request only reorders work; packed before it (and
+  // published to the peers), the data plane's wait for this rank's pack,
+  // a round of sleeps and wake-ups there, is gone by the time the answer
+  // arrives.
+  void setPacker(std::function<bool(TensorEntry&, const std::function<bool()>&)> pack,
+                 bool beforeRequest = false) {
     packer_ = std::move(pack);
+    packBeforeRequest_ = beforeRequest;
   }
   // Framework threads submitting to and waiting on the set do the control
   // thread's work themselves when no other thread does it (controllers/
@@ -152,7 +160,7 @@ class SetController : public CoordinatorLink::Client {
 
  private:
   void drainInbox();
-  // After `e`'s request went out: packer_, when it applies (see setPacker).
+  // Around `e`'s request (see setPacker): packer_, when it applies.
   void packAhead(TensorEntry& e);
   // The entry's prescaled tensor when it may travel in its request
   // (SetControllerOptions::inlineMaxBytes), else empty.
@@ -212,6 +220,7 @@ class SetController : public CoordinatorLink::Client {
   std::atomic<uint64_t> autoNames_[static_cast<int>(CollectiveKind::kCount)] = {};
 
   bool callerDrives_ = false;
+  bool packBeforeRequest_ = false;  // setPacker
   // Under the drive lock: a framework thread is inside enqueue's drive.
   bool submitting_ = false;
   std::function<bool(AgreedGroup&)> smallRunner_;

@@ -129,10 +129,15 @@ class Backend {
   // only when the memory is free now. `stop` (may be empty) is asked
   // between pieces of a few KiB: true makes it stop there and keep what it
   // packed so far (the caller has other work: the negotiation's answer).
+  // `peerKey` (0: none): the same on every rank for this allreduce (its
+  // Request::signature); with it, a complete pack is published to the peers,
+  // which then need not wait for this rank to pack (expectPeersPrepacked).
   // Called on the thread that calls the collectives, between them.
-  virtual bool prepackAllreduce(uint64_t token, size_t count, DataType dtype, ReduceOp op,
-                                const PackFn& pack, const std::function<bool()>& stop) {
+  virtual bool prepackAllreduce(uint64_t token, uint64_t peerKey, size_t count, DataType dtype,
+                                ReduceOp op, const PackFn& pack,
+                                const std::function<bool()>& stop) {
     (void)token;
+    (void)peerKey;
     (void)count;
     (void)dtype;
     (void)op;
@@ -146,9 +151,17 @@ class Backend {
   // then not called for those elements: they count as packed). Any
   // collective drops what was packed ahead; a mismatch only costs the pack.
   virtual void expectPrepacked(uint64_t token) { (void)token; }
+  // The peer key (prepackAllreduce) of the allreduce that the next
+  // allreduceGather(Combine) call runs (0: none): a peer that published a
+  // complete pack ahead of that key for that call counts as packed at once.
+  // Called right before that call, on its thread.
+  virtual void expectPeersPrepacked(uint64_t peerKey) { (void)peerKey; }
   // How many allreduces so far skipped packing what was packed ahead for
   // them (all or part of their first chunk). Any thread.
   virtual uint64_t prepacksUsed() const { return 0; }
+  // How many peers' packs ahead allreduces read so far without waiting for
+  // those peers to pack (expectPeersPrepacked). Any thread.
+  virtual uint64_t peerPrepacksRead() const { return 0; }
   // Rank r contributes counts[r] elements; `out` receives all of them in
   // rank order (sum(counts) elements). `in` may be null when counts[rank]==0.
   virtual Status allgatherv(const void* in, void* out, const std::vector<size_t>& counts,

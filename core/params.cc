@@ -122,11 +122,13 @@ const std::vector<ParamSpec>& paramRegistry() {
        "larger allreduce the executor has not picked up when it is all its rank has pending "
        "and its timeout leaves time for it at 1 GB/s. 0 hands every group to the executor."},
       {"HORA_PACK_AHEAD", ParamType::kBool, "1",
-       "While an allreduce of a host tensor is still being negotiated and is the only tensor "
-       "pending, the control thread packs its first chunk into shared memory, so that once every "
-       "rank agreed it is published at once instead of packed then. Only for sets on the "
-       "shared-memory data plane (one host) whose ranks have a CPU each; never waits for a peer; "
-       "0 packs when the allreduce runs."},
+       "When an allreduce of a host tensor is the only tensor pending, its first chunk is packed "
+       "into shared memory around its negotiation: while it is negotiated where the ranks have "
+       "a CPU each, before its request is sent where they outnumber the CPUs. Once every rank "
+       "agreed, the chunk is published at once instead of packed then, and a peer that finds "
+       "it packed (under the allreduce's signature) reads it without waiting for this rank. "
+       "Only for sets on the shared-memory data plane (one host); never waits for a peer; 0 "
+       "packs when the allreduce runs."},
       {"HORA_CALLER_DRIVES", ParamType::kBool, "1",
        "When every rank of a process set is on one host (its negotiation goes through shared "
        "memory), a framework thread that submits a collective sends its request itself, and "

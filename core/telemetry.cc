@@ -227,6 +227,7 @@ void Telemetry::ranOnControl() { relaxedAdd(controlGroups_, 1); }
 void Telemetry::ranByCaller() { relaxedAdd(callerGroups_, 1); }
 void Telemetry::packedAhead() { relaxedAdd(packedAhead_, 1); }
 void Telemetry::packedAheadUsed() { relaxedAdd(packedAheadUsed_, 1); }
+void Telemetry::peerPacksRead(uint64_t n) { relaxedAdd(peerPacksRead_, n); }
 
 void Telemetry::started(const AgreedGroup& g) {
   const int64_t now = nowNs();
@@ -373,6 +374,7 @@ MetricsSnapshot Telemetry::snapshot() const {
   m.callerGroups = load(callerGroups_);
   m.packedAhead = load(packedAhead_);
   m.packedAheadUsed = load(packedAheadUsed_);
+  m.peerPacksRead = load(peerPacksRead_);
   m.cacheHits = load(cacheHits_);
   m.cacheMisses = load(cacheMisses_);
   m.errors = load(errors_);
@@ -523,13 +525,13 @@ std::string metricsJson(const MetricsSnapshot& m) {
     << ",\"inline_allreduces\":" << m.inlineAllreduces
     << ",\"control_thread_groups\":" << m.controlGroups
     << ",\"caller_driven_groups\":" << m.callerGroups << ",\"packed_ahead\":" << m.packedAhead
-    << ",\"packed_ahead_used\":" << m.packedAheadUsed << ",\"cache_hits\":" << m.cacheHits
-    << ",\"cache_misses\":" << m.cacheMisses << ",\"errors\":" << m.errors
-    << ",\"negotiation_s\":" << m.negotiationNs / 1e9 << ",\"queue_s\":" << m.queueNs / 1e9
-    << ",\"data_plane_s\":" << m.dataPlaneNs / 1e9 << ",\"cpu_groups\":" << m.cpuGroups
-    << ",\"gpu_groups\":" << m.gpuGroups << ",\"in_flight\":" << m.inFlight
-    << ",\"p2p\":{\"sends\":" << m.p2pSends << ",\"recvs\":" << m.p2pRecvs
-    << ",\"bytes\":" << m.p2pBytes << ",\"errors\":" << m.p2pErrors
+    << ",\"packed_ahead_used\":" << m.packedAheadUsed << ",\"peer_packs_read\":" << m.peerPacksRead
+    << ",\"cache_hits\":" << m.cacheHits << ",\"cache_misses\":" << m.cacheMisses
+    << ",\"errors\":" << m.errors << ",\"negotiation_s\":" << m.negotiationNs / 1e9
+    << ",\"queue_s\":" << m.queueNs / 1e9 << ",\"data_plane_s\":" << m.dataPlaneNs / 1e9
+    << ",\"cpu_groups\":" << m.cpuGroups << ",\"gpu_groups\":" << m.gpuGroups
+    << ",\"in_flight\":" << m.inFlight << ",\"p2p\":{\"sends\":" << m.p2pSends
+    << ",\"recvs\":" << m.p2pRecvs << ",\"bytes\":" << m.p2pBytes << ",\"errors\":" << m.p2pErrors
     << "},\"straggler_samples\":" << m.stragglerSamples << ",\"stragglers\":[";
   for (size_t i = 0; i < m.stragglers.size(); ++i) {
     const auto& s = m.stragglers[i];
@@ -583,13 +585,17 @@ std::string metricsPrometheus(const MetricsSnapshot& m) {
       "(HORA_CALLER_DRIVES).",
       static_cast<double>(m.callerGroups));
   one("packed_ahead_total", "counter",
-      "Allreduces whose first chunk the control thread packed into shared memory while their "
-      "negotiation was still under way (HORA_PACK_AHEAD).",
+      "Allreduces whose first chunk this rank packed into shared memory before its negotiation "
+      "was over (HORA_PACK_AHEAD).",
       static_cast<double>(m.packedAhead));
   one("packed_ahead_used_total", "counter",
       "Of those, the ones whose allreduce published what was packed ahead instead of packing it "
       "again (the others ran after another collective, fused, or not at all).",
       static_cast<double>(m.packedAheadUsed));
+  one("peer_packs_read_total", "counter",
+      "Peers' packs ahead that an allreduce read without waiting for the peer to pack (one per "
+      "peer and allreduce; HORA_PACK_AHEAD).",
+      static_cast<double>(m.peerPacksRead));
   one("cache_hits_total", "counter", "Requests sent as response-cache hits.",
       static_cast<double>(m.cacheHits));
   one("cache_misses_total", "counter", "Cacheable requests sent in full.",

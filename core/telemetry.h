@@ -112,6 +112,9 @@ struct MetricsSnapshot {
   // and of those, the ones whose data plane used that instead of packing.
   uint64_t packedAhead = 0;
   uint64_t packedAheadUsed = 0;
+  // Peers' packs ahead an allreduce read without waiting for them (one per
+  // peer and allreduce).
+  uint64_t peerPacksRead = 0;
   uint64_t cacheHits = 0, cacheMisses = 0;  // cacheable kinds only
   uint64_t errors = 0;
   uint64_t negotiationNs = 0;  // submit -> agreed, summed over tensors
@@ -158,6 +161,9 @@ class Telemetry {
   // Executor thread (or control thread): an allreduce published what was
   // packed ahead for it instead of packing it again.
   void packedAheadUsed();
+  // Executor thread (or control thread): an allreduce read `n` peers' packs
+  // ahead without waiting for them to pack.
+  void peerPacksRead(uint64_t n);
   // Executor thread (or the control thread, for the groups above), around one
   // group on the data plane.
   // `plane`: the data plane it ran on (known once it ran: the GPU path picks
@@ -230,6 +236,7 @@ class Telemetry {
   std::atomic<uint64_t> callerGroups_{0};
   std::atomic<uint64_t> packedAhead_{0};
   std::atomic<uint64_t> packedAheadUsed_{0};
+  std::atomic<uint64_t> peerPacksRead_{0};
   std::atomic<uint64_t> cacheHits_{0}, cacheMisses_{0}, errors_{0};
   std::atomic<uint64_t> negotiationNs_{0}, queueNs_{0}, dataPlaneNs_{0};
   std::atomic<uint64_t> cpuGroups_{0}, gpuGroups_{0};

@@ -121,9 +121,14 @@ Status CpuPath::allreduceOne(const Response& r, TensorEntry* e) {
   const uint64_t token = e ? e->prepackToken : 0;
   const uint64_t usedBefore = token != 0 ? be.prepacksUsed() : 0;
   be.expectPrepacked(token);
+  // Peers may have packed this very allreduce ahead under its signature.
+  be.expectPeersPrepacked(r.signature);
+  const uint64_t peersBefore = be.peerPrepacksRead();
   Status s = be.allreduceGatherCombine(data, n, dt, x.op, pack, unpack, combine);
   if (token != 0 && ctx_.telemetry && be.prepacksUsed() != usedBefore)
     ctx_.telemetry->packedAheadUsed();
+  if (ctx_.telemetry && be.peerPrepacksRead() != peersBefore)
+    ctx_.telemetry->peerPacksRead(be.peerPrepacksRead() - peersBefore);
   return s.isOk() ? s : dataPlaneFailure(ctx_, s, describe("allreduce", r));
 }
 
@@ -144,7 +149,8 @@ bool CpuPath::prepack(TensorEntry& e, const std::function<bool()>& stop) {
   };
   const ReduceOp op = q.op == ReduceOp::kAverage ? ReduceOp::kSum : q.op;
   const uint64_t token = ++lastPrepackToken_;
-  if (!ctx_.backend->prepackAllreduce(token, static_cast<size_t>(n), dt, op, pack, stop))
+  if (!ctx_.backend->prepackAllreduce(token, q.signature(), static_cast<size_t>(n), dt, op, pack,
+                                      stop))
     return false;
   e.prepackToken = token;
   return true;

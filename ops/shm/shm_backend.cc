@@ -240,22 +240,39 @@ ShmBackend::ChunkPlan ShmBackend::planChunk(size_t base, size_t count, size_t es
   return p;
 }
 
-ShmBackend::Prepacked ShmBackend::takePrepacked() {
+ShmBackend::Prepacked ShmBackend::takePrepacked(uint64_t* peerKey) {
   Prepacked p;
   if (expected_ != 0 && prepacked_.token == expected_) p = prepacked_;
   prepacked_ = Prepacked();
   expected_ = 0;
+  *peerKey = peerKey_;
+  peerKey_ = 0;
   return p;
 }
 
-bool ShmBackend::prepackAllreduce(uint64_t token, size_t count, DataType dtype, ReduceOp op,
-                                  const PackFn& pack, const std::function<bool()>& stop) {
+namespace {
+// The published key: the caller's key and the first chunk's length, so that
+// a peer whose chunk size changed since (autotune) finds no match.
+uint64_t publishedKey(uint64_t peerKey, size_t len) {
+  return (peerKey ^ (static_cast<uint64_t>(len) * 0x9e3779b97f4a7c15ull)) | 1;
+}
+}  // namespace
+
+bool ShmBackend::peerPrepacked(int peer, uint32_t c, uint64_t key) const {
+  ShmHeader& h = segs_[peer]->header();
+  // As a sequence lock: the chunk word before and after the key. The owner
+  // clears it before it packs anything else into that slot.
+  if (h.prepackedChunk.value.load(std::memory_order_acquire) != c + 1) return false;
+  const uint64_t k = h.prepackedKey.value.load(std::memory_order_acquire);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return h.prepackedChunk.value.load(std::memory_order_relaxed) == c + 1 && k == key;
+}
+
+bool ShmBackend::prepackAllreduce(uint64_t token, uint64_t peerKey, size_t count, DataType dtype,
+                                  ReduceOp op, const PackFn& pack,
+                                  const std::function<bool()>& stop) {
   prepacked_ = Prepacked();
   const size_t es = dataTypeSize(dtype);
-  // With more ranks than cores no core idles while a rank waits for its
-  // answer: packing early only reorders the work on a busy core, and delays
-  // what that control thread owes its peers.
-  if (spinIterations_ == 0) return false;
   if (token == 0 || count == 0 || delegates(count * es) || reduceFunction(dtype, op) == nullptr ||
       !reduceOpSupported(op, dtype) || !checkUsable("pack ahead").isOk())
     return false;
@@ -270,6 +287,11 @@ bool ShmBackend::prepackAllreduce(uint64_t token, size_t count, DataType dtype, 
   }
   // As shmAllreduce's first chunk with a combine function offered.
   const ChunkPlan p = planChunk(0, count, es, true);
+  // Whatever this rank published for the slot no longer holds once it packs
+  // into it again.
+  ShmHeader& own = segs_[rank_]->header();
+  own.prepackedChunk.value.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
   const size_t skipLo = p.skipOwn ? p.lo : p.len, skipHi = p.skipOwn ? p.hi : p.len;
   // In pieces, asking `stop` before each: the caller's other work waits at
   // most one piece. Pieces never straddle the own part, which is skipped,
@@ -285,6 +307,10 @@ bool ShmBackend::prepackAllreduce(uint64_t token, size_t count, DataType dtype, 
     done = to;
   }
   if (done == 0) return false;  // stopped before packing anything
+  if (peerKey != 0 && done >= p.len) {
+    own.prepackedKey.value.store(publishedKey(peerKey, p.len), std::memory_order_relaxed);
+    own.prepackedChunk.value.store(c + 1, std::memory_order_release);
+  }
   prepacked_.packedTo = done;
   prepacked_.token = token;
   prepacked_.chunk = chunks_;
@@ -299,7 +325,8 @@ bool ShmBackend::prepackAllreduce(uint64_t token, size_t count, DataType dtype, 
 
 Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
                                 const UnpackFn& unpack, const CombineFn& combine,
-                                const Prepacked& ahead, const std::string& what, uint8_t* staging) {
+                                const Prepacked& ahead, uint64_t peerKey, const std::string& what,
+                                uint8_t* staging) {
   const size_t es = dataTypeSize(dtype);
   const ReduceFn reduce = reduceFunction(dtype, op);
   ShmSegment& own = *segs_[rank_];
@@ -321,8 +348,15 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
     if (packedAhead) prepacksUsed_.fetch_add(1, std::memory_order_relaxed);
     packChunk(base, packedAhead ? ahead.packedTo : 0, len, skipLo, skipHi, mine, es, pack);
     publish(&ShmHeader::packed, next);
+    // A peer that packed this chunk ahead and published it needs no wait:
+    // its slot holds this allreduce's first chunk in this layout.
+    const uint64_t key = base == 0 && peerKey != 0 ? publishedKey(peerKey, len) : 0;
     for (int j = 0; j < size_; ++j) {
       if (j == rank_) continue;
+      if (key != 0 && peerPrepacked(j, c, key)) {
+        peerPrepacksRead_.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
       HORA_RETURN_IF_ERROR(waitFor(j, &ShmHeader::packed, next, "pack its input", what));
     }
     if (small) {
@@ -379,7 +413,8 @@ Status ShmBackend::allreduceGatherCombine(void* staging, size_t count, DataType 
                                           const PackFn& pack, const UnpackFn& unpack,
                                           const CombineFn& combine) {
   const std::string what = describe(count, dtype, op);
-  const Prepacked ahead = takePrepacked();
+  uint64_t peerKey = 0;
+  const Prepacked ahead = takePrepacked(&peerKey);
   HORA_RETURN_IF_ERROR(checkUsable(what));
   if (reduceFunction(dtype, op) == nullptr || !reduceOpSupported(op, dtype))
     return invalidArgument(what + ": unsupported dtype/op");
@@ -388,7 +423,7 @@ Status ShmBackend::allreduceGatherCombine(void* staging, size_t count, DataType 
     return delegate(
         what, [&] { return fallback_->allreduceGather(staging, count, dtype, op, pack, unpack); });
   }
-  Status s = shmAllreduce(count, dtype, op, pack, unpack, combine, ahead, what,
+  Status s = shmAllreduce(count, dtype, op, pack, unpack, combine, ahead, peerKey, what,
                           static_cast<uint8_t*>(staging));
   return s.isOk() ? s : fail(s);
 }

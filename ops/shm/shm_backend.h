@@ -118,11 +118,16 @@ class ShmBackend : public Backend {
   bool needsStaging(size_t count, DataType dtype) const override;
   // Packs the first chunk of the allreduce into this rank's slot for the
   // next chunk when every peer is done with that slot now; the allreduce
-  // then publishes it at once, without packing.
-  bool prepackAllreduce(uint64_t token, size_t count, DataType dtype, ReduceOp op,
+  // then publishes it at once, without packing. With a peer key, a complete
+  // pack is published in the header (ShmHeader::prepackedChunk).
+  bool prepackAllreduce(uint64_t token, uint64_t peerKey, size_t count, DataType dtype, ReduceOp op,
                         const PackFn& pack, const std::function<bool()>& stop) override;
   void expectPrepacked(uint64_t token) override { expected_ = token; }
+  void expectPeersPrepacked(uint64_t peerKey) override { peerKey_ = peerKey; }
   uint64_t prepacksUsed() const override { return prepacksUsed_.load(std::memory_order_relaxed); }
+  uint64_t peerPrepacksRead() const override {
+    return peerPrepacksRead_.load(std::memory_order_relaxed);
+  }
   Status allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
                     DataType dtype) override;
   Status broadcast(void* data, size_t count, DataType dtype, int root) override;
@@ -182,8 +187,12 @@ class ShmBackend : public Backend {
     ReduceOp op = ReduceOp::kSum;
   };
   // Hands out what was packed ahead for the allreduce the caller said comes
-  // next (expectPrepacked), and forgets both.
-  Prepacked takePrepacked();
+  // next (expectPrepacked), and forgets both; `peerKey` gets (and forgets)
+  // expectPeersPrepacked's key.
+  Prepacked takePrepacked(uint64_t* peerKey);
+  // Whether rank `peer` published a complete pack ahead of chunk `c` under
+  // `key` (ShmHeader::prepackedChunk).
+  bool peerPrepacked(int peer, uint32_t c, uint64_t key) const;
   // A chunk's layout: its length, this rank's part [lo, hi), whether every
   // rank reduces it whole (small) and whether this rank's own part is left
   // unpacked (combined from the input instead).
@@ -197,9 +206,10 @@ class ShmBackend : public Backend {
   // ahead for it (used when it is this very chunk and layout).
   // `staging`: the caller's (Backend::allreduceGather), where small chunks
   // are reduced when given; null: private scratch.
+  // `peerKey`: expectPeersPrepacked's (0: none).
   Status shmAllreduce(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
                       const UnpackFn& unpack, const CombineFn& combine, const Prepacked& ahead,
-                      const std::string& what, uint8_t* staging = nullptr);
+                      uint64_t peerKey, const std::string& what, uint8_t* staging = nullptr);
   // allreduceCross's pipeline; same preconditions.
   Status shmAllreduceCross(size_t count, DataType dtype, ReduceOp op, const PackFn& pack,
                            const UnpackFn& unpack, const std::string& what, const CrossStage& cross,
@@ -263,7 +273,9 @@ class ShmBackend : public Backend {
   std::vector<bool> watchPid_;    // whether a peer's death shows as its pid vanishing
   Prepacked prepacked_;           // prepackAllreduce; executor thread only
   uint64_t expected_ = 0;         // expectPrepacked; executor thread only
+  uint64_t peerKey_ = 0;          // expectPeersPrepacked; executor thread only
   std::atomic<uint64_t> prepacksUsed_{0};
+  std::atomic<uint64_t> peerPrepacksRead_{0};
 
   std::atomic<bool> aborted_{false};
   mutable std::mutex brokenMu_;

@@ -51,10 +51,20 @@ struct ShmHeader {
   // instead of after the timeout. The owner's control thread may be the one
   // waiting (HORA_RUN_ON_CONTROL_MAX_BYTES), reading no abort frames.
   ShmCounter gaveUp;
+  // An allreduce packed ahead of its agreement (ShmBackend::prepackAllreduce
+  // with a peer key): the chunk whose slot holds its first chunk (c + 1; 0:
+  // none) and its key (the peer key mixed with the chunk's length), the key
+  // written before the chunk. A peer that runs the allreduce of that key at
+  // that chunk reads the slot without waiting for `packed`: the wait the
+  // pack ahead saves is then a round of the owner's scheduling.
+  ShmCounter prepackedChunk;
+  struct alignas(64) {
+    std::atomic<uint64_t> value{0};
+  } prepackedKey;
 };
 
 constexpr uint64_t kShmMagic = 0x686f72612d73686dULL;  // "hora-shm"
-constexpr uint32_t kShmVersion = 2;
+constexpr uint32_t kShmVersion = 3;
 constexpr size_t kShmHeaderBytes = 4096;
 static_assert(sizeof(ShmHeader) <= kShmHeaderBytes, "header must fit its page");
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free");

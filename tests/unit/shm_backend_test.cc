@@ -282,8 +282,8 @@ TEST_P(ShmWorldTest, PackedAheadIsUsedByTheMatchingNextAllreduceOnly) {
             return mode == Mode::kStopAtOnce || (mode == Mode::kStopAfterOnePiece && stops > 1);
           };
           const bool packed =
-              b.prepackAllreduce(token, count, DataType::kFloat32, ReduceOp::kSum, pack, stop);
-          const bool mayPack = size > 1 && size <= usableCpuCount();
+              b.prepackAllreduce(token, 0, count, DataType::kFloat32, ReduceOp::kSum, pack, stop);
+          const bool mayPack = size > 1;
           EXPECT_EQ(packed, mayPack && mode != Mode::kStopAtOnce) << where << " rank " << r;
           const size_t ahead = static_cast<size_t>(std::count(packs.begin(), packs.end(), 1));
           const std::vector<int> packsAhead = packs;
@@ -354,6 +354,75 @@ TEST_P(ShmWorldTest, PackedAheadIsUsedByTheMatchingNextAllreduceOnly) {
           }
         });
       }
+    }
+  }
+}
+
+// A pack ahead published under a peer key (prepackAllreduce with peerKey,
+// expectPeersPrepacked): a rank whose peers all published the first chunk
+// of the allreduce it runs reads their slots without waiting for them; a
+// different key, a stale chunk (another collective ran in between), an
+// unpublished pack or one replaced by a partial pack keep it waiting. Every result exact. Rank 1
+// packs ahead and then holds back its own call for 400 ms; rank 0's call must return long before
+// that only when it may read rank 1's pack (a small chunk: nothing else of it is needed; a split
+// one still waits for its part).
+TEST(ShmBackendPeerPrepack, APublishedPackAheadSparesThePeersWaitOnlyWhenItMatches) {
+  enum class Case { kMatch, kOtherKey, kNoKey, kStale, kSplit, kReplaced };
+  const uint64_t key = 0x1234567890abcdefull;
+  for (Case c :
+       {Case::kMatch, Case::kOtherKey, Case::kNoKey, Case::kStale, Case::kSplit, Case::kReplaced}) {
+    SCOPED_TRACE("case " + std::to_string(static_cast<int>(c)));
+    ShmWorld w = makeShmWorld(2, size_t{256} << 10);
+    // Small: 8 KiB (64 KiB: four pieces of a pack ahead), one chunk every
+    // rank reduces whole. Split: 200 KiB.
+    const size_t count = c == Case::kSplit ? 51200 : c == Case::kReplaced ? 16384 : 2048;
+    double rank0Seconds = 0;
+    std::atomic<bool> packedAhead{false};  // rank 0 starts once rank 1 packed ahead
+    runRanks(w.world, [&](int r, Backend& b) {
+      std::vector<float> in(count), out(count, -1.0f);
+      for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((r * 3 + i) % 13);
+      auto pack = [&](size_t lo, size_t hi, void* dst) {
+        std::memcpy(dst, in.data() + lo, (hi - lo) * sizeof(float));
+      };
+      auto unpack = [&](size_t lo, size_t hi, const void* src) {
+        std::memcpy(out.data() + lo, src, (hi - lo) * sizeof(float));
+      };
+      if (r == 1) {
+        const uint64_t published = c == Case::kNoKey ? 0 : key;
+        ASSERT_TRUE(b.prepackAllreduce(7, published, count, DataType::kFloat32, ReduceOp::kSum,
+                                       pack, nullptr));
+        if (c == Case::kReplaced) {
+          // Packed again, stopped after the first piece: not published.
+          int asked = 0;
+          ASSERT_TRUE(b.prepackAllreduce(8, key + 1, count, DataType::kFloat32, ReduceOp::kSum,
+                                         pack, [&] { return ++asked > 1; }));
+        }
+        packedAhead = true;
+      } else {
+        while (!packedAhead) std::this_thread::yield();
+      }
+      if (c == Case::kStale) {
+        // A broadcast in between: rank 1's pack was for the chunk it used.
+        int32_t v = r;
+        ASSERT_TRUE(b.broadcast(&v, 1, DataType::kInt32, 0).isOk());
+      }
+      if (r == 1) std::this_thread::sleep_for(milliseconds(400));
+      const auto t0 = Clock::now();
+      b.expectPrepacked(r == 1 ? (c == Case::kReplaced ? 8 : 7) : 0);
+      b.expectPeersPrepacked(c == Case::kOtherKey && r == 0 ? key + 1 : key);
+      Status s =
+          b.allreduceGather(nullptr, count, DataType::kFloat32, ReduceOp::kSum, pack, unpack);
+      ASSERT_TRUE(s.isOk()) << s.toString();
+      if (r == 0) rank0Seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      for (size_t i = 0; i < count; ++i) {
+        const float want = static_cast<float>(i % 13) + static_cast<float>((3 + i) % 13);
+        ASSERT_EQ(out[i], want) << "rank " << r << " element " << i;
+      }
+    });
+    if (c == Case::kMatch) {
+      EXPECT_LT(rank0Seconds, 0.2) << "rank 0 waited for rank 1's published pack";
+    } else {
+      EXPECT_GT(rank0Seconds, 0.3) << "rank 0 did not wait for rank 1";
     }
   }
 }

@@ -337,14 +337,16 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
         [ex](const AgreedGroup& g) { return ex->canRunHere(g); }, o.runOnControlMaxBytes);
   }
   // Packing ahead is for the shared-memory plane only (the one whose memory
-  // a rank can fill before its peers are ready), and only with a core per
-  // rank (ShmBackend refuses otherwise; not asking at all spares the control
-  // thread a round through the queue and the table per allreduce).
-  if (onShm && o.packAhead && ps->backend_->size() <= usableCpuCount()) {
+  // a rank can fill before its peers are ready): while the negotiation runs
+  // with a core per rank, before the request where the ranks outnumber the
+  // cores (SetController::setPacker).
+  if (onShm && o.packAhead) {
     Executor* ex = ps->executor_.get();
-    ps->controller_->setPacker([ex](TensorEntry& e, const std::function<bool()>& stop) {
-      return ex->prepareHere(e, stop);
-    });
+    ps->controller_->setPacker(
+        [ex](TensorEntry& e, const std::function<bool()>& stop) {
+          return ex->prepareHere(e, stop);
+        },
+        ps->backend_->size() > usableCpuCount());
   }
   ps->controller_->setCallerDrives(o.callerDrives);
   setUpArmed->store(false);
