@@ -224,6 +224,7 @@ void SetController::drainInbox() {
       if (!withData) list.requests.back().payload.clear();
     }
   }
+  if (withdrawPack_) withdrawPack_();
   if (packer_ && packBeforeRequest_ && batch.size() == 1) packAhead(*batch.front());
   link_->submit(std::move(list));
   if (packer_ && !packBeforeRequest_ && batch.size() == 1) packAhead(*batch.front());

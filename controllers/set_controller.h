@@ -114,10 +114,14 @@ class SetController : public CoordinatorLink::Client {
   // published to the peers), the data plane's wait for this rank's pack,
   // a round of sleeps and wake-ups there, is gone by the time the answer
   // arrives.
+  // `withdraw` (may be empty) runs before every request list goes out: what
+  // an earlier pack published for the peers no longer counts
+  // (Backend::withdrawPrepacked).
   void setPacker(std::function<bool(TensorEntry&, const std::function<bool()>&)> pack,
-                 bool beforeRequest = false) {
+                 bool beforeRequest = false, std::function<void()> withdraw = nullptr) {
     packer_ = std::move(pack);
     packBeforeRequest_ = beforeRequest;
+    withdrawPack_ = std::move(withdraw);
   }
   // Framework threads submitting to and waiting on the set do the control
   // thread's work themselves when no other thread does it (controllers/
@@ -220,7 +224,8 @@ class SetController : public CoordinatorLink::Client {
   std::atomic<uint64_t> autoNames_[static_cast<int>(CollectiveKind::kCount)] = {};
 
   bool callerDrives_ = false;
-  bool packBeforeRequest_ = false;  // setPacker
+  bool packBeforeRequest_ = false;      // setPacker
+  std::function<void()> withdrawPack_;  // setPacker
   // Under the drive lock: a framework thread is inside enqueue's drive.
   bool submitting_ = false;
   std::function<bool(AgreedGroup&)> smallRunner_;

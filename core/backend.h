@@ -156,6 +156,13 @@ class Backend {
   // complete pack ahead of that key for that call counts as packed at once.
   // Called right before that call, on its thread.
   virtual void expectPeersPrepacked(uint64_t peerKey) { (void)peerKey; }
+  // What this rank published with prepackAllreduce no longer counts. Any
+  // thread. The set calls it before each of this rank's requests goes out:
+  // a published pack names a tensor, not a submission of it, and a peer
+  // cannot run a later submission before that request arrived, so no pack
+  // outlives the submission it was made for (one that failed, ran through
+  // another plane, or met a join).
+  virtual void withdrawPrepacked() noexcept {}
   // How many allreduces so far skipped packing what was packed ahead for
   // them (all or part of their first chunk). Any thread.
   virtual uint64_t prepacksUsed() const { return 0; }

@@ -72,6 +72,10 @@ class Executor {
   // the same rule as runHere; `stop` as for Backend::prepackAllreduce.
   // Returns whether it packed.
   bool prepareHere(TensorEntry& entry, const std::function<bool()>& stop);
+  // Backend::withdrawPrepacked; any thread.
+  void withdrawPrepared() noexcept {
+    if (ctx_.backend) ctx_.backend->withdrawPrepacked();
+  }
 
  private:
   void run();

@@ -265,13 +265,21 @@ bool ShmBackend::peerPrepacked(int peer, uint32_t c, uint64_t key) const {
   if (h.prepackedChunk.value.load(std::memory_order_acquire) != c + 1) return false;
   const uint64_t k = h.prepackedKey.value.load(std::memory_order_acquire);
   std::atomic_thread_fence(std::memory_order_acquire);
-  return h.prepackedChunk.value.load(std::memory_order_relaxed) == c + 1 && k == key;
+  return h.prepackedChunk.value.load(std::memory_order_acquire) == c + 1 && k == key;
+}
+
+void ShmBackend::withdrawPrepacked() noexcept {
+  segs_[rank_]->header().prepackedChunk.value.store(0, std::memory_order_seq_cst);
 }
 
 bool ShmBackend::prepackAllreduce(uint64_t token, uint64_t peerKey, size_t count, DataType dtype,
                                   ReduceOp op, const PackFn& pack,
                                   const std::function<bool()>& stop) {
   prepacked_ = Prepacked();
+  // Whatever this rank published no longer holds once it packs again, or
+  // once it has tried (the allreduce it was for may never run here).
+  withdrawPrepacked();
+  std::atomic_thread_fence(std::memory_order_release);
   const size_t es = dataTypeSize(dtype);
   if (token == 0 || count == 0 || delegates(count * es) || reduceFunction(dtype, op) == nullptr ||
       !reduceOpSupported(op, dtype) || !checkUsable("pack ahead").isOk())
@@ -287,11 +295,7 @@ bool ShmBackend::prepackAllreduce(uint64_t token, uint64_t peerKey, size_t count
   }
   // As shmAllreduce's first chunk with a combine function offered.
   const ChunkPlan p = planChunk(0, count, es, true);
-  // Whatever this rank published for the slot no longer holds once it packs
-  // into it again.
   ShmHeader& own = segs_[rank_]->header();
-  own.prepackedChunk.value.store(0, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
   const size_t skipLo = p.skipOwn ? p.lo : p.len, skipHi = p.skipOwn ? p.hi : p.len;
   // In pieces, asking `stop` before each: the caller's other work waits at
   // most one piece. Pieces never straddle the own part, which is skipped,
@@ -308,7 +312,7 @@ bool ShmBackend::prepackAllreduce(uint64_t token, uint64_t peerKey, size_t count
   }
   if (done == 0) return false;  // stopped before packing anything
   if (peerKey != 0 && done >= p.len) {
-    own.prepackedKey.value.store(publishedKey(peerKey, p.len), std::memory_order_relaxed);
+    own.prepackedKey.value.store(publishedKey(peerKey, p.len), std::memory_order_release);
     own.prepackedChunk.value.store(c + 1, std::memory_order_release);
   }
   prepacked_.packedTo = done;
@@ -418,8 +422,12 @@ Status ShmBackend::allreduceGatherCombine(void* staging, size_t count, DataType 
   HORA_RETURN_IF_ERROR(checkUsable(what));
   if (reduceFunction(dtype, op) == nullptr || !reduceOpSupported(op, dtype))
     return invalidArgument(what + ": unsupported dtype/op");
-  if (count == 0) return Status::ok();
-  if (delegates(count * dataTypeSize(dtype))) {
+  if (count == 0 || delegates(count * dataTypeSize(dtype))) {
+    // No chunk runs: a pack ahead this rank published stays valid for the
+    // chunk it named, and a later run of the same tensor there would match
+    // it with other data (autotune moves min bytes; HORA_AUTOTUNE=1).
+    withdrawPrepacked();
+    if (count == 0) return Status::ok();
     return delegate(
         what, [&] { return fallback_->allreduceGather(staging, count, dtype, op, pack, unpack); });
   }

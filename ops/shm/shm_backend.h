@@ -124,6 +124,7 @@ class ShmBackend : public Backend {
                         const PackFn& pack, const std::function<bool()>& stop) override;
   void expectPrepacked(uint64_t token) override { expected_ = token; }
   void expectPeersPrepacked(uint64_t peerKey) override { peerKey_ = peerKey; }
+  void withdrawPrepacked() noexcept override;
   uint64_t prepacksUsed() const override { return prepacksUsed_.load(std::memory_order_relaxed); }
   uint64_t peerPrepacksRead() const override {
     return peerPrepacksRead_.load(std::memory_order_relaxed);

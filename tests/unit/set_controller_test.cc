@@ -67,8 +67,10 @@ class FakeLink : public CoordinatorLink {
 struct ControllerHarness {
   // `setSize` > 1: the controller is rank 0 of that many (the link is fake,
   // so no peer exists; it only changes whether failures are reported).
+  // `configure` runs before the controller starts.
   explicit ControllerHarness(Seconds grace = Seconds(10), int setSize = 1,
-                             size_t inlineMaxBytes = 0)
+                             size_t inlineMaxBytes = 0,
+                             std::function<void(SetController&)> configure = nullptr)
       : health("global", Logger(LogLevel::kOff, "[ctl-test]"), grace) {
     ControlPlaneOptions cpo;
     cpo.globalRanks = {0};
@@ -83,6 +85,7 @@ struct ControllerHarness {
     o.inlineMaxBytes = inlineMaxBytes;
     controller = std::make_unique<SetController>(o, *cp, std::move(l), health, queue,
                                                  Logger(LogLevel::kOff, "[ctl-test]"));
+    if (configure) configure(*controller);
     controller->start();
   }
   ~ControllerHarness() {
@@ -160,6 +163,31 @@ TEST(SetControllerTest, RequestsGoInFullThenAsCacheHits) {
   EXPECT_EQ(g.responses[0].name, "w");
   EXPECT_EQ(g.responses[0].signature, e2->request.signature());
   h.queue.finished();
+}
+
+// What a pack ahead published for the peers is withdrawn before every
+// request list goes out (setPacker's withdraw): a published pack names a
+// tensor, and the next submission of that tensor must not find it. Each
+// withdrawal comes before its list reaches the link.
+TEST(SetControllerTest, APublishedPackIsWithdrawnBeforeEveryRequestList) {
+  FakeLink* link = nullptr;
+  std::mutex mu;
+  std::vector<size_t> sentAtWithdrawal;
+  ControllerHarness h(Seconds(10), 2, 0, [&](SetController& c) {
+    c.setPacker([](TensorEntry&, const std::function<bool()>&) { return false; }, false,
+                [&] {
+                  std::lock_guard<std::mutex> lk(mu);
+                  sentAtWithdrawal.push_back(link->submissions());
+                });
+  });
+  link = h.link;
+  for (int k = 0; k < 3; ++k) {
+    auto e = h.allreduce("w" + std::to_string(k), std::make_shared<RecordingSink>());
+    ASSERT_TRUE(h.controller->enqueue({e}).isOk());
+    h.link->submission(static_cast<size_t>(k));
+  }
+  std::lock_guard<std::mutex> lk(mu);
+  EXPECT_EQ(sentAtWithdrawal, (std::vector<size_t>{0, 1, 2}));
 }
 
 TEST(SetControllerTest, ANackedHitIsResentInFull) {

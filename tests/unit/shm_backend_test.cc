@@ -362,15 +362,16 @@ TEST_P(ShmWorldTest, PackedAheadIsUsedByTheMatchingNextAllreduceOnly) {
 // expectPeersPrepacked): a rank whose peers all published the first chunk
 // of the allreduce it runs reads their slots without waiting for them; a
 // different key, a stale chunk (another collective ran in between), an
-// unpublished pack or one replaced by a partial pack keep it waiting. Every result exact. Rank 1
+// unpublished pack, one replaced by a partial pack or one withdrawn keep it
+// waiting. Every result exact. Rank 1
 // packs ahead and then holds back its own call for 400 ms; rank 0's call must return long before
 // that only when it may read rank 1's pack (a small chunk: nothing else of it is needed; a split
 // one still waits for its part).
 TEST(ShmBackendPeerPrepack, APublishedPackAheadSparesThePeersWaitOnlyWhenItMatches) {
-  enum class Case { kMatch, kOtherKey, kNoKey, kStale, kSplit, kReplaced };
+  enum class Case { kMatch, kOtherKey, kNoKey, kStale, kSplit, kReplaced, kWithdrawn };
   const uint64_t key = 0x1234567890abcdefull;
-  for (Case c :
-       {Case::kMatch, Case::kOtherKey, Case::kNoKey, Case::kStale, Case::kSplit, Case::kReplaced}) {
+  for (Case c : {Case::kMatch, Case::kOtherKey, Case::kNoKey, Case::kStale, Case::kSplit,
+                 Case::kReplaced, Case::kWithdrawn}) {
     SCOPED_TRACE("case " + std::to_string(static_cast<int>(c)));
     ShmWorld w = makeShmWorld(2, size_t{256} << 10);
     // Small: 8 KiB (64 KiB: four pieces of a pack ahead), one chunk every
@@ -397,6 +398,7 @@ TEST(ShmBackendPeerPrepack, APublishedPackAheadSparesThePeersWaitOnlyWhenItMatch
           ASSERT_TRUE(b.prepackAllreduce(8, key + 1, count, DataType::kFloat32, ReduceOp::kSum,
                                          pack, [&] { return ++asked > 1; }));
         }
+        if (c == Case::kWithdrawn) b.withdrawPrepacked();
         packedAhead = true;
       } else {
         while (!packedAhead) std::this_thread::yield();
@@ -425,6 +427,68 @@ TEST(ShmBackendPeerPrepack, APublishedPackAheadSparesThePeersWaitOnlyWhenItMatch
       EXPECT_GT(rank0Seconds, 0.3) << "rank 0 did not wait for rank 1";
     }
   }
+}
+
+// A published pack ahead whose allreduce never ran on shared memory (min
+// bytes moved above it, as autotune may, so it ran through Gloo without a
+// chunk) does not outlive it: the next run of the same tensor at that
+// chunk, with new data and no pack ahead, is waited for and gets the new
+// data's sum, not the old pack's.
+TEST(ShmBackendPeerPrepack, APackWhoseAllreduceRanElsewhereIsNotReadLater) {
+  const uint64_t key = 0x5eedull;
+  ShmWorld w = makeShmWorld(2, size_t{256} << 10);
+  const size_t count = 2048;
+  std::atomic<bool> packedAhead{false};
+  double rank0Seconds = 0;
+  runRanks(w.world, [&](int r, Backend& b) {
+    std::vector<float> in(count), out(count, -1.0f), staging(count);  // staging: for Gloo
+    auto fill = [&](int step) {
+      for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((r * 3 + step * 5 + i) % 13);
+    };
+    auto pack = [&](size_t lo, size_t hi, void* dst) {
+      std::memcpy(dst, in.data() + lo, (hi - lo) * sizeof(float));
+    };
+    auto unpack = [&](size_t lo, size_t hi, const void* src) {
+      std::memcpy(out.data() + lo, src, (hi - lo) * sizeof(float));
+    };
+    auto check = [&](int step) {
+      for (size_t i = 0; i < count; ++i) {
+        const float want =
+            static_cast<float>((step * 5 + i) % 13) + static_cast<float>((3 + step * 5 + i) % 13);
+        ASSERT_EQ(out[i], want) << "rank " << r << " step " << step << " element " << i;
+      }
+    };
+    fill(0);
+    if (r == 1) {
+      ASSERT_TRUE(
+          b.prepackAllreduce(7, key, count, DataType::kFloat32, ReduceOp::kSum, pack, nullptr));
+      packedAhead = true;
+    } else {
+      while (!packedAhead) std::this_thread::yield();
+    }
+    TuningValues tv;
+    tv.shmChunkBytes = size_t{256} << 10;
+    tv.shmMinBytes = int64_t{1} << 30;  // step 0 through the fallback
+    b.tune(tv);
+    b.expectPrepacked(r == 1 ? 7 : 0);
+    b.expectPeersPrepacked(key);
+    ASSERT_TRUE(
+        b.allreduceGather(staging.data(), count, DataType::kFloat32, ReduceOp::kSum, pack, unpack)
+            .isOk());
+    check(0);
+    tv.shmMinBytes = 0;  // step 1 on shared memory again, at the same chunk
+    b.tune(tv);
+    fill(1);
+    if (r == 1) std::this_thread::sleep_for(milliseconds(400));
+    const auto t0 = Clock::now();
+    b.expectPeersPrepacked(key);
+    ASSERT_TRUE(
+        b.allreduceGather(staging.data(), count, DataType::kFloat32, ReduceOp::kSum, pack, unpack)
+            .isOk());
+    if (r == 0) rank0Seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    check(1);
+  });
+  EXPECT_GT(rank0Seconds, 0.3) << "rank 0 read rank 1's old pack without waiting";
 }
 
 TEST_P(ShmWorldTest, BroadcastFromEveryRootInterleavedWithAllreduce) {

@@ -346,7 +346,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
         [ex](TensorEntry& e, const std::function<bool()>& stop) {
           return ex->prepareHere(e, stop);
         },
-        ps->backend_->size() > usableCpuCount());
+        ps->backend_->size() > usableCpuCount(), [ex] { ex->withdrawPrepared(); });
   }
   ps->controller_->setCallerDrives(o.callerDrives);
   setUpArmed->store(false);
