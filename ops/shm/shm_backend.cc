@@ -132,6 +132,11 @@ Status ShmBackend::waitSlotFree(uint32_t c, const std::string& what) {
 
 void ShmBackend::finishChunk() {
   const uint32_t next = static_cast<uint32_t>(chunks_) + 1;
+  // A pack ahead this rank published for this chunk has served: a peer that
+  // has not looked yet finds `packed`, published when the chunk began. So no
+  // word outlives its chunk (not even by 2^32 chunks, when the counter wraps).
+  if (segs_[rank_]->header().prepackedChunk.value.load(std::memory_order_relaxed) == next)
+    withdrawPrepacked();
   // Every counter advances every chunk, whether or not this collective used
   // it (small allreduce chunks, broadcast and allgather never reduce), so
   // none lags 2^31 chunks behind and compares as "reached" after wrapping.
