@@ -762,6 +762,75 @@ TEST(ShmNegotiation, PackingAheadKeepsEveryResultExact) {
   }
 }
 
+// One tensor allreduced thousands of times with autotune on (the default),
+// new values every step, each result checked. Autotune tries moving
+// HORA_SHM_MIN_BYTES above the tensor for a window, so some steps run through
+// Gloo without a shared-memory chunk: a pack ahead a rank published for one
+// of them must not be read by the next step at that chunk (session 23: 3
+// ranks, 30,000 steps, one step wrong without the withdrawal). The autotune
+// log shows the window was tried, so the test still covers it if the search
+// changes.
+int autotunedLoop(int rank, int size, int iters) {
+  hora_runtime_t rt;
+  CHILD_CHECK(hora_init(nullptr, &rt) == HORA_SUCCESS, "init: %s", hora_last_error_message());
+  const size_t count = 16384;  // 64 KiB: one small chunk
+  std::vector<float> buf(count);
+  std::vector<int64_t> shape = {static_cast<int64_t>(count)};
+  DLTensor t = makeTensor(buf.data(), dlType(kDLFloat, 32), &shape);
+  hora_options_t o;
+  hora_options_init(&o);
+  o.name = "autotuned";
+  long wrong = 0;
+  for (int it = 0; it < iters && wrong == 0; ++it) {
+    for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>((rank * 7 + it + i) % 11);
+    hora_request_t req;
+    std::string msg;
+    CHILD_CHECK(hora_allreduce_async(rt, &t, &t, &o, &req) == HORA_SUCCESS, "submit: %s",
+                hora_last_error_message());
+    CHILD_CHECK(waitAndFree(req, 60, &msg) == HORA_SUCCESS, "step %d: %s", it, msg.c_str());
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int r = 0; r < size; ++r) want += static_cast<float>((r * 7 + it + i) % 11);
+      if (buf[i] != want) {
+        std::fprintf(stderr, "step %d element %zu: %f != %f\n", it, i, buf[i], want);
+        ++wrong;
+        break;
+      }
+    }
+  }
+  std::printf("WRONG %ld\n", wrong);
+  std::fflush(stdout);
+  CHILD_CHECK(hora_shutdown(rt) == HORA_SUCCESS, "shutdown: %s", hora_last_error_message());
+  return wrong == 0 ? 0 : 1;
+}
+
+TEST(ShmNegotiation, ATensorAllreducedWhileAutotuneMovesItsCutOverStaysExact) {
+  const int size = 3;
+  const std::string log = "/tmp/hora_autotuned_" + std::to_string(getpid()) + ".csv";
+  auto results =
+      runProcesses(size, [&](int rank) { return autotunedLoop(rank, size, 6000); }, 180, nullptr,
+                   {{"HORA_AUTOTUNE", "1"}, {"HORA_AUTOTUNE_LOG", log.c_str()}});
+  for (const auto& r : results) {
+    EXPECT_EQ(r.exitCode, 0) << r.output;
+    EXPECT_NE(r.output.find("WRONG 0"), std::string::npos) << r.output;
+  }
+  // The window this test is for: shm_min_bytes at 1 MiB (column 7).
+  std::FILE* f = std::fopen(log.c_str(), "r");
+  ASSERT_NE(f, nullptr) << log;
+  char line[512];
+  bool tried = false;
+  while (std::fgets(line, sizeof(line), f)) {
+    int commas = 0;
+    const char* p = line;
+    while (*p && commas < 6) commas += *p++ == ',';
+    tried |= commas == 6 && std::strncmp(p, "1048576,", 8) == 0;
+  }
+  std::fclose(f);
+  std::remove(log.c_str());
+  EXPECT_TRUE(tried) << "autotune never moved HORA_SHM_MIN_BYTES to 1 MiB: the test no longer "
+                        "covers a step run through Gloo";
+}
+
 TEST(ShmNegotiation, RankKilledDuringAControlThreadAllreduceFailsSurvivorsQuickly) {
   // 64 KiB tensors: the survivors' control threads wait in the shared-memory
   // data plane when the culprit dies, and must still fail naming it.
