@@ -266,7 +266,9 @@ uint64_t publishedKey(uint64_t peerKey, size_t len) {
 bool ShmBackend::peerPrepacked(int peer, uint32_t c, uint64_t key) const {
   ShmHeader& h = segs_[peer]->header();
   // As a sequence lock: the chunk word before and after the key. The owner
-  // clears it before it packs anything else into that slot.
+  // clears it before it packs anything else into that slot, before each of
+  // its request lists, when an allreduce runs without a chunk and when it
+  // finishes the chunk (withdrawPrepacked).
   if (h.prepackedChunk.value.load(std::memory_order_acquire) != c + 1) return false;
   const uint64_t k = h.prepackedKey.value.load(std::memory_order_acquire);
   std::atomic_thread_fence(std::memory_order_acquire);
@@ -428,9 +430,10 @@ Status ShmBackend::allreduceGatherCombine(void* staging, size_t count, DataType 
   if (reduceFunction(dtype, op) == nullptr || !reduceOpSupported(op, dtype))
     return invalidArgument(what + ": unsupported dtype/op");
   if (count == 0 || delegates(count * dataTypeSize(dtype))) {
-    // No chunk runs: a pack ahead this rank published stays valid for the
-    // chunk it named, and a later run of the same tensor there would match
-    // it with other data (autotune moves min bytes; HORA_AUTOTUNE=1).
+    // No chunk runs: a pack ahead this rank published would stay valid for
+    // the chunk it named, and a later run of the same tensor there would
+    // match it with other data (autotune moves min bytes; ShmNegotiation.
+    // ATensorAllreducedWhileAutotuneMovesItsCutOverStaysExact).
     withdrawPrepacked();
     if (count == 0) return Status::ok();
     return delegate(
