@@ -97,6 +97,9 @@ Status ShmBackend::fail(Status s) {
 void ShmBackend::abort() noexcept {
   aborted_.store(true, std::memory_order_release);
   fallback_->abort();
+  // A peer must not finish, on this rank's pack ahead, an allreduce this
+  // rank will not run: without the word it waits for `packed` and sees gaveUp.
+  withdrawPrepacked();
   // Tell the peers too (ShmHeader::gaveUp), and wake any that sleep.
   segs_[rank_]->header().gaveUp.value.store(1, std::memory_order_seq_cst);
   for (const auto& seg : segs_) shmFutexWakeAll(seg->header().doorbell.value);
@@ -265,10 +268,15 @@ uint64_t publishedKey(uint64_t peerKey, size_t len) {
 
 bool ShmBackend::peerPrepacked(int peer, uint32_t c, uint64_t key) const {
   ShmHeader& h = segs_[peer]->header();
-  // As a sequence lock: the chunk word before and after the key. The owner
-  // clears it before it packs anything else into that slot, before each of
-  // its request lists, when an allreduce runs without a chunk and when it
-  // finishes the chunk (withdrawPrepacked).
+  // The owner stores the key, then the chunk (both release, after the slot's
+  // data): seeing the chunk, a reader sees the key and the data. Reading the
+  // chunk again after the key catches a withdrawal in between. What keeps
+  // the slot right while the reader reads it later is not this read but
+  // when the owner writes the slot: only in its own run of chunk c (the same
+  // allreduce, the same bytes) or once every peer consumed c. The owner
+  // withdraws the word before it packs anything else, before each of its
+  // request lists, when an allreduce runs without a chunk, when it finishes
+  // the chunk and when it aborts (withdrawPrepacked).
   if (h.prepackedChunk.value.load(std::memory_order_acquire) != c + 1) return false;
   const uint64_t k = h.prepackedKey.value.load(std::memory_order_acquire);
   std::atomic_thread_fence(std::memory_order_acquire);
@@ -286,7 +294,6 @@ bool ShmBackend::prepackAllreduce(uint64_t token, uint64_t peerKey, size_t count
   // Whatever this rank published no longer holds once it packs again, or
   // once it has tried (the allreduce it was for may never run here).
   withdrawPrepacked();
-  std::atomic_thread_fence(std::memory_order_release);
   const size_t es = dataTypeSize(dtype);
   if (token == 0 || count == 0 || delegates(count * es) || reduceFunction(dtype, op) == nullptr ||
       !reduceOpSupported(op, dtype) || !checkUsable("pack ahead").isOk())

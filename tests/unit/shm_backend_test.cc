@@ -491,6 +491,37 @@ TEST(ShmBackendPeerPrepack, APackWhoseAllreduceRanElsewhereIsNotReadLater) {
   EXPECT_GT(rank0Seconds, 0.3) << "rank 0 read rank 1's old pack without waiting";
 }
 
+// A rank that published a pack ahead and then gave up (its set failed or
+// shut down: abort) withdraws it, so a peer does not finish, on that pack,
+// an allreduce the rank will never run: it fails naming the rank instead.
+TEST(ShmBackendPeerPrepack, APeerThatGaveUpAfterPublishingIsNotReadButNamed) {
+  const uint64_t key = 0xab0127ull;
+  ShmWorld w = makeShmWorld(2, size_t{256} << 10);
+  const size_t count = 2048;
+  std::atomic<bool> gaveUp{false};
+  runRanks(w.world, [&](int r, Backend& b) {
+    std::vector<float> in(count, static_cast<float>(r + 1)), out(count, -1.0f);
+    auto pack = [&](size_t lo, size_t hi, void* dst) {
+      std::memcpy(dst, in.data() + lo, (hi - lo) * sizeof(float));
+    };
+    auto unpack = [&](size_t lo, size_t hi, const void* src) {
+      std::memcpy(out.data() + lo, src, (hi - lo) * sizeof(float));
+    };
+    if (r == 1) {
+      ASSERT_TRUE(
+          b.prepackAllreduce(7, key, count, DataType::kFloat32, ReduceOp::kSum, pack, nullptr));
+      b.abort();
+      gaveUp = true;
+      return;
+    }
+    while (!gaveUp) std::this_thread::yield();
+    b.expectPeersPrepacked(key);
+    Status s = b.allreduceGather(nullptr, count, DataType::kFloat32, ReduceOp::kSum, pack, unpack);
+    EXPECT_EQ(s.code(), Code::kRemoteError) << s.toString();
+    EXPECT_NE(s.toString().find("rank 1"), std::string::npos) << s.toString();
+  });
+}
+
 TEST_P(ShmWorldTest, BroadcastFromEveryRootInterleavedWithAllreduce) {
   const int size = GetParam();
   for (size_t chunk : {size_t{4096}, size_t{256} << 10}) {
