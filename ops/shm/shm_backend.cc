@@ -284,7 +284,12 @@ bool ShmBackend::peerPrepacked(int peer, uint32_t c, uint64_t key) const {
 }
 
 void ShmBackend::withdrawPrepacked() noexcept {
-  segs_[rank_]->header().prepackedChunk.value.store(0, std::memory_order_seq_cst);
+  // Called before every request list: look first, so that the common case
+  // (nothing published) does not take the line from the peers that read it.
+  // Only this rank writes it non-zero, one thread at a time (a pack ahead),
+  // so a zero seen here stays zero for what was published before.
+  std::atomic<uint32_t>& word = segs_[rank_]->header().prepackedChunk.value;
+  if (word.load(std::memory_order_relaxed) != 0) word.store(0, std::memory_order_seq_cst);
 }
 
 bool ShmBackend::prepackAllreduce(uint64_t token, uint64_t peerKey, size_t count, DataType dtype,

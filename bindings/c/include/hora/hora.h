@@ -13,7 +13,10 @@
  * and may run a small allreduce it completed the agreement of (never one
  * whose completion runs a callback), and hora_wait may run any small
  * allreduce of the set while it waits, and a larger one that is all the
- * rank has pending when its timeout leaves time for it (at 1 GB/s).
+ * rank has pending when its timeout leaves time for it (at 1 GB/s). An
+ * allreduce that is all the rank has pending may have the first chunk of
+ * its input (up to HORA_SHM_CHUNK_BYTES) copied into shared memory inside
+ * the call that submits it (HORA_PACK_AHEAD).
  * Completion callbacks run on a hora
  * thread or inside hora_wait: they must be short and must not call hora_wait
  * or any other blocking hora function.
