@@ -30,6 +30,28 @@ int executorCpuFor(int localRank, const std::vector<int>& allowed) {
   return allowed[static_cast<size_t>(localRank) % allowed.size()];
 }
 
+int callerHomeCpuFor(int localRank, int localSize, const std::vector<int>& allowed) {
+  const int cpus = static_cast<int>(allowed.size());
+  if (cpus < 2 || localSize <= cpus || localSize % cpus != 0) return -1;
+  return executorCpuFor(localRank, allowed);
+}
+
+bool moveCallingThreadTo(int cpu) {
+  if (cpu < 0 || cpu >= CPU_SETSIZE || ::sched_getcpu() == cpu) return false;
+  cpu_set_t mask, one;
+  CPU_ZERO(&mask);
+  if (::pthread_getaffinity_np(::pthread_self(), sizeof(mask), &mask) != 0 ||
+      !CPU_ISSET(cpu, &mask))
+    return false;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  // Setting a one-CPU mask migrates the thread before the call returns;
+  // restoring the old one leaves it where it now runs.
+  if (::pthread_setaffinity_np(::pthread_self(), sizeof(one), &one) != 0) return false;
+  ::pthread_setaffinity_np(::pthread_self(), sizeof(mask), &mask);
+  return true;
+}
+
 namespace {
 
 // Opens `path`, creating it if needed, so that every user of the host can

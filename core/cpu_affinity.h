@@ -44,6 +44,27 @@ std::vector<int> allowedCpus();
 // launcher already bound the process: its choice stands).
 int executorCpuFor(int localRank, const std::vector<int>& allowed);
 
+// The CPU a rank's framework thread is moved back to where the host's ranks
+// outnumber its CPUs (HORA_HOME_CALLER): allowed[localRank mod
+// allowed.size()], the executor's pick, so that each CPU serves its share of
+// the ranks. Why: polling ranks never sleep, so once the scheduler has put
+// three of four ranks on one of two CPUs (after a wake-up at start or a
+// balancing pass that moved a rank when a short-lived thread woke) nothing
+// makes it notice, and it took 30-150 ms to undo; meanwhile a 64 KiB
+// allreduce took 110-140 us instead of 65-75 (bench/results/
+// 2026-11-28-caller-home.md). -1 (no home) when the ranks fit the CPUs or
+// do not divide evenly among them (3 ranks on 2 CPUs: there the scheduler
+// moving a rank onto the CPU another left idle wins, and 1-4 MiB allreduces
+// ran up to 1.6x slower homed), fewer than two CPUs are allowed (a launcher
+// bound the process) or localRank < 0.
+int callerHomeCpuFor(int localRank, int localSize, const std::vector<int>& allowed);
+
+// Moves the calling thread onto `cpu` and then gives it back its affinity
+// mask: a placement, not a binding (the scheduler may move it again later,
+// and threads it starts inherit the whole mask). Nothing when it runs there
+// already or its mask excludes `cpu`. True if it was moved. Any thread.
+bool moveCallingThreadTo(int cpu);
+
 // A CPU claimed for one runtime's executor against the other runtimes on
 // this host, or none. Owned by the runtime (its framework thread creates and
 // destroys it); move-only; the claim ends when it is destroyed or the

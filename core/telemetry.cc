@@ -228,6 +228,7 @@ void Telemetry::ranByCaller() { relaxedAdd(callerGroups_, 1); }
 void Telemetry::packedAhead() { relaxedAdd(packedAhead_, 1); }
 void Telemetry::packedAheadUsed() { relaxedAdd(packedAheadUsed_, 1); }
 void Telemetry::peerPacksRead(uint64_t n) { relaxedAdd(peerPacksRead_, n); }
+void Telemetry::callerHomed() { relaxedAdd(callerHomings_, 1); }
 
 void Telemetry::started(const AgreedGroup& g) {
   const int64_t now = nowNs();
@@ -375,6 +376,7 @@ MetricsSnapshot Telemetry::snapshot() const {
   m.packedAhead = load(packedAhead_);
   m.packedAheadUsed = load(packedAheadUsed_);
   m.peerPacksRead = load(peerPacksRead_);
+  m.callerHomings = load(callerHomings_);
   m.cacheHits = load(cacheHits_);
   m.cacheMisses = load(cacheMisses_);
   m.errors = load(errors_);
@@ -526,12 +528,13 @@ std::string metricsJson(const MetricsSnapshot& m) {
     << ",\"control_thread_groups\":" << m.controlGroups
     << ",\"caller_driven_groups\":" << m.callerGroups << ",\"packed_ahead\":" << m.packedAhead
     << ",\"packed_ahead_used\":" << m.packedAheadUsed << ",\"peer_packs_read\":" << m.peerPacksRead
-    << ",\"cache_hits\":" << m.cacheHits << ",\"cache_misses\":" << m.cacheMisses
-    << ",\"errors\":" << m.errors << ",\"negotiation_s\":" << m.negotiationNs / 1e9
-    << ",\"queue_s\":" << m.queueNs / 1e9 << ",\"data_plane_s\":" << m.dataPlaneNs / 1e9
-    << ",\"cpu_groups\":" << m.cpuGroups << ",\"gpu_groups\":" << m.gpuGroups
-    << ",\"in_flight\":" << m.inFlight << ",\"p2p\":{\"sends\":" << m.p2pSends
-    << ",\"recvs\":" << m.p2pRecvs << ",\"bytes\":" << m.p2pBytes << ",\"errors\":" << m.p2pErrors
+    << ",\"caller_homings\":" << m.callerHomings << ",\"cache_hits\":" << m.cacheHits
+    << ",\"cache_misses\":" << m.cacheMisses << ",\"errors\":" << m.errors
+    << ",\"negotiation_s\":" << m.negotiationNs / 1e9 << ",\"queue_s\":" << m.queueNs / 1e9
+    << ",\"data_plane_s\":" << m.dataPlaneNs / 1e9 << ",\"cpu_groups\":" << m.cpuGroups
+    << ",\"gpu_groups\":" << m.gpuGroups << ",\"in_flight\":" << m.inFlight
+    << ",\"p2p\":{\"sends\":" << m.p2pSends << ",\"recvs\":" << m.p2pRecvs
+    << ",\"bytes\":" << m.p2pBytes << ",\"errors\":" << m.p2pErrors
     << "},\"straggler_samples\":" << m.stragglerSamples << ",\"stragglers\":[";
   for (size_t i = 0; i < m.stragglers.size(); ++i) {
     const auto& s = m.stragglers[i];
@@ -596,6 +599,10 @@ std::string metricsPrometheus(const MetricsSnapshot& m) {
       "Peers' packs ahead that an allreduce read without waiting for the peer to pack (one per "
       "peer and allreduce; HORA_PACK_AHEAD).",
       static_cast<double>(m.peerPacksRead));
+  one("caller_homings_total", "counter",
+      "Times a framework thread waiting in hora_wait was moved back to its rank's CPU, where the "
+      "host's ranks outnumber its CPUs (HORA_HOME_CALLER).",
+      static_cast<double>(m.callerHomings));
   one("cache_hits_total", "counter", "Requests sent as response-cache hits.",
       static_cast<double>(m.cacheHits));
   one("cache_misses_total", "counter", "Cacheable requests sent in full.",

@@ -115,6 +115,9 @@ struct MetricsSnapshot {
   // Peers' packs ahead an allreduce read without waiting for them (one per
   // peer and allreduce).
   uint64_t peerPacksRead = 0;
+  // Times a framework thread in hora_wait was moved back to its rank's CPU
+  // (HORA_HOME_CALLER).
+  uint64_t callerHomings = 0;
   uint64_t cacheHits = 0, cacheMisses = 0;  // cacheable kinds only
   uint64_t errors = 0;
   uint64_t negotiationNs = 0;  // submit -> agreed, summed over tensors
@@ -164,6 +167,9 @@ class Telemetry {
   // Executor thread (or control thread): an allreduce read `n` peers' packs
   // ahead without waiting for them to pack.
   void peerPacksRead(uint64_t n);
+  // Framework thread in hora_wait: it was moved back to its rank's CPU
+  // (HORA_HOME_CALLER).
+  void callerHomed();
   // Executor thread (or the control thread, for the groups above), around one
   // group on the data plane.
   // `plane`: the data plane it ran on (known once it ran: the GPU path picks
@@ -237,6 +243,7 @@ class Telemetry {
   std::atomic<uint64_t> packedAhead_{0};
   std::atomic<uint64_t> packedAheadUsed_{0};
   std::atomic<uint64_t> peerPacksRead_{0};
+  std::atomic<uint64_t> callerHomings_{0};
   std::atomic<uint64_t> cacheHits_{0}, cacheMisses_{0}, errors_{0};
   std::atomic<uint64_t> negotiationNs_{0}, queueNs_{0}, dataPlaneNs_{0};
   std::atomic<uint64_t> cpuGroups_{0}, gpuGroups_{0};

@@ -2,9 +2,10 @@
 // each rank's global-set executor is bound to its own CPU by local rank,
 // away from CPUs another job on the host claimed, sub-sets' executors stay
 // unbound, a launcher's binding is left alone, and the parameter turns it
-// off. Every test claims in a directory of its own (HORA_CPU_CLAIM_DIR), so
-// runtimes of tests running alongside do not change the picks. Ranks as processes (affinity is per
-// thread, read back from /proc), each with a deadline.
+// off; where ranks outnumber the CPUs evenly, a framework thread waiting
+// away from its rank's CPU is moved back (HORA_HOME_CALLER). Every test claims in a directory of
+// its own (HORA_CPU_CLAIM_DIR), so runtimes of tests running alongside do not change the picks.
+// Ranks as processes (affinity is per thread, read back from /proc), each with a deadline.
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <sched.h>
@@ -233,6 +234,77 @@ TEST(Placement, ExecutorsAvoidACpuAnotherJobHoldsProcesses) {
   // Every CPU but the held one is free for the job: as many bound as fit.
   EXPECT_EQ(bound.size(), std::min<size_t>(2, cpus.size() - 1));
   EXPECT_EQ(std::set<int>(bound.begin(), bound.end()).size(), bound.size());
+}
+
+// Each rank, confined to `two` CPUs, runs `rounds` small allreduces and
+// enters each hora_wait from the CPU that is not its home (moved there
+// without changing its mask). Prints the homings the metrics counted and
+// fails if its mask changed.
+int homingRank(int size, const std::vector<int>& two, int rounds) {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  for (int c : two) CPU_SET(c, &mask);
+  CHILD_CHECK(sched_setaffinity(0, sizeof(mask), &mask) == 0, "sched_setaffinity");
+  hora_runtime_t rt = nullptr;
+  CHILD_CHECK(hora_init(nullptr, &rt) == HORA_SUCCESS, "init: %s", hora_last_error_message());
+  int32_t localRank = -1;
+  CHILD_CHECK(hora_local_rank(rt, &localRank) == HORA_SUCCESS, "local rank");
+  const int away = two[static_cast<size_t>(localRank + 1) % 2];
+  hora_process_set_t global = nullptr;
+  CHILD_CHECK(hora_global_process_set(rt, &global) == HORA_SUCCESS, "global set");
+  for (int i = 0; i < rounds; ++i) {
+    hora::moveCallingThreadTo(away);
+    std::string why;
+    CHILD_CHECK(allreduceOnce(rt, global, size, &why), "round %d: %s", i, why.c_str());
+    // Past the rate limit (one move per 10 ms per set).
+    usleep(12000);
+  }
+  CHILD_CHECK(hora::allowedCpus() == two, "the waiting thread's mask changed: a binding");
+  std::printf("HOMINGS=%ld\n", htest::metricCount(htest::metrics(rt), "caller_homings"));
+  std::fflush(stdout);
+  CHILD_CHECK(hora_shutdown(rt) == HORA_SUCCESS, "shutdown: %s", hora_last_error_message());
+  return 0;
+}
+
+std::vector<long> homings(const std::vector<htest::ProcessResult>& results) {
+  std::vector<long> out;
+  for (const auto& r : results) {
+    const size_t at = r.output.find("HOMINGS=");
+    out.push_back(at == std::string::npos ? -1 : std::stol(r.output.substr(at + 8)));
+  }
+  return out;
+}
+
+TEST(Placement, AWaiterAwayFromItsCpuIsMovedBackWhereRanksOutnumberCpusProcesses) {
+  // 4 ranks on 2 CPUs (HORA_HOME_CALLER): every rank's hora_wait finds its
+  // thread on the other CPU and moves it back; with the parameter off, or 3
+  // ranks (uneven shares: the scheduler's placement stays), none does.
+  const std::vector<int> cpus = hora::allowedCpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "one allowed CPU";
+  const std::vector<int> two{cpus[0], cpus[1]};
+  constexpr int kRounds = 6;
+  struct Case {
+    int size;
+    const char* param;
+    bool moved;
+  };
+  for (const Case& c : {Case{4, "1", true}, Case{4, "0", false}, Case{3, "1", false}}) {
+    SCOPED_TRACE("size " + std::to_string(c.size) + ", HORA_HOME_CALLER=" + c.param);
+    auto results = htest::runProcesses(
+        c.size, [&](int) { return homingRank(c.size, two, kRounds); }, 60, nullptr,
+        ClaimDir().env({{"HORA_HOME_CALLER", c.param}}));
+    expectAllPass(results);
+    for (long h : homings(results)) {
+      if (c.moved) {
+        // Every round starts away; the scheduler may move a thread home
+        // itself before a wait looks, so most, not all, rounds count.
+        EXPECT_GE(h, kRounds / 2);
+        EXPECT_LE(h, kRounds);
+      } else {
+        EXPECT_EQ(h, 0);
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // core/cpu_affinity: the executor's CPU by local rank, its claim against the
-// host's other runtimes, and binding/naming the calling thread.
+// host's other runtimes, the framework thread's home CPU and the move there,
+// and binding/naming the calling thread.
 #include "core/cpu_affinity.h"
 
 #include <gtest/gtest.h>
@@ -234,6 +235,62 @@ TEST(ScopedThreadCpus, WidensForItsScopeThenRestores) {
   EXPECT_EQ(bound, std::vector<int>{all.back()});
   EXPECT_EQ(inside, all);
   EXPECT_EQ(after, std::vector<int>{all.back()});
+}
+
+TEST(CallerHomeCpuFor, OnlyWhereRanksOutnumberCpusEvenly) {
+  const std::vector<int> allowed{2, 3};
+  // 4 ranks on 2 CPUs: ranks 0 and 2 on the first, 1 and 3 on the second.
+  EXPECT_EQ(callerHomeCpuFor(0, 4, allowed), 2);
+  EXPECT_EQ(callerHomeCpuFor(1, 4, allowed), 3);
+  EXPECT_EQ(callerHomeCpuFor(2, 4, allowed), 2);
+  EXPECT_EQ(callerHomeCpuFor(3, 4, allowed), 3);
+  EXPECT_EQ(callerHomeCpuFor(5, 6, allowed), 3);
+  // Uneven shares, ranks that fit, a launcher's one-CPU binding, no rank.
+  EXPECT_EQ(callerHomeCpuFor(0, 3, allowed), -1);
+  EXPECT_EQ(callerHomeCpuFor(0, 2, allowed), -1);
+  EXPECT_EQ(callerHomeCpuFor(0, 1, allowed), -1);
+  EXPECT_EQ(callerHomeCpuFor(0, 4, std::vector<int>{5}), -1);
+  EXPECT_EQ(callerHomeCpuFor(-1, 4, allowed), -1);
+}
+
+TEST(MoveCallingThreadTo, LandsThereAndKeepsTheMask) {
+  const std::vector<int> all = allowedCpus();
+  if (all.size() < 2) GTEST_SKIP() << "one CPU";
+  std::thread t([&] {
+    for (int cpu : all) {
+      // The scheduler may move the thread again at any moment after the
+      // call; right after it, it runs there in all but a rare try.
+      bool landed = false;
+      for (int k = 0; k < 50 && !landed; ++k) {
+        moveCallingThreadTo(cpu);
+        landed = ::sched_getcpu() == cpu;
+      }
+      EXPECT_TRUE(landed) << "CPU " << cpu;
+      EXPECT_EQ(allowedCpus(), all) << "a placement, not a binding";
+    }
+    // Already there: nothing to do.
+    bool stayed = false;
+    for (int k = 0; k < 50 && !stayed; ++k) {
+      const int here = ::sched_getcpu();
+      stayed = !moveCallingThreadTo(here) && ::sched_getcpu() == here;
+    }
+    EXPECT_TRUE(stayed);
+  });
+  t.join();
+}
+
+TEST(MoveCallingThreadTo, LeavesAThreadWhoseMaskExcludesTheCpu) {
+  const std::vector<int> all = allowedCpus();
+  if (all.size() < 2) GTEST_SKIP() << "one CPU";
+  std::thread t([&] {
+    ASSERT_TRUE(bindThisThread(all[0]).isOk());
+    EXPECT_FALSE(moveCallingThreadTo(all[1]));
+    EXPECT_EQ(::sched_getcpu(), all[0]);
+    EXPECT_EQ(allowedCpus(), std::vector<int>{all[0]});
+    EXPECT_FALSE(moveCallingThreadTo(-1));
+    EXPECT_FALSE(moveCallingThreadTo(CPU_SETSIZE));
+  });
+  t.join();
 }
 
 TEST(NameThisThread, KeepsFifteenCharacters) {

@@ -4,7 +4,8 @@
 // allreduceGather contract on both reduction paths (small chunks reduced
 // whole by every rank, large chunks split in parts), the set-up agreement
 // (one rank that cannot use shared memory keeps every rank on Gloo), that no
-// segment file outlives set-up, and that a stalled or aborted peer fails the
+// segment file outlives set-up, that ranks sharing a CPU yield it to each
+// other instead of sleeping, and that a stalled or aborted peer fails the
 // call promptly instead of hanging it.
 #include "ops/shm/shm_backend.h"
 
@@ -900,6 +901,42 @@ TEST(ShmBackendTest, AWaitForAStalledPeerCallsTheWaitHookWhileItSleeps) {
   w.world[0]->setWaitHook(nullptr);
   EXPECT_FALSE(w.world[0]->barrier().isOk());  // failed at once, no wait
   EXPECT_EQ(calls, before);
+}
+
+TEST(ShmBackendTest, RanksSharingACpuYieldToEachOtherInsteadOfSleeping) {
+  // Every rank confined to one CPU (threads inherit the creating thread's
+  // mask): each shares it with the others, so a wait for a peer gives the CPU
+  // away (ShmBackendOptions::peerYield) and the peer finishes its step
+  // without either side sleeping. With peerYield at 0 the same waits sleep.
+  const std::vector<int> cpus = allowedCpus();
+  ASSERT_FALSE(cpus.empty());
+  ScopedThreadCpus oneCpu({cpus[0]});
+  for (int size : {2, 3}) {
+    for (long yieldUs : {1000000L, 0L}) {
+      SCOPED_TRACE("size " + std::to_string(size) + ", peerYield " + std::to_string(yieldUs));
+      ShmWorld w = makeShmWorld(size, [&](int) {
+        ShmBackendOptions so;
+        so.chunkBytes = 256 << 10;
+        so.peerYield = std::chrono::microseconds(yieldUs);
+        so.timeout = milliseconds(20000);
+        return so;
+      });
+      // Split chunks (packed, reduced, consumed waits) and small ones.
+      for (size_t count : {size_t{100003}, size_t{1001}})
+        for (int i = 0; i < 5; ++i)
+          checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, count);
+      uint64_t sleeps = 0;
+      for (int r = 0; r < size; ++r) {
+        auto* shm = dynamic_cast<ShmBackend*>(w.world[r].get());
+        ASSERT_NE(shm, nullptr) << w.whyNot[r];
+        sleeps += shm->waitSleeps();
+      }
+      if (yieldUs > 0)
+        EXPECT_EQ(sleeps, 0u);
+      else
+        EXPECT_GT(sleeps, 0u);
+    }
+  }
 }
 
 TEST(ShmBackendTest, APeerThatGivesUpFailsItsWaitersAtOnceNamingIt) {

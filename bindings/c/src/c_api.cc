@@ -245,6 +245,7 @@ hora_status_t submit(const CallContext& c, std::vector<std::shared_ptr<hora::Ten
   if (input) st->dlType = input->dtype;
   st->waitSpin = c.set->spin();
   if (c.set->callerDrives()) st->driveSet = c.set;
+  if (c.set->homesCaller()) st->homeSet = c.set;
   auto* h = new hora_request_s();
   h->state = st;
   st->handle = h;
@@ -756,6 +757,7 @@ HORA_API hora_status_t hora_wait(hora_request_t r, double timeout_s) {
     if (!r || r->magic != hora::kRequestMagic)
       return fail(Code::kInvalidArgument, "hora_wait: invalid request handle");
     if (timeout_s != timeout_s) return fail(Code::kInvalidArgument, "hora_wait: timeout is NaN");
+    if (auto set = r->state->homeSet.lock()) set->homeCaller();
     // A point-to-point request: poll the engine for a moment first; a reply
     // a few microseconds away is worth more than a sleep and a wake-up.
     if (const auto& p2p = r->state->p2p; p2p && !r->state->finished.load(std::memory_order_acquire))

@@ -1,5 +1,7 @@
 #include "process_set.h"
 
+#include <sched.h>
+
 #include <algorithm>
 
 #include "controllers/coordinator_service.h"
@@ -75,6 +77,19 @@ ProcessSet::ProcessSet(std::string name, std::vector<int> globalRanks, int rank,
     driveSpin_.window = std::max(
         spin_.window, std::chrono::nanoseconds(std::chrono::microseconds(opts_.waitSpinUs)));
   queue_.setSpin(spin_);
+}
+
+void ProcessSet::homeCaller() {
+  // The common case, already home, costs a vDSO read.
+  if (opts_.callerHomeCpu < 0 || ::sched_getcpu() == opts_.callerHomeCpu) return;
+  constexpr auto kHomingInterval = std::chrono::milliseconds(10);
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  int64_t last = lastHomingNs_.load(std::memory_order_relaxed);
+  if (now - last < std::chrono::nanoseconds(kHomingInterval).count() ||
+      !lastHomingNs_.compare_exchange_strong(last, now, std::memory_order_relaxed))
+    return;
+  if (moveCallingThreadTo(opts_.callerHomeCpu)) telemetry_->callerHomed();
 }
 
 Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
@@ -153,6 +168,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   sho.chunkBytesWhenRanksFit =
       static_cast<size_t>(std::max<int64_t>(o.shmChunkBytesWhenRanksFit, 0));
   sho.minBytes = static_cast<size_t>(std::max<int64_t>(o.shmMinBytes, 0));
+  sho.peerYield = std::chrono::microseconds(std::max<int64_t>(o.spinUs, 0));
   sho.timeout = o.peerTimeout;
   sho.startTimeout = o.startTimeout;
   sho.hostId = o.hostId;

@@ -69,6 +69,9 @@ struct RequestState : RequestSink {
   // Collectives on a set whose waiters drive it (HORA_CALLER_DRIVES): the
   // set, so that hora_wait does its control thread's work while it polls.
   std::weak_ptr<ProcessSet> driveSet;
+  // The set whose rank's CPU hora_wait moves its thread back to
+  // (HORA_HOME_CALLER); null where the ranks fit the CPUs.
+  std::weak_ptr<ProcessSet> homeSet;
 
   // Results written by the executor before completion, read after.
   std::vector<int64_t> outShape;
