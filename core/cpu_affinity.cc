@@ -37,7 +37,8 @@ int callerHomeCpuFor(int localRank, int localSize, const std::vector<int>& allow
 }
 
 bool moveCallingThreadTo(int cpu) {
-  if (cpu < 0 || cpu >= CPU_SETSIZE || ::sched_getcpu() == cpu) return false;
+  const int here = ::sched_getcpu();
+  if (cpu < 0 || cpu >= CPU_SETSIZE || here < 0 || here == cpu) return false;
   cpu_set_t mask, one;
   CPU_ZERO(&mask);
   if (::pthread_getaffinity_np(::pthread_self(), sizeof(mask), &mask) != 0 ||
@@ -48,8 +49,11 @@ bool moveCallingThreadTo(int cpu) {
   // Setting a one-CPU mask migrates the thread before the call returns;
   // restoring the old one leaves it where it now runs.
   if (::pthread_setaffinity_np(::pthread_self(), sizeof(one), &one) != 0) return false;
-  ::pthread_setaffinity_np(::pthread_self(), sizeof(mask), &mask);
-  return true;
+  // Failing to restore would leave the caller's thread bound to one CPU:
+  // try again (a cpuset shrinking between the two calls is what fails it);
+  // report no move when it still fails, so that the caller stops trying.
+  if (::pthread_setaffinity_np(::pthread_self(), sizeof(mask), &mask) == 0) return true;
+  return ::pthread_setaffinity_np(::pthread_self(), sizeof(mask), &mask) == 0;
 }
 
 namespace {

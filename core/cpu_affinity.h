@@ -62,7 +62,10 @@ int callerHomeCpuFor(int localRank, int localSize, const std::vector<int>& allow
 // Moves the calling thread onto `cpu` and then gives it back its affinity
 // mask: a placement, not a binding (the scheduler may move it again later,
 // and threads it starts inherit the whole mask). Nothing when it runs there
-// already or its mask excludes `cpu`. True if it was moved. Any thread.
+// already, its CPU is unknown or its mask excludes `cpu`. True if it was
+// moved and its mask restored. A change another thread makes to this
+// thread's mask between the read and the restore (microseconds) is undone.
+// Any thread.
 bool moveCallingThreadTo(int cpu);
 
 // A CPU claimed for one runtime's executor against the other runtimes on

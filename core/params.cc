@@ -156,10 +156,10 @@ const std::vector<ParamSpec>& paramRegistry() {
       {"HORA_SPIN_US", ParamType::kInt, "100",
        "Microseconds the control thread, the executor and a thread in hora_wait poll for the next "
        "hand-off before they sleep (0 = sleep at once). When the ranks' threads outnumber the "
-       "cores each poll gives the core away (sched_yield). Where a host's ranks outnumber its CPUs "
-       "evenly (4 on 2), a wait for a peer in the shared-memory data plane also yields for this "
-       "long before it sleeps. The executor polls GPU work for 1 ms before it sleeps, unless this "
-       "is 0."},
+       "cores each poll gives the core away (sched_yield). Where a set's ranks share one CPU mask "
+       "and outnumber its CPUs evenly (4 on 2), a wait for a peer in the shared-memory data plane "
+       "also yields for this long before it sleeps. The executor polls GPU work for 1 ms before "
+       "it sleeps, unless this is 0."},
       {"HORA_WAIT_SPIN_US", ParamType::kInt, "2000",
        "Microseconds a framework thread blocked in hora_wait on a collective of a set "
        "negotiating through shared memory keeps polling after the last progress, doing the "
@@ -176,13 +176,13 @@ const std::vector<ParamSpec>& paramRegistry() {
        "CPU (a launcher bound the process) or the host runs one rank. 0: the thread runs "
        "wherever the scheduler puts it."},
       {"HORA_HOME_CALLER", ParamType::kBool, "1",
-       "Where a host's ranks outnumber the CPUs of their affinity mask, the same number on each "
-       "(4 ranks on 2 CPUs, not 3): a framework thread "
-       "entering hora_wait on another CPU than its rank's (mask[local_rank mod its size], the "
-       "executor's pick) is moved there and keeps its mask (a placement, not a binding; at most "
-       "once per 10 ms per process set). Polling ranks never sleep, so a placement with three "
-       "ranks on one CPU and one on the other lasted 30-150 ms before the scheduler undid it. "
-       "Skipped when the mask holds one CPU. 0: the scheduler alone places the thread."},
+       "Where a process set's ranks on a host share one CPU mask and outnumber its CPUs evenly "
+       "(4 ranks on 2 CPUs, not 3; compared at set-up): a framework thread entering hora_wait on "
+       "another CPU than its rank's (mask[local_rank mod its size], the executor's pick) is moved "
+       "there and keeps its mask (a placement, not a binding; at most once per 10 ms per process "
+       "set). Polling ranks never sleep, so a placement with three ranks on one CPU and one on the "
+       "other lasted 30-150 ms before the scheduler undid it. 0: the scheduler alone places the "
+       "thread."},
       {"HORA_CPU_CLAIM_DIR", ParamType::kString, "/dev/shm",
        "Directory where the runtimes on a host claim their executors' CPUs "
        "(HORA_BIND_EXECUTOR), through a lock file per CPU (hora-cpu-<cpu>.lock, left in place), "

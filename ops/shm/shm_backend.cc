@@ -62,9 +62,11 @@ ShmBackend::ShmBackend(std::vector<std::unique_ptr<ShmSegment>> segments, int ra
       minBytes_(opts.minBytes) {
   // Touched now, not on the first small allreduce.
   scratch_.assign(std::min(kSmallChunkBytes, segs_[rank_]->slotBytes()), 0);
-  const int cpus = usableCpuCount();
-  spinIterations_ = size_ <= cpus ? kSpinIterations : 0;
-  if (size_ > cpus && size_ % cpus == 0) yieldWindow_ = opts_.peerYield;
+  spinIterations_ = size_ <= usableCpuCount() ? kSpinIterations : 0;
+  // createShmBackend left the window only where the ranks share one mask
+  // evenly.
+  evenShare_ = opts_.peerYield.count() > 0;
+  yieldWindow_ = opts_.peerYield;
   // A peer in another pid namespace (containers sharing /dev/shm) has a pid
   // that means nothing here: only watch pids that exist now.
   watchPid_.resize(segs_.size(), false);
@@ -163,12 +165,13 @@ Status ShmBackend::waitFor(int peer, ShmCounter ShmHeader::*which, uint32_t want
   // 3.04 ms (bench/results/2026-11-28-caller-home.md).
   if (yieldWindow_.count() > 0) {
     const Clock::time_point until = Clock::now() + yieldWindow_;
-    for (uint32_t i = 1;; ++i) {
-      if (shmReached(word.load(std::memory_order_acquire), want)) return Status::ok();
-      if ((i & 3) == 0 && (aborted_.load(std::memory_order_relaxed) || Clock::now() >= until))
-        break;
+    // Clock and abort read every round: next to a busy process one yield
+    // can hand it a whole time slice.
+    while (!shmReached(word.load(std::memory_order_acquire), want)) {
+      if (aborted_.load(std::memory_order_relaxed) || Clock::now() >= until) break;
       ::sched_yield();
     }
+    if (shmReached(word.load(std::memory_order_acquire), want)) return Status::ok();
   }
   ShmHeader& me = segs_[rank_]->header();
   waitSleeps_.fetch_add(1, std::memory_order_relaxed);
@@ -765,19 +768,26 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
   // (every mask the whole machine, or a launcher's core per rank); not when
   // a launcher put them all on fewer.
   std::set<int> cpusOfAll;
-  bool cpusKnown = true;
+  bool cpusKnown = true, oneMask = true;
+  std::vector<std::string> masks;
   for (std::string& v : hosts.value()) {
     const size_t tab = v.rfind('\t');
     if (tab == std::string::npos) continue;
+    masks.push_back(v.substr(tab + 1));
     std::vector<int> cpus;
-    if (parseCpuList(v.substr(tab + 1), &cpus)) {
+    if (parseCpuList(masks.back(), &cpus)) {
       cpusOfAll.insert(cpus.begin(), cpus.end());
     } else {
       cpusKnown = false;  // a rank that could not read its mask
     }
+    oneMask = oneMask && masks.back() == masks.front();
     v.resize(tab);
   }
-  const bool ranksFit = cpusKnown && static_cast<int>(cpusOfAll.size()) >= size;
+  const int cpusHeld = static_cast<int>(cpusOfAll.size());
+  const bool ranksFit = cpusKnown && cpusHeld >= size;
+  // Every rank on the same CPUs, two or more ranks to each (peerYield).
+  const bool evenShare =
+      cpusKnown && oneMask && cpusHeld > 0 && size > cpusHeld && size % cpusHeld == 0;
   auto settings = [](const std::string& v) { return v.substr(0, v.find(' ', v.find(' ', 3) + 1)); };
   for (int r = 1; r < size; ++r) {
     if (settings(hosts.value()[r]) != settings(hosts.value()[0])) {
@@ -827,6 +837,7 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
   if (opts.chunkBytesWhenRanksFit > 0 && ranksFit)
     picked.chunkBytes = std::min(opts.chunkBytesWhenRanksFit, slot);
   picked.chunkBytesWhenRanksFit = 0;
+  if (!evenShare) picked.peerYield = std::chrono::microseconds(0);
   return std::unique_ptr<Backend>(
       new ShmBackend(std::move(segs), rank, std::move(fallback), picked));
 }

@@ -78,14 +78,16 @@ struct ShmBackendOptions {
   size_t slotBytes = 0;
   // Allreduce payloads below this many bytes go to the fallback.
   size_t minBytes = 0;
-  // Where the ranks outnumber the CPUs and every CPU has the same number of
-  // them (size a multiple of the CPUs: each shares its CPU with a peer, as
-  // HORA_HOME_CALLER places them), a wait for a peer gives the CPU away
-  // (sched_yield) between looks for up to this long before it sleeps: the
-  // core goes straight to a rank with work, with no futex wake-up on either
-  // side. With uneven shares (3 ranks on 2 CPUs) waiters sleep at once: the
-  // lone rank's idle CPU then takes work from the crowded one, and yielding
-  // made 4 MiB allreduces up to 1.6x slower there. 0: always sleep at once.
+  // Where every rank has the same CPU mask and the ranks outnumber its CPUs
+  // evenly (size a multiple of them: each shares its CPU with a peer, as
+  // HORA_HOME_CALLER places them; decided at set-up from every rank's mask),
+  // a wait for a peer gives the CPU away (sched_yield) between looks for up
+  // to this long before it sleeps: the core goes straight to a rank with
+  // work, with no futex wake-up on either side. With uneven shares (3 ranks
+  // on 2 CPUs) or per-rank masks (a launcher's CPUs per rank) waiters sleep
+  // at once: there a rank's idle CPU takes work from a crowded one, and
+  // yielding made 4 MiB allreduces up to 1.6x slower at 3 ranks on 2 CPUs.
+  // 0: always sleep at once (HORA_SPIN_US=0).
   std::chrono::microseconds peerYield{0};
   // Bounds every wait for a peer.
   std::chrono::milliseconds timeout{30000};
@@ -138,6 +140,10 @@ class ShmBackend : public Backend {
   uint64_t peerPrepacksRead() const override {
     return peerPrepacksRead_.load(std::memory_order_relaxed);
   }
+  // Whether the ranks share one CPU mask and outnumber its CPUs evenly (see
+  // ShmBackendOptions::peerYield; decided at set-up, the same on every
+  // rank). Any thread.
+  bool ranksShareCpusEvenly() const { return evenShare_; }
   // How many waits for a peer so far went to sleep (a futex) rather than
   // ending while polling or yielding. Any thread.
   uint64_t waitSleeps() const { return waitSleeps_.load(std::memory_order_relaxed); }
@@ -283,6 +289,7 @@ class ShmBackend : public Backend {
   size_t minBytes_;               // below: the fallback (autotune); executor thread only
   std::vector<uint8_t> scratch_;  // small-chunk reduction target; executor thread only
   int spinIterations_ = 0;        // before sleeping; 0 when ranks outnumber cores
+  bool evenShare_ = false;        // ranksShareCpusEvenly
   std::chrono::nanoseconds yieldWindow_{0};  // before sleeping (ShmBackendOptions::peerYield)
   std::vector<bool> watchPid_;               // whether a peer's death shows as its pid vanishing
   Prepacked prepacked_;                      // prepackAllreduce; executor thread only

@@ -11,6 +11,8 @@
 
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +22,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -936,6 +939,48 @@ TEST(ShmBackendTest, RanksSharingACpuYieldToEachOtherInsteadOfSleeping) {
       else
         EXPECT_GT(sleeps, 0u);
     }
+  }
+}
+
+TEST(ShmBackendTest, YieldingNeedsOneMaskSharedEvenly) {
+  // Decided at set-up from every rank's mask (ranksShareCpusEvenly, and the
+  // yield window with it): every rank on the same CPUs, a multiple of their
+  // count. Not where a launcher gave ranks CPUs of their own, nor with
+  // uneven shares. Each rank's mask is set on its own thread, in the options
+  // callback, which runs there before the set-up.
+  const std::vector<int> cpus = allowedCpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "one allowed CPU";
+  struct Case {
+    int size;
+    std::function<std::vector<int>(int)> mask;
+    bool even;
+  };
+  const std::vector<int> two{cpus[0], cpus[1]};
+  const Case cases[] = {
+      {2, [&](int) { return std::vector<int>{cpus[0]}; }, true},
+      {4, [&](int) { return two; }, true},
+      {3, [&](int) { return two; }, false},
+      {2, [&](int) { return two; }, false},
+      // A launcher's CPUs per rank pair: masks differ between ranks.
+      {4, [&](int r) { return std::vector<int>{cpus[static_cast<size_t>(r / 2)]}; }, false},
+  };
+  for (const Case& c : cases) {
+    ShmWorld w = makeShmWorld(c.size, [&](int r) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      for (int cpu : c.mask(r)) CPU_SET(cpu, &set);
+      EXPECT_EQ(pthread_setaffinity_np(pthread_self(), sizeof(set), &set), 0);
+      ShmBackendOptions so;
+      so.chunkBytes = 64 << 10;
+      so.peerYield = std::chrono::microseconds(100);
+      return so;
+    });
+    for (int r = 0; r < c.size; ++r) {
+      auto* shm = dynamic_cast<ShmBackend*>(w.world[r].get());
+      ASSERT_NE(shm, nullptr) << w.whyNot[r];
+      EXPECT_EQ(shm->ranksShareCpusEvenly(), c.even) << c.size << " ranks, rank " << r;
+    }
+    checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 100003);
   }
 }
 

@@ -757,24 +757,29 @@ HORA_API hora_status_t hora_wait(hora_request_t r, double timeout_s) {
     if (!r || r->magic != hora::kRequestMagic)
       return fail(Code::kInvalidArgument, "hora_wait: invalid request handle");
     if (timeout_s != timeout_s) return fail(Code::kInvalidArgument, "hora_wait: timeout is NaN");
-    if (auto set = r->state->homeSet.lock()) set->homeCaller();
-    // A point-to-point request: poll the engine for a moment first; a reply
-    // a few microseconds away is worth more than a sleep and a wake-up.
-    if (const auto& p2p = r->state->p2p; p2p && !r->state->finished.load(std::memory_order_acquire))
-      p2p->poll(r->state->finished);
-    // A collective: poll for a moment too (the executor completes it on
-    // another thread; a sleep and a wake-up cost more than a short poll).
-    else if (timeout_s != 0 && r->state->waitSpin.enabled()) {
-      auto finished = [&] { return r->state->finished.load(std::memory_order_acquire); };
-      // Doing the set's control work meanwhile (HORA_CALLER_DRIVES).
-      if (auto set = r->state->driveSet.lock())
-        set->driveWhile(
-            finished, timeout_s < 0 || timeout_s > 1e9
-                          ? hora::Clock::time_point::max()
-                          : hora::Clock::now() + std::chrono::duration_cast<hora::Clock::duration>(
-                                                     std::chrono::duration<double>(timeout_s)));
-      else
-        hora::spinUntil(r->state->waitSpin, finished);
+    auto finished = [&] { return r->state->finished.load(std::memory_order_acquire); };
+    if (const auto& p2p = r->state->p2p) {
+      // A point-to-point request: poll the engine for a moment first; a
+      // reply a few microseconds away is worth more than a sleep and a
+      // wake-up.
+      if (!finished()) p2p->poll(r->state->finished);
+    } else if (timeout_s != 0 && !finished()) {
+      // A collective about to be waited for: from its rank's CPU where the
+      // ranks share the CPUs evenly (HORA_HOME_CALLER).
+      if (auto set = r->state->homeSet.lock()) set->homeCaller();
+      // Poll for a moment too (the executor completes it on another thread;
+      // a sleep and a wake-up cost more than a short poll), doing the set's
+      // control work meanwhile (HORA_CALLER_DRIVES).
+      if (r->state->waitSpin.enabled()) {
+        if (auto set = r->state->driveSet.lock())
+          set->driveWhile(finished, timeout_s < 0 || timeout_s > 1e9
+                                        ? hora::Clock::time_point::max()
+                                        : hora::Clock::now() +
+                                              std::chrono::duration_cast<hora::Clock::duration>(
+                                                  std::chrono::duration<double>(timeout_s)));
+        else
+          hora::spinUntil(r->state->waitSpin, finished);
+      }
     }
     // Finished: status was written before `finished` (release), so it is
     // read without the lock.

@@ -81,7 +81,9 @@ ProcessSet::ProcessSet(std::string name, std::vector<int> globalRanks, int rank,
 
 void ProcessSet::homeCaller() {
   // The common case, already home, costs a vDSO read.
-  if (opts_.callerHomeCpu < 0 || ::sched_getcpu() == opts_.callerHomeCpu) return;
+  if (homeCpu_ < 0) return;
+  const int here = ::sched_getcpu();
+  if (here < 0 || here == homeCpu_) return;
   constexpr auto kHomingInterval = std::chrono::milliseconds(10);
   const int64_t now =
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
@@ -89,7 +91,7 @@ void ProcessSet::homeCaller() {
   if (now - last < std::chrono::nanoseconds(kHomingInterval).count() ||
       !lastHomingNs_.compare_exchange_strong(last, now, std::memory_order_relaxed))
     return;
-  if (moveCallingThreadTo(opts_.callerHomeCpu)) telemetry_->callerHomed();
+  if (moveCallingThreadTo(homeCpu_)) telemetry_->callerHomed();
 }
 
 Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
@@ -273,8 +275,19 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   start.cycleTimeUs = o.cycleTime.count();
   start.shmChunkBytes = o.shmChunkBytes;
   // The chunk shared memory picked at set-up (it depends on the ranks' CPUs).
-  if (auto* shm = dynamic_cast<const ShmBackend*>(ps->backend_.get()))
+  if (auto* shm = dynamic_cast<const ShmBackend*>(ps->backend_.get())) {
     start.shmChunkBytes = static_cast<int64_t>(shm->initialChunkBytes());
+    // Homing where the shared-memory set-up found every rank on one mask,
+    // two or more ranks to each of its CPUs (not where a launcher gave each
+    // rank CPUs of its own).
+    if (o.callerHomeCpu >= 0 && shm->ranksShareCpusEvenly()) {
+      ps->homeCpu_ = o.callerHomeCpu;
+      HORA_LOG(logger, kInfo) << "process set " << name << ": " << ps->size()
+                              << " ranks share their CPUs evenly; a framework thread waiting in "
+                                 "hora_wait on another CPU is moved back to CPU "
+                              << ps->homeCpu_ << " (HORA_HOME_CALLER=0 leaves it)";
+    }
+  }
   start.shmMinBytes = o.shmMinBytes;
   start.glooBcubeMaxBytes = static_cast<int64_t>(kGlooBcubeMaxBytes);
   const bool onShm = ps->backend_->name().rfind("shm+", 0) == 0;

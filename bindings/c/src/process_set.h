@@ -100,7 +100,9 @@ struct SetOptions {
   int executorCpu = -1;
   // The CPU this rank's framework threads are moved back to when they wait
   // elsewhere (HORA_HOME_CALLER, core/cpu_affinity.h callerHomeCpuFor); -1:
-  // none. The runtime's, for every set.
+  // none. The runtime's, for every set; a set applies it only where its
+  // shared-memory set-up found every rank on one mask, two or more ranks to
+  // each CPU (ShmBackend::ranksShareCpusEvenly).
   int callerHomeCpu = -1;
   // Negotiation through shared memory when every rank is on one host.
   bool shmNegotiation = true;
@@ -159,13 +161,13 @@ class ProcessSet {
     return controller_->driveWhile(cp_->laneUp() ? driveSpin_ : spin_, done, deadline);
   }
   bool callerDrives() const { return opts_.callerDrives; }
-  // A framework thread entering hora_wait on one of this set's requests:
-  // when it runs on another CPU than its rank's home (SetOptions::
-  // callerHomeCpu), moves it there (keeping its affinity mask), at most once
-  // per kHomingInterval for the set, so that it never fights the scheduler
-  // at the rate it waits.
+  // A framework thread about to wait in hora_wait on one of this set's
+  // requests: when it runs on another CPU than its rank's home (SetOptions::
+  // callerHomeCpu, where it applies), moves it there (keeping its affinity
+  // mask), at most once per kHomingInterval for the set, so that it never
+  // fights the scheduler at the rate it waits.
   void homeCaller();
-  bool homesCaller() const { return opts_.callerHomeCpu >= 0; }
+  bool homesCaller() const { return homeCpu_ >= 0; }
   const Telemetry& telemetry() const { return *telemetry_; }
   // Sends and receives (any framework thread); shared with the requests
   // whose waiters drive its progress.
@@ -181,6 +183,7 @@ class ProcessSet {
   SpinPolicy spin_;
   // spin_ with HORA_WAIT_SPIN_US's window while the ranks fit the cores.
   SpinPolicy driveSpin_;
+  int homeCpu_ = -1;                      // SetOptions::callerHomeCpu where it applies (create)
   std::atomic<int64_t> lastHomingNs_{0};  // homeCaller's rate limit (steady clock)
   // Outlives the threads that report into it.
   std::shared_ptr<Telemetry> telemetry_;  // shared with the p2p engine

@@ -695,14 +695,10 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   for (int r = 0; r < id.size; ++r) all[r] = r;
   // Only the global set's executor is bound: sub-sets (tensor and data
   // parallel groups of a grid) run concurrently and would share its CPU.
-  if (p.getBool("HORA_HOME_CALLER")) {
+  // A proposal: each set applies it only where its shared-memory set-up
+  // finds every rank on this mask (ProcessSet::create).
+  if (p.getBool("HORA_HOME_CALLER"))
     so.callerHomeCpu = callerHomeCpuFor(rt->id_.localRank, rt->id_.localSize, allowedCpus());
-    if (so.callerHomeCpu >= 0)
-      HORA_LOG(rt->logger_, kInfo)
-          << "rank " << id.rank << ": " << rt->id_.localSize << " ranks on this host outnumber its "
-          << allowedCpus().size() << " CPUs; a framework thread waiting in hora_wait elsewhere is "
-          << "moved back to CPU " << so.callerHomeCpu << " (HORA_HOME_CALLER=0 leaves it)";
-  }
   SetOptions globalOpts = so;
   if (bindExecutor && rt->id_.localSize > 1) {
     rt->cpuClaim_ = CpuClaim::pick(rt->id_.localRank, rt->id_.localSize, allowedCpus(),
