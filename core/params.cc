@@ -164,10 +164,11 @@ const std::vector<ParamSpec>& paramRegistry() {
        "Microseconds a framework thread blocked in hora_wait on a collective of a set "
        "negotiating through shared memory keeps polling after the last progress, doing the "
        "set's control work meanwhile, before it sleeps; only while the host's ranks fit its "
-       "cores (otherwise HORA_SPIN_US). About one scheduler time slice: a peer rank that "
-       "another busy process pushed off its core comes back within one, and a waiter that "
-       "slept would then wait a slice for its own core. Never below HORA_SPIN_US; "
-       "HORA_SPIN_US=0 turns it off too."},
+       "cores (otherwise HORA_SPIN_US). Also how long a wait for a peer in the shared-memory data "
+       "plane polls before it sleeps while the ranks fit the cores. About one scheduler time "
+       "slice: a peer rank that another busy process pushed off its core comes back within one, "
+       "and a waiter that slept would then wait a slice for its own core. Never below "
+       "HORA_SPIN_US; HORA_SPIN_US=0 turns it off too."},
       {"HORA_BIND_EXECUTOR", ParamType::kBool, "1",
        "Bind the executor thread of the global process set (where its collectives copy and "
        "reduce) to one CPU of the process's affinity mask, picked by local rank: mask[local_rank "

@@ -21,10 +21,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Checks before a waiter goes to sleep. The peer usually is a few
-// microseconds behind (it runs the same copies); a short spin catches that
-// without a syscall. When the ranks outnumber the cores a spinner steals the
-// core the awaited rank needs, so then waiters sleep at once.
+// Checks before a waiter goes to sleep, and before the time-bounded poll
+// (ShmBackendOptions::peerSpin). The peer usually is a few microseconds
+// behind (it runs the same copies); a short spin catches that without a
+// syscall. When the ranks outnumber the cores a spinner steals the core the
+// awaited rank needs, so then waiters yield it (peerYield) or sleep at once.
 constexpr int kSpinIterations = 2000;
 
 // Longest sleep between checks of abort, deadline and peer liveness.
@@ -63,6 +64,7 @@ ShmBackend::ShmBackend(std::vector<std::unique_ptr<ShmSegment>> segments, int ra
   // Touched now, not on the first small allreduce.
   scratch_.assign(std::min(kSmallChunkBytes, segs_[rank_]->slotBytes()), 0);
   spinIterations_ = size_ <= usableCpuCount() ? kSpinIterations : 0;
+  if (spinIterations_ > 0) spinWindow_ = opts_.peerSpin;
   // createShmBackend left the window only where the ranks share one mask
   // evenly.
   evenShare_ = opts_.peerYield.count() > 0;
@@ -160,6 +162,18 @@ Status ShmBackend::waitFor(int peer, ShmCounter ShmHeader::*which, uint32_t want
   for (int i = 0; i < spinIterations_; ++i) {
     if (shmReached(word.load(std::memory_order_acquire), want)) return Status::ok();
     cpuRelax();
+  }
+  // Beside busy processes (ShmBackendOptions::peerSpin): 4 MiB at 2 ranks
+  // next to two busy loops took 2.1-4.0 ms with the short spin above, about
+  // 0.6 ms polling for 0.55 ms or more (bench/results/2026-11-28-peer-spin.md).
+  if (spinWindow_.count() > 0) {
+    const Clock::time_point until = Clock::now() + spinWindow_;
+    for (uint32_t i = 1;; ++i) {
+      if (shmReached(word.load(std::memory_order_acquire), want)) return Status::ok();
+      if ((i & 63) == 0 && (aborted_.load(std::memory_order_relaxed) || Clock::now() >= until))
+        break;
+      cpuRelax();
+    }
   }
   // At 4 ranks on 2 cores: 128 KiB allreduces 187 -> 102 us, 4 MiB 3.30 ->
   // 3.04 ms (bench/results/2026-11-28-caller-home.md).

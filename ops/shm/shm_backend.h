@@ -89,6 +89,17 @@ struct ShmBackendOptions {
   // yielding made 4 MiB allreduces up to 1.6x slower at 3 ranks on 2 CPUs.
   // 0: always sleep at once (HORA_SPIN_US=0).
   std::chrono::microseconds peerYield{0};
+  // Where the ranks fit the CPUs, a wait for a peer polls (without giving
+  // the CPU away) for up to this long before it sleeps. The peer is usually
+  // microseconds behind; when it is further behind, another busy process
+  // (data-loader workers, a second job) has usually pushed it off its CPU,
+  // and it comes back within about one scheduler time slice. A waiter that
+  // slept meanwhile lost its own turn to such a process too (likely why):
+  // 4 MiB allreduces at 2 ranks next to two busy loops took 2-4 ms with the
+  // short spin alone and about 0.6 ms polling 0.55 ms or more. About one
+  // time slice (HORA_WAIT_SPIN_US); a few microseconds always, 0 adds
+  // nothing.
+  std::chrono::microseconds peerSpin{0};
   // Bounds every wait for a peer.
   std::chrono::milliseconds timeout{30000};
   // Bounds the start-up exchange through the store.
@@ -291,6 +302,7 @@ class ShmBackend : public Backend {
   int spinIterations_ = 0;        // before sleeping; 0 when ranks outnumber cores
   bool evenShare_ = false;        // ranksShareCpusEvenly
   std::chrono::nanoseconds yieldWindow_{0};  // before sleeping (ShmBackendOptions::peerYield)
+  std::chrono::nanoseconds spinWindow_{0};   // before sleeping (ShmBackendOptions::peerSpin)
   std::vector<bool> watchPid_;               // whether a peer's death shows as its pid vanishing
   Prepacked prepacked_;                      // prepackAllreduce; executor thread only
   uint64_t expected_ = 0;                    // expectPrepacked; executor thread only

@@ -942,6 +942,40 @@ TEST(ShmBackendTest, RanksSharingACpuYieldToEachOtherInsteadOfSleeping) {
   }
 }
 
+TEST(ShmBackendTest, AWaiterWithACorePollsALatePeerForItsWindowBeforeSleeping) {
+  // Ranks that fit the CPUs: rank 1 comes 20 ms late. With a window longer
+  // than that rank 0 polls through it (no futex sleep); with none it sleeps
+  // after its short spin.
+  if (allowedCpus().size() < 2) GTEST_SKIP() << "one allowed CPU: the ranks do not fit";
+  for (long spinUs : {2000000L, 0L}) {
+    SCOPED_TRACE("peerSpin " + std::to_string(spinUs));
+    ShmWorld w = makeShmWorld(2, [&](int) {
+      ShmBackendOptions so;
+      so.chunkBytes = 64 << 10;
+      so.peerSpin = std::chrono::microseconds(spinUs);
+      so.timeout = milliseconds(20000);
+      return so;
+    });
+    auto* shm0 = dynamic_cast<ShmBackend*>(w.world[0].get());
+    ASSERT_NE(shm0, nullptr) << w.whyNot[0];
+    const uint64_t before = shm0->waitSleeps();
+    std::vector<float> a(1000, 1.0f), b(1000, 2.0f);
+    Status s0, s1;
+    std::thread late([&] {
+      std::this_thread::sleep_for(milliseconds(20));
+      s1 = w.world[1]->allreduce(b.data(), b.size(), DataType::kFloat32, ReduceOp::kSum);
+    });
+    s0 = w.world[0]->allreduce(a.data(), a.size(), DataType::kFloat32, ReduceOp::kSum);
+    late.join();
+    ASSERT_TRUE(s0.isOk() && s1.isOk()) << s0.toString() << " / " << s1.toString();
+    EXPECT_EQ(a[999], 3.0f);
+    if (spinUs > 0)
+      EXPECT_EQ(shm0->waitSleeps(), before);
+    else
+      EXPECT_GT(shm0->waitSleeps(), before);
+  }
+}
+
 TEST(ShmBackendTest, YieldingNeedsOneMaskSharedEvenly) {
   // Decided at set-up from every rank's mask (ranksShareCpusEvenly, and the
   // yield window with it): every rank on the same CPUs, a multiple of their
