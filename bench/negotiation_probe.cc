@@ -26,11 +26,13 @@
 // Output: one line per rank ("PROBE rank=.. median_us=.. p10_us=.. total_us=..
 // negotiation_us=.."; total and the split are means, median and p10 of the
 // per-iteration times; with --deciles also "DECILES rank=.. us=d0,..,d9
-// max_us=.."),
+// max_us=..", with --windows N also "WINDOWS rank=.. every=N us@cpu=t@c .."
+// per window of N iterations: median time and the CPU the rank ran on),
 // rank 0 first prints the hop costs ("HOP ..."). Means over the timed
 // iterations. Exit 1 if a result is wrong.
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -42,6 +44,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -161,6 +164,7 @@ int main(int argc, char** argv) {
   int iters = 2000, warmup = 200;
   bool hops = true;
   bool deciles = false;  // print the per-iteration deciles too
+  int windows = 0;       // iterations per window of the WINDOWS line (0: none)
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -190,11 +194,14 @@ int main(int argc, char** argv) {
       warmup = static_cast<int>(count(0, 100000000));
     else if (a == "--deciles")
       deciles = true;
+    else if (a == "--windows")
+      windows = static_cast<int>(count(1, 100000000));
     else if (a == "--no-hops")
       hops = false;
     else {
       std::fprintf(stderr,
-                   "usage: %s [--bytes N] [--iters N] [--warmup N] [--no-hops] [--deciles]\n",
+                   "usage: %s [--bytes N] [--iters N] [--warmup N] [--no-hops] [--deciles] "
+                   "[--windows N]\n",
                    argv[0]);
       return 2;
     }
@@ -275,10 +282,33 @@ int main(int argc, char** argv) {
   };
   std::string m0 = metrics();
   std::vector<double> samples(iters);
-  double total = 0;  // mean, of the timed parts only
+  std::vector<int> cpus(iters, -1);  // the CPU this thread ran on after each
+  double total = 0;                  // mean, of the timed parts only
   for (int it = 0; it < iters; ++it) {
     samples[it] = one(warmup + it);
     total += samples[it] / iters;
+    if (windows > 0) cpus[it] = ::sched_getcpu();
+  }
+  // Per window of `windows` iterations, in order: the median time and the
+  // CPU this rank's thread ran on (its most frequent one; "*" when no CPU
+  // held 90% of the window). Where a run changes mode, the placement that
+  // goes with it shows (bench/results/2026-11-28-caller-home.md).
+  std::string windowLine;
+  if (windows > 0) {
+    char buf[64];
+    for (int at = 0; at + windows <= iters; at += windows) {
+      std::vector<double> w(samples.begin() + at, samples.begin() + at + windows);
+      std::nth_element(w.begin(), w.begin() + windows / 2, w.end());
+      std::map<int, int> seen;
+      for (int k = at; k < at + windows; ++k) ++seen[cpus[k]];
+      auto top = std::max_element(seen.begin(), seen.end(),
+                                  [](const auto& x, const auto& y) { return x.second < y.second; });
+      if (top->second * 10 >= windows * 9)
+        std::snprintf(buf, sizeof(buf), " %.1f@%d", w[windows / 2], top->first);
+      else
+        std::snprintf(buf, sizeof(buf), " %.1f@*", w[windows / 2]);
+      windowLine += buf;
+    }
   }
   std::sort(samples.begin(), samples.end());
   const double median = samples[samples.size() / 2], p10 = samples[samples.size() / 10];
@@ -290,6 +320,8 @@ int main(int argc, char** argv) {
   auto per = [&](const char* k) { return (jsonNumber(m1, k) - jsonNumber(m0, k)) / iters; };
   // Ranks print in order (rank r after r-1's line is out), best effort.
   std::this_thread::sleep_for(std::chrono::milliseconds(50 * rank));
+  if (windows > 0)
+    std::printf("WINDOWS rank=%d every=%d us@cpu=%s\n", rank, windows, windowLine.c_str() + 1);
   if (deciles) {
     std::printf("DECILES rank=%d us=", rank);
     for (int k = 0; k < 10; ++k)
