@@ -53,7 +53,8 @@ std::string seconds(std::chrono::milliseconds ms) {
 }  // namespace
 
 ShmBackend::ShmBackend(std::vector<std::unique_ptr<ShmSegment>> segments, int rank,
-                       std::unique_ptr<Backend> fallback, const ShmBackendOptions& opts)
+                       std::unique_ptr<Backend> fallback, const ShmBackendOptions& opts,
+                       const ShmPlacement& placement)
     : segs_(std::move(segments)),
       rank_(rank),
       size_(static_cast<int>(segs_.size())),
@@ -61,14 +62,15 @@ ShmBackend::ShmBackend(std::vector<std::unique_ptr<ShmSegment>> segments, int ra
       opts_(opts),
       chunkBytes_(std::min(opts.chunkBytes, segs_[rank_]->slotBytes())),
       minBytes_(opts.minBytes) {
+  const size_t small = placement.crowdedUnevenly && opts_.smallChunkBytesWhenCrowded > 0
+                           ? opts_.smallChunkBytesWhenCrowded
+                           : kSmallChunkBytes;
   // Touched now, not on the first small allreduce.
-  scratch_.assign(std::min(kSmallChunkBytes, segs_[rank_]->slotBytes()), 0);
-  spinIterations_ = size_ <= usableCpuCount() ? kSpinIterations : 0;
-  if (spinIterations_ > 0) spinWindow_ = opts_.peerSpin;
-  // createShmBackend left the window only where the ranks share one mask
-  // evenly.
-  evenShare_ = opts_.peerYield.count() > 0;
-  yieldWindow_ = opts_.peerYield;
+  scratch_.assign(std::min(small, segs_[rank_]->slotBytes()), 0);
+  spinIterations_ = placement.ranksFit ? kSpinIterations : 0;
+  if (placement.ranksFit) spinWindow_ = opts_.peerSpin;
+  evenShare_ = placement.evenShare;
+  if (placement.evenShare) yieldWindow_ = opts_.peerYield;
   // A peer in another pid namespace (containers sharing /dev/shm) has a pid
   // that means nothing here: only watch pids that exist now.
   watchPid_.resize(segs_.size(), false);
@@ -851,9 +853,12 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
   if (opts.chunkBytesWhenRanksFit > 0 && ranksFit)
     picked.chunkBytes = std::min(opts.chunkBytesWhenRanksFit, slot);
   picked.chunkBytesWhenRanksFit = 0;
-  if (!evenShare) picked.peerYield = std::chrono::microseconds(0);
+  ShmPlacement placement;
+  placement.ranksFit = ranksFit;
+  placement.evenShare = evenShare;
+  placement.crowdedUnevenly = cpusKnown && !ranksFit && !evenShare;
   return std::unique_ptr<Backend>(
-      new ShmBackend(std::move(segs), rank, std::move(fallback), picked));
+      new ShmBackend(std::move(segs), rank, std::move(fallback), picked, placement));
 }
 
 }  // namespace hora

@@ -100,6 +100,14 @@ struct ShmBackendOptions {
   // time slice (HORA_WAIT_SPIN_US); a few microseconds always, 0 adds
   // nothing.
   std::chrono::microseconds peerSpin{0};
+  // Where the ranks outnumber the CPUs unevenly (3 on 2, or per-rank masks
+  // that together hold fewer CPUs than ranks; ShmPlacement), chunks up to
+  // this size are reduced whole by every rank instead of up to 64 KiB: there
+  // every wait sleeps, and the split path's second round of waiting costs a
+  // round of wake-ups. 3 ranks on 2 CPUs at 256 KiB: 128 KiB 146 -> 111 us,
+  // 256 KiB 210 -> 194; with even shares (4 on 2, waits yield) it was slower
+  // (bench/results/2026-11-28-caller-home.md). 0: 64 KiB there too.
+  size_t smallChunkBytesWhenCrowded = 0;
   // Bounds every wait for a peer.
   std::chrono::milliseconds timeout{30000};
   // Bounds the start-up exchange through the store.
@@ -116,11 +124,24 @@ struct ShmBackendOptions {
   std::vector<int> rankNames;
 };
 
+// How a communicator's ranks sit on the CPUs: decided by createShmBackend
+// from every rank's affinity mask, so the same on every rank.
+struct ShmPlacement {
+  // Their masks together hold a CPU per rank: waits poll (peerSpin).
+  bool ranksFit = false;
+  // One mask on every rank, the ranks a multiple of its CPUs: waits yield
+  // (peerYield), callers are homed (HORA_HOME_CALLER).
+  bool evenShare = false;
+  // Neither, with every mask known: more ranks than CPUs, unevenly.
+  bool crowdedUnevenly = false;
+};
+
 class ShmBackend : public Backend {
  public:
   // Use createShmBackend. segments[r] is rank r's segment (own one included).
   ShmBackend(std::vector<std::unique_ptr<ShmSegment>> segments, int rank,
-             std::unique_ptr<Backend> fallback, const ShmBackendOptions& opts);
+             std::unique_ptr<Backend> fallback, const ShmBackendOptions& opts,
+             const ShmPlacement& placement);
   ~ShmBackend() override;
 
   std::string name() const override { return "shm+" + fallback_->name(); }
@@ -155,6 +176,9 @@ class ShmBackend : public Backend {
   // ShmBackendOptions::peerYield; decided at set-up, the same on every
   // rank). Any thread.
   bool ranksShareCpusEvenly() const { return evenShare_; }
+  // Chunks up to this many bytes are reduced whole by every rank (set-up's
+  // pick: 64 KiB, or smallChunkBytesWhenCrowded). Any thread.
+  size_t smallChunkBytes() const { return scratch_.size(); }
   // How many waits for a peer so far went to sleep (a futex) rather than
   // ending while polling or yielding. Any thread.
   uint64_t waitSleeps() const { return waitSleeps_.load(std::memory_order_relaxed); }

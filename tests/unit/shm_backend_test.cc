@@ -976,27 +976,30 @@ TEST(ShmBackendTest, AWaiterWithACorePollsALatePeerForItsWindowBeforeSleeping) {
   }
 }
 
-TEST(ShmBackendTest, YieldingNeedsOneMaskSharedEvenly) {
-  // Decided at set-up from every rank's mask (ranksShareCpusEvenly, and the
-  // yield window with it): every rank on the same CPUs, a multiple of their
-  // count. Not where a launcher gave ranks CPUs of their own, nor with
-  // uneven shares. Each rank's mask is set on its own thread, in the options
-  // callback, which runs there before the set-up.
+TEST(ShmBackendTest, PlacementFollowsEveryRanksMask) {
+  // Decided at set-up from every rank's mask (ShmPlacement), the same on
+  // every rank: yielding (ranksShareCpusEvenly) needs one mask on every rank
+  // and the ranks a multiple of its CPUs; chunks up to
+  // smallChunkBytesWhenCrowded are reduced whole where the ranks outnumber
+  // the CPUs otherwise (uneven shares, or per-rank masks holding fewer CPUs
+  // than ranks). Each rank's mask is set on its own thread, in the options
+  // callback, which runs there before the set-up. The results are checked
+  // on both paths (256 KiB chunks: whole where crowded, split elsewhere).
   const std::vector<int> cpus = allowedCpus();
   if (cpus.size() < 2) GTEST_SKIP() << "one allowed CPU";
   struct Case {
     int size;
     std::function<std::vector<int>(int)> mask;
-    bool even;
+    bool even, crowded;
   };
   const std::vector<int> two{cpus[0], cpus[1]};
   const Case cases[] = {
-      {2, [&](int) { return std::vector<int>{cpus[0]}; }, true},
-      {4, [&](int) { return two; }, true},
-      {3, [&](int) { return two; }, false},
-      {2, [&](int) { return two; }, false},
-      // A launcher's CPUs per rank pair: masks differ between ranks.
-      {4, [&](int r) { return std::vector<int>{cpus[static_cast<size_t>(r / 2)]}; }, false},
+      {2, [&](int) { return std::vector<int>{cpus[0]}; }, true, false},
+      {4, [&](int) { return two; }, true, false},
+      {3, [&](int) { return two; }, false, true},
+      {2, [&](int) { return two; }, false, false},
+      // A launcher's CPU per pair of ranks: the masks differ.
+      {4, [&](int r) { return std::vector<int>{cpus[static_cast<size_t>(r / 2)]}; }, false, true},
   };
   for (const Case& c : cases) {
     ShmWorld w = makeShmWorld(c.size, [&](int r) {
@@ -1005,16 +1008,21 @@ TEST(ShmBackendTest, YieldingNeedsOneMaskSharedEvenly) {
       for (int cpu : c.mask(r)) CPU_SET(cpu, &set);
       EXPECT_EQ(pthread_setaffinity_np(pthread_self(), sizeof(set), &set), 0);
       ShmBackendOptions so;
-      so.chunkBytes = 64 << 10;
+      so.chunkBytes = 256 << 10;
       so.peerYield = std::chrono::microseconds(100);
+      so.smallChunkBytesWhenCrowded = 256 << 10;
       return so;
     });
     for (int r = 0; r < c.size; ++r) {
       auto* shm = dynamic_cast<ShmBackend*>(w.world[r].get());
       ASSERT_NE(shm, nullptr) << w.whyNot[r];
       EXPECT_EQ(shm->ranksShareCpusEvenly(), c.even) << c.size << " ranks, rank " << r;
+      EXPECT_EQ(shm->smallChunkBytes(), c.crowded ? size_t{256} << 10 : size_t{64} << 10)
+          << c.size << " ranks, rank " << r;
     }
-    checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 100003);
+    for (size_t count : {size_t{65536}, size_t{100003}})
+      checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, count);
+    checkAllreduce(w.world, DataType::kInt32, ReduceOp::kMax, 65536);
   }
 }
 
