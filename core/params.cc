@@ -164,11 +164,20 @@ const std::vector<ParamSpec>& paramRegistry() {
        "Microseconds a framework thread blocked in hora_wait on a collective of a set "
        "negotiating through shared memory keeps polling after the last progress, doing the "
        "set's control work meanwhile, before it sleeps; only while the host's ranks fit its "
-       "cores (otherwise HORA_SPIN_US). Also how long a wait for a peer in the shared-memory data "
-       "plane polls before it sleeps while the ranks fit the cores. About one scheduler time "
-       "slice: a peer rank that another busy process pushed off its core comes back within one, "
-       "and a waiter that slept would then wait a slice for its own core. Never below "
-       "HORA_SPIN_US; HORA_SPIN_US=0 turns it off too."},
+       "cores (otherwise HORA_SPIN_US). About one scheduler time slice: a peer rank that "
+       "another busy process pushed off its core comes back within one, and a waiter that "
+       "slept would then wait a slice for its own core. Never below HORA_SPIN_US; "
+       "HORA_SPIN_US=0 turns it off too."},
+      {"HORA_SHM_WAIT_SPIN_US", ParamType::kInt, "1000",
+       "Microseconds a wait for a peer in the shared-memory data plane polls (without giving the "
+       "CPU away) before it sleeps, where this rank's own CPU mask holds as many CPUs as the set "
+       "has ranks on the host; each such wait may spend up to this much CPU time. A peer further "
+       "behind than a few microseconds was usually pushed off its CPU by another busy process "
+       "and comes back within about a time slice: beside two busy loops a 4 MiB allreduce at 2 "
+       "ranks took 2-7 ms with a 22 us poll and about 0.6 ms with 0.5 ms or more "
+       "(bench/results/2026-11-28-peer-spin.md). Never below HORA_SPIN_US; HORA_SPIN_US=0 turns "
+       "it off too. The hierarchical allreduce's host stage does not poll this long (its waits "
+       "follow the network)."},
       {"HORA_BIND_EXECUTOR", ParamType::kBool, "1",
        "Bind the executor thread of the global process set (where its collectives copy and "
        "reduce) to one CPU of the process's affinity mask, picked by local rank: mask[local_rank "

@@ -376,6 +376,9 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
   localOpts.hostId = hostId;
   // Every host's local stage cuts alike, whatever its CPUs.
   localOpts.chunkBytesWhenRanksFit = 0;
+  // Its waits for peers' parts follow the cross-host stage, which polling
+  // cannot speed up: sleep after the short spin, as before peerSpin.
+  localOpts.peerSpin = std::chrono::microseconds(0);
   localOpts.rankNames = layout.local;  // errors name set ranks, not local indices
   auto local = createShmBackend(
       std::make_shared<PrefixStore>(store, "local" + std::to_string(layout.hostIndex)),

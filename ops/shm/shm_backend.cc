@@ -67,8 +67,12 @@ ShmBackend::ShmBackend(std::vector<std::unique_ptr<ShmSegment>> segments, int ra
                            : kSmallChunkBytes;
   // Touched now, not on the first small allreduce.
   scratch_.assign(std::min(small, segs_[rank_]->slotBytes()), 0);
-  spinIterations_ = placement.ranksFit ? kSpinIterations : 0;
-  if (placement.ranksFit) spinWindow_ = opts_.peerSpin;
+  // Polling by this rank's own mask: ranks whose masks together hold a CPU
+  // each may still share one (a launcher's core per rank puts the rank's
+  // own threads on it; masks {0}, {0}, {1,2}), and there a poller keeps
+  // the CPU from the thread it waits for.
+  spinIterations_ = size_ <= usableCpuCount() ? kSpinIterations : 0;
+  if (spinIterations_ > 0) spinWindow_ = opts_.peerSpin;
   evenShare_ = placement.evenShare;
   if (placement.evenShare) yieldWindow_ = opts_.peerYield;
   // A peer in another pid namespace (containers sharing /dev/shm) has a pid
@@ -766,14 +770,19 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
            " on this rank is not a multiple of 64";
   } else {
     // chunk/slot in one field: the settings every rank must share (with
-    // the chunk for ranks that fit the CPUs, when there is one). After a tab,
-    // this rank's CPU mask as a list, which may differ between ranks.
-    self = "ok " + std::to_string(opts.chunkBytes) +
-           (opts.chunkBytesWhenRanksFit > 0 ? "|" + std::to_string(opts.chunkBytesWhenRanksFit)
-                                            : std::string()) +
-           "/" + std::to_string(slot) + " " + std::to_string(opts.minBytes) + " " +
-           (opts.hostId.empty() ? hostIdentity() : opts.hostId) + "\t" +
-           formatCpuList(allowedCpus());
+    // the chunk for ranks that fit the CPUs, when there is one, and the
+    // whole-chunk size where they crowd them unevenly: ranks disagreeing on
+    // it would reduce one chunk two ways). After a tab, this rank's CPU mask
+    // as a list, which may differ between ranks.
+    self =
+        "ok " + std::to_string(opts.chunkBytes) +
+        (opts.chunkBytesWhenRanksFit > 0 ? "|" + std::to_string(opts.chunkBytesWhenRanksFit)
+                                         : std::string()) +
+        "/" + std::to_string(slot) +
+        (opts.smallChunkBytesWhenCrowded > 0 ? ":" + std::to_string(opts.smallChunkBytesWhenCrowded)
+                                             : std::string()) +
+        " " + std::to_string(opts.minBytes) + " " +
+        (opts.hostId.empty() ? hostIdentity() : opts.hostId) + "\t" + formatCpuList(allowedCpus());
   }
   auto hosts = exchange(*store, "host", rank, size, self, opts.startTimeout);
   if (!hosts.isOk()) return hosts.status();
@@ -812,7 +821,8 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
                 settings(hosts.value()[r]).substr(3) +
                 "\" as chunk/slot min; the slot is 4 MiB where HORA_SHM_CHUNK_BYTES is unset, "
                 "the chunk where it is set; chunk|n: n is the chunk when every rank has a CPU of "
-                "its own, present where HORA_SHM_CHUNK_BYTES is unset); every rank must use the "
+                "its own, present where HORA_SHM_CHUNK_BYTES is unset; slot:m: chunks up to m are "
+                "reduced whole where the ranks crowd the CPUs unevenly); every rank must use the "
                 "same values";
       return fallback;
     }

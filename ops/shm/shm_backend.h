@@ -127,7 +127,9 @@ struct ShmBackendOptions {
 // How a communicator's ranks sit on the CPUs: decided by createShmBackend
 // from every rank's affinity mask, so the same on every rank.
 struct ShmPlacement {
-  // Their masks together hold a CPU per rank: waits poll (peerSpin).
+  // Their masks together hold a CPU per rank (then chunks are not reduced
+  // whole past 64 KiB; whether waits poll, peerSpin, follows the rank's own
+  // mask).
   bool ranksFit = false;
   // One mask on every rank, the ranks a multiple of its CPUs: waits yield
   // (peerYield), callers are homed (HORA_HOME_CALLER).

@@ -651,7 +651,9 @@ TEST(ShmNegotiation, EveryRankGetsTheSameBitsInAndOutOfPlace) {
 }
 
 // Each rank: allreduces of 64 KiB (one whole chunk), 256 KiB (one split
-// chunk) and 1 MiB + 4 B (several chunks and a short last one) back to back,
+// chunk, or whole where the ranks crowd the CPUs unevenly: 3 on 2), 512 KiB
+// (one split chunk there too) and 1 MiB + 4 B (several chunks and a short
+// last one where the chunk is 256 KiB) back to back,
 // with sum, average, max and a prescale (whose own part is packed, not
 // combined), every result exact (the values are small integers, halves and
 // quarters); prints how many were packed ahead.
@@ -664,7 +666,7 @@ int packAheadLoop(int rank, int size) {
   };
   const Case cases[] = {
       {HORA_OP_SUM, 1.0}, {HORA_OP_AVERAGE, 1.0}, {HORA_OP_MAX, 1.0}, {HORA_OP_SUM, 0.5}};
-  for (size_t elements : {size_t{16384}, size_t{65536}, size_t{262145}}) {
+  for (size_t elements : {size_t{16384}, size_t{65536}, size_t{131072}, size_t{262145}}) {
     for (const Case& c : cases) {
       for (int it = 0; it < 6; ++it) {
         std::vector<float> buf(elements);

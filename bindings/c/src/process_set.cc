@@ -172,9 +172,8 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   sho.minBytes = static_cast<size_t>(std::max<int64_t>(o.shmMinBytes, 0));
   sho.peerYield = std::chrono::microseconds(std::max<int64_t>(o.spinUs, 0));
   sho.smallChunkBytesWhenCrowded = 256 << 10;
-  // As a framework thread's wait (driveSpin_): never below HORA_SPIN_US, off
-  // with it.
-  sho.peerSpin = o.spinUs > 0 ? std::chrono::microseconds(std::max(o.spinUs, o.waitSpinUs))
+  // Never below HORA_SPIN_US, off with it (as a framework thread's wait).
+  sho.peerSpin = o.spinUs > 0 ? std::chrono::microseconds(std::max(o.spinUs, o.shmWaitSpinUs))
                               : std::chrono::microseconds(0);
   sho.timeout = o.peerTimeout;
   sho.startTimeout = o.startTimeout;

@@ -94,6 +94,10 @@ struct SetOptions {
   // How long a framework thread in hora_wait drives before it sleeps
   // (HORA_WAIT_SPIN_US; driveSpin_).
   int64_t waitSpinUs = 2000;
+  // How long a wait for a peer in the shared-memory data plane polls before
+  // it sleeps, where the ranks fit (HORA_SHM_WAIT_SPIN_US;
+  // ShmBackendOptions::peerSpin).
+  int64_t shmWaitSpinUs = 1000;
   int localSize = 1;
   // The CPU of the set's executor thread (ExecContext::cpu); -1: unbound.
   // Only the global set gets one (runtime.cc, HORA_BIND_EXECUTOR).
