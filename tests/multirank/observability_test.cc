@@ -274,10 +274,12 @@ TEST(Observability, SigusrOneDumpsTheFlightRecorder) {
         ::kill(::getpid(), SIGUSR1);
         const std::string mine = "hora-flight-global-rank" + std::to_string(rank) + "-pid" +
                                  std::to_string(::getpid()) + "-1.txt";
+        // The exact name: the dump is written to "<name>.tmp" and renamed, and
+        // a prefix match would see the temporary file before it is complete.
         bool seen = false;
         for (int i = 0; i < 100 && !seen; ++i) {
           std::this_thread::sleep_for(std::chrono::milliseconds(20));
-          seen = !filesIn(dir, mine).empty();
+          seen = ::access((dir + "/" + mine).c_str(), F_OK) == 0;
         }
         CHILD_CHECK(seen, "no %s in %s 2 s after SIGUSR1", mine.c_str(), dir.c_str());
         CHILD_CHECK(readFile(dir + "/" + mine).find("why: SIGUSR1") != std::string::npos,
