@@ -51,7 +51,7 @@ int executorCpuFor(int localRank, const std::vector<int>& allowed);
 // three of four ranks on one of two CPUs (after a wake-up at start or a
 // balancing pass that moved a rank when a short-lived thread woke) nothing
 // makes it notice, and it took 30-150 ms to undo; meanwhile a 64 KiB
-// allreduce took 110-140 us instead of 65-75 (bench/results/
+// allreduce took 110-140 us instead of 65-80 (bench/results/
 // 2026-11-28-caller-home.md). -1 (no home) when the ranks fit the CPUs or
 // do not divide evenly among them (3 ranks on 2 CPUs: there the scheduler
 // moving a rank onto the CPU another left idle wins, and 1-4 MiB allreduces

@@ -601,7 +601,7 @@ std::string metricsPrometheus(const MetricsSnapshot& m) {
       static_cast<double>(m.peerPacksRead));
   one("caller_homings_total", "counter",
       "Times a framework thread waiting in hora_wait was moved back to its rank's CPU, where the "
-      "host's ranks outnumber its CPUs (HORA_HOME_CALLER).",
+      "set's ranks share one CPU mask and outnumber its CPUs evenly (HORA_HOME_CALLER).",
       static_cast<double>(m.callerHomings));
   one("cache_hits_total", "counter", "Requests sent as response-cache hits.",
       static_cast<double>(m.cacheHits));

@@ -864,7 +864,6 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
     picked.chunkBytes = std::min(opts.chunkBytesWhenRanksFit, slot);
   picked.chunkBytesWhenRanksFit = 0;
   ShmPlacement placement;
-  placement.ranksFit = ranksFit;
   placement.evenShare = evenShare;
   placement.crowdedUnevenly = cpusKnown && !ranksFit && !evenShare;
   return std::unique_ptr<Backend>(

@@ -89,16 +89,17 @@ struct ShmBackendOptions {
   // yielding made 4 MiB allreduces up to 1.6x slower at 3 ranks on 2 CPUs.
   // 0: always sleep at once (HORA_SPIN_US=0).
   std::chrono::microseconds peerYield{0};
-  // Where the ranks fit the CPUs, a wait for a peer polls (without giving
-  // the CPU away) for up to this long before it sleeps. The peer is usually
+  // Where this rank's own CPU mask holds the communicator's ranks, a wait
+  // for a peer polls (without giving the CPU away) for up to this long
+  // before it sleeps. The peer is usually
   // microseconds behind; when it is further behind, another busy process
   // (data-loader workers, a second job) has usually pushed it off its CPU,
   // and it comes back within about one scheduler time slice. A waiter that
   // slept meanwhile lost its own turn to such a process too (likely why):
   // 4 MiB allreduces at 2 ranks next to two busy loops took 2-4 ms with the
-  // short spin alone and about 0.6 ms polling 0.55 ms or more. About one
-  // time slice (HORA_WAIT_SPIN_US); a few microseconds always, 0 adds
-  // nothing.
+  // short spin alone and about 0.6 ms polling 0.55 ms or more
+  // (HORA_SHM_WAIT_SPIN_US, 1 ms; bench/results/2026-11-28-peer-spin.md).
+  // The short spin always runs; 0 adds nothing to it.
   std::chrono::microseconds peerSpin{0};
   // Where the ranks outnumber the CPUs unevenly (3 on 2, or per-rank masks
   // that together hold fewer CPUs than ranks; ShmPlacement), chunks up to
@@ -127,14 +128,13 @@ struct ShmBackendOptions {
 // How a communicator's ranks sit on the CPUs: decided by createShmBackend
 // from every rank's affinity mask, so the same on every rank.
 struct ShmPlacement {
-  // Their masks together hold a CPU per rank (then chunks are not reduced
-  // whole past 64 KiB; whether waits poll, peerSpin, follows the rank's own
-  // mask).
-  bool ranksFit = false;
+  // (Whether waits poll, peerSpin, follows the rank's own mask: with a
+  // launcher's core per rank the rank's own threads share it.)
   // One mask on every rank, the ranks a multiple of its CPUs: waits yield
   // (peerYield), callers are homed (HORA_HOME_CALLER).
   bool evenShare = false;
-  // Neither, with every mask known: more ranks than CPUs, unevenly.
+  // More ranks than their masks together hold CPUs, not evenShare, every
+  // mask known: chunks up to smallChunkBytesWhenCrowded are reduced whole.
   bool crowdedUnevenly = false;
 };
 

@@ -164,6 +164,17 @@ TEST(Abi, HugeTimesAndCapacitiesAreRefusedNotWrapped) {
         << hora_last_error_message();
   }
   unsetenv("HORA_INLINE_MAX_BYTES");
+  // Polling windows: at most a second, never negative.
+  for (const char* name : {"HORA_WAIT_SPIN_US", "HORA_SHM_WAIT_SPIN_US"}) {
+    for (const char* bad : {"1000001", "-1"}) {
+      setenv(name, bad, 1);
+      EXPECT_ERR(hora_init(&c, &rt), HORA_ERR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(hora_last_error_message()).find(std::string(name) + " must be"),
+                std::string::npos)
+          << hora_last_error_message();
+    }
+    unsetenv(name);
+  }
   // An interface that does not exist: refused at init naming the ones that do.
   setenv("HORA_GLOO_IFACE", "nosuch0", 1);
   EXPECT_ERR(hora_init(&c, &rt), HORA_ERR_INVALID_ARGUMENT);

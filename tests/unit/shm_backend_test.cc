@@ -91,6 +91,19 @@ ShmWorld makeShmWorld(int size, size_t chunkBytes, milliseconds timeout = millis
   });
 }
 
+// A chunk's [lo, hi) floats copied from `in` (pack) or into `out` (unpack),
+// as the executor's pack and unpack functions do for one tensor.
+Backend::PackFn packFloatsFrom(const std::vector<float>& in) {
+  return [&in](size_t lo, size_t hi, void* dst) {
+    std::memcpy(dst, in.data() + lo, (hi - lo) * sizeof(float));
+  };
+}
+Backend::UnpackFn unpackFloatsInto(std::vector<float>& out) {
+  return [&out](size_t lo, size_t hi, const void* src) {
+    std::memcpy(out.data() + lo, src, (hi - lo) * sizeof(float));
+  };
+}
+
 class ShmWorldTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(ShmWorldTest, UsesSharedMemoryOnOneHost) {
@@ -386,12 +399,8 @@ TEST(ShmBackendPeerPrepack, APublishedPackAheadSparesThePeersWaitOnlyWhenItMatch
     runRanks(w.world, [&](int r, Backend& b) {
       std::vector<float> in(count), out(count, -1.0f);
       for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((r * 3 + i) % 13);
-      auto pack = [&](size_t lo, size_t hi, void* dst) {
-        std::memcpy(dst, in.data() + lo, (hi - lo) * sizeof(float));
-      };
-      auto unpack = [&](size_t lo, size_t hi, const void* src) {
-        std::memcpy(out.data() + lo, src, (hi - lo) * sizeof(float));
-      };
+      const Backend::PackFn pack = packFloatsFrom(in);
+      const Backend::UnpackFn unpack = unpackFloatsInto(out);
       if (r == 1) {
         const uint64_t published = c == Case::kNoKey ? 0 : key;
         ASSERT_TRUE(b.prepackAllreduce(7, published, count, DataType::kFloat32, ReduceOp::kSum,
@@ -449,12 +458,8 @@ TEST(ShmBackendPeerPrepack, APackWhoseAllreduceRanElsewhereIsNotReadLater) {
     auto fill = [&](int step) {
       for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((r * 3 + step * 5 + i) % 13);
     };
-    auto pack = [&](size_t lo, size_t hi, void* dst) {
-      std::memcpy(dst, in.data() + lo, (hi - lo) * sizeof(float));
-    };
-    auto unpack = [&](size_t lo, size_t hi, const void* src) {
-      std::memcpy(out.data() + lo, src, (hi - lo) * sizeof(float));
-    };
+    const Backend::PackFn pack = packFloatsFrom(in);
+    const Backend::UnpackFn unpack = unpackFloatsInto(out);
     auto check = [&](int step) {
       for (size_t i = 0; i < count; ++i) {
         const float want =
@@ -505,12 +510,8 @@ TEST(ShmBackendPeerPrepack, APeerThatGaveUpAfterPublishingIsNotReadButNamed) {
   std::atomic<bool> gaveUp{false};
   runRanks(w.world, [&](int r, Backend& b) {
     std::vector<float> in(count, static_cast<float>(r + 1)), out(count, -1.0f);
-    auto pack = [&](size_t lo, size_t hi, void* dst) {
-      std::memcpy(dst, in.data() + lo, (hi - lo) * sizeof(float));
-    };
-    auto unpack = [&](size_t lo, size_t hi, const void* src) {
-      std::memcpy(out.data() + lo, src, (hi - lo) * sizeof(float));
-    };
+    const Backend::PackFn pack = packFloatsFrom(in);
+    const Backend::UnpackFn unpack = unpackFloatsInto(out);
     if (r == 1) {
       ASSERT_TRUE(
           b.prepackAllreduce(7, key, count, DataType::kFloat32, ReduceOp::kSum, pack, nullptr));

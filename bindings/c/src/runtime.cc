@@ -604,13 +604,13 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
     return invalidArgument("HORA_SPIN_US must be 0..1000000 (got " + std::to_string(so.spinUs) +
                            ")");
   so.waitSpinUs = p.getInt("HORA_WAIT_SPIN_US");
-  so.shmWaitSpinUs = p.getInt("HORA_SHM_WAIT_SPIN_US");
-  if (so.shmWaitSpinUs < 0 || so.shmWaitSpinUs > 1000000)
-    return invalidArgument("HORA_SHM_WAIT_SPIN_US must be within 0..1000000 microseconds (got " +
-                           std::to_string(so.shmWaitSpinUs) + ")");
   if (so.waitSpinUs < 0 || so.waitSpinUs > 1000000)
     return invalidArgument("HORA_WAIT_SPIN_US must be 0..1000000 (got " +
                            std::to_string(so.waitSpinUs) + ")");
+  so.shmWaitSpinUs = p.getInt("HORA_SHM_WAIT_SPIN_US");
+  if (so.shmWaitSpinUs < 0 || so.shmWaitSpinUs > 1000000)
+    return invalidArgument("HORA_SHM_WAIT_SPIN_US must be 0..1000000 (got " +
+                           std::to_string(so.shmWaitSpinUs) + ")");
   const bool bindExecutor = p.getBool("HORA_BIND_EXECUTOR");
   so.shmNegotiation = p.getBool("HORA_SHM_NEGOTIATION");
   so.p2pTransport = p.getString("HORA_P2P_TRANSPORT");  // the registry checked the choice

@@ -333,7 +333,10 @@ HORA_API hora_status_t hora_p2p_batch_async(hora_runtime_t runtime, int32_t n,
  * (message in hora_last_error_message), HORA_SUCCESS while running. */
 HORA_API hora_status_t hora_test(hora_request_t request, int32_t* done);
 /* Waits up to timeout_s seconds (negative: forever). HORA_ERR_TIMEOUT if
- * still running (the request is unaffected), else the request's status. */
+ * still running (the request is unaffected), else the request's status.
+ * Where a host's ranks share one CPU mask and outnumber its CPUs evenly,
+ * waiting on a collective may first move the calling thread onto its rank's
+ * CPU, keeping its affinity mask (HORA_HOME_CALLER=0 turns that off). */
 HORA_API hora_status_t hora_wait(hora_request_t request, double timeout_s);
 /* For allgather/alltoall/reducescatter without options->alloc: the result,
  * owned by the request (valid until hora_request_free), in the input's
