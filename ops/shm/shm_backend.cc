@@ -35,6 +35,7 @@ constexpr int kSleepSliceMs = 5;
 constexpr size_t kSmallChunkBytes = 64 << 10;
 // Parts start on cache-line boundaries so two ranks never write one line.
 constexpr size_t kPartAlignBytes = 64;
+constexpr size_t kLineBytes = 64;  // claimRead's stride
 // Packing ahead asks its caller whether to stop after each piece of this
 // size (about a microsecond of copying here).
 constexpr size_t kPackAheadPieceBytes = 16 << 10;
@@ -74,6 +75,7 @@ ShmBackend::ShmBackend(std::vector<std::unique_ptr<ShmSegment>> segments, int ra
   spinIterations_ = size_ <= usableCpuCount() ? kSpinIterations : 0;
   if (spinIterations_ > 0) spinWindow_ = opts_.peerSpin;
   evenShare_ = placement.evenShare;
+  claim_ = opts_.claimLines && (placement.ranksFit || opts_.claimLinesAnyPlacement) && size_ > 1;
   if (placement.evenShare) yieldWindow_ = opts_.peerYield;
   // A peer in another pid namespace (containers sharing /dev/shm) has a pid
   // that means nothing here: only watch pids that exist now.
@@ -132,6 +134,16 @@ void ShmBackend::publish(ShmCounter ShmHeader::*which, uint32_t value) {
     ShmHeader& h = segs_[j]->header();
     if (h.sleeping.value.load(std::memory_order_seq_cst) != 0) shmFutexWakeAll(h.doorbell.value);
   }
+}
+
+void ShmBackend::claimRead(const uint8_t* p, size_t bytes, bool soleReader) const {
+  if (!claim_ || !(soleReader || size_ == 2)) return;
+  // The owner writes the range only after this rank publishes `consumed`
+  // (release) for the chunk, and no peer writes it at all: the byte stored
+  // is the byte read. Relaxed atomics: a store the compiler may not drop.
+  auto* line = const_cast<uint8_t*>(p);
+  for (size_t k = 0; k < bytes; k += kLineBytes)
+    __atomic_store_n(line + k, __atomic_load_n(line + k, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
 }
 
 Status ShmBackend::waitSlotFree(uint32_t c, const std::string& what) {
@@ -441,6 +453,9 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
       if (!combined) reduce(acc, s0, s1, len);
       for (int j = 2; j < size_; ++j) reduce(acc, acc, segs_[j]->slot(c), len);
       unpack(base, base + len, acc);
+      // Every rank reads every slot whole: sole reader at two ranks only.
+      for (int j = 0; j < size_; ++j)
+        if (j != rank_) claimRead(segs_[j]->slot(c), len * es, false);
     } else {
       // 2. This rank's part, reduced in place in its own slot: peers read
       // only their own parts of it until this rank publishes `reduced`. Own
@@ -449,6 +464,11 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
         reduceOwnPart(base + lo, base + hi, mine + lo * es, c, lo, es, skipOwn, reduce, pack,
                       combine);
       publish(&ShmHeader::reduced, next);
+      // Only this rank reads its part of the peers' slots (after `reduced`:
+      // the peers wait for that, not for this).
+      if (hi > lo)
+        for (int j = 0; j < size_; ++j)
+          if (j != rank_) claimRead(segs_[j]->slot(c) + lo * es, (hi - lo) * es, true);
       // 3. Every part from the slot that holds it, this rank's first.
       for (int k = 0; k < size_; ++k) {
         const int j = (rank_ + k) % size_;
@@ -457,6 +477,7 @@ Status ShmBackend::shmAllreduce(size_t count, DataType dtype, ReduceOp op, const
         if (j != rank_)
           HORA_RETURN_IF_ERROR(waitFor(j, &ShmHeader::reduced, next, "reduce its part", what));
         unpack(base + plo, base + phi, segs_[j]->slot(c) + plo * es);
+        if (j != rank_) claimRead(segs_[j]->slot(c) + plo * es, (phi - plo) * es, false);
       }
     }
     finishChunk();
@@ -548,6 +569,8 @@ Status ShmBackend::shmAllreduceCross(size_t count, DataType dtype, ReduceOp op, 
       reduceOwnPart(k.base + lo, k.base + hi, acc, c, lo, es, skipOwn, reduce, pack, combine);
       cross.start(acc, hi - lo);
       k.crossing = true;
+      for (int j = 0; j < size_; ++j)
+        if (j != rank_) claimRead(segs_[j]->slot(c) + lo * es, (hi - lo) * es, true);
     }
     return Status::ok();
   };
@@ -568,6 +591,7 @@ Status ShmBackend::shmAllreduceCross(size_t count, DataType dtype, ReduceOp op, 
         HORA_RETURN_IF_ERROR(
             waitFor(j, &ShmHeader::reduced, c + 1, "reduce its part across hosts", what));
       unpack(k.base + plo, k.base + phi, segs_[j]->slot(c) + plo * es);
+      if (j != rank_) claimRead(segs_[j]->slot(c) + plo * es, (phi - plo) * es, false);
     }
     finishChunk();
     return Status::ok();
@@ -662,6 +686,7 @@ Status ShmBackend::shmAllgatherv(const uint8_t* in, uint8_t* out, const std::vec
         HORA_RETURN_IF_ERROR(waitFor(q, &ShmHeader::packed, next, "publish its part", what));
       // In place (in == out + offset[rank]) the own copy rewrites equal bytes.
       copyBytes(out + offset[q] + lo, segs_[q]->slot(c), len(q));
+      if (q != rank_) claimRead(segs_[q]->slot(c), len(q), false);
     }
     finishChunk();
   }
@@ -698,6 +723,7 @@ Status ShmBackend::shmBroadcast(uint8_t* data, size_t bytes, int root, const std
       HORA_RETURN_IF_ERROR(
           waitFor(root, &ShmHeader::packed, next, "publish its broadcast data", what));
       copyBytes(data + base, segs_[root]->slot(c), len);
+      claimRead(segs_[root]->slot(c), len, false);
     }
     finishChunk();
   }
@@ -866,6 +892,7 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
   ShmPlacement placement;
   placement.evenShare = evenShare;
   placement.crowdedUnevenly = cpusKnown && !ranksFit && !evenShare;
+  placement.ranksFit = ranksFit;
   return std::unique_ptr<Backend>(
       new ShmBackend(std::move(segs), rank, std::move(fallback), picked, placement));
 }

@@ -109,6 +109,22 @@ struct ShmBackendOptions {
   // 256 KiB 210 -> 194; with even shares (4 on 2, waits yield) it was slower
   // (bench/results/2026-11-28-caller-home.md). 0: 64 KiB there too.
   size_t smallChunkBytesWhenCrowded = 0;
+  // Where every rank has a CPU of its own (ShmPlacement::ranksFit), a rank
+  // that has read a range of a peer's slot no other rank reads stores each
+  // of its cache lines back unchanged: the lines then sit modified in the
+  // reader's cache, and the owner's next write takes them over in one
+  // transfer. Left shared by both cores, the owner's write must first
+  // invalidate the reader's copy of every line, and on the AMD EPYC VM here
+  // that made copying 64 KiB into a slot the peer had read cost 7-29 us
+  // instead of 1.2-4 us; 2-rank allreduces at 64 KiB took 10.3 against
+  // 19.0 us and 8.3 against 13.7 us in two runs (medians; 7-62% less time
+  // from 64 KiB to 4 MiB; bench/results/2026-11-28-claim-lines.md). Where ranks
+  // share CPUs the lines mostly stay in one core and the pass is pure cost
+  // (3 ranks on 2 CPUs, 4 MiB: 15% slower). HORA_SHM_CLAIM_LINES.
+  bool claimLines = true;
+  // Tests: claim wherever claimLines is set, whatever the placement (so that
+  // 3 and 4 ranks on a 2-CPU machine run the claiming paths too).
+  bool claimLinesAnyPlacement = false;
   // Bounds every wait for a peer.
   std::chrono::milliseconds timeout{30000};
   // Bounds the start-up exchange through the store.
@@ -136,6 +152,9 @@ struct ShmPlacement {
   // More ranks than their masks together hold CPUs, not evenShare, every
   // mask known: chunks up to smallChunkBytesWhenCrowded are reduced whole.
   bool crowdedUnevenly = false;
+  // Every rank's mask known and together they hold a CPU per rank
+  // (ShmBackendOptions::claimLines).
+  bool ranksFit = false;
 };
 
 class ShmBackend : public Backend {
@@ -178,6 +197,9 @@ class ShmBackend : public Backend {
   // ShmBackendOptions::peerYield; decided at set-up, the same on every
   // rank). Any thread.
   bool ranksShareCpusEvenly() const { return evenShare_; }
+  // Whether this rank claims the lines it alone read
+  // (ShmBackendOptions::claimLines and ShmPlacement::ranksFit).
+  bool claimsLines() const { return claim_; }
   // Chunks up to this many bytes are reduced whole by every rank (set-up's
   // pick: 64 KiB, or smallChunkBytesWhenCrowded). Any thread.
   size_t smallChunkBytes() const { return scratch_.size(); }
@@ -297,6 +319,15 @@ class ShmBackend : public Backend {
                       const std::vector<size_t>& sendOff, uint8_t* out,
                       const std::vector<size_t>& recvBytes, const std::vector<size_t>& recvOff,
                       const std::string& what);
+  // After reading [p, p + bytes) of a peer's slot: claims its lines
+  // (ShmBackendOptions::claimLines) where no other peer reads that range
+  // before its owner writes it again: `soleReader`, or two ranks. (The
+  // owner may still read its own slot meanwhile; the line then moves back,
+  // which costs time only.) It stores back the bytes it reads, and nobody
+  // writes a peer's slot between the peer's publishing it and this rank's
+  // `consumed`, so a claim never changes a byte: a range wrongly taken for
+  // one this rank alone reads would cost time, not a result.
+  void claimRead(const uint8_t* p, size_t bytes, bool soleReader) const;
   // One rank (no peers) or a payload below minBytes: the fallback runs it.
   bool delegates(size_t bytes) const { return size_ == 1 || bytes < minBytes_; }
   std::function<void()> waitHook_;  // setWaitHook
@@ -327,6 +358,7 @@ class ShmBackend : public Backend {
   std::vector<uint8_t> scratch_;  // small-chunk reduction target; executor thread only
   int spinIterations_ = 0;        // before sleeping; 0 when ranks outnumber cores
   bool evenShare_ = false;        // ranksShareCpusEvenly
+  bool claim_ = false;            // claimsLines
   std::chrono::nanoseconds yieldWindow_{0};  // before sleeping (ShmBackendOptions::peerYield)
   std::chrono::nanoseconds spinWindow_{0};   // before sleeping (ShmBackendOptions::peerSpin)
   std::vector<bool> watchPid_;               // whether a peer's death shows as its pid vanishing

@@ -93,6 +93,9 @@ Status ShmBackend::shmReducescatter(uint8_t* data, const std::vector<size_t>& co
       uint8_t* acc = data + lo * es;
       for (int j = 0; j < size_; ++j)
         if (j != rank_) reduce(acc, acc, segs_[j]->slot(c) + (lo - base) * es, hi - lo);
+      // Only this rank reads its part of the peers' slots.
+      for (int j = 0; j < size_; ++j)
+        if (j != rank_) claimRead(segs_[j]->slot(c) + (lo - base) * es, (hi - lo) * es, true);
     }
     finishChunk();
   }
@@ -181,6 +184,9 @@ Status ShmBackend::shmAlltoallv(const uint8_t* in, const std::vector<size_t>& se
       HORA_RETURN_IF_ERROR(waitFor(j, &ShmHeader::packed, next, "pack its blocks", what));
       copyBytes(out + recvOff[j] + lo, segs_[j]->slot(c) + static_cast<size_t>(rank_) * box,
                 std::min(box, recvBytes[j] - lo));
+      // The box addressed to this rank: no other rank reads it.
+      claimRead(segs_[j]->slot(c) + static_cast<size_t>(rank_) * box,
+                std::min(box, recvBytes[j] - lo), true);
     }
     finishChunk();
   }

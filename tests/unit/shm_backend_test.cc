@@ -527,25 +527,30 @@ TEST(ShmBackendPeerPrepack, APeerThatGaveUpAfterPublishingIsNotReadButNamed) {
   });
 }
 
+// Broadcasts `count` int32 from every root in turn, each followed by an
+// allreduce of as many floats (counters and slots stay in step).
+void checkBroadcastFromEveryRoot(World& world, size_t count) {
+  const int size = static_cast<int>(world.size());
+  for (int root = 0; root < size; ++root) {
+    runRanks(world, [&](int r, Backend& b) {
+      std::vector<int32_t> v(count);
+      for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(r * 1000003 + i);
+      Status s = b.broadcast(v.data(), count, DataType::kInt32, root);
+      ASSERT_TRUE(s.isOk()) << s.toString();
+      for (size_t i = 0; i < count; ++i)
+        ASSERT_EQ(v[i], static_cast<int32_t>(root * 1000003 + i))
+            << "rank " << r << " root " << root << " count " << count << " [" << i << "]";
+    });
+    checkAllreduce(world, DataType::kFloat32, ReduceOp::kSum, count);
+  }
+}
+
 TEST_P(ShmWorldTest, BroadcastFromEveryRootInterleavedWithAllreduce) {
   const int size = GetParam();
   for (size_t chunk : {size_t{4096}, size_t{256} << 10}) {
     ShmWorld w = makeShmWorld(size, chunk);
-    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}, size_t{100003}}) {
-      for (int root = 0; root < size; ++root) {
-        runRanks(w.world, [&](int r, Backend& b) {
-          std::vector<int32_t> v(count);
-          for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(r * 1000003 + i);
-          Status s = b.broadcast(v.data(), count, DataType::kInt32, root);
-          ASSERT_TRUE(s.isOk()) << s.toString();
-          for (size_t i = 0; i < count; ++i)
-            ASSERT_EQ(v[i], static_cast<int32_t>(root * 1000003 + i))
-                << "rank " << r << " root " << root << " count " << count << " [" << i << "]";
-        });
-        // Counters and slots stay in step for the next allreduce.
-        checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, count);
-      }
-    }
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}, size_t{100003}})
+      checkBroadcastFromEveryRoot(w.world, count);
   }
 }
 
@@ -577,69 +582,114 @@ TEST_P(ShmWorldTest, PayloadsOnBothSidesOfMinBytesAreCorrect) {
 
 // Rank r's region of a reducescatter (counts[r] elements at their offset)
 // must hold the reduction over every rank; other regions are free to change.
-TEST_P(ShmWorldTest, ReducescatterEveryDtypeAndOpUnevenAcrossChunks) {
-  const int size = GetParam();
-  ShmWorld w = makeShmWorld(size, 4096);
-  for (size_t unit : {size_t{1}, size_t{1500}}) {  // 1500 x 8 bytes: regions span chunks
-    std::vector<size_t> counts(size);
-    for (int r = 0; r < size; ++r) counts[r] = ((r * 3 + 1) % 4) * unit;  // 1, 0, 3, 2 units
-    size_t total = 0;
-    for (size_t c : counts) total += c;
-    for (DataType dt : kAllTypes) {
-      for (ReduceOp op : kReduceOps) {
-        if (!reduceOpSupported(op, dt)) continue;
-        const size_t es = dataTypeSize(dt);
-        runRanks(w.world, [&](int r, Backend& b) {
-          std::vector<uint8_t> buf(total * es);
-          for (size_t i = 0; i < total; ++i) storeInt(dt, buf.data(), i, inputValue(dt, op, r, i));
-          Status s = b.reducescatter(buf.data(), counts, dt, op);
-          ASSERT_TRUE(s.isOk()) << s.toString();
-          size_t off = 0;
-          for (int q = 0; q < r; ++q) off += counts[q];
-          std::vector<uint8_t> want(counts[r] * es);
-          for (size_t i = 0; i < counts[r]; ++i)
-            storeInt(dt, want.data(), i, expectedValue(dt, op, size, off + i));
-          EXPECT_TRUE(sameBytes(buf.data() + off * es, want.data(), want.size()))
-              << "rank " << r << " " << dataTypeName(dt) << " " << reduceOpName(op) << " unit "
-              << unit;
-        });
-      }
+// Counts 1, 0, 3, 2 units; every dtype and op; then an allreduce (counters
+// and slots stay in step for the next collective).
+void checkReducescatterUneven(World& world, size_t unit) {
+  const int size = static_cast<int>(world.size());
+  std::vector<size_t> counts(size);
+  for (int r = 0; r < size; ++r) counts[r] = ((r * 3 + 1) % 4) * unit;
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  for (DataType dt : kAllTypes) {
+    for (ReduceOp op : kReduceOps) {
+      if (!reduceOpSupported(op, dt)) continue;
+      const size_t es = dataTypeSize(dt);
+      runRanks(world, [&](int r, Backend& b) {
+        std::vector<uint8_t> buf(total * es);
+        for (size_t i = 0; i < total; ++i) storeInt(dt, buf.data(), i, inputValue(dt, op, r, i));
+        Status s = b.reducescatter(buf.data(), counts, dt, op);
+        ASSERT_TRUE(s.isOk()) << s.toString();
+        size_t off = 0;
+        for (int q = 0; q < r; ++q) off += counts[q];
+        std::vector<uint8_t> want(counts[r] * es);
+        for (size_t i = 0; i < counts[r]; ++i)
+          storeInt(dt, want.data(), i, expectedValue(dt, op, size, off + i));
+        EXPECT_TRUE(sameBytes(buf.data() + off * es, want.data(), want.size()))
+            << "rank " << r << " " << dataTypeName(dt) << " " << reduceOpName(op) << " unit "
+            << unit;
+      });
     }
-    // Counters and slots stay in step for the next collective.
-    checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 5000);
   }
+  checkAllreduce(world, DataType::kFloat32, ReduceOp::kSum, 5000);
 }
 
-// Rank r sends (r + 2*j) % 5 * unit int64 values r*1e6 + j*1e3 + i to rank j.
-TEST_P(ShmWorldTest, AlltoallvUnevenIncludingEmptyBlocksAcrossRounds) {
-  const int size = GetParam();
-  ShmWorld w = makeShmWorld(size, 4096);
-  auto blockLen = [](int from, int to, size_t unit) {
-    return static_cast<int64_t>(((from + 2 * to) % 5) * unit);
+TEST_P(ShmWorldTest, ReducescatterEveryDtypeAndOpUnevenAcrossChunks) {
+  ShmWorld w = makeShmWorld(GetParam(), 4096);
+  for (size_t unit : {size_t{1}, size_t{1500}})  // 1500 x 8 bytes: regions span chunks
+    checkReducescatterUneven(w.world, unit);
+}
+
+// Rank r sends (r + 2*j) % 5 * unit int64 values r*1e6 + j*1e3 + i to rank
+// j; then an allreduce (counters and slots stay in step).
+void checkAlltoallvUneven(World& world, size_t unit) {
+  const int size = static_cast<int>(world.size());
+  auto blockLen = [](int from, int to, size_t u) {
+    return static_cast<int64_t>(((from + 2 * to) % 5) * u);
   };
-  for (size_t unit : {size_t{0}, size_t{1}, size_t{700}}) {  // 700 x 8 bytes: many rounds
-    runRanks(w.world, [&](int r, Backend& b) {
-      std::vector<int64_t> send(size), recv(size);
-      int64_t sendTotal = 0, recvTotal = 0;
-      for (int j = 0; j < size; ++j) {
-        send[j] = blockLen(r, j, unit);
-        recv[j] = blockLen(j, r, unit);
-        sendTotal += send[j];
-        recvTotal += recv[j];
-      }
-      std::vector<int64_t> in(sendTotal), out(recvTotal, -1);
-      size_t k = 0;
-      for (int j = 0; j < size; ++j)
-        for (int64_t i = 0; i < send[j]; ++i) in[k++] = r * 1000000 + j * 1000 + i;
-      Status s = b.alltoallv(in.data(), send, out.data(), recv, DataType::kInt64);
-      ASSERT_TRUE(s.isOk()) << s.toString();
-      k = 0;
-      bool ok = true;
-      for (int j = 0; j < size; ++j)
-        for (int64_t i = 0; i < recv[j]; ++i) ok &= out[k++] == j * 1000000 + r * 1000 + i;
-      EXPECT_TRUE(ok) << "rank " << r << " unit " << unit;
+  runRanks(world, [&](int r, Backend& b) {
+    std::vector<int64_t> send(size), recv(size);
+    int64_t sendTotal = 0, recvTotal = 0;
+    for (int j = 0; j < size; ++j) {
+      send[j] = blockLen(r, j, unit);
+      recv[j] = blockLen(j, r, unit);
+      sendTotal += send[j];
+      recvTotal += recv[j];
+    }
+    std::vector<int64_t> in(sendTotal), out(recvTotal, -1);
+    size_t k = 0;
+    for (int j = 0; j < size; ++j)
+      for (int64_t i = 0; i < send[j]; ++i) in[k++] = r * 1000000 + j * 1000 + i;
+    Status s = b.alltoallv(in.data(), send, out.data(), recv, DataType::kInt64);
+    ASSERT_TRUE(s.isOk()) << s.toString();
+    k = 0;
+    bool ok = true;
+    for (int j = 0; j < size; ++j)
+      for (int64_t i = 0; i < recv[j]; ++i) ok &= out[k++] == j * 1000000 + r * 1000 + i;
+    EXPECT_TRUE(ok) << "rank " << r << " unit " << unit;
+  });
+  checkAllreduce(world, DataType::kInt32, ReduceOp::kSum, 3000);
+}
+
+TEST_P(ShmWorldTest, AlltoallvUnevenIncludingEmptyBlocksAcrossRounds) {
+  ShmWorld w = makeShmWorld(GetParam(), 4096);
+  for (size_t unit : {size_t{0}, size_t{1}, size_t{700}})  // 700 x 8 bytes: many rounds
+    checkAlltoallvUneven(w.world, unit);
+}
+
+// Where ranks claim the lines they read (ShmBackendOptions::claimLines;
+// forced at every world size here, the machine's CPUs aside): every
+// collective stays exact, over many chunks, on the whole-chunk path (4 KiB
+// chunks) and the split path (256 KiB chunks), so a claim that stored
+// anything but what it read, or outside the range read, shows.
+TEST_P(ShmWorldTest, EveryCollectiveStaysExactWhereRanksClaimTheLinesTheyRead) {
+  const int size = GetParam();
+  for (size_t chunk : {size_t{4096}, size_t{256} << 10}) {
+    ShmWorld w = makeShmWorld(size, [&](int) {
+      ShmBackendOptions so;
+      so.chunkBytes = chunk;
+      so.claimLines = true;
+      so.claimLinesAnyPlacement = true;
+      return so;
     });
-    checkAllreduce(w.world, DataType::kInt32, ReduceOp::kSum, 3000);
+    for (int r = 0; r < size && size > 1; ++r) {  // one rank stays on Gloo
+      auto* shm = dynamic_cast<ShmBackend*>(w.world[r].get());
+      ASSERT_NE(shm, nullptr) << w.whyNot[r];
+      EXPECT_TRUE(shm->claimsLines()) << "rank " << r;
+    }
+    for (size_t count : {size_t{1}, size_t{1001}, size_t{100003}, size_t{300007}}) {
+      checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, count);
+      checkAllreduce(w.world, DataType::kInt32, ReduceOp::kMax, count);
+      for (CombineMode mode : {CombineMode::kNone, CombineMode::kCombine})
+        checkAllreduceGather(w.world, DataType::kFloat64, ReduceOp::kSum, count, mode);
+    }
+    checkBroadcastFromEveryRoot(w.world, 100003);
+    for (size_t unit : {size_t{1}, size_t{3001}}) {
+      std::vector<size_t> counts(size);
+      for (int r = 0; r < size; ++r) counts[r] = ((r * 3 + 1) % 4) * unit;
+      checkAllgatherv(w.world, counts);
+    }
+    checkReducescatterUneven(w.world, 1500);
+    checkAlltoallvUneven(w.world, 700);
   }
 }
 
@@ -983,7 +1033,8 @@ TEST(ShmBackendTest, PlacementFollowsEveryRanksMask) {
   // and the ranks a multiple of its CPUs; chunks up to
   // smallChunkBytesWhenCrowded are reduced whole where the ranks outnumber
   // the CPUs otherwise (uneven shares, or per-rank masks holding fewer CPUs
-  // than ranks). Each rank's mask is set on its own thread, in the options
+  // than ranks); read lines are claimed only where the masks together hold
+  // a CPU per rank. Each rank's mask is set on its own thread, in the options
   // callback, which runs there before the set-up. The results are checked
   // on both paths (256 KiB chunks: whole where crowded, split elsewhere).
   const std::vector<int> cpus = allowedCpus();
@@ -991,16 +1042,20 @@ TEST(ShmBackendTest, PlacementFollowsEveryRanksMask) {
   struct Case {
     int size;
     std::function<std::vector<int>(int)> mask;
-    bool even, crowded;
+    bool even, crowded, fit;
   };
   const std::vector<int> two{cpus[0], cpus[1]};
   const Case cases[] = {
-      {2, [&](int) { return std::vector<int>{cpus[0]}; }, true, false},
-      {4, [&](int) { return two; }, true, false},
-      {3, [&](int) { return two; }, false, true},
-      {2, [&](int) { return two; }, false, false},
+      {2, [&](int) { return std::vector<int>{cpus[0]}; }, true, false, false},
+      {4, [&](int) { return two; }, true, false, false},
+      {3, [&](int) { return two; }, false, true, false},
+      {2, [&](int) { return two; }, false, false, true},
+      // A launcher's CPU per rank: a CPU each, the masks differ.
+      {2, [&](int r) { return std::vector<int>{cpus[static_cast<size_t>(r)]}; }, false, false,
+       true},
       // A launcher's CPU per pair of ranks: the masks differ.
-      {4, [&](int r) { return std::vector<int>{cpus[static_cast<size_t>(r / 2)]}; }, false, true},
+      {4, [&](int r) { return std::vector<int>{cpus[static_cast<size_t>(r / 2)]}; }, false, true,
+       false},
   };
   for (const Case& c : cases) {
     ShmWorld w = makeShmWorld(c.size, [&](int r) {
@@ -1018,6 +1073,8 @@ TEST(ShmBackendTest, PlacementFollowsEveryRanksMask) {
       auto* shm = dynamic_cast<ShmBackend*>(w.world[r].get());
       ASSERT_NE(shm, nullptr) << w.whyNot[r];
       EXPECT_EQ(shm->ranksShareCpusEvenly(), c.even) << c.size << " ranks, rank " << r;
+      // Claiming read lines (on by default) only where every rank has a CPU.
+      EXPECT_EQ(shm->claimsLines(), c.fit) << c.size << " ranks, rank " << r;
       EXPECT_EQ(shm->smallChunkBytes(), c.crowded ? size_t{256} << 10 : size_t{64} << 10)
           << c.size << " ranks, rank " << r;
     }

@@ -172,6 +172,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   sho.minBytes = static_cast<size_t>(std::max<int64_t>(o.shmMinBytes, 0));
   sho.peerYield = std::chrono::microseconds(std::max<int64_t>(o.spinUs, 0));
   sho.smallChunkBytesWhenCrowded = 256 << 10;
+  sho.claimLines = o.shmClaimLines;
   // Never below HORA_SPIN_US, off with it (as a framework thread's wait).
   sho.peerSpin = o.spinUs > 0 ? std::chrono::microseconds(std::max(o.spinUs, o.shmWaitSpinUs))
                               : std::chrono::microseconds(0);

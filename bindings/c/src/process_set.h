@@ -98,6 +98,8 @@ struct SetOptions {
   // it sleeps, where the ranks fit (HORA_SHM_WAIT_SPIN_US;
   // ShmBackendOptions::peerSpin).
   int64_t shmWaitSpinUs = 1000;
+  // ShmBackendOptions::claimLines (HORA_SHM_CLAIM_LINES).
+  bool shmClaimLines = true;
   int localSize = 1;
   // The CPU of the set's executor thread (ExecContext::cpu); -1: unbound.
   // Only the global set gets one (runtime.cc, HORA_BIND_EXECUTOR).

@@ -611,6 +611,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   if (so.shmWaitSpinUs < 0 || so.shmWaitSpinUs > 1000000)
     return invalidArgument("HORA_SHM_WAIT_SPIN_US must be 0..1000000 (got " +
                            std::to_string(so.shmWaitSpinUs) + ")");
+  so.shmClaimLines = p.getBool("HORA_SHM_CLAIM_LINES");
   const bool bindExecutor = p.getBool("HORA_BIND_EXECUTOR");
   so.shmNegotiation = p.getBool("HORA_SHM_NEGOTIATION");
   so.p2pTransport = p.getString("HORA_P2P_TRANSPORT");  // the registry checked the choice
