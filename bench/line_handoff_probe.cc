@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -68,10 +69,11 @@ Result run(size_t bytes, int rounds, bool withClaim, int cpuA, int cpuB) {
   auto* shared = static_cast<float*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
   std::memset(shared, 0, bytes);
   std::atomic<int> written{0}, read{0};
+  std::atomic<bool> pinned{true};
   Result r;
   double ownerNs = 0, readerNs = 0;
   std::thread owner([&] {
-    if (!pinTo(cpuA)) r.pinned = false;
+    if (!pinTo(cpuA)) pinned = false;
     for (int i = 1; i <= rounds; ++i) {
       while (read.load(std::memory_order_acquire) != i - 1) {
       }
@@ -82,7 +84,7 @@ Result run(size_t bytes, int rounds, bool withClaim, int cpuA, int cpuB) {
     }
   });
   std::thread reader([&] {
-    if (!pinTo(cpuB)) r.pinned = false;
+    if (!pinTo(cpuB)) pinned = false;
     for (int i = 1; i <= rounds; ++i) {
       while (written.load(std::memory_order_acquire) != i) {
       }
@@ -96,6 +98,7 @@ Result run(size_t bytes, int rounds, bool withClaim, int cpuA, int cpuB) {
   owner.join();
   reader.join();
   std::free(shared);
+  r.pinned = pinned.load();
   r.ownerUs = ownerNs / rounds / 1000.0;
   r.readerUs = readerNs / rounds / 1000.0;
   return r;

@@ -4,6 +4,7 @@
 #
 #   bench/shm_negotiation_bench.sh [-reps N] [-np "2 4"] [-sizes "4 65536 1048576 16777216"]
 #                                  [-variants "NAME[:VAR=V,VAR=V] ..."] [-hogs N] [-stat mean]
+#                                  [-bind core]
 #
 # -variants runs this tree's library once per variant instead of
 # before/after, each with its own HORA_* settings, interleaved the same way,
@@ -24,6 +25,12 @@
 # reports each launch's mean per iteration instead of its median (the tail
 # that such neighbours add shows there).
 #
+# -bind core binds each rank to a CPU of its own, as a launcher does
+# (mpirun --bind-to core, srun --cpu-bind=cores): hora's rank r through
+# taskset to the r-th CPU of this shell's mask (modulo their count), Open
+# MPI with --bind-to core (overload allowed: more ranks than CPUs). Without it hora's ranks keep the shell's mask and
+# Open MPI its default (--bind-to core up to 2 ranks, socket above).
+#
 # Environment: BUILD_DIR (default build), BEFORE_LIB (required for the
 # "before" column; empty skips it), HORA_* pass through to hora's ranks.
 set -u
@@ -33,6 +40,7 @@ NPS="2 4"
 SIZES="4 65536 1048576 16777216"
 HOGS=0
 STAT=median
+BIND=none
 while [ $# -gt 0 ]; do
   case "$1" in
     -reps) REPS=$2; shift 2 ;;
@@ -41,7 +49,8 @@ while [ $# -gt 0 ]; do
     -variants) VARIANTS=$2; shift 2 ;;
     -hogs) HOGS=$2; shift 2 ;;
     -stat) STAT=$2; shift 2 ;;
-    *) echo "usage: $0 [-reps N] [-np LIST] [-sizes LIST] [-variants LIST] [-hogs N] [-stat median|mean]" >&2; exit 2 ;;
+    -bind) BIND=$2; shift 2 ;;
+    *) echo "usage: $0 [-reps N] [-np LIST] [-sizes LIST] [-variants LIST] [-hogs N] [-stat median|mean] [-bind core]" >&2; exit 2 ;;
   esac
 done
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -56,6 +65,13 @@ case "$STAT" in
   mean) HORA_KEY=total_us MPI_KEY=mpi_us ;;
   *) echo "-stat: median or mean, not '$STAT'" >&2; exit 2 ;;
 esac
+case "$BIND" in
+  none) MPI_BIND=() ;;
+  core) MPI_BIND=(--bind-to core:overload-allowed) ;;
+  *) echo "-bind: core, not '$BIND'" >&2; exit 2 ;;
+esac
+# The CPUs this shell may use, for -bind core.
+read -r -a CPUS <<<"$(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
 HOG_PIDS=()
 stop_hogs() { [ ${#HOG_PIDS[@]} -gt 0 ] && kill "${HOG_PIDS[@]}" 2>/dev/null; HOG_PIDS=(); }
 trap stop_hogs EXIT
@@ -76,8 +92,10 @@ hora_run() {  # np bytes iters libdir -> "max median over ranks"
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   out=$(mktemp -d)
   for ((r = 0; r < np; r++)); do
+    local pin=()
+    [ "$BIND" = core ] && pin=(taskset -c "${CPUS[$((r % ${#CPUS[@]}))]}")
     HORA_RANK=$r HORA_SIZE=$np HORA_STORE_ADDR=127.0.0.1 HORA_STORE_PORT=$port \
-      HORA_SECRET=bench LD_LIBRARY_PATH="${lib:-${LD_LIBRARY_PATH:-}}" timeout 300 "$PROBE" --bytes "$bytes" \
+      HORA_SECRET=bench LD_LIBRARY_PATH="${lib:-${LD_LIBRARY_PATH:-}}" "${pin[@]}" timeout 300 "$PROBE" --bytes "$bytes" \
       --iters "$iters" --warmup $((iters / 10 + 1)) --no-hops >"$out/$r" 2>&1 &
     pids+=($!)
   done
@@ -89,11 +107,11 @@ hora_run() {  # np bytes iters libdir -> "max median over ranks"
 }
 
 mpi_run() {  # np bytes iters -> median
-  timeout 300 mpirun --allow-run-as-root --oversubscribe -np "$1" "$MPIB" --sizes "$2" \
+  timeout 300 mpirun --allow-run-as-root --oversubscribe "${MPI_BIND[@]}" -np "$1" "$MPIB" --sizes "$2" \
     --iters "$3" 2>/dev/null | grep RESULT | sed "s/.* $MPI_KEY=\([0-9.]*\).*mpi_wrong=\([0-9]*\).*/\1 \2/"
 }
 
-echo "# shm_negotiation_bench: reps $REPS, np $NPS, sizes $SIZES, $HOGS busy-loop processes, per-launch $STAT; $(uptime)"
+echo "# shm_negotiation_bench: reps $REPS, np $NPS, sizes $SIZES, $HOGS busy-loop processes, per-launch $STAT, bind $BIND; $(uptime)"
 for ((rep = 1; rep <= REPS; rep++)); do
   for np in $NPS; do
     for s in $SIZES; do

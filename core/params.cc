@@ -171,7 +171,8 @@ const std::vector<ParamSpec>& paramRegistry() {
       {"HORA_SHM_WAIT_SPIN_US", ParamType::kInt, "1000",
        "Microseconds a wait for a peer in the shared-memory data plane polls (without giving the "
        "CPU away) before it sleeps, where this rank's own CPU mask holds as many CPUs as the set "
-       "has ranks on the host; each such wait may spend up to this much CPU time. A peer further "
+       "has ranks on the host or no other rank's mask holds any of its CPUs (a launcher's core "
+       "per rank); each such wait may spend up to this much CPU time. A peer further "
        "behind than a few microseconds was usually pushed off its CPU by another busy process "
        "and comes back within about a time slice: beside two busy loops a 4 MiB allreduce at 2 "
        "ranks took 2-7 ms with a 22 us poll and about 0.6 ms with 0.5 ms or more "
@@ -186,14 +187,14 @@ const std::vector<ParamSpec>& paramRegistry() {
        "CPU (a launcher bound the process) or the host runs one rank. 0: the thread runs "
        "wherever the scheduler puts it."},
       {"HORA_SHM_CLAIM_LINES", ParamType::kBool, "1",
-       "Where every rank on the host has a CPU of its own (the ranks' masks together hold a CPU "
-       "per rank; compared at set-up), a rank that has read part of a peer's shared-memory slot "
-       "that no other rank reads stores each of its cache lines back unchanged, so that the "
-       "owner's next write takes each line over in one transfer instead of first invalidating "
-       "the reader's copy. On an AMD EPYC VM copying 64 KiB into a slot the peer had read took "
-       "7-29 us against 1.2-4 us, and 2-rank allreduces from 64 KiB to 4 MiB took 7-62% less time "
-       "(bench/results/2026-11-28-claim-lines.md). Where ranks share CPUs it is not done (a pure "
-       "extra pass there). 0: never."},
+       "Where the ranks' CPU masks together hold a CPU per rank on the host (compared at "
+       "set-up), a rank that has read part of a peer's shared-memory slot that no other rank "
+       "reads stores each of its cache lines back unchanged, so that the owner's next write "
+       "takes each line over in one transfer instead of first invalidating the reader's copy. "
+       "On an AMD EPYC VM copying 64 KiB into a slot the peer had read took 7-29 us against "
+       "1.6-4.1 us, and 2-rank allreduces from 64 KiB to 4 MiB took 7-62% less time "
+       "(bench/results/2026-11-28-claim-lines.md). Where ranks share CPUs it is not done (a "
+       "pure extra pass there). 0: never."},
       {"HORA_HOME_CALLER", ParamType::kBool, "1",
        "Where a process set's ranks on a host share one CPU mask and outnumber its CPUs evenly "
        "(4 ranks on 2 CPUs, not 3; compared at set-up): a framework thread entering hora_wait on "

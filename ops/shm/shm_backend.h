@@ -109,22 +109,27 @@ struct ShmBackendOptions {
   // 256 KiB 210 -> 194; with even shares (4 on 2, waits yield) it was slower
   // (bench/results/2026-11-28-caller-home.md). 0: 64 KiB there too.
   size_t smallChunkBytesWhenCrowded = 0;
-  // Where every rank has a CPU of its own (ShmPlacement::ranksFit), a rank
+  // Where the ranks' masks together hold a CPU per rank (ShmPlacement::
+  // ranksFit; masks {0}, {0}, {1,2} count too), a rank
   // that has read a range of a peer's slot no other rank reads stores each
   // of its cache lines back unchanged: the lines then sit modified in the
   // reader's cache, and the owner's next write takes them over in one
   // transfer. Left shared by both cores, the owner's write must first
   // invalidate the reader's copy of every line, and on the AMD EPYC VM here
   // that made copying 64 KiB into a slot the peer had read cost 7-29 us
-  // instead of 1.2-4 us; 2-rank allreduces at 64 KiB took 10.3 against
+  // instead of 1.6-4.1 us; 2-rank allreduces at 64 KiB took 10.3 against
   // 19.0 us and 8.3 against 13.7 us in two runs (medians; 7-62% less time
   // from 64 KiB to 4 MiB; bench/results/2026-11-28-claim-lines.md). Where ranks
   // share CPUs the lines mostly stay in one core and the pass is pure cost
   // (3 ranks on 2 CPUs, 4 MiB: 15% slower). HORA_SHM_CLAIM_LINES.
   bool claimLines = true;
   // Tests: claim wherever claimLines is set, whatever the placement (so that
-  // 3 and 4 ranks on a 2-CPU machine run the claiming paths too).
+  // 3 and 4 ranks on a 2-CPU machine run the claiming paths too), and
+  // non-zero: a claim loads its bytes, waits this long, then stores them
+  // (a claim placed where the owner may already write would then undo the
+  // write often enough for a test to see).
   bool claimLinesAnyPlacement = false;
+  std::chrono::microseconds claimHoldForTests{0};
   // Bounds every wait for a peer.
   std::chrono::milliseconds timeout{30000};
   // Bounds the start-up exchange through the store.
@@ -155,6 +160,10 @@ struct ShmPlacement {
   // Every rank's mask known and together they hold a CPU per rank
   // (ShmBackendOptions::claimLines).
   bool ranksFit = false;
+  // This rank's mask shares no CPU with any other rank's (a launcher's core
+  // or cores per rank; may differ between ranks): its waits poll as where
+  // its own mask holds the ranks, since no peer ever needs its CPUs.
+  bool ownCpusAlone = false;
 };
 
 class ShmBackend : public Backend {
@@ -198,8 +207,11 @@ class ShmBackend : public Backend {
   // rank). Any thread.
   bool ranksShareCpusEvenly() const { return evenShare_; }
   // Whether this rank claims the lines it alone read
-  // (ShmBackendOptions::claimLines and ShmPlacement::ranksFit).
+  // (ShmBackendOptions::claimLines and ShmPlacement::ranksFit), and whether
+  // its waits for a peer poll before they sleep (its own mask holds the
+  // ranks, or ShmPlacement::ownCpusAlone); set at construction, any thread.
   bool claimsLines() const { return claim_; }
+  bool pollsPeers() const { return spinIterations_ > 0; }
   // Chunks up to this many bytes are reduced whole by every rank (set-up's
   // pick: 64 KiB, or smallChunkBytesWhenCrowded). Any thread.
   size_t smallChunkBytes() const { return scratch_.size(); }
@@ -323,11 +335,13 @@ class ShmBackend : public Backend {
   // (ShmBackendOptions::claimLines) where no other peer reads that range
   // before its owner writes it again: `soleReader`, or two ranks. (The
   // owner may still read its own slot meanwhile; the line then moves back,
-  // which costs time only.) It stores back the bytes it reads, and nobody
-  // writes a peer's slot between the peer's publishing it and this rank's
-  // `consumed`, so a claim never changes a byte: a range wrongly taken for
-  // one this rank alone reads would cost time, not a result.
-  void claimRead(const uint8_t* p, size_t bytes, bool soleReader) const;
+  // which costs time only.) It stores back the bytes it loads. Until this
+  // rank publishes `consumed` for the chunk, the owner writes the range at
+  // most with the same bytes (a pack ahead it published, packed again in
+  // its own run; ShmBackend::peerPrepacked) and no peer writes it at all, so
+  // a claim never changes a byte; a range wrongly taken for one this rank
+  // alone reads costs time, not a result. Executor thread (the collective's).
+  void claimRead(uint8_t* p, size_t bytes, bool soleReader);
   // One rank (no peers) or a payload below minBytes: the fallback runs it.
   bool delegates(size_t bytes) const { return size_ == 1 || bytes < minBytes_; }
   std::function<void()> waitHook_;  // setWaitHook
