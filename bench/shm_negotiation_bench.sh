@@ -29,7 +29,8 @@
 # (mpirun --bind-to core, srun --cpu-bind=cores): hora's rank r through
 # taskset to the r-th CPU of this shell's mask (modulo their count), Open
 # MPI with --bind-to core (overload allowed: more ranks than CPUs). Without it hora's ranks keep the shell's mask and
-# Open MPI its default (--bind-to core up to 2 ranks, socket above).
+# Open MPI its default (--bind-to core up to 2 ranks; none when the ranks
+# outnumber the CPUs, --oversubscribe).
 #
 # Environment: BUILD_DIR (default build), BEFORE_LIB (required for the
 # "before" column; empty skips it), HORA_* pass through to hora's ranks.

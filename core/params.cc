@@ -169,10 +169,11 @@ const std::vector<ParamSpec>& paramRegistry() {
        "slept would then wait a slice for its own core. Never below HORA_SPIN_US; "
        "HORA_SPIN_US=0 turns it off too."},
       {"HORA_SHM_WAIT_SPIN_US", ParamType::kInt, "1000",
-       "Microseconds a wait for a peer in the shared-memory data plane polls (without giving the "
-       "CPU away) before it sleeps, where this rank's own CPU mask holds as many CPUs as the set "
-       "has ranks on the host or no other rank's mask holds any of its CPUs (a launcher's core "
-       "per rank); each such wait may spend up to this much CPU time. A peer further "
+       "Microseconds a wait for a peer in the shared-memory data plane polls before it sleeps: "
+       "without giving the CPU away where this rank's own CPU mask holds as many CPUs as the set "
+       "has ranks on the host, and giving it to the rank's own threads between looks where no "
+       "other rank's mask in the set holds any of its CPUs (a launcher's core per rank); each "
+       "such wait may spend up to this much CPU time. A peer further "
        "behind than a few microseconds was usually pushed off its CPU by another busy process "
        "and comes back within about a time slice: beside two busy loops a 4 MiB allreduce at 2 "
        "ranks took 2-7 ms with a 22 us poll and about 0.6 ms with 0.5 ms or more "

@@ -29,6 +29,9 @@ using Clock = std::chrono::steady_clock;
 // syscall. When the ranks outnumber the cores a spinner steals the core the
 // awaited rank needs, so then waiters yield it (peerYield) or sleep at once.
 constexpr int kSpinIterations = 2000;
+// With ShmPlacement::ownCpusAlone alone, how long a long poll keeps the
+// CPU before it starts giving it to this rank's own threads.
+constexpr int kOwnThreadsFirstUs = 50;
 
 // Longest sleep between checks of abort, deadline and peer liveness.
 constexpr int kSleepSliceMs = 5;
@@ -71,13 +74,18 @@ ShmBackend::ShmBackend(std::vector<std::unique_ptr<ShmSegment>> segments, int ra
   // Touched now, not on the first small allreduce.
   scratch_.assign(std::min(small, segs_[rank_]->slotBytes()), 0);
   // Polling where this rank's own mask holds the ranks, or where no other
-  // rank may run on its CPUs (a launcher's core per rank; every wait here is
-  // for a peer): not merely where the masks together hold a CPU per rank,
+  // rank of the set may run on its CPUs (a launcher's core per rank; every
+  // wait here is for a peer, though the peer may wait for one of this
+  // rank's own threads sharing the CPU, so those polls yield it between
+  // looks: yieldToOwnThreads_): not merely where the masks together hold a
+  // CPU per rank,
   // since they may still share one (masks {0}, {0}, {1,2}) and there a
   // poller keeps the CPU from the peer it waits for. With a core per rank
   // (taskset), 1 MiB at 2 ranks took 136 us sleeping at once against 79
   // polling, 4 MiB 612 against 318 (bench/results/2026-11-28-claim-lines.md).
-  spinIterations_ = size_ <= usableCpuCount() || placement.ownCpusAlone ? kSpinIterations : 0;
+  const bool ownMaskHoldsRanks = size_ <= usableCpuCount();
+  spinIterations_ = ownMaskHoldsRanks || placement.ownCpusAlone ? kSpinIterations : 0;
+  yieldToOwnThreads_ = !ownMaskHoldsRanks && placement.ownCpusAlone;
   if (spinIterations_ > 0) spinWindow_ = opts_.peerSpin;
   evenShare_ = placement.evenShare;
   claim_ = opts_.claimLines && (placement.ranksFit || opts_.claimLinesAnyPlacement) && size_ > 1;
@@ -207,11 +215,23 @@ Status ShmBackend::waitFor(int peer, ShmCounter ShmHeader::*which, uint32_t want
   // next to two busy loops took 2.1-4.0 ms with the short spin above, about
   // 0.6 ms polling for 0.55 ms or more (bench/results/2026-11-28-peer-spin.md).
   if (spinWindow_.count() > 0) {
-    const Clock::time_point until = Clock::now() + spinWindow_;
+    const Clock::time_point start = Clock::now(), until = start + spinWindow_;
+    // On a CPU of its own but shared with this rank's other threads (a
+    // launcher's core per rank) the peer may be waiting for one of them
+    // (the control thread's frames still going out): past the first
+    // kOwnThreadsFirstUs, give the CPU away every 64 looks. Not sooner: a
+    // yield from the start, handing the CPU to the rank's own polling
+    // threads, made 4 MiB allreduces 7-9% slower with taskset'd ranks.
+    const Clock::time_point yieldFrom =
+        yieldToOwnThreads_ ? start + std::chrono::microseconds(kOwnThreadsFirstUs) : until;
     for (uint32_t i = 1;; ++i) {
       if (shmReached(word.load(std::memory_order_acquire), want)) return Status::ok();
-      if ((i & 63) == 0 && (aborted_.load(std::memory_order_relaxed) || Clock::now() >= until))
-        break;
+      if ((i & 63) == 0) {
+        if (aborted_.load(std::memory_order_relaxed)) break;
+        const Clock::time_point now = Clock::now();
+        if (now >= until) break;
+        if (now >= yieldFrom) ::sched_yield();
+      }
       cpuRelax();
     }
   }

@@ -84,14 +84,17 @@ struct ShmBackendOptions {
   // a wait for a peer gives the CPU away (sched_yield) between looks for up
   // to this long before it sleeps: the core goes straight to a rank with
   // work, with no futex wake-up on either side. With uneven shares (3 ranks
-  // on 2 CPUs) or per-rank masks (a launcher's CPUs per rank) waiters sleep
-  // at once: there a rank's idle CPU takes work from a crowded one, and
+  // on 2 CPUs) or per-rank masks (a launcher's CPUs per rank) waiters do not
+  // yield to peers (they sleep at once, or poll: peerSpin): there a rank's
+  // idle CPU takes work from a crowded one, and
   // yielding made 4 MiB allreduces up to 1.6x slower at 3 ranks on 2 CPUs.
   // 0: always sleep at once (HORA_SPIN_US=0).
   std::chrono::microseconds peerYield{0};
   // Where this rank's own CPU mask holds the communicator's ranks, a wait
   // for a peer polls (without giving the CPU away) for up to this long
-  // before it sleeps. The peer is usually
+  // before it sleeps; where no other rank's mask holds this rank's CPUs
+  // (ShmPlacement::ownCpusAlone) it polls too, giving the CPU to this
+  // rank's own threads between looks. The peer is usually
   // microseconds behind; when it is further behind, another busy process
   // (data-loader workers, a second job) has usually pushed it off its CPU,
   // and it comes back within about one scheduler time slice. A waiter that
@@ -124,11 +127,11 @@ struct ShmBackendOptions {
   // (3 ranks on 2 CPUs, 4 MiB: 15% slower). HORA_SHM_CLAIM_LINES.
   bool claimLines = true;
   // Tests: claim wherever claimLines is set, whatever the placement (so that
-  // 3 and 4 ranks on a 2-CPU machine run the claiming paths too), and
-  // non-zero: a claim loads its bytes, waits this long, then stores them
-  // (a claim placed where the owner may already write would then undo the
-  // write often enough for a test to see).
+  // 3 and 4 ranks on a 2-CPU machine run the claiming paths too).
   bool claimLinesAnyPlacement = false;
+  // Tests, non-zero: a claim loads its bytes, waits this long, then stores
+  // them (a claim placed where the owner may already write would then undo
+  // the write often enough for a test to see).
   std::chrono::microseconds claimHoldForTests{0};
   // Bounds every wait for a peer.
   std::chrono::milliseconds timeout{30000};
@@ -147,10 +150,9 @@ struct ShmBackendOptions {
 };
 
 // How a communicator's ranks sit on the CPUs: decided by createShmBackend
-// from every rank's affinity mask, so the same on every rank.
+// from every rank's affinity mask; the same on every rank except
+// ownCpusAlone.
 struct ShmPlacement {
-  // (Whether waits poll, peerSpin, follows the rank's own mask: with a
-  // launcher's core per rank the rank's own threads share it.)
   // One mask on every rank, the ranks a multiple of its CPUs: waits yield
   // (peerYield), callers are homed (HORA_HOME_CALLER).
   bool evenShare = false;
@@ -160,9 +162,12 @@ struct ShmPlacement {
   // Every rank's mask known and together they hold a CPU per rank
   // (ShmBackendOptions::claimLines).
   bool ranksFit = false;
-  // This rank's mask shares no CPU with any other rank's (a launcher's core
-  // or cores per rank; may differ between ranks): its waits poll as where
-  // its own mask holds the ranks, since no peer ever needs its CPUs.
+  // This rank's mask shares no CPU with any other rank's of the communicator
+  // (a launcher's core or cores per rank; may differ between ranks): its
+  // waits poll as where its own mask holds the ranks, since no peer of the
+  // communicator needs its CPUs, but give the CPU to this rank's own
+  // threads between looks (a peer may wait for one of them). Ranks outside
+  // the communicator (another process set, another job) are not seen.
   bool ownCpusAlone = false;
 };
 
@@ -366,13 +371,14 @@ class ShmBackend : public Backend {
   const int size_;
   std::unique_ptr<Backend> fallback_;
   const ShmBackendOptions opts_;
-  uint64_t chunks_ = 0;           // chunks run so far; executor thread only
-  size_t chunkBytes_;             // the pipeline's chunk (autotune); executor thread only
-  size_t minBytes_;               // below: the fallback (autotune); executor thread only
-  std::vector<uint8_t> scratch_;  // small-chunk reduction target; executor thread only
-  int spinIterations_ = 0;        // before sleeping; 0 when ranks outnumber cores
-  bool evenShare_ = false;        // ranksShareCpusEvenly
-  bool claim_ = false;            // claimsLines
+  uint64_t chunks_ = 0;             // chunks run so far; executor thread only
+  size_t chunkBytes_;               // the pipeline's chunk (autotune); executor thread only
+  size_t minBytes_;                 // below: the fallback (autotune); executor thread only
+  std::vector<uint8_t> scratch_;    // small-chunk reduction target; executor thread only
+  int spinIterations_ = 0;          // before sleeping; 0 where waits sleep at once (pollsPeers)
+  bool yieldToOwnThreads_ = false;  // polls give the CPU away between looks (ownCpusAlone)
+  bool evenShare_ = false;          // ranksShareCpusEvenly
+  bool claim_ = false;              // claimsLines
   std::chrono::nanoseconds yieldWindow_{0};  // before sleeping (ShmBackendOptions::peerYield)
   std::chrono::nanoseconds spinWindow_{0};   // before sleeping (ShmBackendOptions::peerSpin)
   std::vector<bool> watchPid_;               // whether a peer's death shows as its pid vanishing

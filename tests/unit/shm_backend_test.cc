@@ -1040,29 +1040,38 @@ TEST(ShmBackendTest, PlacementFollowsEveryRanksMask) {
   // smallChunkBytesWhenCrowded are reduced whole where the ranks outnumber
   // the CPUs otherwise (uneven shares, or per-rank masks holding fewer CPUs
   // than ranks); read lines are claimed only where the masks together hold
-  // a CPU per rank. Each rank's mask is set on its own thread, in the options
-  // callback, which runs there before the set-up. The results are checked
-  // on both paths (256 KiB chunks: whole where crowded, split elsewhere).
+  // a CPU per rank. Waits poll per rank: where its own mask holds the ranks
+  // or no other rank's mask holds its CPUs. Each rank's mask is set on its own thread, in the
+  // options callback, which runs there before the set-up. The results are checked on both paths
+  // (256 KiB chunks: whole where crowded, split elsewhere).
   const std::vector<int> cpus = allowedCpus();
   if (cpus.size() < 2) GTEST_SKIP() << "one allowed CPU";
   struct Case {
     int size;
     std::function<std::vector<int>(int)> mask;
-    bool even, crowded, fit, polls;
+    bool even, crowded, fit;
+    std::function<bool(int)> polls;  // per rank: may differ (ownCpusAlone)
   };
   const std::vector<int> two{cpus[0], cpus[1]};
+  auto all = [](bool v) { return [v](int) { return v; }; };
+  auto one = [&](size_t i) { return std::vector<int>{cpus[i]}; };
   const Case cases[] = {
-      {2, [&](int) { return std::vector<int>{cpus[0]}; }, true, false, false, false},
-      {4, [&](int) { return two; }, true, false, false, false},
-      {3, [&](int) { return two; }, false, true, false, false},
-      {2, [&](int) { return two; }, false, false, true, true},
+      {2, [&](int) { return one(0); }, true, false, false, all(false)},
+      {4, [&](int) { return two; }, true, false, false, all(false)},
+      {3, [&](int) { return two; }, false, true, false, all(false)},
+      {2, [&](int) { return two; }, false, false, true, all(true)},
       // A launcher's CPU per rank: a CPU each, the masks differ; no peer
       // runs on a rank's CPU, so its waits poll.
-      {2, [&](int r) { return std::vector<int>{cpus[static_cast<size_t>(r)]}; }, false, false, true,
-       true},
+      {2, [&](int r) { return one(static_cast<size_t>(r)); }, false, false, true, all(true)},
       // A launcher's CPU per pair of ranks: the masks differ.
-      {4, [&](int r) { return std::vector<int>{cpus[static_cast<size_t>(r / 2)]}; }, false, true,
-       false, false},
+      {4, [&](int r) { return one(static_cast<size_t>(r / 2)); }, false, true, false, all(false)},
+      // Two ranks on one CPU, a third alone on the other: only it polls.
+      {3, [&](int r) { return one(r < 2 ? 0 : 1); }, false, true, false,
+       [](int r) { return r == 2; }},
+      // Rank 0's own mask holds both ranks (it polls); rank 1's CPU is also
+      // rank 0's (it sleeps at once).
+      {2, [&](int r) { return r == 0 ? two : one(1); }, false, false, true,
+       [](int r) { return r == 0; }},
   };
   for (const Case& c : cases) {
     ShmWorld w = makeShmWorld(c.size, [&](int r) {
@@ -1082,7 +1091,7 @@ TEST(ShmBackendTest, PlacementFollowsEveryRanksMask) {
       EXPECT_EQ(shm->ranksShareCpusEvenly(), c.even) << c.size << " ranks, rank " << r;
       // Claiming read lines (on by default) only where every rank has a CPU.
       EXPECT_EQ(shm->claimsLines(), c.fit) << c.size << " ranks, rank " << r;
-      EXPECT_EQ(shm->pollsPeers(), c.polls) << c.size << " ranks, rank " << r;
+      EXPECT_EQ(shm->pollsPeers(), c.polls(r)) << c.size << " ranks, rank " << r;
       EXPECT_EQ(shm->smallChunkBytes(), c.crowded ? size_t{256} << 10 : size_t{64} << 10)
           << c.size << " ranks, rank " << r;
     }
