@@ -373,14 +373,19 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   // Packing ahead is for the shared-memory plane only (the one whose memory
   // a rank can fill before its peers are ready): while the negotiation runs
   // with a core per rank, before the request where the ranks outnumber the
-  // cores (SetController::setPacker).
+  // cores (SetController::setPacker). A core per rank as the shared-memory
+  // set-up found it (ShmBackend::pollsPeers: this rank's mask holds the
+  // ranks, or no other rank's mask holds its CPUs, as with a launcher's core
+  // per rank), not merely by this process's own mask.
   if (onShm && o.packAhead) {
     Executor* ex = ps->executor_.get();
+    const auto* shm = dynamic_cast<const ShmBackend*>(ps->backend_.get());
+    const bool crowded = shm ? !shm->pollsPeers() : ps->backend_->size() > usableCpuCount();
     ps->controller_->setPacker(
         [ex](TensorEntry& e, const std::function<bool()>& stop) {
           return ex->prepareHere(e, stop);
         },
-        ps->backend_->size() > usableCpuCount(), [ex] { ex->withdrawPrepared(); });
+        crowded, [ex] { ex->withdrawPrepared(); });
   }
   ps->controller_->setCallerDrives(o.callerDrives);
   setUpArmed->store(false);
