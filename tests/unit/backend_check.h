@@ -1,7 +1,7 @@
 // Backend checks shared by the backend unit tests (Gloo, shm): ranks as
 // threads over one World, small-integer data so every dtype's result is exact,
 // and the allreduceGather contract (every element packed once before it is
-// unpacked once, with its final value).
+// unpacked once, with its final value); allgatherv and reducescatter results.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -256,6 +256,30 @@ inline void checkAllgatherv(World& world, const std::vector<size_t>& counts) {
               << "rank " << r << (inPlace ? " in place" : "") << " [" << k << "]";
     });
   }
+}
+
+// Rank r's region of a reducescatter (counts[r] elements at their offset)
+// must hold the reduction over every rank; other regions are free to change.
+inline void checkReducescatter(World& world, const std::vector<size_t>& counts, DataType dt,
+                               ReduceOp op) {
+  const int size = static_cast<int>(world.size());
+  const size_t es = dataTypeSize(dt);
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  runRanks(world, [&](int r, Backend& b) {
+    std::vector<uint8_t> buf(total * es + 1);  // +1: never a null pointer
+    for (size_t i = 0; i < total; ++i) storeInt(dt, buf.data(), i, inputValue(dt, op, r, i));
+    Status s = b.reducescatter(buf.data(), counts, dt, op);
+    ASSERT_TRUE(s.isOk()) << s.toString();
+    size_t offset = 0;
+    for (int q = 0; q < r; ++q) offset += counts[q];
+    std::vector<uint8_t> want(counts[r] * es);
+    for (size_t i = 0; i < counts[r]; ++i) {
+      storeInt(dt, want.data(), i, expectedValue(dt, op, size, offset + i));
+    }
+    EXPECT_TRUE(sameBytes(buf.data() + offset * es, want.data(), want.size()))
+        << "rank " << r << " " << dataTypeName(dt) << " " << reduceOpName(op);
+  });
 }
 
 }  // namespace

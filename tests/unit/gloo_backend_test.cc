@@ -152,27 +152,6 @@ TEST_P(GlooWorldTest, AlltoallvUnevenSplitsIncludingZero) {
   });
 }
 
-void checkReducescatter(World& world, const std::vector<size_t>& counts, DataType dt, ReduceOp op) {
-  const int size = static_cast<int>(world.size());
-  const size_t es = dataTypeSize(dt);
-  size_t total = 0;
-  for (size_t c : counts) total += c;
-  runRanks(world, [&](int r, Backend& b) {
-    std::vector<uint8_t> buf(total * es + 1);  // +1: never a null pointer
-    for (size_t i = 0; i < total; ++i) storeInt(dt, buf.data(), i, inputValue(dt, op, r, i));
-    Status s = b.reducescatter(buf.data(), counts, dt, op);
-    ASSERT_TRUE(s.isOk()) << s.toString();
-    size_t offset = 0;
-    for (int q = 0; q < r; ++q) offset += counts[q];
-    std::vector<uint8_t> want(counts[r] * es);
-    for (size_t i = 0; i < counts[r]; ++i) {
-      storeInt(dt, want.data(), i, expectedValue(dt, op, size, offset + i));
-    }
-    EXPECT_TRUE(sameBytes(buf.data() + offset * es, want.data(), want.size()))
-        << "rank " << r << " " << dataTypeName(dt) << " " << reduceOpName(op);
-  });
-}
-
 TEST_P(GlooWorldTest, ReducescatterUnevenCountsIncludingZero) {
   World world = makeWorld(GetParam());
   const int size = GetParam();

@@ -580,36 +580,16 @@ TEST_P(ShmWorldTest, PayloadsOnBothSidesOfMinBytesAreCorrect) {
     checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, count);
 }
 
-// Rank r's region of a reducescatter (counts[r] elements at their offset)
-// must hold the reduction over every rank; other regions are free to change.
-// Counts 1, 0, 3, 2 units; every dtype and op; then an allreduce (counters
-// and slots stay in step for the next collective).
+// checkReducescatter (backend_check.h) with counts 1, 0, 3, 2 units, every
+// dtype and op; then an allreduce (counters and slots stay in step for the
+// next collective).
 void checkReducescatterUneven(World& world, size_t unit) {
   const int size = static_cast<int>(world.size());
   std::vector<size_t> counts(size);
   for (int r = 0; r < size; ++r) counts[r] = ((r * 3 + 1) % 4) * unit;
-  size_t total = 0;
-  for (size_t c : counts) total += c;
-  for (DataType dt : kAllTypes) {
-    for (ReduceOp op : kReduceOps) {
-      if (!reduceOpSupported(op, dt)) continue;
-      const size_t es = dataTypeSize(dt);
-      runRanks(world, [&](int r, Backend& b) {
-        std::vector<uint8_t> buf(total * es);
-        for (size_t i = 0; i < total; ++i) storeInt(dt, buf.data(), i, inputValue(dt, op, r, i));
-        Status s = b.reducescatter(buf.data(), counts, dt, op);
-        ASSERT_TRUE(s.isOk()) << s.toString();
-        size_t off = 0;
-        for (int q = 0; q < r; ++q) off += counts[q];
-        std::vector<uint8_t> want(counts[r] * es);
-        for (size_t i = 0; i < counts[r]; ++i)
-          storeInt(dt, want.data(), i, expectedValue(dt, op, size, off + i));
-        EXPECT_TRUE(sameBytes(buf.data() + off * es, want.data(), want.size()))
-            << "rank " << r << " " << dataTypeName(dt) << " " << reduceOpName(op) << " unit "
-            << unit;
-      });
-    }
-  }
+  for (DataType dt : kAllTypes)
+    for (ReduceOp op : kReduceOps)
+      if (reduceOpSupported(op, dt)) checkReducescatter(world, counts, dt, op);
   checkAllreduce(world, DataType::kFloat32, ReduceOp::kSum, 5000);
 }
 
