@@ -71,7 +71,11 @@ ProcessSet::ProcessSet(std::string name, std::vector<int> globalRanks, int rank,
       opts_(std::move(options)),
       health_(name_, opts_.logger) {
   health_.setElastic(opts_.elastic);
-  spin_ = spinPolicyFor(opts_.spinUs, opts_.localSize);
+  setSpin(spinPolicyFor(opts_.spinUs, opts_.localSize));
+}
+
+void ProcessSet::setSpin(const SpinPolicy& spin) {
+  spin_ = spin;
   driveSpin_ = spin_;
   if (spin_.enabled() && !spin_.yieldToPeers)
     driveSpin_.window = std::max(
@@ -282,6 +286,17 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   // The chunk shared memory picked at set-up (it depends on the ranks' CPUs).
   if (auto* shm = dynamic_cast<const ShmBackend*>(ps->backend_.get())) {
     start.shmChunkBytes = static_cast<int64_t>(shm->initialChunkBytes());
+    // The process's own mask holds fewer CPUs than the host's ranks, but no
+    // other rank's mask holds any of them (a launcher's core per rank; the
+    // set-up compared every rank's mask): a framework thread polling for a
+    // peer need not give it the core (it still does while it waits for a
+    // thread of its own). Before any of the set's threads run. 2 ranks
+    // bound by taskset, 4 B: see bench/results/2026-11-28-claim-lines.md.
+    if (ps->spin_.yieldToPeers && shm->pollsPeers()) {
+      SpinPolicy spin = ps->spin_;
+      spin.yieldToPeers = false;
+      ps->setSpin(spin);
+    }
     // Homing where the shared-memory set-up found every rank on one mask,
     // two or more ranks to each of its CPUs (not where a launcher gave each
     // rank CPUs of its own).

@@ -186,6 +186,9 @@ class ProcessSet {
   const std::vector<int> globalRanks_;
   const int rank_;
   const SetOptions opts_;
+  // Sets spin_, driveSpin_ and the queue's policy; before the set's threads
+  // start (constructor, create).
+  void setSpin(const SpinPolicy& spin);
   SpinPolicy spin_;
   // spin_ with HORA_WAIT_SPIN_US's window while the ranks fit the cores.
   SpinPolicy driveSpin_;
