@@ -164,7 +164,8 @@ const std::vector<ParamSpec>& paramRegistry() {
        "Microseconds a framework thread blocked in hora_wait on a collective of a set "
        "negotiating through shared memory keeps polling after the last progress, doing the "
        "set's control work meanwhile, before it sleeps; only while the host's ranks fit its "
-       "cores (otherwise HORA_SPIN_US). About one scheduler time slice: a peer rank that "
+       "cores, or no other rank's mask holds this rank's CPUs (a launcher's core per rank; "
+       "otherwise HORA_SPIN_US). About one scheduler time slice: a peer rank that "
        "another busy process pushed off its core comes back within one, and a waiter that "
        "slept would then wait a slice for its own core. Never below HORA_SPIN_US; "
        "HORA_SPIN_US=0 turns it off too."},
