@@ -23,6 +23,9 @@
 // when the thread it waits for may need its core: always when the ranks
 // alone outnumber the cores (a peer rank's thread), and otherwise only while
 // it waits for a thread of its own process (`yield`; the caller knows which).
+// spinPolicyFor judges by this process's own mask; a process set whose
+// shared-memory set-up finds no other rank on this rank's CPUs (a launcher's
+// core per rank) clears yieldToPeers afterwards (bindings/c process_set.cc).
 //
 // Any thread; no state of its own.
 #pragma once

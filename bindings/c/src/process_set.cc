@@ -290,9 +290,12 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
     // other rank's mask holds any of them (a launcher's core per rank; the
     // set-up compared every rank's mask): a framework thread polling for a
     // peer need not give it the core (it still does while it waits for a
-    // thread of its own). Before any of the set's threads run. 2 ranks
-    // bound by taskset, 4 B: see bench/results/2026-11-28-claim-lines.md.
-    if (ps->spin_.yieldToPeers && shm->pollsPeers()) {
+    // thread of its own). Only where the set holds every rank of the host:
+    // the set-up sees its own members' masks alone, and a smaller set (2 of
+    // 4 ranks on 2 CPUs) would otherwise take the host for uncrowded.
+    // Before any of the set's threads run. 2 ranks bound by taskset, 4 B:
+    // see bench/results/2026-11-28-claim-lines.md.
+    if (ps->spin_.yieldToPeers && ps->size() == o.localSize && shm->pollsPeers()) {
       SpinPolicy spin = ps->spin_;
       spin.yieldToPeers = false;
       ps->setSpin(spin);
@@ -395,7 +398,9 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   if (onShm && o.packAhead) {
     Executor* ex = ps->executor_.get();
     const auto* shm = dynamic_cast<const ShmBackend*>(ps->backend_.get());
-    const bool crowded = shm ? !shm->pollsPeers() : ps->backend_->size() > usableCpuCount();
+    // (As above, only where the set holds every rank of the host.)
+    const bool crowded = shm && ps->size() == o.localSize ? !shm->pollsPeers()
+                                                          : ps->backend_->size() > usableCpuCount();
     ps->controller_->setPacker(
         [ex](TensorEntry& e, const std::function<bool()>& stop) {
           return ex->prepareHere(e, stop);

@@ -190,7 +190,8 @@ class ProcessSet {
   // start (constructor, create).
   void setSpin(const SpinPolicy& spin);
   SpinPolicy spin_;
-  // spin_ with HORA_WAIT_SPIN_US's window while the ranks fit the cores.
+  // spin_ with HORA_WAIT_SPIN_US's window while it need not yield to peers
+  // (the ranks fit the cores, or a launcher gave each its own; create).
   SpinPolicy driveSpin_;
   int homeCpu_ = -1;                      // SetOptions::callerHomeCpu where it applies (create)
   std::atomic<int64_t> lastHomingNs_{0};  // homeCaller's rate limit (steady clock)
