@@ -193,8 +193,8 @@ const std::vector<ParamSpec>& paramRegistry() {
        "set-up), a rank that has read part of a peer's shared-memory slot that no other rank "
        "reads stores each of its cache lines back unchanged, so that the owner's next write "
        "takes each line over in one transfer instead of first invalidating the reader's copy. "
-       "On an AMD EPYC VM copying 64 KiB into a slot the peer had read took 7-29 us against "
-       "1.6-4.1 us, and 2-rank allreduces from 64 KiB to 4 MiB took 7-62% less time "
+       "On an AMD EPYC VM copying 64 KiB into a slot the peer had read took 7-31 us against "
+       "1.6-4.6 us, and 2-rank allreduces from 64 KiB to 4 MiB took 7-62% less time "
        "(bench/results/2026-11-28-claim-lines.md). Where ranks share CPUs it is not done (a "
        "pure extra pass there). 0: never."},
       {"HORA_HOME_CALLER", ParamType::kBool, "1",

@@ -77,10 +77,9 @@ ShmBackend::ShmBackend(std::vector<std::unique_ptr<ShmSegment>> segments, int ra
   // rank of the set may run on its CPUs (a launcher's core per rank; every
   // wait here is for a peer, though the peer may wait for one of this
   // rank's own threads sharing the CPU, so those polls yield it between
-  // looks: yieldToOwnThreads_): not merely where the masks together hold a
-  // CPU per rank,
-  // since they may still share one (masks {0}, {0}, {1,2}) and there a
-  // poller keeps the CPU from the peer it waits for. With a core per rank
+  // looks: yieldToOwnThreads_). Not merely where the masks together hold a
+  // CPU per rank: they may still share one (masks {0}, {0}, {1,2}), and
+  // there a poller keeps the CPU from the peer it waits for. With a core per rank
   // (taskset), 1 MiB at 2 ranks took 136 us sleeping at once against 79
   // polling, 4 MiB 612 against 318 (bench/results/2026-11-28-claim-lines.md).
   const bool ownMaskHoldsRanks = size_ <= usableCpuCount();
@@ -153,27 +152,24 @@ void ShmBackend::claimRead(uint8_t* p, size_t bytes, bool soleReader) {
   if (!claim_ || bytes == 0 || !(soleReader || size_ == 2)) return;
   // The first byte, then the first byte of every later line the range
   // touches (a range may start mid-line: reducescatter regions).
-  const uintptr_t first = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t next = (first / kLineBytes + 1) * kLineBytes;
-  if (opts_.claimHoldForTests.count() > 0) {
-    // Tests: every byte read first, stored back after a pause, so that a
-    // claim placed where the owner may write meanwhile would undo the write.
-    std::vector<std::pair<uint8_t*, uint8_t>> seen;
-    seen.emplace_back(p, __atomic_load_n(p, __ATOMIC_RELAXED));
-    for (uintptr_t a = next; a < first + bytes; a += kLineBytes) {
-      auto* b = reinterpret_cast<uint8_t*>(a);
-      seen.emplace_back(b, __atomic_load_n(b, __ATOMIC_RELAXED));
-    }
-    std::this_thread::sleep_for(opts_.claimHoldForTests);
-    for (const auto& [b, v] : seen) __atomic_store_n(b, v, __ATOMIC_RELAXED);
+  auto forEachLine = [p, bytes](auto&& fn) {
+    const uintptr_t first = reinterpret_cast<uintptr_t>(p);
+    fn(p);
+    for (uintptr_t a = (first / kLineBytes + 1) * kLineBytes; a < first + bytes; a += kLineBytes)
+      fn(reinterpret_cast<uint8_t*>(a));
+  };
+  // Relaxed atomics: a store the compiler may not drop, of the byte loaded.
+  auto load = [](uint8_t* b) { return __atomic_load_n(b, __ATOMIC_RELAXED); };
+  if (opts_.claimHoldForTests.count() == 0) {
+    forEachLine([&](uint8_t* b) { __atomic_store_n(b, load(b), __ATOMIC_RELAXED); });
     return;
   }
-  // Relaxed atomics: a store the compiler may not drop, of the byte loaded.
-  __atomic_store_n(p, __atomic_load_n(p, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
-  for (uintptr_t a = next; a < first + bytes; a += kLineBytes) {
-    auto* b = reinterpret_cast<uint8_t*>(a);
-    __atomic_store_n(b, __atomic_load_n(b, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
-  }
+  // Tests: every byte read first, stored back after a pause, so that a claim
+  // placed where the owner may write meanwhile would undo the write.
+  std::vector<std::pair<uint8_t*, uint8_t>> seen;
+  forEachLine([&](uint8_t* b) { seen.emplace_back(b, load(b)); });
+  std::this_thread::sleep_for(opts_.claimHoldForTests);
+  for (const auto& [b, v] : seen) __atomic_store_n(b, v, __ATOMIC_RELAXED);
 }
 
 Status ShmBackend::waitSlotFree(uint32_t c, const std::string& what) {

@@ -119,8 +119,8 @@ struct ShmBackendOptions {
   // reader's cache, and the owner's next write takes them over in one
   // transfer. Left shared by both cores, the owner's write must first
   // invalidate the reader's copy of every line, and on the AMD EPYC VM here
-  // that made copying 64 KiB into a slot the peer had read cost 7-29 us
-  // instead of 1.6-4.1 us; 2-rank allreduces at 64 KiB took 10.3 against
+  // that made copying 64 KiB into a slot the peer had read cost 7-31 us
+  // instead of 1.6-4.6 us; 2-rank allreduces at 64 KiB took 10.3 against
   // 19.0 us and 8.3 against 13.7 us in two runs (medians; 7-62% less time
   // from 64 KiB to 4 MiB; bench/results/2026-11-28-claim-lines.md). Where ranks
   // share CPUs the lines mostly stay in one core and the pass is pure cost

@@ -284,18 +284,22 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   start.cycleTimeUs = o.cycleTime.count();
   start.shmChunkBytes = o.shmChunkBytes;
   // The chunk shared memory picked at set-up (it depends on the ranks' CPUs).
-  if (auto* shm = dynamic_cast<const ShmBackend*>(ps->backend_.get())) {
+  const auto* shm = dynamic_cast<const ShmBackend*>(ps->backend_.get());
+  // Whether the shared-memory set-up found this rank's CPUs its own: its
+  // mask holds the ranks, or no other rank's mask holds any of them (a
+  // launcher's core per rank; ShmBackend::pollsPeers). Only where the set
+  // holds every rank of the host: the set-up sees its own members' masks
+  // alone, and a smaller set (2 of 4 ranks on 2 CPUs) would otherwise take
+  // the host for uncrowded.
+  const bool ownCores = shm && ps->size() == o.localSize && shm->pollsPeers();
+  if (shm) {
     start.shmChunkBytes = static_cast<int64_t>(shm->initialChunkBytes());
-    // The process's own mask holds fewer CPUs than the host's ranks, but no
-    // other rank's mask holds any of them (a launcher's core per rank; the
-    // set-up compared every rank's mask): a framework thread polling for a
-    // peer need not give it the core (it still does while it waits for a
-    // thread of its own). Only where the set holds every rank of the host:
-    // the set-up sees its own members' masks alone, and a smaller set (2 of
-    // 4 ranks on 2 CPUs) would otherwise take the host for uncrowded.
-    // Before any of the set's threads run. 2 ranks bound by taskset, 4 B:
-    // see bench/results/2026-11-28-claim-lines.md.
-    if (ps->spin_.yieldToPeers && ps->size() == o.localSize && shm->pollsPeers()) {
+    // Where the process's own mask holds fewer CPUs than the host's ranks
+    // but the cores are its own: a framework thread polling for a peer need
+    // not give its core away (it still does while it waits for a thread of
+    // its own). Before any of the set's threads run. 2 ranks bound by
+    // taskset, 4 B: see bench/results/2026-11-28-claim-lines.md.
+    if (ps->spin_.yieldToPeers && ownCores) {
       SpinPolicy spin = ps->spin_;
       spin.yieldToPeers = false;
       ps->setSpin(spin);
@@ -392,15 +396,10 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   // a rank can fill before its peers are ready): while the negotiation runs
   // with a core per rank, before the request where the ranks outnumber the
   // cores (SetController::setPacker). A core per rank as the shared-memory
-  // set-up found it (ShmBackend::pollsPeers: this rank's mask holds the
-  // ranks, or no other rank's mask holds its CPUs, as with a launcher's core
-  // per rank), not merely by this process's own mask.
+  // set-up found it (ownCores), else as this process's own mask says.
   if (onShm && o.packAhead) {
     Executor* ex = ps->executor_.get();
-    const auto* shm = dynamic_cast<const ShmBackend*>(ps->backend_.get());
-    // (As above, only where the set holds every rank of the host.)
-    const bool crowded = shm && ps->size() == o.localSize ? !shm->pollsPeers()
-                                                          : ps->backend_->size() > usableCpuCount();
+    const bool crowded = !ownCores && ps->backend_->size() > usableCpuCount();
     ps->controller_->setPacker(
         [ex](TensorEntry& e, const std::function<bool()>& stop) {
           return ex->prepareHere(e, stop);
