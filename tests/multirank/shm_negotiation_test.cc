@@ -301,13 +301,19 @@ TEST(ShmNegotiation, SmallAllreducesRunOnTheControlThreadLargeOnesOnTheExecutor)
 // controlThreadGroups(small, large); `count` reads from a rank's output how
 // many allreduces its waiting caller ran. Off, every run must show 0; on,
 // every rank must show at least `atLeast` in one of three runs (load can
-// make a whole run miss). `check` adds per-rank checks of every run.
+// make a whole run miss), or at least one where the ranks outnumber the CPUs:
+// 3 ranks on the 2-CPU CI machine showed 6-8 of 40 in all three runs once
+// (each caller loses its CPU to another rank's threads while it waits).
+// `check` adds per-rank checks of every run.
 void expectWaitingCallerRuns(int small, int large, long atLeast, const char* what,
                              const std::function<long(const std::string&)>& count,
                              const std::function<void(const std::string&)>& check) {
+  const long cpus = static_cast<long>(std::thread::hardware_concurrency());
   for (int size : {2, 3}) {
+    const long bar = size > cpus ? 1 : atLeast;
     for (const char* on : {"1", "0"}) {
-      SCOPED_TRACE("size " + std::to_string(size) + ", HORA_CALLER_DRIVES=" + on);
+      SCOPED_TRACE("size " + std::to_string(size) + ", HORA_CALLER_DRIVES=" + on + ", at least " +
+                   std::to_string(bar));
       std::string outputs;
       bool shown = false;
       for (int attempt = 0; attempt < 3 && !shown; ++attempt) {
@@ -323,12 +329,12 @@ void expectWaitingCallerRuns(int small, int large, long atLeast, const char* wha
             EXPECT_EQ(phaseCount(r.output, 524288, "caller"), 0) << r.output;
             continue;
           }
-          if (count(r.output) < atLeast) shown = false;
+          if (count(r.output) < bar) shown = false;
           outputs += r.output;
         }
       }
       if (on[0] == '1') {
-        EXPECT_TRUE(shown) << "in three runs some rank's waiting caller ran fewer than " << atLeast
+        EXPECT_TRUE(shown) << "in three runs some rank's waiting caller ran fewer than " << bar
                            << " " << what << ":\n"
                            << outputs;
       }
