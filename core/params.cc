@@ -331,6 +331,19 @@ bool stallDisable(const std::string& in, std::string* out, std::string* error) {
   return true;
 }
 
+// HOROVOD_HIERARCHICAL_ALLREDUCE=1 -> HORA_HIER_ALLREDUCE=hier; =0 asks for
+// nothing: Horovod's 0 is its default, and hora's default (auto) already
+// keeps one flat ring where the hierarchy does not apply.
+bool hierAllreduce(const std::string& in, std::string* out, std::string* error) {
+  bool b = false;
+  if (!horovodBool(in, &b)) {
+    *error = "is not an integer (1 asks for the hierarchical allreduce)";
+    return false;
+  }
+  *out = b ? "hier" : "";
+  return true;
+}
+
 // Horovod's levels are hora's, plus fatal (hora's nearest: error).
 bool logLevel(const std::string& in, std::string* out, std::string*) {
   std::string v;
@@ -383,10 +396,12 @@ const std::vector<HorovodAlias>& horovodAliases() {
        "hora's tuner is a coordinate search, not Bayesian optimisation"},
       {"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", nullptr, nullptr,
        "hora's tuner is a coordinate search, not Bayesian optimisation"},
-      {"HOROVOD_HIERARCHICAL_ALLREDUCE", nullptr, nullptr,
-       "hora has no hierarchical allreduce (one host: shared memory; else Gloo ring/bcube or "
-       "NCCL)"},
-      {"HOROVOD_HIERARCHICAL_ALLGATHER", nullptr, nullptr, "hora has no hierarchical allgather"},
+      {"HOROVOD_HIERARCHICAL_ALLREDUCE", "HORA_HIER_ALLREDUCE", hierAllreduce,
+       "1 sets HORA_HIER_ALLREDUCE=hier (shared memory inside each host, Gloo across; CPU "
+       "tensors); 0 changes nothing (hora's auto is hierarchical only where a set spans hosts "
+       "with several ranks on each)"},
+      {"HOROVOD_HIERARCHICAL_ALLGATHER", nullptr, nullptr,
+       "hora has no hierarchical allgather (one host: shared memory; else Gloo)"},
       {"HOROVOD_TORUS_ALLREDUCE", nullptr, nullptr, "hora has no torus allreduce"},
       {"HOROVOD_LOG_HIDE_TIME", nullptr, nullptr, "hora's log lines always carry the time"},
       {"HOROVOD_NUM_NCCL_STREAMS", nullptr, nullptr, "hora uses one NCCL stream per process set"},

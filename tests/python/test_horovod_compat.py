@@ -106,7 +106,8 @@ def horovod_env_job(rank, size):
     os.environ.pop("HORA_LOCAL_SIZE", None)
     os.environ.update({"HOROVOD_LOCAL_RANK": str(rank), "HOROVOD_LOCAL_SIZE": str(size), "HOROVOD_CROSS_RANK": "0",
                        "HOROVOD_CROSS_SIZE": "1", "HOROVOD_CYCLE_TIME": "2", "HOROVOD_FUSION_THRESHOLD": "1048576",
-                       "HOROVOD_TIMELINE": _TIMELINE, "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
+                       "HOROVOD_TIMELINE": _TIMELINE, "HOROVOD_HIERARCHICAL_ALLGATHER": "1",
+                       "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
                        "HOROVOD_AUTOTUNE": "1", "HOROVOD_RANK": "99"})
     import torch
     import hora.torch as hvd
@@ -132,7 +133,8 @@ def test_horovod_variables_are_honoured_and_logged_once():
                      "HOROVOD_FUSION_THRESHOLD=1048576 -> HORA_FUSION_THRESHOLD_BYTES=1048576",
                      "HOROVOD_RANK=99 not used (HORA_RANK is set)",
                      "HOROVOD_TIMELINE=%s -> HORA_TIMELINE=%s" % (_TIMELINE, _TIMELINE),
-                     "HOROVOD_HIERARCHICAL_ALLREDUCE=1 IGNORED", "HOROVOD_AUTOTUNE=1 -> HORA_AUTOTUNE=1"):
+                     "HOROVOD_HIERARCHICAL_ALLGATHER=1 IGNORED",
+                     "HOROVOD_HIERARCHICAL_ALLREDUCE=1 -> HORA_HIER_ALLREDUCE=hier", "HOROVOD_AUTOTUNE=1 -> HORA_AUTOTUNE=1"):
             assert part in line, (part, line)
     with open(_TIMELINE) as f:
         assert f.read().startswith("[\n")  # hora writes HOROVOD_TIMELINE's file

@@ -428,6 +428,7 @@ TEST(HorovodAliasTest, EveryAliasSetsItsParameter) {
       {"HOROVOD_CYCLE_TIME", "3.5", "HORA_CYCLE_TIME_MS", "3.5"},
       {"HOROVOD_CACHE_CAPACITY", "0", "HORA_CACHE_CAPACITY", "0"},
       {"HOROVOD_STALL_CHECK_DISABLE", "1", "HORA_STALL_CHECK", "0"},
+      {"HOROVOD_HIERARCHICAL_ALLREDUCE", "1", "HORA_HIER_ALLREDUCE", "hier"},
       {"HOROVOD_STALL_CHECK_TIME_SECONDS", "20", "HORA_STALL_WARNING_TIME_S", "20"},
       {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "0", "HORA_STALL_SHUTDOWN_TIME_S", "0"},
       {"HOROVOD_LOG_LEVEL", "DEBUG", "HORA_LOG_LEVEL", "debug"},
@@ -526,6 +527,19 @@ TEST(HorovodAliasTest, StallCheckDisableZeroChangesNothing) {
   EXPECT_EQ(use(p, "HOROVOD_STALL_CHECK_DISABLE")->outcome, Outcome::kNoEffect);
 }
 
+TEST(HorovodAliasTest, HierarchicalAllreduceZeroKeepsHorasChoice) {
+  // Horovod's 0 is its default; hora's default (auto) stays, so a job that
+  // spells out Horovod's defaults keeps the hierarchy across hosts.
+  Params p = parsed({{"HOROVOD_HIERARCHICAL_ALLREDUCE", "0"}});
+  EXPECT_EQ(p.getString("HORA_HIER_ALLREDUCE"), "auto");
+  EXPECT_FALSE(p.isSet("HORA_HIER_ALLREDUCE"));
+  ASSERT_NE(use(p, "HOROVOD_HIERARCHICAL_ALLREDUCE"), nullptr);
+  EXPECT_EQ(use(p, "HOROVOD_HIERARCHICAL_ALLREDUCE")->outcome, Outcome::kNoEffect);
+  EXPECT_EQ(parsed({{"HOROVOD_HIERARCHICAL_ALLREDUCE", "2"}}).getString("HORA_HIER_ALLREDUCE"),
+            "hier");
+  EXPECT_FALSE(Params::fromMap({{"HOROVOD_HIERARCHICAL_ALLREDUCE", "yes"}}).isOk());
+}
+
 TEST(HorovodAliasTest, StallTimesAndDisableTogether) {
   // Disable turns the check off; the times still land in their parameters
   // (unused while HORA_STALL_CHECK=0), as Horovod keeps them.
@@ -555,9 +569,8 @@ TEST(HorovodAliasTest, EveryIgnoredVariableIsReportedNeverSilent) {
   }
   // The ones the issue names, at least.
   EXPECT_GE(ignored, 10u);
-  for (const char* name :
-       {"HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLGATHER",
-        "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_TORUS_ALLREDUCE", "HOROVOD_LOG_HIDE_TIME"}) {
+  for (const char* name : {"HOROVOD_HIERARCHICAL_ALLGATHER", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
+                           "HOROVOD_TORUS_ALLREDUCE", "HOROVOD_LOG_HIDE_TIME"}) {
     Params p = parsed({{name, "1"}});
     ASSERT_NE(use(p, name), nullptr) << name;
     EXPECT_EQ(use(p, name)->outcome, Outcome::kIgnored) << name;
