@@ -142,7 +142,8 @@ const std::vector<ParamSpec>& paramRegistry() {
        "Allreduces of host tensors up to this size travel inside the negotiation: each rank's "
        "request carries its tensor, the coordinator reduces them and its response carries the "
        "result, so the tensor needs one round trip to the coordinator and no data plane. -1: "
-       "262144 divided by the set's size, within 256..4096 for a set on the shared-memory data "
+       "262144 divided by the set's size (131072 for the hierarchical allreduce with "
+       "HORA_HIER_CROSS=tcp), within 256..4096 for a set on the shared-memory data "
        "plane (one host) and within 256..65536 otherwise (across hosts, or HORA_SHM=0); 0 turns "
        "it off; at most 65536. Ranks need not agree (a tensor some "
        "rank sent without its data goes through the data plane)."},
@@ -213,12 +214,19 @@ const std::vector<ParamSpec>& paramRegistry() {
        "rank alone."},
       {"HORA_HIER_ALLREDUCE", ParamType::kString, "auto",
        "Allreduce of a process set that spans several hosts with several ranks on each: auto and "
-       "hier reduce inside each host through shared memory, allreduce across hosts over Gloo "
+       "hier reduce inside each host through shared memory, allreduce across hosts "
+       "(HORA_HIER_CROSS) "
        "(every local rank owns a slice, exchanged with the same local rank of the other hosts) "
        "and gather back through shared memory; flat keeps the one Gloo ring over all ranks. "
        "Needs the same number of ranks on every host and HORA_SHM=1 (else flat, logged). "
        "Compared at start: must be the same on every rank.",
        "auto|hier|flat"},
+      {"HORA_HIER_CROSS", ParamType::kString, "tcp",
+       "The hierarchical allreduce's cross-host stage: tcp, a ring over hora's own sockets that "
+       "the waiting thread drives (it polls for HORA_SPIN_US, then sleeps in poll), or gloo, a "
+       "Gloo allreduce (each wait is a wake-up of Gloo's device thread, then of the waiting "
+       "thread). Compared at start: must be the same on every rank (else flat, logged).",
+       "tcp|gloo"},
       {"HORA_HIER_OVERLAP", ParamType::kBool, "1",
        "Hierarchical allreduce: 1 lets each shared-memory chunk cross hosts while the next chunk "
        "is reduced inside the host; 0 runs the stages one after the other."},
@@ -397,7 +405,7 @@ const std::vector<HorovodAlias>& horovodAliases() {
       {"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", nullptr, nullptr,
        "hora's tuner is a coordinate search, not Bayesian optimisation"},
       {"HOROVOD_HIERARCHICAL_ALLREDUCE", "HORA_HIER_ALLREDUCE", hierAllreduce,
-       "1 sets HORA_HIER_ALLREDUCE=hier (shared memory inside each host, Gloo across; CPU "
+       "1 sets HORA_HIER_ALLREDUCE=hier (shared memory inside each host, TCP across; CPU "
        "tensors); 0 changes nothing (hora's auto is hierarchical only where a set spans hosts "
        "with several ranks on each)"},
       {"HOROVOD_HIERARCHICAL_ALLGATHER", nullptr, nullptr,

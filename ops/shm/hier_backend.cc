@@ -332,10 +332,10 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
   const std::string mine = mode + (opts.shm.enabled ? " shm " : " noshm ") +
                            std::to_string(opts.shm.chunkBytes) + "/" +
                            std::to_string(std::max(opts.shm.slotBytes, opts.shm.chunkBytes)) +
-                           (opts.overlap ? " overlap " : " serial ") + hostId;
+                           (opts.overlap ? " overlap/" : " serial/") + opts.cross + " " + hostId;
   auto all = exchange(*store, "host", rank, iota(size), mine, timeout);
   if (!all.isOk()) return all.status();
-  // "<mode> <shm|noshm> <chunk/slot bytes> <overlap|serial> <host id>": the
+  // "<mode> <shm|noshm> <chunk/slot bytes> <overlap|serial>/<cross> <host id>": the
   // settings are the first four words, the host id (may contain spaces) the rest.
   auto settingsEnd = [](const std::string& v) {
     size_t end = 0;
@@ -358,7 +358,8 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
   }
   if (differs >= 0) {
     *whyNot =
-        "HORA_HIER_ALLREDUCE / HORA_SHM / HORA_SHM_CHUNK_BYTES / HORA_HIER_OVERLAP differ "
+        "HORA_HIER_ALLREDUCE / HORA_SHM / HORA_SHM_CHUNK_BYTES / HORA_HIER_OVERLAP / "
+        "HORA_HIER_CROSS differ "
         "between ranks " +
         std::to_string(rank) + " and " + std::to_string(differs) + " (\"" + settings(mine) +
         "\" vs \"" + settings(all.value()[differs]) + "\"); every rank must use the same values";

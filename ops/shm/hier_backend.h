@@ -13,8 +13,9 @@
 //   1. every local rank packs the chunk into its slot; each local rank
 //      reduces its own part (1/L of the chunk) over the host's ranks;
 //   2. each local rank allreduces its part with the ranks of the same local
-//      index on the other hosts, over its own Gloo communicator ("cross"),
-//      so every local rank (its core, its TCP streams) works at once;
+//      index on the other hosts, over its own communicator ("cross":
+//      HORA_HIER_CROSS, a ring over hora's sockets, ops/tcp/tcp_ring.h, or
+//      Gloo), so every local rank (its core, its TCP streams) works at once;
 //   3. every local rank copies all parts out of the slots that hold them.
 // With overlap (HORA_HIER_OVERLAP, default) stage 2 of chunk k runs on the
 // cross thread while the executor does stage 1 of chunk k+1 in the other of
@@ -23,8 +24,8 @@
 //
 // Results: integer ops give the flat path's bits (the reduction is
 // associative); float sums are those of another summation order (rounding
-// only). Every rank gets the same bits: each part is reduced once, in host
-// order by Gloo, then copied.
+// only). Every rank gets the same bits: each part is reduced once, in a
+// fixed order along the cross ring, then copied.
 //
 // Threads: created on the process set's init thread; collectives from its
 // executor thread; abort() from any thread (aborts all three backends). The
@@ -153,6 +154,9 @@ struct HierBackendOptions {
   // HORA_HIER_OVERLAP: cross hosts with chunk k while chunk k+1 is reduced
   // inside the host.
   bool overlap = true;
+  // HORA_HIER_CROSS, compared between ranks like the rest ("tcp" or "gloo";
+  // the ConnectFn builds it).
+  std::string cross = "gloo";
 };
 
 enum class HierOutcome {

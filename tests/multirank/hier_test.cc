@@ -265,6 +265,15 @@ TEST(Hier, ProcessesTwoHostsTimesTwoRanksChooseTheHierarchy) {
   auto res = runProcesses(
       4, [](int rank) { return runChild(rank, 4, rank % 2 ? "hostB" : "hostA"); }, 120, nullptr,
       kProcEnv);
+  expectDataPlane(res, "hier(2 hosts x 2 ranks: shm, tcp-ring across; gloo for the rest)");
+}
+
+TEST(Hier, ProcessesWithGlooAcrossHostsChooseTheHierarchyToo) {
+  auto env = kProcEnv;
+  env.push_back({"HORA_HIER_CROSS", "gloo"});
+  auto res = runProcesses(
+      4, [](int rank) { return runChild(rank, 4, rank % 2 ? "hostB" : "hostA"); }, 120, nullptr,
+      env);
   expectDataPlane(res, "hier(2 hosts x 2 ranks: shm, gloo across; gloo for the rest)");
 }
 
@@ -293,7 +302,7 @@ TEST(Hier, ProcessesModeDifferingBetweenRanksKeepsEveryRankFlat) {
   expectDataPlane(res,
                   "gloo (no shared memory: ranks run on different hosts, no hierarchy: "
                   "HORA_HIER_ALLREDUCE / HORA_SHM / HORA_SHM_CHUNK_BYTES / HORA_HIER_OVERLAP "
-                  "differ between ranks");
+                  "/ HORA_HIER_CROSS differ between ranks");
 }
 
 TEST(Hier, ProcessesFlatModeStaysFlat) {

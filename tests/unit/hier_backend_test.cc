@@ -150,6 +150,7 @@ struct RankSetup {
   std::string hostId;
   HierMode mode = HierMode::kAuto;
   bool overlap = true;
+  std::string cross = "gloo";  // HORA_HIER_CROSS as compared (the fake connects either way)
   ShmBackendOptions shm;
 };
 
@@ -170,6 +171,7 @@ std::unique_ptr<HierWorld> makeHierWorld(const std::vector<RankSetup>& ranks) {
       HierBackendOptions ho;
       ho.mode = ranks[r].mode;
       ho.overlap = ranks[r].overlap;
+      ho.cross = ranks[r].cross;
       ho.shm = ranks[r].shm;
       ho.shm.hostId = ranks[r].hostId;
       GlooBackendOptions go;
@@ -428,7 +430,8 @@ TEST(HierFallbackTest, ModeDifferingBetweenRanksKeepsEveryRankFlat) {
   auto w = makeHierWorld(s);
   expectFlat(*w, "differ between ranks");
   EXPECT_NE(w->whyNot[0].find("ranks 0 and 2"), std::string::npos) << w->whyNot[0];
-  EXPECT_NE(w->whyNot[0].find("\"flat shm 4096/4096 overlap\""), std::string::npos) << w->whyNot[0];
+  EXPECT_NE(w->whyNot[0].find("\"flat shm 4096/4096 overlap/gloo\""), std::string::npos)
+      << w->whyNot[0];
 }
 
 TEST(HierFallbackTest, OverlapDifferingBetweenRanksKeepsEveryRankFlat) {
@@ -437,7 +440,17 @@ TEST(HierFallbackTest, OverlapDifferingBetweenRanksKeepsEveryRankFlat) {
   auto s = setups({"a", "b", "a", "b"});
   s[0].overlap = false;
   auto w = makeHierWorld(s);
-  expectFlat(*w, "HORA_HIER_OVERLAP differ between ranks");
+  expectFlat(*w, "HORA_HIER_OVERLAP / HORA_HIER_CROSS differ between ranks");
+}
+
+TEST(HierFallbackTest, CrossTransportDifferingBetweenRanksKeepsEveryRankFlat) {
+  // A tcp ring and a Gloo communicator cannot connect to each other.
+  auto s = setups({"a", "b", "a", "b"});
+  s[3].cross = "tcp";
+  auto w = makeHierWorld(s);
+  expectFlat(*w, "HORA_HIER_CROSS differ between ranks");
+  EXPECT_NE(w->whyNot[0].find("\"auto shm 4096/4096 overlap/tcp\""), std::string::npos)
+      << w->whyNot[0];
 }
 
 TEST(HierFallbackTest, ChunkSizeDifferingBetweenHostsKeepsEveryRankFlat) {
@@ -445,8 +458,9 @@ TEST(HierFallbackTest, ChunkSizeDifferingBetweenHostsKeepsEveryRankFlat) {
   auto s = setups({"a", "b", "a", "b"});
   s[1].shm.chunkBytes = s[3].shm.chunkBytes = 8192;
   auto w = makeHierWorld(s);
-  expectFlat(*w, "HORA_SHM_CHUNK_BYTES / HORA_HIER_OVERLAP differ between ranks");
-  EXPECT_NE(w->whyNot[0].find("\"auto shm 8192/8192 overlap\""), std::string::npos) << w->whyNot[0];
+  expectFlat(*w, "HORA_SHM_CHUNK_BYTES / HORA_HIER_OVERLAP / HORA_HIER_CROSS differ between ranks");
+  EXPECT_NE(w->whyNot[0].find("\"auto shm 8192/8192 overlap/gloo\""), std::string::npos)
+      << w->whyNot[0];
 }
 
 TEST(HierFallbackTest, SlotSizeDifferingBetweenHostsKeepsEveryRankFlat) {
@@ -455,8 +469,8 @@ TEST(HierFallbackTest, SlotSizeDifferingBetweenHostsKeepsEveryRankFlat) {
   auto s = setups({"a", "b", "a", "b"});
   s[1].shm.slotBytes = s[3].shm.slotBytes = 65536;
   auto w = makeHierWorld(s);
-  expectFlat(*w, "HORA_SHM_CHUNK_BYTES / HORA_HIER_OVERLAP differ between ranks");
-  EXPECT_NE(w->whyNot[0].find("/65536 overlap\""), std::string::npos) << w->whyNot[0];
+  expectFlat(*w, "HORA_SHM_CHUNK_BYTES / HORA_HIER_OVERLAP / HORA_HIER_CROSS differ between ranks");
+  EXPECT_NE(w->whyNot[0].find("/65536 overlap/gloo\""), std::string::npos) << w->whyNot[0];
 }
 
 TEST(HierFallbackTest, SharedMemoryOffOnOneRankKeepsEveryRankFlat) {

@@ -12,6 +12,7 @@
 #include "hora/version.h"
 #include "ops/shm/hier_backend.h"
 #include "ops/shm/shm_backend.h"
+#include "ops/tcp/tcp_ring.h"
 
 namespace hora {
 
@@ -190,9 +191,25 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   ho.overlap = o.hierOverlap;
   if (!parseHierMode(o.hierAllreduce, &ho.mode))
     return invalidArgument("HORA_HIER_ALLREDUCE: '" + o.hierAllreduce + "' is not auto|hier|flat");
+  ho.cross = o.hierCross;
   GlooBackendOptions crossGo = go;
-  auto connectCross = [crossGo](std::shared_ptr<Store> s, int r,
-                                int n) mutable -> Result<std::unique_ptr<Backend>> {
+  TcpRingOptions tro;
+  tro.host = o.hostname;
+  tro.timeout = o.peerTimeout;
+  tro.startTimeout = o.startTimeout;
+  // Polls for the peer's bytes as a rank's other waits do, giving the core
+  // away between looks where the host's ranks outnumber its CPUs.
+  const SpinPolicy crossSpin = spinPolicyFor(o.spinUs, o.localSize);
+  tro.spin = std::chrono::duration_cast<std::chrono::microseconds>(crossSpin.window);
+  tro.yieldWhilePolling = crossSpin.yieldToPeers;
+  const bool tcpCross = o.hierCross == "tcp";
+  auto connectCross = [crossGo, tro, tcpCross](std::shared_ptr<Store> s, int r,
+                                               int n) mutable -> Result<std::unique_ptr<Backend>> {
+    if (tcpCross) {
+      for (int h = 0; h < n; ++h)
+        tro.rankNames.push_back("the rank of this local index on host " + std::to_string(h));
+      return createTcpRingBackend(std::move(s), r, n, tro);
+    }
     // With two hosts ring and bcube exchange the same data (see above).
     if (crossGo.algorithm == GlooAlgorithm::kAuto && n == 2)
       crossGo.algorithm = GlooAlgorithm::kRing;
@@ -359,7 +376,12 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   // less: at most 256 KiB per tensor in each direction (not measured beyond
   // 4 ranks: this machine has two cores), on one host too, where rank 0's
   // control thread reduces every copy.
-  const size_t perSet = (size_t{256} << 10) / static_cast<size_t>(ps->size());
+  // The hierarchy's TCP cross ring is faster behind the negotiation than
+  // Gloo: at 2 hosts x 2 ranks it beat the round trip at 64 KiB (770 vs
+  // 1600 us) but not at 32 KiB (786 vs 538 us), so such sets get half the
+  // budget (bench/results/2026-11-28-tcp-cross.md).
+  const bool tcpHier = ps->backend_->name().rfind("hier(", 0) == 0 && o.hierCross == "tcp";
+  const size_t perSet = (size_t{tcpHier ? 128u : 256u} << 10) / static_cast<size_t>(ps->size());
   sco.inlineMaxBytes = o.inlineMaxBytes >= 0 ? static_cast<size_t>(o.inlineMaxBytes)
                        : onShm               ? std::clamp<size_t>(perSet, 256, 4096)
                                              : std::clamp<size_t>(perSet, 256, kMaxInlineBytes);

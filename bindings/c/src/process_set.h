@@ -80,7 +80,8 @@ struct SetOptions {
   // HORA_HIER_ALLREDUCE (auto|hier|flat) and this rank's host identity
   // (core/host_identity.h, HORA_HOST_ID applied): which ranks share a host.
   std::string hierAllreduce = "auto";
-  bool hierOverlap = true;  // HORA_HIER_OVERLAP
+  bool hierOverlap = true;        // HORA_HIER_OVERLAP
+  std::string hierCross = "tcp";  // HORA_HIER_CROSS: tcp|gloo
   std::string hostId;
   // Point-to-point (ops/p2p/p2p_engine.h).
   int64_t p2pRingBytes = 1 << 20;

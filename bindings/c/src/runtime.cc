@@ -652,6 +652,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   so.hostname = host;
   so.hierAllreduce = p.getString("HORA_HIER_ALLREDUCE");  // the registry checked the choice
   so.hierOverlap = p.getBool("HORA_HIER_OVERLAP");
+  so.hierCross = p.getString("HORA_HIER_CROSS");  // tcp|gloo, checked by the registry
   so.hostId = hostIdentity(p.getString("HORA_HOST_ID"), host);
   HORA_RETURN_IF_ERROR(rt->joinStore(c, host));
   if (rt->elastic_) rt->logger_ = Logger(level, "[hora rank " + std::to_string(id.rank) + "]");

@@ -1,0 +1,355 @@
+// TcpRingBackend (ops/tcp/tcp_ring.h): connecting the ring, the ring
+// allreduce's byte streams, waiting on the sockets.
+#include "ops/tcp/tcp_ring.h"
+
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+
+#include "core/cpu_relax.h"
+#include "core/reduce.h"
+#include "ops/p2p/p2p_socket.h"
+
+namespace hora {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string randomToken() {
+  std::random_device rd;
+  std::ostringstream os;
+  os << std::hex;
+  while (os.str().size() < 31) os << rd();
+  return os.str().substr(0, 31);
+}
+
+int toMs(std::chrono::milliseconds d) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(d.count(), 1 << 30)));
+}
+
+// The ring's byte streams of one allreduce: step k (0 <= k < 2(n-1)) sends
+// segment (rank - k) mod n and receives segment (rank - k - 1) mod n; steps
+// below n-1 reduce what they receive (reduce-scatter), the others copy it
+// (allgather). Step k+1 sends exactly the segment step k received, so it may
+// send a byte once step k has made it final.
+struct Plan {
+  int n = 1, rank = 0;
+  size_t count = 0, es = 1;
+  int steps() const { return 2 * (n - 1); }
+  size_t segBegin(int seg) const { return count * static_cast<size_t>(seg) / n; }
+  size_t segBytes(int seg) const { return (segBegin(seg + 1) - segBegin(seg)) * es; }
+  int sendSeg(int k) const { return ((rank - k) % n + n) % n; }
+  int recvSeg(int k) const { return ((rank - k - 1) % n + n) % n; }
+  bool reduces(int k) const { return k < n - 1; }
+};
+
+}  // namespace
+
+TcpRingBackend::TcpRingBackend(int rank, int size, TcpRingOptions opts)
+    : rank_(rank), size_(size), opts_(std::move(opts)) {
+  abortFd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+}
+
+TcpRingBackend::~TcpRingBackend() {
+  p2pClose(sendFd_);
+  p2pClose(recvFd_);
+  if (abortFd_ >= 0) ::close(abortFd_);
+}
+
+std::string TcpRingBackend::peerName(int r) const {
+  const std::string who = r >= 0 && r < static_cast<int>(opts_.rankNames.size())
+                              ? opts_.rankNames[r]
+                              : "ring rank " + std::to_string(r);
+  const std::string& addr = r == (rank_ + 1) % size_ ? nextAddr_ : prevAddr_;
+  return who + " (" + addr + ")";
+}
+
+void TcpRingBackend::abort() noexcept {
+  aborted_.store(true, std::memory_order_release);
+  if (abortFd_ >= 0) {
+    uint64_t one = 1;
+    (void)!::write(abortFd_, &one, sizeof one);
+  }
+}
+
+Status TcpRingBackend::waitReady(bool wantSend, bool wantRecv, Clock::time_point lastProgress,
+                                 const std::string& what) {
+  // Poll first: the bytes of a small exchange are usually back within a few
+  // microseconds, and a sleeping thread pays a wake-up to see them.
+  struct pollfd fds[3];
+  int nfds = 0;
+  const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
+  if (wantSend) fds[nfds++] = {sendFd_, POLLOUT, 0};
+  if (wantRecv) fds[nfds++] = {recvFd_, POLLIN, 0};
+  const int ready = nfds;
+  if (abortFd_ >= 0) fds[nfds++] = {abortFd_, POLLIN, 0};
+  const auto spinUntil = Clock::now() + opts_.spin;
+  for (unsigned looks = 0;; ++looks) {
+    if (aborted_.load(std::memory_order_acquire))
+      return Status(Code::kRemoteError, what + ": aborted (a peer rank was lost)");
+    const bool spinning = (looks & 63) != 0 || Clock::now() < spinUntil;
+    if (!spinning) break;
+    int rc = ::poll(fds, static_cast<nfds_t>(ready), 0);
+    if (rc > 0) return Status();
+    if (opts_.yieldWhilePolling)
+      ::sched_yield();
+    else
+      cpuRelax();
+  }
+  for (;;) {
+    const auto now = Clock::now();
+    if (now - lastProgress >= opts_.timeout) {
+      const std::string peer = wantRecv ? peerName(prev) : peerName(next);
+      return Status(Code::kTimeout,
+                    what + ": no progress with " + peer + " for " +
+                        std::to_string(opts_.timeout.count() / 1000.0) +
+                        " s (the peer stalled or its host is unreachable; HORA_PEER_TIMEOUT_S "
+                        "bounds this wait)");
+    }
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(opts_.timeout - (now - lastProgress));
+    int rc = ::poll(fds, static_cast<nfds_t>(nfds), std::min(toMs(left), 1000));
+    if (rc < 0 && errno != EINTR)
+      return systemError(what + ": poll failed: " + std::strerror(errno));
+    if (aborted_.load(std::memory_order_acquire))
+      return Status(Code::kRemoteError, what + ": aborted (a peer rank was lost)");
+    for (int i = 0; rc > 0 && i < ready; ++i)
+      if (fds[i].revents != 0) return Status();
+  }
+}
+
+Status TcpRingBackend::ring(uint8_t* data, size_t count, DataType dtype, ReduceOp op,
+                            const std::string& what) {
+  Plan p;
+  p.n = size_;
+  p.rank = rank_;
+  p.count = count;
+  p.es = dataTypeSize(dtype);
+  const ReduceFn reduce = reduceFunction(dtype, op);
+  if (reduce == nullptr)
+    return invalidArgument(what + ": no " + reduceOpName(op) + " for " + dataTypeName(dtype));
+  size_t maxSeg = 0;
+  for (int s = 0; s < p.n; ++s) maxSeg = std::max(maxSeg, p.segBytes(s));
+  if (scratch_.size() < maxSeg) scratch_.resize(maxSeg);
+  const int steps = p.steps();
+  const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
+  // Send side: step, bytes of it sent. Receive side: step, bytes of it
+  // received, of them final (reduced, or copied into place).
+  int sk = 0, rk = 0;
+  size_t sent = 0, got = 0, done = 0;
+  // Reduce the received bytes in pieces, so that the next step can forward
+  // the first ones while later ones still arrive; whole elements only.
+  const size_t piece = std::max<size_t>(p.es, (size_t{64} << 10) / p.es * p.es);
+  auto finalBytes = [&](int k) -> size_t {
+    if (k < rk) return p.segBytes(p.recvSeg(k));
+    return k == rk ? done : 0;
+  };
+  auto lastProgress = Clock::now();
+  while (sk < steps || rk < steps) {
+    bool moved = false;
+    // Steps whose segment is empty complete at once on both sides.
+    while (sk < steps && sent == p.segBytes(p.sendSeg(sk))) {
+      ++sk;
+      sent = 0;
+    }
+    while (rk < steps && done == p.segBytes(p.recvSeg(rk))) {
+      ++rk;
+      got = done = 0;
+    }
+    if (sk >= steps && rk >= steps) break;
+    bool wantSend = false, wantRecv = false;
+    if (sk < steps) {
+      const int seg = p.sendSeg(sk);
+      const size_t ready = sk == 0 ? p.segBytes(seg) : finalBytes(sk - 1);
+      if (sent < ready) {
+        auto n = p2pSend(sendFd_, data + p.segBegin(seg) * p.es + sent, ready - sent);
+        if (!n.isOk())
+          return Status(Code::kRemoteError, what + ": sending to " + peerName(next) + ": " +
+                                                n.status().message() +
+                                                " (that rank was lost or aborted)");
+        if (n.value() > 0) {
+          sent += n.value();
+          moved = true;
+        } else {
+          wantSend = true;
+        }
+      }
+    }
+    if (rk < steps) {
+      const int seg = p.recvSeg(rk);
+      const size_t bytes = p.segBytes(seg);
+      uint8_t* into = p.reduces(rk) ? scratch_.data() : data + p.segBegin(seg) * p.es;
+      if (got < bytes) {
+        bool eof = false;
+        auto n = p2pRecv(recvFd_, into + got, bytes - got, &eof);
+        if (!n.isOk() || eof)
+          return Status(Code::kRemoteError, what + ": receiving from " + peerName(prev) + ": " +
+                                                (eof ? std::string("the peer closed the connection")
+                                                     : n.status().message()) +
+                                                " (that rank was lost or aborted)");
+        if (n.value() > 0) {
+          got += n.value();
+          moved = true;
+        } else {
+          wantRecv = true;
+        }
+      }
+      // Make final what arrived: whole elements, a piece at a time unless
+      // the step is complete.
+      const size_t whole = got / p.es * p.es;
+      if (!p.reduces(rk)) {
+        done = whole;
+      } else if (whole > done && (whole - done >= piece || whole == bytes)) {
+        uint8_t* acc = data + p.segBegin(seg) * p.es + done;
+        reduce(acc, scratch_.data() + done, acc, (whole - done) / p.es);
+        done = whole;
+        moved = true;
+      }
+    }
+    if (moved) {
+      lastProgress = Clock::now();
+      continue;
+    }
+    if (!wantSend && !wantRecv)
+      return Status(Code::kInternal, what + ": nothing to send or receive, and not done (step " +
+                                         std::to_string(sk) + "/" + std::to_string(rk) + ")");
+    Status s = waitReady(wantSend, wantRecv, lastProgress, what);
+    if (!s.isOk()) return s;
+  }
+  return Status();
+}
+
+Status TcpRingBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
+  const std::string what = std::string("cross-host allreduce (tcp ring, ") + std::to_string(count) +
+                           " x " + dataTypeName(dtype) + ", " + reduceOpName(op) + ", ring rank " +
+                           std::to_string(rank_) + " of " + std::to_string(size_) + ")";
+  if (!broken_.isOk())
+    return Status(broken_.code(), what + ": the ring failed before: " + broken_.message());
+  if (aborted_.load(std::memory_order_acquire))
+    return Status(Code::kRemoteError, what + ": aborted (a peer rank was lost)");
+  if (size_ == 1 || count == 0) return Status();
+  Status s = ring(static_cast<uint8_t*>(data), count, dtype, op, what);
+  if (!s.isOk()) broken_ = s;
+  return s;
+}
+
+namespace {
+Status onlyAllreduce(const char* what) {
+  return Status(Code::kNotSupported,
+                std::string("tcp ring: ") + what +
+                    " is not carried here (only the hierarchical allreduce's cross stage)");
+}
+}  // namespace
+
+Status TcpRingBackend::allgatherv(const void*, void*, const std::vector<size_t>&, DataType) {
+  return onlyAllreduce("allgatherv");
+}
+Status TcpRingBackend::broadcast(void*, size_t, DataType, int) {
+  return onlyAllreduce("broadcast");
+}
+Status TcpRingBackend::alltoallv(const void*, const std::vector<int64_t>&, void*,
+                                 const std::vector<int64_t>&, DataType) {
+  return onlyAllreduce("alltoallv");
+}
+Status TcpRingBackend::reducescatter(void*, const std::vector<size_t>&, DataType, ReduceOp) {
+  return onlyAllreduce("reducescatter");
+}
+Status TcpRingBackend::barrier() { return onlyAllreduce("barrier"); }
+
+// ------------------------------------------------------------ set-up
+
+Result<std::unique_ptr<Backend>> createTcpRingBackend(std::shared_ptr<Store> store, int rank,
+                                                      int size, const TcpRingOptions& opts) {
+  if (size < 1 || rank < 0 || rank >= size)
+    return invalidArgument("tcp ring: rank " + std::to_string(rank) + " of " +
+                           std::to_string(size));
+  std::unique_ptr<TcpRingBackend> b(new TcpRingBackend(rank, size, opts));
+  if (b->abortFd_ < 0)
+    return systemError(std::string("tcp ring: eventfd: ") + std::strerror(errno));
+  if (size == 1) return std::unique_ptr<Backend>(std::move(b));
+  const auto deadline = Clock::now() + opts.startTimeout;
+  auto left = [&] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  };
+  const int next = (rank + 1) % size, prev = (rank - 1 + size) % size;
+  int port = 0;
+  auto lfd = p2pListen(opts.host, &port);
+  if (!lfd.isOk()) return lfd.status().withContext("tcp ring");
+  const int listenFd = lfd.value();
+  struct Closer {
+    int fd;
+    ~Closer() { p2pClose(fd); }
+  } closeListen{listenFd};
+  const std::string token = randomToken();
+  Status s = store->set("tcp/" + std::to_string(rank),
+                        opts.host + "\n" + std::to_string(port) + "\n" + token);
+  if (!s.isOk()) return s.withContext("tcp ring: publishing this rank's address");
+
+  // Connect to rank + 1 with the token it published.
+  auto v =
+      store->get("tcp/" + std::to_string(next), std::max(left(), std::chrono::milliseconds(1)));
+  if (!v.isOk())
+    return v.status().withContext(
+        "tcp ring: waiting for " +
+        (opts.rankNames.empty() ? "ring rank " + std::to_string(next) : opts.rankNames[next]) +
+        "'s address");
+  std::istringstream is(v.value());
+  std::string host, portText, theirs;
+  std::getline(is, host);
+  std::getline(is, portText);
+  std::getline(is, theirs);
+  b->nextAddr_ = host + ":" + portText;
+  P2pHello hello{};
+  hello.magic = kP2pHelloMagic;
+  hello.rank = rank;
+  std::snprintf(hello.token, sizeof hello.token, "%s", theirs.c_str());
+  auto c = p2pConnect(host, std::atoi(portText.c_str()), hello, toMs(left()));
+  if (!c.isOk()) return c.status().withContext("tcp ring: connecting to " + b->peerName(next));
+  b->sendFd_ = c.value();
+
+  // Accept rank - 1: only a connection that presents this rank's token.
+  while (b->recvFd_ < 0) {
+    if (left().count() <= 0)
+      return Status(Code::kTimeout,
+                    "tcp ring: " +
+                        (opts.rankNames.empty() ? "ring rank " + std::to_string(prev)
+                                                : opts.rankNames[prev]) +
+                        " did not connect within " +
+                        std::to_string(opts.startTimeout.count() / 1000.0) +
+                        " s (HORA_START_TIMEOUT_S)");
+    struct pollfd pf {
+      listenFd, POLLIN, 0
+    };
+    (void)::poll(&pf, 1, std::min(toMs(left()), 100));
+    P2pHello in{};
+    auto a = p2pAccept(listenFd, &in, std::min(toMs(left()), 5000));
+    if (!a.isOk() || a.value() < 0) continue;
+    in.token[sizeof in.token - 1] = 0;
+    if (in.magic != kP2pHelloMagic || in.rank != prev || token != in.token) {
+      p2pClose(a.value());  // a stranger, or not the ring's left neighbour
+      continue;
+    }
+    b->recvFd_ = a.value();
+  }
+  auto pv = store->get("tcp/" + std::to_string(prev), std::chrono::milliseconds(1));
+  if (pv.isOk()) {
+    std::istringstream ps(pv.value());
+    std::string h, pt;
+    std::getline(ps, h);
+    std::getline(ps, pt);
+    b->prevAddr_ = h + ":" + pt;
+  }
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+}  // namespace hora

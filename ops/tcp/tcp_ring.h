@@ -1,0 +1,115 @@
+// TcpRingBackend: the hierarchical allreduce's cross-host stage (one rank per
+// host, ops/shm/hier_backend.h) as a ring allreduce over hora's own TCP
+// sockets, driven by the calling thread.
+//
+// Why not Gloo there: a Gloo wait is two wake-ups (its device thread reads
+// the socket, then wakes the waiting thread), and a wake-up of an idle vCPU
+// can take a millisecond on a shared VM. Between 2 emulated hosts Gloo's own
+// ring took 0.7-2 ms per allreduce of 16 B to 16 KiB where Open MPI, which
+// polls, took 11-127 us in the same run; the hierarchy with a Gloo cross
+// stage took 1.9 ms for 64 KiB, with this ring 0.77 ms
+// (bench/results/2026-11-28-tcp-cross.md). Here the calling thread moves
+// the bytes itself: it polls the sockets for a short while (the reply of a
+// small exchange is usually back by then), then sleeps in poll(2), one
+// wake-up away from the data.
+//
+// Algorithm: reduce-scatter then allgather around the ring rank -> rank+1,
+// 2(n-1) steps over n segments. Bytes a step has received and reduced are
+// forwarded at once by the next step, so steps overlap on the wire and each
+// socket carries one direction only: the send and receive streams run
+// together (full duplex). Every rank gets the same bits: each segment is
+// reduced once along the ring, in a fixed order, then copied.
+//
+// Connections: each rank listens on its address, publishes address, port and
+// a random token in the store, connects to rank+1 (proving it read the
+// token) and accepts rank-1; a stranger that finds the port is refused.
+//
+// Threads: created on the process set's init thread; allreduce from one
+// thread at a time (HierBackend's cross thread); abort() from any thread,
+// never blocking: a call in progress returns within one poll, and every
+// later call fails.
+//
+// Failure model: a peer that closes or resets its socket (a lost rank, or
+// one that aborted) fails the call with kRemoteError; no byte from or to a
+// peer for `timeout` fails it with kTimeout; both name the peer's rank in
+// this ring and its address. After a failure the ring is broken: every
+// later call fails.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/status.h"
+#include "core/store.h"
+
+namespace hora {
+
+struct TcpRingOptions {
+  std::string host;                               // this rank's address, where the others reach it
+  std::chrono::milliseconds timeout{30000};       // no progress for this long: kTimeout
+  std::chrono::milliseconds startTimeout{30000};  // connecting the ring
+  // How long a wait polls the sockets before it sleeps in poll(2); 0: sleep
+  // at once. yieldWhilePolling: give the CPU away between looks (more ranks
+  // than cores on this host).
+  std::chrono::microseconds spin{100};
+  bool yieldWhilePolling = false;
+  // How the errors name the ranks of this ring (e.g. "set rank 5"); empty:
+  // "ring rank k".
+  std::vector<std::string> rankNames;
+};
+
+class TcpRingBackend : public Backend {
+ public:
+  ~TcpRingBackend() override;
+
+  std::string name() const override { return "tcp-ring"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  Status allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
+  // Only the allreduce is carried here; the rest is kNotSupported (the
+  // hierarchy runs them on its flat backend).
+  Status allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
+                    DataType dtype) override;
+  Status broadcast(void* data, size_t count, DataType dtype, int root) override;
+  Status alltoallv(const void* in, const std::vector<int64_t>& send, void* out,
+                   const std::vector<int64_t>& recv, DataType dtype) override;
+  Status reducescatter(void* inout, const std::vector<size_t>& counts, DataType dtype,
+                       ReduceOp op) override;
+  Status barrier() override;
+  void abort() noexcept override;
+
+ private:
+  friend Result<std::unique_ptr<Backend>> createTcpRingBackend(std::shared_ptr<Store> store,
+                                                               int rank, int size,
+                                                               const TcpRingOptions& opts);
+  TcpRingBackend(int rank, int size, TcpRingOptions opts);
+  std::string peerName(int ringRank) const;
+  Status ring(uint8_t* data, size_t count, DataType dtype, ReduceOp op, const std::string& what);
+  // Waits until a socket is ready (or the spin ends with nothing); false
+  // with *s set on abort or timeout.
+  Status waitReady(bool wantSend, bool wantRecv, std::chrono::steady_clock::time_point lastProgress,
+                   const std::string& what);
+
+  const int rank_, size_;
+  const TcpRingOptions opts_;
+  int sendFd_ = -1;   // to rank + 1
+  int recvFd_ = -1;   // from rank - 1
+  int abortFd_ = -1;  // eventfd: abort() wakes a sleeping poll
+  std::string nextAddr_, prevAddr_;
+  std::atomic<bool> aborted_{false};
+  Status broken_;  // the first failure; only the calling thread touches it
+  std::vector<uint8_t> scratch_;
+};
+
+// Connects the ring of `size` ranks whose keys live under `store`; `rank` is
+// this rank's index in it. size 1: no sockets. Fails (naming the peer) when
+// a peer does not appear or cannot be reached within opts.startTimeout.
+Result<std::unique_ptr<Backend>> createTcpRingBackend(std::shared_ptr<Store> store, int rank,
+                                                      int size, const TcpRingOptions& opts);
+
+}  // namespace hora

@@ -1,0 +1,236 @@
+// TcpRingBackend with ranks as threads in one process: every rank its own
+// backend over loopback sockets, connected through one MemoryStore. Sweeps
+// ring sizes 1-4, every dtype and op, counts around the ring's segments and
+// its reduce pieces; then the failures (abort, a peer that closes, a peer
+// that stalls, a stranger at the listener), each with a deadline.
+#include "ops/tcp/tcp_ring.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend_check.h"
+#include "core/memory_store.h"
+#include "core/store.h"
+#include "ops/p2p/p2p_socket.h"
+
+namespace hora {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+World makeRing(int size, milliseconds timeout = milliseconds(10000),
+               std::shared_ptr<Store> store = nullptr) {
+  if (!store) store = std::make_shared<MemoryStore>();
+  World world(size);
+  std::vector<Status> errors(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      TcpRingOptions o;
+      o.host = "127.0.0.1";
+      o.timeout = timeout;
+      o.startTimeout = milliseconds(10000);
+      o.rankNames = {};
+      for (int k = 0; k < size; ++k) o.rankNames.push_back("set rank " + std::to_string(10 + k));
+      auto b = createTcpRingBackend(store, r, size, o);
+      if (b.isOk())
+        world[r] = b.take();
+      else
+        errors[r] = b.status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < size; ++r) EXPECT_TRUE(errors[r].isOk()) << r << ": " << errors[r].toString();
+  return world;
+}
+
+class TcpRingWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(TcpRingWorld, EveryDtypeAndOpSmallCounts) {
+  World world = makeRing(GetParam());
+  ASSERT_TRUE(world[0]);
+  for (DataType dt : kAllTypes)
+    for (ReduceOp op : kReduceOps)
+      for (size_t count : {size_t{0}, size_t{1}, size_t{2}, size_t{3}, size_t{5}, size_t{1000}})
+        checkAllreduce(world, dt, op, count);
+}
+
+TEST_P(TcpRingWorld, LargeCountsCrossManyPiecesAndFullSocketBuffers) {
+  World world = makeRing(GetParam());
+  ASSERT_TRUE(world[0]);
+  // Several 64 KiB reduce pieces per segment, and more than a socket buffer
+  // holds, so that sends wait for the peer to read.
+  for (size_t count : {size_t{16385}, size_t{(1 << 22) + 7}})
+    checkAllreduce(world, DataType::kFloat32, ReduceOp::kSum, count);
+  checkAllreduce(world, DataType::kFloat64, ReduceOp::kMax, (1 << 20) + 3);
+  checkAllreduce(world, DataType::kFloat16, ReduceOp::kSum, 100003);
+}
+
+TEST_P(TcpRingWorld, EveryRankGetsTheSameBitsOfAFloatSum) {
+  World world = makeRing(GetParam());
+  ASSERT_TRUE(world[0]);
+  const int size = GetParam();
+  const size_t count = 300001;
+  std::vector<std::vector<float>> out(size);
+  runRanks(world, [&](int r, Backend& b) {
+    std::mt19937 gen(static_cast<unsigned>(r + 1));
+    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+    out[r].resize(count);
+    for (auto& x : out[r]) x = d(gen);
+    ASSERT_TRUE(b.allreduce(out[r].data(), count, DataType::kFloat32, ReduceOp::kSum).isOk());
+  });
+  for (int r = 1; r < size; ++r)
+    EXPECT_EQ(std::memcmp(out[r].data(), out[0].data(), count * sizeof(float)), 0) << r;
+  // And they are a sum: recompute one element in double.
+  std::vector<double> want(3, 0.0);
+  for (int r = 0; r < size; ++r) {
+    std::mt19937 gen(static_cast<unsigned>(r + 1));
+    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+    for (size_t i = 0; i < 3; ++i) want[i] += d(gen);
+  }
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(out[0][i], want[i], 1e-5) << i;
+}
+
+TEST_P(TcpRingWorld, ManyCallsInARowKeepTheStreamsInStep) {
+  World world = makeRing(GetParam());
+  ASSERT_TRUE(world[0]);
+  for (int it = 0; it < 200; ++it)
+    checkAllreduce(world, DataType::kInt32, ReduceOp::kSum, static_cast<size_t>(1 + it * 37));
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, TcpRingWorld, ::testing::Values(1, 2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "size" + std::to_string(info.param);
+                         });
+
+// ------------------------------------------------------------ failures
+
+TEST(TcpRingTest, AbortFromAnotherThreadUnblocksACall) {
+  World world = makeRing(3, milliseconds(20000));
+  // Rank 1 never calls; rank 0 waits; another thread aborts it.
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(milliseconds(200));
+    world[0]->abort();
+  });
+  std::vector<float> v(100000, 1.0f);
+  const auto start = Clock::now();
+  Status s = world[0]->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+  aborter.join();
+  EXPECT_EQ(s.code(), Code::kRemoteError) << s.toString();
+  EXPECT_NE(s.message().find("aborted"), std::string::npos) << s.toString();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+  const auto again = Clock::now();
+  EXPECT_FALSE(world[0]->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum).isOk());
+  EXPECT_LT(Clock::now() - again, milliseconds(100));
+}
+
+TEST(TcpRingTest, APeerThatClosesFailsTheCallNamingIt) {
+  World world = makeRing(2, milliseconds(20000));
+  std::thread closer([&] {
+    std::this_thread::sleep_for(milliseconds(200));
+    world[1].reset();  // its sockets close, as a killed rank's would
+  });
+  std::vector<float> v(1 << 20, 1.0f);
+  const auto start = Clock::now();
+  Status s = world[0]->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+  closer.join();
+  EXPECT_EQ(s.code(), Code::kRemoteError) << s.toString();
+  EXPECT_NE(s.message().find("set rank 11"), std::string::npos) << s.toString();
+  EXPECT_NE(s.message().find("127.0.0.1:"), std::string::npos) << s.toString();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+  // Broken for good.
+  int32_t x = 1;
+  Status again = world[0]->allreduce(&x, 1, DataType::kInt32, ReduceOp::kSum);
+  EXPECT_EQ(again.code(), Code::kRemoteError) << again.toString();
+  EXPECT_NE(again.message().find("failed before"), std::string::npos) << again.toString();
+}
+
+TEST(TcpRingTest, AStalledPeerTimesOutNamingIt) {
+  World world = makeRing(3, milliseconds(600));
+  std::vector<float> v(1000, 1.0f);
+  const auto start = Clock::now();
+  // Ranks 1 and 2 never call: rank 0 waits for rank 2 (its left neighbour).
+  Status s = world[0]->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+  const auto took = Clock::now() - start;
+  EXPECT_EQ(s.code(), Code::kTimeout) << s.toString();
+  EXPECT_NE(s.message().find("set rank 12"), std::string::npos) << s.toString();
+  EXPECT_NE(s.message().find("HORA_PEER_TIMEOUT_S"), std::string::npos) << s.toString();
+  EXPECT_GE(took, milliseconds(550));
+  EXPECT_LT(took, std::chrono::seconds(3));
+}
+
+TEST(TcpRingTest, OnlyTheAllreduceIsCarried) {
+  World world = makeRing(1);
+  ASSERT_TRUE(world[0]);
+  float x = 1;
+  EXPECT_EQ(world[0]->barrier().code(), Code::kNotSupported);
+  EXPECT_EQ(world[0]->broadcast(&x, 1, DataType::kFloat32, 0).code(), Code::kNotSupported);
+  EXPECT_TRUE(world[0]->allreduce(&x, 1, DataType::kFloat32, ReduceOp::kSum).isOk());
+  EXPECT_EQ(x, 1.0f);
+}
+
+TEST(TcpRingTest, AStrangerAtTheListenerIsTurnedAway) {
+  auto store = std::make_shared<MemoryStore>();
+  World world(2);
+  std::thread rank0([&] {
+    TcpRingOptions o;
+    o.host = "127.0.0.1";
+    auto b = createTcpRingBackend(store, 0, 2, o);
+    ASSERT_TRUE(b.isOk()) << b.status().toString();
+    world[0] = b.take();
+  });
+  // Rank 0's address is in the store; knock with the wrong token, then as
+  // the right rank with the wrong token, before rank 1 arrives.
+  auto v = store->get("tcp/0", milliseconds(5000));
+  ASSERT_TRUE(v.isOk());
+  const std::string entry = v.value();
+  const int port = std::atoi(entry.substr(entry.find('\n') + 1).c_str());
+  std::vector<int> strangers;
+  for (int r : {5, 1}) {
+    P2pHello h{};
+    h.magic = kP2pHelloMagic;
+    h.rank = r;
+    std::snprintf(h.token, sizeof h.token, "%s", "not-the-token");
+    auto c = p2pConnect("127.0.0.1", port, h, 2000);
+    ASSERT_TRUE(c.isOk()) << c.status().toString();
+    strangers.push_back(c.value());
+  }
+  std::thread rank1([&] {
+    TcpRingOptions o;
+    o.host = "127.0.0.1";
+    auto b = createTcpRingBackend(store, 1, 2, o);
+    ASSERT_TRUE(b.isOk()) << b.status().toString();
+    world[1] = b.take();
+  });
+  rank0.join();
+  rank1.join();
+  ASSERT_TRUE(world[0] && world[1]);
+  checkAllreduce(world, DataType::kInt64, ReduceOp::kSum, 4097);
+  for (int fd : strangers) p2pClose(fd);
+}
+
+TEST(TcpRingTest, ARankThatNeverArrivesFailsTheStartNamingIt) {
+  auto store = std::make_shared<MemoryStore>();
+  TcpRingOptions o;
+  o.host = "127.0.0.1";
+  o.startTimeout = milliseconds(500);
+  o.rankNames = {"set rank 0", "set rank 7"};
+  const auto start = Clock::now();
+  auto b = createTcpRingBackend(store, 0, 2, o);
+  ASSERT_FALSE(b.isOk());
+  EXPECT_EQ(b.status().code(), Code::kTimeout) << b.status().toString();
+  EXPECT_NE(b.status().message().find("set rank 7"), std::string::npos) << b.status().toString();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+}
+
+}  // namespace
+}  // namespace hora
