@@ -2,9 +2,13 @@
 // allreduce's byte streams, waiting on the sockets.
 #include "ops/tcp/tcp_ring.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +35,28 @@ std::string randomToken() {
   os << std::hex;
   while (os.str().size() < 31) os << rd();
   return os.str().substr(0, 31);
+}
+
+std::string seconds(std::chrono::milliseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(d.count()) / 1000.0);
+  return buf;
+}
+
+// The IPv4 address of interface `name` (HORA_GLOO_IFACE), or "".
+std::string interfaceAddress(const std::string& name) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string out;
+  for (ifaddrs* i = list; i != nullptr && out.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET || name != i->ifa_name)
+      continue;
+    char buf[INET_ADDRSTRLEN] = {0};
+    const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, buf, sizeof buf)) out = buf;
+  }
+  ::freeifaddrs(list);
+  return out;
 }
 
 int toMs(std::chrono::milliseconds d) {
@@ -66,12 +92,25 @@ TcpRingBackend::~TcpRingBackend() {
   if (abortFd_ >= 0) ::close(abortFd_);
 }
 
+namespace {
+std::string rankName(const TcpRingOptions& o, int r) {
+  return r >= 0 && r < static_cast<int>(o.rankNames.size()) ? o.rankNames[r]
+                                                            : "ring rank " + std::to_string(r);
+}
+}  // namespace
+
 std::string TcpRingBackend::peerName(int r) const {
-  const std::string who = r >= 0 && r < static_cast<int>(opts_.rankNames.size())
-                              ? opts_.rankNames[r]
-                              : "ring rank " + std::to_string(r);
+  const std::string who = rankName(opts_, r);
   const std::string& addr = r == (rank_ + 1) % size_ ? nextAddr_ : prevAddr_;
   return who + " (" + addr + ")";
+}
+
+void TcpRingBackend::closeStreams() noexcept {
+  // shutdown, not close: the descriptors stay valid for a poll in progress
+  // on the calling thread, and the neighbours see the end of stream at once
+  // instead of waiting HORA_PEER_TIMEOUT_S for bytes that will not come.
+  if (sendFd_ >= 0) ::shutdown(sendFd_, SHUT_RDWR);
+  if (recvFd_ >= 0) ::shutdown(recvFd_, SHUT_RDWR);
 }
 
 void TcpRingBackend::abort() noexcept {
@@ -80,6 +119,7 @@ void TcpRingBackend::abort() noexcept {
     uint64_t one = 1;
     (void)!::write(abortFd_, &one, sizeof one);
   }
+  closeStreams();
 }
 
 Status TcpRingBackend::waitReady(bool wantSend, bool wantRecv, Clock::time_point lastProgress,
@@ -93,12 +133,22 @@ Status TcpRingBackend::waitReady(bool wantSend, bool wantRecv, Clock::time_point
   if (wantRecv) fds[nfds++] = {recvFd_, POLLIN, 0};
   const int ready = nfds;
   if (abortFd_ >= 0) fds[nfds++] = {abortFd_, POLLIN, 0};
+  auto timedOut = [&] {
+    std::string peer = wantRecv ? peerName(prev) : peerName(next);
+    if (wantRecv && wantSend && next != prev) peer += " and " + peerName(next);
+    return Status(Code::kTimeout, what + ": no progress with " + peer + " for " +
+                                      seconds(opts_.timeout) +
+                                      " (the peer stalled or its host is unreachable; "
+                                      "HORA_PEER_TIMEOUT_S bounds this wait)");
+  };
+  if (Clock::now() - lastProgress >= opts_.timeout) return timedOut();
   const auto spinUntil = Clock::now() + opts_.spin;
   for (unsigned looks = 0;; ++looks) {
     if (aborted_.load(std::memory_order_acquire))
       return Status(Code::kRemoteError, what + ": aborted (a peer rank was lost)");
-    const bool spinning = (looks & 63) != 0 || Clock::now() < spinUntil;
-    if (!spinning) break;
+    // A yield may cost a time slice: then the clock is read every look.
+    const bool look = !opts_.yieldWhilePolling && (looks & 63) != 0;
+    if (!look && Clock::now() >= spinUntil) break;
     int rc = ::poll(fds, static_cast<nfds_t>(ready), 0);
     if (rc > 0) return Status();
     if (opts_.yieldWhilePolling)
@@ -108,14 +158,7 @@ Status TcpRingBackend::waitReady(bool wantSend, bool wantRecv, Clock::time_point
   }
   for (;;) {
     const auto now = Clock::now();
-    if (now - lastProgress >= opts_.timeout) {
-      const std::string peer = wantRecv ? peerName(prev) : peerName(next);
-      return Status(Code::kTimeout,
-                    what + ": no progress with " + peer + " for " +
-                        std::to_string(opts_.timeout.count() / 1000.0) +
-                        " s (the peer stalled or its host is unreachable; HORA_PEER_TIMEOUT_S "
-                        "bounds this wait)");
-    }
+    if (now - lastProgress >= opts_.timeout) return timedOut();
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(opts_.timeout - (now - lastProgress));
     int rc = ::poll(fds, static_cast<nfds_t>(nfds), std::min(toMs(left), 1000));
@@ -135,9 +178,7 @@ Status TcpRingBackend::ring(uint8_t* data, size_t count, DataType dtype, ReduceO
   p.rank = rank_;
   p.count = count;
   p.es = dataTypeSize(dtype);
-  const ReduceFn reduce = reduceFunction(dtype, op);
-  if (reduce == nullptr)
-    return invalidArgument(what + ": no " + reduceOpName(op) + " for " + dataTypeName(dtype));
+  const ReduceFn reduce = reduceFunction(dtype, op);  // allreduce checked it
   size_t maxSeg = 0;
   for (int s = 0; s < p.n; ++s) maxSeg = std::max(maxSeg, p.segBytes(s));
   if (scratch_.size() < maxSeg) scratch_.resize(maxSeg);
@@ -155,7 +196,11 @@ Status TcpRingBackend::ring(uint8_t* data, size_t count, DataType dtype, ReduceO
     return k == rk ? done : 0;
   };
   auto lastProgress = Clock::now();
+  auto aborted = [&] {
+    return Status(Code::kRemoteError, what + ": aborted (a peer rank was lost)");
+  };
   while (sk < steps || rk < steps) {
+    if (aborted_.load(std::memory_order_acquire)) return aborted();
     bool moved = false;
     // Steps whose segment is empty complete at once on both sides.
     while (sk < steps && sent == p.segBytes(p.sendSeg(sk))) {
@@ -173,6 +218,7 @@ Status TcpRingBackend::ring(uint8_t* data, size_t count, DataType dtype, ReduceO
       const size_t ready = sk == 0 ? p.segBytes(seg) : finalBytes(sk - 1);
       if (sent < ready) {
         auto n = p2pSend(sendFd_, data + p.segBegin(seg) * p.es + sent, ready - sent);
+        if (!n.isOk() && aborted_.load(std::memory_order_acquire)) return aborted();
         if (!n.isOk())
           return Status(Code::kRemoteError, what + ": sending to " + peerName(next) + ": " +
                                                 n.status().message() +
@@ -192,6 +238,7 @@ Status TcpRingBackend::ring(uint8_t* data, size_t count, DataType dtype, ReduceO
       if (got < bytes) {
         bool eof = false;
         auto n = p2pRecv(recvFd_, into + got, bytes - got, &eof);
+        if ((!n.isOk() || eof) && aborted_.load(std::memory_order_acquire)) return aborted();
         if (!n.isOk() || eof)
           return Status(Code::kRemoteError, what + ": receiving from " + peerName(prev) + ": " +
                                                 (eof ? std::string("the peer closed the connection")
@@ -238,8 +285,20 @@ Status TcpRingBackend::allreduce(void* data, size_t count, DataType dtype, Reduc
   if (aborted_.load(std::memory_order_acquire))
     return Status(Code::kRemoteError, what + ": aborted (a peer rank was lost)");
   if (size_ == 1 || count == 0) return Status();
-  Status s = ring(static_cast<uint8_t*>(data), count, dtype, op, what);
-  if (!s.isOk()) broken_ = s;
+  // Bad arguments move no byte: the ring stays usable.
+  if (data == nullptr) return invalidArgument(what + ": null buffer");
+  if (reduceFunction(dtype, op) == nullptr)
+    return invalidArgument(what + ": no " + reduceOpName(op) + " for " + dataTypeName(dtype));
+  Status s;
+  try {
+    s = ring(static_cast<uint8_t*>(data), count, dtype, op, what);
+  } catch (const std::exception& e) {
+    s = Status(Code::kInternal, what + ": " + e.what());
+  }
+  if (!s.isOk()) {
+    broken_ = s;
+    closeStreams();  // the neighbours fail now, not after their timeout
+  }
   return s;
 }
 
@@ -282,8 +341,15 @@ Result<std::unique_ptr<Backend>> createTcpRingBackend(std::shared_ptr<Store> sto
     return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   };
   const int next = (rank + 1) % size, prev = (rank - 1 + size) % size;
+  std::string host = opts.host;
+  if (!opts.iface.empty()) {
+    host = interfaceAddress(opts.iface);
+    if (host.empty())
+      return invalidArgument("tcp ring: interface \"" + opts.iface +
+                             "\" (HORA_GLOO_IFACE) has no IPv4 address on this host");
+  }
   int port = 0;
-  auto lfd = p2pListen(opts.host, &port);
+  auto lfd = p2pListen(host, &port);
   if (!lfd.isOk()) return lfd.status().withContext("tcp ring");
   const int listenFd = lfd.value();
   struct Closer {
@@ -291,49 +357,49 @@ Result<std::unique_ptr<Backend>> createTcpRingBackend(std::shared_ptr<Store> sto
     ~Closer() { p2pClose(fd); }
   } closeListen{listenFd};
   const std::string token = randomToken();
-  Status s = store->set("tcp/" + std::to_string(rank),
-                        opts.host + "\n" + std::to_string(port) + "\n" + token);
+  Status s =
+      store->set("tcp/" + std::to_string(rank), host + "\n" + std::to_string(port) + "\n" + token);
   if (!s.isOk()) return s.withContext("tcp ring: publishing this rank's address");
 
   // Connect to rank + 1 with the token it published.
   auto v =
       store->get("tcp/" + std::to_string(next), std::max(left(), std::chrono::milliseconds(1)));
   if (!v.isOk())
-    return v.status().withContext(
-        "tcp ring: waiting for " +
-        (opts.rankNames.empty() ? "ring rank " + std::to_string(next) : opts.rankNames[next]) +
-        "'s address");
+    return v.status().withContext("tcp ring: waiting for " + rankName(opts, next) + "'s address");
   std::istringstream is(v.value());
-  std::string host, portText, theirs;
-  std::getline(is, host);
+  std::string nextHost, portText, theirs;
+  std::getline(is, nextHost);
   std::getline(is, portText);
   std::getline(is, theirs);
-  b->nextAddr_ = host + ":" + portText;
+  b->nextAddr_ = nextHost + ":" + portText;
   P2pHello hello{};
   hello.magic = kP2pHelloMagic;
   hello.rank = rank;
   std::snprintf(hello.token, sizeof hello.token, "%s", theirs.c_str());
-  auto c = p2pConnect(host, std::atoi(portText.c_str()), hello, toMs(left()));
+  auto c = p2pConnect(nextHost, std::atoi(portText.c_str()), hello, toMs(left()));
   if (!c.isOk()) return c.status().withContext("tcp ring: connecting to " + b->peerName(next));
   b->sendFd_ = c.value();
 
   // Accept rank - 1: only a connection that presents this rank's token.
   while (b->recvFd_ < 0) {
     if (left().count() <= 0)
-      return Status(Code::kTimeout,
-                    "tcp ring: " +
-                        (opts.rankNames.empty() ? "ring rank " + std::to_string(prev)
-                                                : opts.rankNames[prev]) +
-                        " did not connect within " +
-                        std::to_string(opts.startTimeout.count() / 1000.0) +
-                        " s (HORA_START_TIMEOUT_S)");
+      return Status(Code::kTimeout, "tcp ring: " + rankName(opts, prev) +
+                                        " did not connect within " + seconds(opts.startTimeout) +
+                                        " (HORA_START_TIMEOUT_S)");
+    if (opts.setUpWatch) {
+      Status w = opts.setUpWatch();
+      if (!w.isOk())
+        return w.withContext("tcp ring: waiting for " + rankName(opts, prev) + " to connect");
+    }
     struct pollfd pf {
       listenFd, POLLIN, 0
     };
     (void)::poll(&pf, 1, std::min(toMs(left()), 100));
     P2pHello in{};
     auto a = p2pAccept(listenFd, &in, std::min(toMs(left()), 5000));
-    if (!a.isOk() || a.value() < 0) continue;
+    if (!a.isOk() && a.status().code() == Code::kSystemError)
+      return a.status().withContext("tcp ring: accepting " + rankName(opts, prev));
+    if (!a.isOk() || a.value() < 0) continue;  // nothing pending, or no hello: keep waiting
     in.token[sizeof in.token - 1] = 0;
     if (in.magic != kP2pHelloMagic || in.rank != prev || token != in.token) {
       p2pClose(a.value());  // a stranger, or not the ring's left neighbour

@@ -5,7 +5,7 @@
 // Why not Gloo there: a Gloo wait is two wake-ups (its device thread reads
 // the socket, then wakes the waiting thread), and a wake-up of an idle vCPU
 // can take a millisecond on a shared VM. Between 2 emulated hosts Gloo's own
-// ring took 0.7-2 ms per allreduce of 16 B to 16 KiB where Open MPI, which
+// ring took 0.75-2.0 ms per allreduce of 16 B to 16 KiB where Open MPI, which
 // polls, took 11-127 us in the same run; the hierarchy with a Gloo cross
 // stage took 1.9 ms for 64 KiB, with this ring 0.77 ms
 // (bench/results/2026-11-28-tcp-cross.md). Here the calling thread moves
@@ -26,18 +26,20 @@
 //
 // Threads: created on the process set's init thread; allreduce from one
 // thread at a time (HierBackend's cross thread); abort() from any thread,
-// never blocking: a call in progress returns within one poll, and every
-// later call fails.
+// never blocking: it wakes a sleeping call and shuts the sockets down, so a
+// call in progress returns at its next look, and every later call fails.
 //
 // Failure model: a peer that closes or resets its socket (a lost rank, or
 // one that aborted) fails the call with kRemoteError; no byte from or to a
 // peer for `timeout` fails it with kTimeout; both name the peer's rank in
-// this ring and its address. After a failure the ring is broken: every
-// later call fails.
+// this ring and its address. After a failure (or abort) the ring is broken:
+// this rank shuts its sockets down, so that its neighbours fail at once too,
+// and every later call fails.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,7 +51,8 @@
 namespace hora {
 
 struct TcpRingOptions {
-  std::string host;                               // this rank's address, where the others reach it
+  std::string host;   // this rank's address, where the others reach it
+  std::string iface;  // HORA_GLOO_IFACE: listen on and publish this interface's address instead
   std::chrono::milliseconds timeout{30000};       // no progress for this long: kTimeout
   std::chrono::milliseconds startTimeout{30000};  // connecting the ring
   // How long a wait polls the sockets before it sleeps in poll(2); 0: sleep
@@ -60,6 +63,10 @@ struct TcpRingOptions {
   // How the errors name the ranks of this ring (e.g. "set rank 5"); empty:
   // "ring rank k".
   std::vector<std::string> rankNames;
+  // Asked about every 100 ms while this rank waits for its left neighbour
+  // to connect (may be empty): an error (a peer known to be gone) fails the
+  // set-up at once instead of after startTimeout.
+  std::function<Status()> setUpWatch;
 };
 
 class TcpRingBackend : public Backend {
@@ -89,9 +96,12 @@ class TcpRingBackend : public Backend {
                                                                const TcpRingOptions& opts);
   TcpRingBackend(int rank, int size, TcpRingOptions opts);
   std::string peerName(int ringRank) const;
+  // Shuts both streams down (any thread): the neighbours see the end of
+  // stream at once.
+  void closeStreams() noexcept;
   Status ring(uint8_t* data, size_t count, DataType dtype, ReduceOp op, const std::string& what);
-  // Waits until a socket is ready (or the spin ends with nothing); false
-  // with *s set on abort or timeout.
+  // Returns once a wanted socket is ready (or poll's slice ends: the caller
+  // looks again); an error on abort or when nothing moved for opts_.timeout.
   Status waitReady(bool wantSend, bool wantRecv, std::chrono::steady_clock::time_point lastProgress,
                    const std::string& what);
 

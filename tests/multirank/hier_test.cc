@@ -136,6 +136,18 @@ TEST(Hier, ThreadsTwoHostsAllreduceEveryDtypeOpCountFused) {
       twoHostsTweak, 170);
 }
 
+TEST(Hier, ThreadsTwoHostsAllreduceEveryDtypeOpCountWithGlooAcross) {
+  ScopedEnv env(
+      {{"HORA_HOST_ID", "address"}, {"HORA_SHM_CHUNK_BYTES", "4096"}, {"HORA_HIER_CROSS", "gloo"}});
+  runThreads(
+      4,
+      [&](int rank, hora_runtime_t rt) {
+        allreduceSweep(rank, 4, rt, kDLCPU);
+        sweepCounts(rank, 4, rt, bigCounts());
+      },
+      twoHostsTweak, 170);
+}
+
 TEST(Hier, ThreadsTwoHostsFloatsBitIdenticalOnEveryRank) {
   auto env = hierEnv();
   const int64_t n = 300007;

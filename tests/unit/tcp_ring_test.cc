@@ -39,7 +39,6 @@ World makeRing(int size, milliseconds timeout = milliseconds(10000),
       o.host = "127.0.0.1";
       o.timeout = timeout;
       o.startTimeout = milliseconds(10000);
-      o.rankNames = {};
       for (int k = 0; k < size; ++k) o.rankNames.push_back("set rank " + std::to_string(10 + k));
       auto b = createTcpRingBackend(store, r, size, o);
       if (b.isOk())
@@ -67,8 +66,9 @@ TEST_P(TcpRingWorld, EveryDtypeAndOpSmallCounts) {
 TEST_P(TcpRingWorld, LargeCountsCrossManyPiecesAndFullSocketBuffers) {
   World world = makeRing(GetParam());
   ASSERT_TRUE(world[0]);
-  // Several 64 KiB reduce pieces per segment, and more than a socket buffer
-  // holds, so that sends wait for the peer to read.
+  // 16385: segments that do not split evenly; (1 << 22) + 7: several 64 KiB
+  // reduce pieces per segment, and more than a socket buffer holds, so that
+  // sends wait for the peer to read.
   for (size_t count : {size_t{16385}, size_t{(1 << 22) + 7}})
     checkAllreduce(world, DataType::kFloat32, ReduceOp::kSum, count);
   checkAllreduce(world, DataType::kFloat64, ReduceOp::kMax, (1 << 20) + 3);
@@ -158,6 +158,56 @@ TEST(TcpRingTest, APeerThatClosesFailsTheCallNamingIt) {
   EXPECT_NE(again.message().find("failed before"), std::string::npos) << again.toString();
 }
 
+TEST(TcpRingTest, APeerThatAbortsFailsItsNeighboursAtOnce) {
+  // Rank 1 gives up (the control plane told it a rank was lost) while rank
+  // 0 waits for it: rank 0 must not wait for its 20 s timeout.
+  World world = makeRing(2, milliseconds(20000));
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(milliseconds(200));
+    world[1]->abort();
+  });
+  std::vector<float> v(1 << 20, 1.0f);
+  const auto start = Clock::now();
+  Status s = world[0]->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+  aborter.join();
+  EXPECT_EQ(s.code(), Code::kRemoteError) << s.toString();
+  EXPECT_NE(s.message().find("set rank 11"), std::string::npos) << s.toString();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+}
+
+TEST(TcpRingTest, ARankThatFailsClosesItsStreamsForItsNeighbours) {
+  // Rank 2 times out on its own (1 s) waiting for rank 1, which never calls;
+  // rank 0, with a 20 s timeout, waits on rank 2 and must hear of it at once.
+  auto store = std::make_shared<MemoryStore>();
+  World world(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      TcpRingOptions o;
+      o.host = "127.0.0.1";
+      o.timeout = r == 2 ? milliseconds(1000) : milliseconds(20000);
+      auto b = createTcpRingBackend(store, r, 3, o);
+      ASSERT_TRUE(b.isOk()) << b.status().toString();
+      world[r] = b.take();
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(world[0] && world[1] && world[2]);
+  Status s2;
+  std::thread rank2([&] {
+    std::vector<float> w(1000, 1.0f);
+    s2 = world[2]->allreduce(w.data(), w.size(), DataType::kFloat32, ReduceOp::kSum);
+  });
+  std::vector<float> v(1000, 1.0f);
+  const auto start = Clock::now();
+  Status s0 = world[0]->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+  const auto took = Clock::now() - start;
+  rank2.join();
+  EXPECT_EQ(s2.code(), Code::kTimeout) << s2.toString();
+  EXPECT_EQ(s0.code(), Code::kRemoteError) << s0.toString();
+  EXPECT_LT(took, std::chrono::seconds(5));
+}
+
 TEST(TcpRingTest, AStalledPeerTimesOutNamingIt) {
   World world = makeRing(3, milliseconds(600));
   std::vector<float> v(1000, 1.0f);
@@ -220,6 +270,58 @@ TEST(TcpRingTest, AStrangerAtTheListenerIsTurnedAway) {
   ASSERT_TRUE(world[0] && world[1]);
   checkAllreduce(world, DataType::kInt64, ReduceOp::kSum, 4097);
   for (int fd : strangers) p2pClose(fd);
+}
+
+TEST(TcpRingTest, ALeftNeighbourThatNeverConnectsFailsTheStart) {
+  // Rank 1 published an address (a listener that accepts nothing) and died
+  // before connecting: rank 0 reaches the address, then waits for rank 1's
+  // connection until the start timeout, or at once when the watch says so.
+  for (bool watched : {false, true}) {
+    SCOPED_TRACE(watched ? "watched" : "unwatched");
+    auto store = std::make_shared<MemoryStore>();
+    int port = 0;
+    auto l = p2pListen("127.0.0.1", &port);
+    ASSERT_TRUE(l.isOk());
+    ASSERT_TRUE(store->set("tcp/1", "127.0.0.1\n" + std::to_string(port) + "\ntoken").isOk());
+    TcpRingOptions o;
+    o.host = "127.0.0.1";
+    o.startTimeout = milliseconds(watched ? 20000 : 600);
+    o.rankNames = {"set rank 0", "set rank 7"};
+    if (watched)
+      o.setUpWatch = [] {
+        return Status(Code::kRemoteError, "set rank 7's control connection closed");
+      };
+    const auto start = Clock::now();
+    auto b = createTcpRingBackend(store, 0, 2, o);
+    ASSERT_FALSE(b.isOk());
+    EXPECT_EQ(b.status().code(), watched ? Code::kRemoteError : Code::kTimeout)
+        << b.status().toString();
+    EXPECT_NE(b.status().message().find("set rank 7"), std::string::npos) << b.status().toString();
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+    p2pClose(l.value());
+  }
+}
+
+TEST(TcpRingTest, BadArgumentsLeaveTheRingUsable) {
+  World world = makeRing(2);
+  ASSERT_TRUE(world[0] && world[1]);
+  runRanks(world, [](int, Backend& b) {
+    EXPECT_EQ(b.allreduce(nullptr, 4, DataType::kFloat32, ReduceOp::kSum).code(),
+              Code::kInvalidArgument);
+  });
+  checkAllreduce(world, DataType::kInt32, ReduceOp::kMax, 77);
+}
+
+TEST(TcpRingTest, AnInterfaceWithoutAnAddressIsRefused) {
+  auto store = std::make_shared<MemoryStore>();
+  TcpRingOptions o;
+  o.host = "127.0.0.1";
+  o.iface = "no-such-nic0";
+  auto b = createTcpRingBackend(store, 0, 2, o);
+  ASSERT_FALSE(b.isOk());
+  EXPECT_EQ(b.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(b.status().message().find("no-such-nic0"), std::string::npos) << b.status().toString();
+  EXPECT_NE(b.status().message().find("HORA_GLOO_IFACE"), std::string::npos);
 }
 
 TEST(TcpRingTest, ARankThatNeverArrivesFailsTheStartNamingIt) {

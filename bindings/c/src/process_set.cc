@@ -195,20 +195,24 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   GlooBackendOptions crossGo = go;
   TcpRingOptions tro;
   tro.host = o.hostname;
+  tro.iface = o.glooIface;  // the NIC the job chose for Gloo carries the cross stage too
   tro.timeout = o.peerTimeout;
   tro.startTimeout = o.startTimeout;
+  tro.setUpWatch = setUpWatch;
   // Polls for the peer's bytes as a rank's other waits do, giving the core
-  // away between looks where the host's ranks outnumber its CPUs.
+  // away between looks where this process's threads (the cross thread is one
+  // more) or the host's ranks outnumber its CPUs.
   const SpinPolicy crossSpin = spinPolicyFor(o.spinUs, o.localSize);
   tro.spin = std::chrono::duration_cast<std::chrono::microseconds>(crossSpin.window);
-  tro.yieldWhilePolling = crossSpin.yieldToPeers;
+  tro.yieldWhilePolling = crossSpin.yield || crossSpin.yieldToPeers;
   const bool tcpCross = o.hierCross == "tcp";
   auto connectCross = [crossGo, tro, tcpCross](std::shared_ptr<Store> s, int r,
                                                int n) mutable -> Result<std::unique_ptr<Backend>> {
     if (tcpCross) {
+      TcpRingOptions named = tro;
       for (int h = 0; h < n; ++h)
-        tro.rankNames.push_back("the rank of this local index on host " + std::to_string(h));
-      return createTcpRingBackend(std::move(s), r, n, tro);
+        named.rankNames.push_back("the rank of this local index on host " + std::to_string(h));
+      return createTcpRingBackend(std::move(s), r, n, named);
     }
     // With two hosts ring and bcube exchange the same data (see above).
     if (crossGo.algorithm == GlooAlgorithm::kAuto && n == 2)
@@ -377,9 +381,10 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   // 4 ranks: this machine has two cores), on one host too, where rank 0's
   // control thread reduces every copy.
   // The hierarchy's TCP cross ring is faster behind the negotiation than
-  // Gloo: at 2 hosts x 2 ranks it beat the round trip at 64 KiB (770 vs
-  // 1600 us) but not at 32 KiB (786 vs 538 us), so such sets get half the
-  // budget (bench/results/2026-11-28-tcp-cross.md).
+  // Gloo: at 2 hosts x 2 ranks it took 1.46x Open MPI's time at 64 KiB where
+  // the round trip took 3.0x, but 3.0x at 32 KiB where the round trip took
+  // 2.1x (each in its own launch), so such sets get half the budget
+  // (bench/results/2026-11-28-tcp-cross.md; larger sets unmeasured).
   const bool tcpHier = ps->backend_->name().rfind("hier(", 0) == 0 && o.hierCross == "tcp";
   const size_t perSet = (size_t{tcpHier ? 128u : 256u} << 10) / static_cast<size_t>(ps->size());
   sco.inlineMaxBytes = o.inlineMaxBytes >= 0 ? static_cast<size_t>(o.inlineMaxBytes)
