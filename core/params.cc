@@ -225,7 +225,8 @@ const std::vector<ParamSpec>& paramRegistry() {
        "The hierarchical allreduce's cross-host stage: tcp, a ring over hora's own sockets that "
        "the waiting thread drives (it polls for HORA_SPIN_US, then sleeps in poll), or gloo, a "
        "Gloo allreduce (each wait is a wake-up of Gloo's device thread, then of the waiting "
-       "thread). Compared at start: must be the same on every rank (else flat, logged).",
+       "thread). Both bind to HORA_GLOO_IFACE's address when it is set. Compared at start: must "
+       "be the same on every rank (else flat, logged).",
        "tcp|gloo"},
       {"HORA_HIER_OVERLAP", ParamType::kBool, "1",
        "Hierarchical allreduce: 1 lets each shared-memory chunk cross hosts while the next chunk "
