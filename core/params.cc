@@ -142,7 +142,7 @@ const std::vector<ParamSpec>& paramRegistry() {
        "Allreduces of host tensors up to this size travel inside the negotiation: each rank's "
        "request carries its tensor, the coordinator reduces them and its response carries the "
        "result, so the tensor needs one round trip to the coordinator and no data plane. -1: "
-       "262144 divided by the set's size (131072 for the hierarchical allreduce with "
+       "262144 divided by the set's size (65536 for the hierarchical allreduce with "
        "HORA_HIER_CROSS=tcp), within 256..4096 for a set on the shared-memory data "
        "plane (one host) and within 256..65536 otherwise (across hosts, or HORA_SHM=0); 0 turns "
        "it off; at most 65536. Ranks need not agree (a tensor some "

@@ -381,12 +381,13 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   // 4 ranks: this machine has two cores), on one host too, where rank 0's
   // control thread reduces every copy.
   // The hierarchy's TCP cross ring is faster behind the negotiation than
-  // Gloo: at 2 hosts x 2 ranks it took 1.46x Open MPI's time at 64 KiB where
-  // the round trip took 3.0x, but 3.0x at 32 KiB where the round trip took
-  // 2.1x (each in its own launch), so such sets get half the budget
+  // Gloo. At 2 hosts x 2 ranks (each figure its own launch, as a multiple of
+  // Open MPI's time in that launch): 32 KiB through the ring 1.84x, inline
+  // 2.06x; 16 KiB through the ring 2.55x, inline 1.63x. So such sets get a
+  // quarter of the budget, 16 KiB at 4 ranks
   // (bench/results/2026-11-28-tcp-cross.md; larger sets unmeasured).
   const bool tcpHier = ps->backend_->name().rfind("hier(", 0) == 0 && o.hierCross == "tcp";
-  const size_t perSet = (size_t{tcpHier ? 128u : 256u} << 10) / static_cast<size_t>(ps->size());
+  const size_t perSet = (size_t{tcpHier ? 64u : 256u} << 10) / static_cast<size_t>(ps->size());
   sco.inlineMaxBytes = o.inlineMaxBytes >= 0 ? static_cast<size_t>(o.inlineMaxBytes)
                        : onShm               ? std::clamp<size_t>(perSet, 256, 4096)
                                              : std::clamp<size_t>(perSet, 256, kMaxInlineBytes);
