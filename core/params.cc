@@ -142,8 +142,8 @@ const std::vector<ParamSpec>& paramRegistry() {
        "Allreduces of host tensors up to this size travel inside the negotiation: each rank's "
        "request carries its tensor, the coordinator reduces them and its response carries the "
        "result, so the tensor needs one round trip to the coordinator and no data plane. -1: "
-       "262144 divided by the set's size (65536 for the hierarchical allreduce with "
-       "HORA_HIER_CROSS=tcp), within 256..4096 for a set on the shared-memory data "
+       "262144 divided by the set's size (65536 where allreduce runs on a tcp ring: "
+       "HORA_HIER_CROSS=tcp across hosts), within 256..4096 for a set on the shared-memory data "
        "plane (one host) and within 256..65536 otherwise (across hosts, or HORA_SHM=0); 0 turns "
        "it off; at most 65536. Ranks need not agree (a tensor some "
        "rank sent without its data goes through the data plane)."},
@@ -225,8 +225,12 @@ const std::vector<ParamSpec>& paramRegistry() {
        "The hierarchical allreduce's cross-host stage: tcp, a ring over hora's own sockets that "
        "the waiting thread drives (it polls for HORA_SPIN_US, then sleeps in poll), or gloo, a "
        "Gloo allreduce (each wait is a wake-up of Gloo's device thread, then of the waiting "
-       "thread). Both bind to HORA_GLOO_IFACE's address when it is set. Compared at start: must "
-       "be the same on every rank (else flat, logged).",
+       "thread). Also the allreduce of a set across hosts that stays flat (one rank per host, "
+       "hosts with different numbers of ranks, HORA_SHM=0; not under HORA_HIER_ALLREDUCE=flat, "
+       "which keeps the Gloo ring): tcp runs it on such a ring over all ranks, the other "
+       "collectives stay on Gloo. Both bind to HORA_GLOO_IFACE's address when it is set. "
+       "Compared at start: must be the same on every rank (else the hierarchy and the flat ring "
+       "fall back to Gloo, logged).",
        "tcp|gloo"},
       {"HORA_HIER_OVERLAP", ParamType::kBool, "1",
        "Hierarchical allreduce: 1 lets each shared-memory chunk cross hosts while the next chunk "

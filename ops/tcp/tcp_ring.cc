@@ -418,4 +418,29 @@ Result<std::unique_ptr<Backend>> createTcpRingBackend(std::shared_ptr<Store> sto
   return std::unique_ptr<Backend>(std::move(b));
 }
 
+Result<std::unique_ptr<Backend>> withTcpRingAllreduce(std::shared_ptr<Store> store, int rank,
+                                                      int size, bool wants,
+                                                      const TcpRingOptions& opts,
+                                                      std::unique_ptr<Backend> rest,
+                                                      std::string* whyNot) {
+  whyNot->clear();
+  const std::string mine = wants ? "tcp" : "no";
+  Status s = store->set("want/" + std::to_string(rank), mine);
+  if (!s.isOk()) return s.withContext("tcp ring allreduce: publishing this rank's choice");
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    auto v = store->get("want/" + std::to_string(r), opts.startTimeout);
+    if (!v.isOk())
+      return v.status().withContext("tcp ring allreduce: waiting for " + rankName(opts, r));
+    if (v.value() != "tcp" && whyNot->empty())
+      *whyNot =
+          rankName(opts, r) + " keeps Gloo (HORA_HIER_CROSS=gloo or HORA_HIER_ALLREDUCE=flat)";
+  }
+  if (!wants) *whyNot = "HORA_HIER_CROSS=gloo or HORA_HIER_ALLREDUCE=flat";
+  if (!whyNot->empty()) return rest;
+  auto ring = createTcpRingBackend(store, rank, size, opts);
+  if (!ring.isOk()) return ring.status().withContext("tcp ring allreduce");
+  return std::unique_ptr<Backend>(new RingAllreduceBackend(ring.take(), std::move(rest)));
+}
+
 }  // namespace hora

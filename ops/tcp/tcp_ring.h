@@ -116,6 +116,57 @@ class TcpRingBackend : public Backend {
   std::vector<uint8_t> scratch_;
 };
 
+// A set's data plane across hosts without the hierarchy (one rank per host,
+// hosts with different numbers of ranks): allreduce on a tcp ring over all
+// of the set's ranks, every other collective on `rest` (the set's Gloo
+// backend). Same threads as its parts; abort() aborts both.
+class RingAllreduceBackend : public Backend {
+ public:
+  RingAllreduceBackend(std::unique_ptr<Backend> ring, std::unique_ptr<Backend> rest)
+      : ring_(std::move(ring)), rest_(std::move(rest)) {}
+  std::string name() const override { return "tcp-ring+" + rest_->name(); }
+  int rank() const override { return rest_->rank(); }
+  int size() const override { return rest_->size(); }
+  Status allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
+    return ring_->allreduce(data, count, dtype, op);
+  }
+  Status allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
+                    DataType dtype) override {
+    return rest_->allgatherv(in, out, counts, dtype);
+  }
+  Status broadcast(void* data, size_t count, DataType dtype, int root) override {
+    return rest_->broadcast(data, count, dtype, root);
+  }
+  Status alltoallv(const void* in, const std::vector<int64_t>& send, void* out,
+                   const std::vector<int64_t>& recv, DataType dtype) override {
+    return rest_->alltoallv(in, send, out, recv, dtype);
+  }
+  Status reducescatter(void* inout, const std::vector<size_t>& counts, DataType dtype,
+                       ReduceOp op) override {
+    return rest_->reducescatter(inout, counts, dtype, op);
+  }
+  Status barrier() override { return rest_->barrier(); }
+  void abort() noexcept override {
+    ring_->abort();
+    rest_->abort();
+  }
+  void tune(const TuningValues& values) override { rest_->tune(values); }
+
+ private:
+  std::unique_ptr<Backend> ring_, rest_;
+};
+
+// Collective over the set's ranks (keys under `store`): if every rank
+// `wants` it, connects a tcp ring over all of them and returns `rest`
+// wrapped in a RingAllreduceBackend; otherwise returns `rest` unchanged
+// and *whyNot says why. Fails only when an exchange or the ring's set-up
+// fails.
+Result<std::unique_ptr<Backend>> withTcpRingAllreduce(std::shared_ptr<Store> store, int rank,
+                                                      int size, bool wants,
+                                                      const TcpRingOptions& opts,
+                                                      std::unique_ptr<Backend> rest,
+                                                      std::string* whyNot);
+
 // Connects the ring of `size` ranks whose keys live under `store`; `rank` is
 // this rank's index in it. size 1: no sockets. Fails (naming the peer) when
 // a peer does not appear or cannot be reached within opts.startTimeout.

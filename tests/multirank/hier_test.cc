@@ -289,10 +289,22 @@ TEST(Hier, ProcessesWithGlooAcrossHostsChooseTheHierarchyToo) {
   expectDataPlane(res, "hier(2 hosts x 2 ranks: shm, gloo across; gloo for the rest)");
 }
 
-TEST(Hier, ProcessesOneRankPerHostStayOnTheFlatRing) {
+TEST(Hier, ProcessesOneRankPerHostAllreduceOnATcpRing) {
+  for (int size : {2, 3}) {
+    auto res = runProcesses(
+        size, [size](int rank) { return runChild(rank, size, "host" + std::to_string(rank)); }, 120,
+        nullptr, kProcEnv);
+    expectDataPlane(res,
+                    "tcp-ring+gloo (no shared memory: ranks run on different hosts, no "
+                    "hierarchy: one rank per host");
+  }
+}
+
+TEST(Hier, ProcessesOneRankPerHostWithGlooAcrossStayOnGloo) {
+  auto env = kProcEnv;
+  env.push_back({"HORA_HIER_CROSS", "gloo"});
   auto res = runProcesses(
-      2, [](int rank) { return runChild(rank, 2, rank ? "hostB" : "hostA"); }, 120, nullptr,
-      kProcEnv);
+      2, [](int rank) { return runChild(rank, 2, rank ? "hostB" : "hostA"); }, 120, nullptr, env);
   expectDataPlane(res,
                   "gloo (no shared memory: ranks run on different hosts, no hierarchy: one rank "
                   "per host");

@@ -338,5 +338,97 @@ TEST(TcpRingTest, ARankThatNeverArrivesFailsTheStartNamingIt) {
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
 }
 
+// The set's other collectives: counts what reaches it.
+class CountingRest : public Backend {
+ public:
+  CountingRest(int rank, int size) : rank_(rank), size_(size) {}
+  std::string name() const override { return "gloo"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Status allreduce(void*, size_t, DataType, ReduceOp) override { return count(); }
+  Status allgatherv(const void*, void*, const std::vector<size_t>&, DataType) override {
+    return count();
+  }
+  Status broadcast(void*, size_t, DataType, int) override { return count(); }
+  Status alltoallv(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&,
+                   DataType) override {
+    return count();
+  }
+  Status reducescatter(void*, const std::vector<size_t>&, DataType, ReduceOp) override {
+    return count();
+  }
+  Status barrier() override { return count(); }
+  void abort() noexcept override { aborted = true; }
+  std::atomic<int> calls{0};
+  std::atomic<bool> aborted{false};
+
+ private:
+  Status count() {
+    ++calls;
+    return Status::ok();
+  }
+  int rank_, size_;
+};
+
+// Every rank runs withTcpRingAllreduce with its own `wants`.
+struct Wrapped {
+  World world;
+  std::vector<CountingRest*> rest;
+  std::vector<std::string> whyNot;
+};
+Wrapped wrapAll(const std::vector<bool>& wants) {
+  const int size = static_cast<int>(wants.size());
+  auto store = std::make_shared<MemoryStore>();
+  Wrapped w;
+  w.world.resize(size);
+  w.rest.resize(size);
+  w.whyNot.resize(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      auto rest = std::make_unique<CountingRest>(r, size);
+      w.rest[r] = rest.get();
+      TcpRingOptions o;
+      o.host = "127.0.0.1";
+      auto b = withTcpRingAllreduce(store, r, size, wants[r], o, std::move(rest), &w.whyNot[r]);
+      ASSERT_TRUE(b.isOk()) << b.status().toString();
+      w.world[r] = b.take();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return w;
+}
+
+TEST(TcpRingAllreduceTest, EveryRankWantingItGetsTheRingForAllreduceOnly) {
+  Wrapped w = wrapAll({true, true, true});
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(w.world[r]);
+    EXPECT_EQ(w.world[r]->name(), "tcp-ring+gloo");
+    EXPECT_TRUE(w.whyNot[r].empty()) << w.whyNot[r];
+  }
+  checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, 100003);
+  runRanks(w.world, [](int, Backend& b) {
+    EXPECT_TRUE(b.barrier().isOk());
+    float x = 0;
+    EXPECT_TRUE(b.broadcast(&x, 1, DataType::kFloat32, 0).isOk());
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(w.rest[r]->calls.load(), 2) << r;  // never the allreduce
+  w.world[1]->abort();
+  EXPECT_TRUE(w.rest[1]->aborted.load());
+}
+
+TEST(TcpRingAllreduceTest, OneRankKeepingGlooKeepsEveryRankOnIt) {
+  Wrapped w = wrapAll({true, false, true});
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(w.world[r]);
+    EXPECT_EQ(w.world[r]->name(), "gloo") << r;
+    EXPECT_FALSE(w.whyNot[r].empty()) << r;
+  }
+  EXPECT_NE(w.whyNot[0].find("ring rank 1 keeps Gloo"), std::string::npos) << w.whyNot[0];
+  float x = 1;
+  EXPECT_TRUE(w.world[0]->allreduce(&x, 1, DataType::kFloat32, ReduceOp::kSum).isOk());
+  EXPECT_EQ(w.rest[0]->calls.load(), 1);
+}
+
 }  // namespace
 }  // namespace hora

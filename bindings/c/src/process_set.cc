@@ -43,7 +43,8 @@ constexpr std::chrono::seconds kFailedSetLinger(2);
 std::shared_ptr<const AutotuneDriverOptions> autotuneOptions(const SetOptions& o,
                                                              const TuningValues& start,
                                                              const std::string& setName, bool onShm,
-                                                             int size, Telemetry* telemetry) {
+                                                             bool allreduceOnGloo, int size,
+                                                             Telemetry* telemetry) {
   if (!o.autotune || size < 2) return nullptr;
   auto at = std::make_shared<AutotuneDriverOptions>();
   at->tuner.start = start;
@@ -51,11 +52,12 @@ std::shared_ptr<const AutotuneDriverOptions> autotuneOptions(const SetOptions& o
   at->tuner.shmSlotBytes = std::max<int64_t>(std::max(o.shmSlotBytes, o.shmChunkBytes), 64);
   for (int d = 0; d < kTuneDims; ++d) at->tuner.tune[d] = !o.autotunePinned[d];
   // Only what the set's data plane uses: the shm values on shared memory,
-  // the Gloo cut-over without it (and not when bcube is forced).
+  // the Gloo cut-over where allreduce runs on Gloo (not on the hierarchy nor
+  // the tcp ring, and not when bcube is forced).
   at->tuner.tune[static_cast<int>(TuneDim::kShmChunk)] &= onShm;
   at->tuner.tune[static_cast<int>(TuneDim::kShmMinBytes)] &= onShm;
   at->tuner.tune[static_cast<int>(TuneDim::kGlooBcubeMax)] &=
-      !onShm && o.glooAlgorithm != GlooAlgorithm::kBcube;
+      allreduceOnGloo && o.glooAlgorithm != GlooAlgorithm::kBcube;
   at->setName = setName;
   at->logPath = o.autotuneLog;
   at->telemetry = telemetry;
@@ -232,10 +234,21 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
     if (!sb.isOk())
       return sb.status().withContext("process set " + name + ": setting up shared memory");
     ps->backend_ = sb.take();
+  } else if (outcome == HierOutcome::kFlat && ps->size() > 1) {
+    // Across hosts without the hierarchy: allreduce on a tcp ring over all
+    // ranks (a Gloo wait is two thread wake-ups), unless a rank keeps Gloo.
+    noShm = "ranks run on different hosts, no hierarchy: " + noHier;
+    TcpRingOptions flatRing = tro;
+    for (int r = 0; r < ps->size(); ++r) flatRing.rankNames.push_back("rank " + std::to_string(r));
+    std::string noRing;
+    auto rb =
+        withTcpRingAllreduce(std::make_shared<PrefixStore>(store, "flatring"), rank, ps->size(),
+                             tcpCross && ho.mode != HierMode::kFlat, flatRing, hb.take(), &noRing);
+    if (!rb.isOk())
+      return rb.status().withContext("process set " + name + ": setting up the tcp ring");
+    ps->backend_ = rb.take();
   } else {
     ps->backend_ = hb.take();
-    if (outcome == HierOutcome::kFlat)
-      noShm = "ranks run on different hosts, no hierarchy: " + noHier;
   }
   if (ps->size() > 1)
     HORA_LOG(logger, kInfo) << "process set " << name << ": data plane " << ps->backend_->name()
@@ -340,7 +353,8 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   start.glooBcubeMaxBytes = static_cast<int64_t>(kGlooBcubeMaxBytes);
   const bool onShm = ps->backend_->name().rfind("shm+", 0) == 0;
   Telemetry* telemetry = o.telemetry ? ps->telemetry_.get() : nullptr;
-  auto autotune = autotuneOptions(o, start, name, onShm, ps->size(), telemetry);
+  const bool allreduceOnGloo = ps->backend_->name().rfind("gloo", 0) == 0;
+  auto autotune = autotuneOptions(o, start, name, onShm, allreduceOnGloo, ps->size(), telemetry);
   ps->telemetry_->autotuneStart(o.autotune && ps->size() > 1, start);
 
   // Control thread.
@@ -380,14 +394,18 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   // less: at most 256 KiB per tensor in each direction (not measured beyond
   // 4 ranks: this machine has two cores), on one host too, where rank 0's
   // control thread reduces every copy.
-  // The hierarchy's TCP cross ring is faster behind the negotiation than
-  // Gloo. At 2 hosts x 2 ranks (each figure its own launch, as a multiple of
-  // Open MPI's time in that launch): 32 KiB through the ring 1.84x, inline
-  // 2.06x; 16 KiB through the ring 2.55x, inline 1.63x. So such sets get a
-  // quarter of the budget, 16 KiB at 4 ranks
-  // (bench/results/2026-11-28-tcp-cross.md; larger sets unmeasured).
-  const bool tcpHier = ps->backend_->name().rfind("hier(", 0) == 0 && o.hierCross == "tcp";
-  const size_t perSet = (size_t{tcpHier ? 64u : 256u} << 10) / static_cast<size_t>(ps->size());
+  // A tcp ring (the hierarchy's cross stage, or the allreduce of a set
+  // across hosts without it) is faster behind the negotiation than Gloo. As
+  // a multiple of Open MPI's time in the same launch (each figure its own
+  // launch): 2 hosts x 2 ranks, 32 KiB through the ring 1.84x, inline 2.06x,
+  // 16 KiB 2.55x against 1.63x; 4 hosts x 1 rank, 64 KiB 0.99x against
+  // 2.0x, 16 KiB 2.2x against 2.1x. So such sets get a quarter of the
+  // budget, 16 KiB at 4 ranks (bench/results/2026-11-28-tcp-cross.md;
+  // larger sets unmeasured).
+  const std::string plane = ps->backend_->name();
+  const bool onTcpRing =
+      plane.rfind("tcp-ring+", 0) == 0 || (plane.rfind("hier(", 0) == 0 && o.hierCross == "tcp");
+  const size_t perSet = (size_t{onTcpRing ? 64u : 256u} << 10) / static_cast<size_t>(ps->size());
   sco.inlineMaxBytes = o.inlineMaxBytes >= 0 ? static_cast<size_t>(o.inlineMaxBytes)
                        : onShm               ? std::clamp<size_t>(perSet, 256, 4096)
                                              : std::clamp<size_t>(perSet, 256, kMaxInlineBytes);
