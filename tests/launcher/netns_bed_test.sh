@@ -37,7 +37,7 @@ HORA_LOG_LEVEL=info "$BED" exec --name $NAME 0 "$HORARUN" -np 2 -H 10.78.0.1:1,1
   fail "allreduce over the bed failed"
 read -r rx1 tx1 < <("$BED" counters --name $NAME 1)
 for r in 0 1; do expect_grep "^\[$r\]<stdout>: probe allreduce rank $r: $BYTES bytes x $ITERS ok" "$WORK/ar.out" "rank $r"; done
-expect_grep "data plane gloo .*different hosts" "$WORK/ar.err" "hora did not see two hosts"
+expect_grep "data plane tcp-ring\+gloo .*different hosts" "$WORK/ar.err" "hora did not see two hosts"
 echo "allreduce h0<->h1 ($ITERS x $BYTES B): h1 rx $((rx1 - rx0)) B, tx $((tx1 - tx0)) B"
 [ $((rx1 - rx0)) -ge $((BYTES * ITERS)) ] && [ $((tx1 - tx0)) -ge $((BYTES * ITERS)) ] ||
   fail "the allreduce did not cross the link"

@@ -143,7 +143,7 @@ HORA_LOG_LEVEL=info run0 "$HORARUN" -np 2 -H 10.77.1.1:1,10.77.1.2:1 --ssh-comma
 rx=$(( $(link_bytes rx) - rx0 )) tx=$(( $(link_bytes tx) - tx0 ))
 for r in 0 1; do expect_grep "^\[$r\]<stdout>: probe allreduce rank $r: $AR_BYTES bytes x $AR_ITERS ok" \
   "$WORK/cross.out" "cross-host allreduce rank $r"; done
-expect_grep "data plane gloo .*no shared memory: .*different hosts" "$WORK/cross.err" \
+expect_grep "data plane tcp-ring\+gloo .*no shared memory: .*different hosts" "$WORK/cross.err" \
   "hora did not see two hosts (data plane line)"
 payload=$((AR_BYTES * AR_ITERS))
 echo "h0<->h1 allreduce ($AR_ITERS x $AR_BYTES B): link h1 rx $rx B, tx $tx B (payload $payload B each way)"
