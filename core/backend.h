@@ -14,9 +14,10 @@
 // collective, the element count and dtype. Third-party exceptions never
 // escape a backend.
 //
-// Implementations: ops/gloo (CPU memory, any hosts) and ops/shm (allreduce
+// Implementations: ops/gloo (CPU memory, any hosts), ops/shm (allreduce
 // through shared memory when every rank is on one host; the rest delegated
-// to a Gloo backend). Buffers are CPU memory here.
+// to a Gloo backend; the hierarchy across hosts) and ops/tcp (allreduce on
+// a ring over hora's own sockets across hosts). Buffers are CPU memory here.
 #pragma once
 
 #include <cstddef>

@@ -96,7 +96,8 @@ const std::vector<ParamSpec>& paramRegistry() {
        "(-1 = no limit, as Horovod); its reset_limit argument wins."},
       {"HORA_GLOO_ALGORITHM", ParamType::kString, "auto",
        "Gloo allreduce algorithm: auto (by size), ring or bcube. Must be the same on every rank "
-       "(checked at start).",
+       "(checked at start). Set to ring or bcube, it also keeps the allreduce of a set across "
+       "hosts without the hierarchy on Gloo (instead of HORA_HIER_CROSS's tcp ring).",
        "auto|ring|bcube"},
       {"HORA_GLOO_IFACE", ParamType::kString, "",
        "Network interface for Gloo's data plane (default: by HORA_HOSTNAME)."},
@@ -142,8 +143,9 @@ const std::vector<ParamSpec>& paramRegistry() {
        "Allreduces of host tensors up to this size travel inside the negotiation: each rank's "
        "request carries its tensor, the coordinator reduces them and its response carries the "
        "result, so the tensor needs one round trip to the coordinator and no data plane. -1: "
-       "262144 divided by the set's size (65536 where allreduce runs on a tcp ring: "
-       "HORA_HIER_CROSS=tcp across hosts), within 256..4096 for a set on the shared-memory data "
+       "262144 divided by the set's size (65536 where allreduce runs on a tcp ring: data plane "
+       "tcp-ring+gloo, or hier with tcp-ring across), within 256..4096 for a set on the "
+       "shared-memory data "
        "plane (one host) and within 256..65536 otherwise (across hosts, or HORA_SHM=0); 0 turns "
        "it off; at most 65536. Ranks need not agree (a tensor some "
        "rank sent without its data goes through the data plane)."},
@@ -226,9 +228,10 @@ const std::vector<ParamSpec>& paramRegistry() {
        "the waiting thread drives (it polls for HORA_SPIN_US, then sleeps in poll), or gloo, a "
        "Gloo allreduce (each wait is a wake-up of Gloo's device thread, then of the waiting "
        "thread). Also the allreduce of a set across hosts that stays flat (one rank per host, "
-       "hosts with different numbers of ranks, HORA_SHM=0; not under HORA_HIER_ALLREDUCE=flat, "
-       "which keeps the Gloo ring): tcp runs it on such a ring over all ranks, the other "
-       "collectives stay on Gloo. Both bind to HORA_GLOO_IFACE's address when it is set. "
+       "hosts with different numbers of ranks, HORA_SHM=0; up to 8 ranks, measured up to 4; "
+       "not under HORA_HIER_ALLREDUCE=flat or a set HORA_GLOO_ALGORITHM, which keep Gloo): tcp "
+       "runs it on such a ring over all ranks in set order, the other collectives stay on Gloo. "
+       "Both bind to HORA_GLOO_IFACE's address when it is set. "
        "Compared at start: must be the same on every rank (else the hierarchy and the flat ring "
        "fall back to Gloo, logged).",
        "tcp|gloo"},

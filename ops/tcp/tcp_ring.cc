@@ -277,7 +277,7 @@ Status TcpRingBackend::ring(uint8_t* data, size_t count, DataType dtype, ReduceO
 }
 
 Status TcpRingBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
-  const std::string what = std::string("cross-host allreduce (tcp ring, ") + std::to_string(count) +
+  const std::string what = std::string("allreduce on the tcp ring (") + std::to_string(count) +
                            " x " + dataTypeName(dtype) + ", " + reduceOpName(op) + ", ring rank " +
                            std::to_string(rank_) + " of " + std::to_string(size_) + ")";
   if (!broken_.isOk())
@@ -306,7 +306,8 @@ namespace {
 Status onlyAllreduce(const char* what) {
   return Status(Code::kNotSupported,
                 std::string("tcp ring: ") + what +
-                    " is not carried here (only the hierarchical allreduce's cross stage)");
+                    " is not carried here (only allreduce: the hierarchy's cross stage, or a "
+                    "set's allreduce across hosts)");
 }
 }  // namespace
 
@@ -419,12 +420,12 @@ Result<std::unique_ptr<Backend>> createTcpRingBackend(std::shared_ptr<Store> sto
 }
 
 Result<std::unique_ptr<Backend>> withTcpRingAllreduce(std::shared_ptr<Store> store, int rank,
-                                                      int size, bool wants,
+                                                      int size, const std::string& refusal,
                                                       const TcpRingOptions& opts,
                                                       std::unique_ptr<Backend> rest,
                                                       std::string* whyNot) {
   whyNot->clear();
-  const std::string mine = wants ? "tcp" : "no";
+  const std::string mine = refusal.empty() ? "tcp" : "no " + refusal;
   Status s = store->set("want/" + std::to_string(rank), mine);
   if (!s.isOk()) return s.withContext("tcp ring allreduce: publishing this rank's choice");
   for (int r = 0; r < size; ++r) {
@@ -433,10 +434,10 @@ Result<std::unique_ptr<Backend>> withTcpRingAllreduce(std::shared_ptr<Store> sto
     if (!v.isOk())
       return v.status().withContext("tcp ring allreduce: waiting for " + rankName(opts, r));
     if (v.value() != "tcp" && whyNot->empty())
-      *whyNot =
-          rankName(opts, r) + " keeps Gloo (HORA_HIER_CROSS=gloo or HORA_HIER_ALLREDUCE=flat)";
+      *whyNot = rankName(opts, r) + " keeps Gloo (" +
+                v.value().substr(std::min<size_t>(3, v.value().size())) + ")";
   }
-  if (!wants) *whyNot = "HORA_HIER_CROSS=gloo or HORA_HIER_ALLREDUCE=flat";
+  if (!refusal.empty()) *whyNot = refusal;
   if (!whyNot->empty()) return rest;
   auto ring = createTcpRingBackend(store, rank, size, opts);
   if (!ring.isOk()) return ring.status().withContext("tcp ring allreduce");

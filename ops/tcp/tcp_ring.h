@@ -1,6 +1,7 @@
-// TcpRingBackend: the hierarchical allreduce's cross-host stage (one rank per
-// host, ops/shm/hier_backend.h) as a ring allreduce over hora's own TCP
-// sockets, driven by the calling thread.
+// TcpRingBackend: a ring allreduce over hora's own TCP sockets, driven by the
+// calling thread: the hierarchical allreduce's cross-host stage (one rank per
+// host, ops/shm/hier_backend.h), and the allreduce of a set across hosts
+// without the hierarchy (RingAllreduceBackend below).
 //
 // Why not Gloo there: a Gloo wait is two wake-ups (its device thread reads
 // the socket, then wakes the waiting thread), and a wake-up of an idle vCPU
@@ -25,7 +26,8 @@
 // token) and accepts rank-1; a stranger that finds the port is refused.
 //
 // Threads: created on the process set's init thread; allreduce from one
-// thread at a time (HierBackend's cross thread); abort() from any thread,
+// thread at a time (HierBackend's cross thread, or the executor through
+// RingAllreduceBackend); abort() from any thread,
 // never blocking: it wakes a sleeping call and shuts the sockets down, so a
 // call in progress returns at its next look, and every later call fails.
 //
@@ -156,13 +158,12 @@ class RingAllreduceBackend : public Backend {
   std::unique_ptr<Backend> ring_, rest_;
 };
 
-// Collective over the set's ranks (keys under `store`): if every rank
-// `wants` it, connects a tcp ring over all of them and returns `rest`
-// wrapped in a RingAllreduceBackend; otherwise returns `rest` unchanged
-// and *whyNot says why. Fails only when an exchange or the ring's set-up
-// fails.
+// Collective over the set's ranks (keys under `store`): if no rank gives a
+// `refusal` (empty: this rank wants the ring; else why not), connects a tcp ring over all of them
+// and returns `rest` wrapped in a RingAllreduceBackend; otherwise returns `rest` unchanged and
+// *whyNot says why. Fails only when an exchange or the ring's set-up fails.
 Result<std::unique_ptr<Backend>> withTcpRingAllreduce(std::shared_ptr<Store> store, int rank,
-                                                      int size, bool wants,
+                                                      int size, const std::string& refusal,
                                                       const TcpRingOptions& opts,
                                                       std::unique_ptr<Backend> rest,
                                                       std::string* whyNot);

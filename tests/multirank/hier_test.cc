@@ -290,10 +290,13 @@ TEST(Hier, ProcessesWithGlooAcrossHostsChooseTheHierarchyToo) {
 }
 
 TEST(Hier, ProcessesOneRankPerHostAllreduceOnATcpRing) {
+  // Nothing inline: every size goes through the ring.
+  auto env = kProcEnv;
+  env.push_back({"HORA_INLINE_MAX_BYTES", "0"});
   for (int size : {2, 3}) {
     auto res = runProcesses(
         size, [size](int rank) { return runChild(rank, size, "host" + std::to_string(rank)); }, 120,
-        nullptr, kProcEnv);
+        nullptr, env);
     expectDataPlane(res,
                     "tcp-ring+gloo (no shared memory: ranks run on different hosts, no "
                     "hierarchy: one rank per host");
@@ -307,7 +310,8 @@ TEST(Hier, ProcessesOneRankPerHostWithGlooAcrossStayOnGloo) {
       2, [](int rank) { return runChild(rank, 2, rank ? "hostB" : "hostA"); }, 120, nullptr, env);
   expectDataPlane(res,
                   "gloo (no shared memory: ranks run on different hosts, no hierarchy: one rank "
-                  "per host");
+                  "per host: the flat ring is already hierarchical; allreduce on Gloo: "
+                  "HORA_HIER_CROSS=gloo)");
 }
 
 TEST(Hier, ProcessesOneHostUsesSharedMemory) {
@@ -341,8 +345,13 @@ TEST(Hier, ProcessesFlatModeStaysFlat) {
 // Loops a large allreduce until it fails; returns 0 when the failure names
 // set rank `culprit` with HORA_ERR_REMOTE, later calls fail at once and
 // shutdown is prompt.
-int loopUntilPeerLost(int rank, int culprit, double deadlineS) {
-  ::setenv("HORA_HOST_ID", rank % 2 ? "hostB" : "hostA", 1);
+// hostPerRank: every rank a host of its own (the flat tcp ring), else two
+// hosts by rank parity (the hierarchy).
+int loopUntilPeerLost(int rank, int culprit, double deadlineS, bool hostPerRank = false) {
+  const std::string host = hostPerRank ? "host" + std::to_string(rank)
+                           : rank % 2  ? "hostB"
+                                       : "hostA";
+  ::setenv("HORA_HOST_ID", host.c_str(), 1);
   hora_runtime_t rt;
   if (hora_init(nullptr, &rt) != HORA_SUCCESS) {
     std::fprintf(stderr, "init failed: %s\n", hora_last_error_message());
@@ -395,7 +404,8 @@ int loopUntilPeerLost(int rank, int culprit, double deadlineS) {
 // Rank `victim` is killed while the others are inside hierarchical
 // allreduces; the 30 s peer timeout is far beyond the deadline, so the
 // survivors must learn it from the loss itself.
-void killDuringHierAllreduce(int victim, bool stopFirst = false) {
+void killDuringHierAllreduce(int victim, bool stopFirst = false, bool hostPerRank = false) {
+  const int n = hostPerRank ? 3 : 4;
   std::atomic<int64_t> killedAtMs{0};
   const auto t0 = Clock::now();
   const std::vector<std::pair<std::string, std::string>> env = {
@@ -403,7 +413,9 @@ void killDuringHierAllreduce(int victim, bool stopFirst = false) {
       {"HORA_PEER_TIMEOUT_S", "30"},
       {"HORA_SHM_CHUNK_BYTES", "1048576"}};
   auto res = runProcesses(
-      4, [victim](int rank) { return loopUntilPeerLost(rank, victim, 50); }, 80,
+      n,
+      [victim, hostPerRank](int rank) { return loopUntilPeerLost(rank, victim, 50, hostPerRank); },
+      80,
       [&](const std::vector<int>& pids) {
         std::this_thread::sleep_for(std::chrono::milliseconds(4000));
         if (stopFirst) {
@@ -419,21 +431,23 @@ void killDuringHierAllreduce(int victim, bool stopFirst = false) {
       },
       env);
   EXPECT_EQ(res[victim].signal, SIGKILL) << res[victim].output;
-  for (int r = 0; r < 4; ++r) {
+  for (int r = 0; r < n; ++r) {
     if (r == victim) continue;
     EXPECT_EQ(res[r].exitCode, 0) << "rank " << r << ":\n" << res[r].output;
-    EXPECT_NE(res[r].output.find("data plane hier(2 hosts x 2 ranks"), std::string::npos)
+    EXPECT_NE(res[r].output.find(hostPerRank ? "data plane tcp-ring+gloo"
+                                             : "data plane hier(2 hosts x 2 ranks"),
+              std::string::npos)
         << res[r].output;
   }
   const double total = std::chrono::duration<double>(Clock::now() - t0).count();
   // With every rank's log: which survivor was slow, failing or shutting down
   // (seen once under ctest -j2: 30 s, the peer timeout).
   std::string logs;
-  for (int r = 0; r < 4; ++r) logs += "rank " + std::to_string(r) + ":\n" + res[r].output + "\n";
+  for (int r = 0; r < n; ++r) logs += "rank " + std::to_string(r) + ":\n" + res[r].output + "\n";
   EXPECT_LT(total - killedAtMs.load() / 1000.0, 12.0) << "survivors took too long to fail\n"
                                                       << logs;
   if (getenv("HORA_TEST_VERBOSE"))
-    for (int r = 0; r < 4; ++r) std::printf("rank %d:\n%s\n", r, res[r].output.c_str());
+    for (int r = 0; r < n; ++r) std::printf("rank %d:\n%s\n", r, res[r].output.c_str());
 }
 
 // Rank 1: host B, local rank 0 (rank 3 is its host peer).
@@ -442,5 +456,12 @@ TEST(Hier, RankKilledDuringHierAllreduceOnHostBFailsEverySurvivor) { killDuringH
 TEST(Hier, RankKilledDuringHierAllreduceOnHostAFailsEverySurvivor) { killDuringHierAllreduce(2); }
 // Rank 2 stopped, then killed: transfers to and from it were cut part-way.
 TEST(Hier, RankStoppedThenKilledMidTransferFailsEverySurvivor) { killDuringHierAllreduce(2, true); }
+// One rank per host (3 hosts): the allreduce on the flat tcp ring.
+TEST(Hier, RankKilledDuringTcpRingAllreduceFailsEverySurvivor) {
+  killDuringHierAllreduce(1, false, true);
+}
+TEST(Hier, RankStoppedThenKilledDuringTcpRingAllreduceFailsEverySurvivor) {
+  killDuringHierAllreduce(2, true, true);
+}
 
 }  // namespace

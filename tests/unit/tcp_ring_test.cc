@@ -390,7 +390,9 @@ Wrapped wrapAll(const std::vector<bool>& wants) {
       w.rest[r] = rest.get();
       TcpRingOptions o;
       o.host = "127.0.0.1";
-      auto b = withTcpRingAllreduce(store, r, size, wants[r], o, std::move(rest), &w.whyNot[r]);
+      o.startTimeout = milliseconds(5000);
+      auto b = withTcpRingAllreduce(store, r, size, wants[r] ? "" : "HORA_HIER_CROSS=gloo", o,
+                                    std::move(rest), &w.whyNot[r]);
       ASSERT_TRUE(b.isOk()) << b.status().toString();
       w.world[r] = b.take();
     });
@@ -413,8 +415,20 @@ TEST(TcpRingAllreduceTest, EveryRankWantingItGetsTheRingForAllreduceOnly) {
     EXPECT_TRUE(b.broadcast(&x, 1, DataType::kFloat32, 0).isOk());
   });
   for (int r = 0; r < 3; ++r) EXPECT_EQ(w.rest[r]->calls.load(), 2) << r;  // never the allreduce
+  // The executor's entry point, with a combine function: the ring too.
+  checkAllreduceGather(w.world, DataType::kInt32, ReduceOp::kSum, 70001, CombineMode::kCombine);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(w.rest[r]->calls.load(), 2) << r;
+  // Abort reaches both halves: the ring fails at once, and so do its
+  // neighbours.
   w.world[1]->abort();
   EXPECT_TRUE(w.rest[1]->aborted.load());
+  float x = 1;
+  EXPECT_EQ(w.world[1]->allreduce(&x, 1, DataType::kFloat32, ReduceOp::kSum).code(),
+            Code::kRemoteError);
+  const auto start = Clock::now();
+  EXPECT_EQ(w.world[2]->allreduce(&x, 1, DataType::kFloat32, ReduceOp::kSum).code(),
+            Code::kRemoteError);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
 }
 
 TEST(TcpRingAllreduceTest, OneRankKeepingGlooKeepsEveryRankOnIt) {
@@ -424,7 +438,9 @@ TEST(TcpRingAllreduceTest, OneRankKeepingGlooKeepsEveryRankOnIt) {
     EXPECT_EQ(w.world[r]->name(), "gloo") << r;
     EXPECT_FALSE(w.whyNot[r].empty()) << r;
   }
-  EXPECT_NE(w.whyNot[0].find("ring rank 1 keeps Gloo"), std::string::npos) << w.whyNot[0];
+  EXPECT_NE(w.whyNot[0].find("ring rank 1 keeps Gloo (HORA_HIER_CROSS=gloo)"), std::string::npos)
+      << w.whyNot[0];
+  EXPECT_EQ(w.whyNot[1], "HORA_HIER_CROSS=gloo");
   float x = 1;
   EXPECT_TRUE(w.world[0]->allreduce(&x, 1, DataType::kFloat32, ReduceOp::kSum).isOk());
   EXPECT_EQ(w.rest[0]->calls.load(), 1);

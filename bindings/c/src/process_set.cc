@@ -238,15 +238,29 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
     // Across hosts without the hierarchy: allreduce on a tcp ring over all
     // ranks (a Gloo wait is two thread wake-ups), unless a rank keeps Gloo.
     noShm = "ranks run on different hosts, no hierarchy: " + noHier;
+    // Not where the job asked for Gloo's ring or its algorithm, and only up
+    // to kMaxFlatRingRanks: a ring's 2(n-1) steps were measured up to 4
+    // ranks only, against Gloo's bcube with its log2(n) steps.
+    constexpr int kMaxFlatRingRanks = 8;
     TcpRingOptions flatRing = tro;
-    for (int r = 0; r < ps->size(); ++r) flatRing.rankNames.push_back("rank " + std::to_string(r));
+    for (int r = 0; r < ps->size(); ++r)
+      flatRing.rankNames.push_back("set rank " + std::to_string(r) + " (global rank " +
+                                   std::to_string(globalRanks[r]) + ")");
+    const std::string refusal = !tcpCross                    ? "HORA_HIER_CROSS=gloo"
+                                : ho.mode == HierMode::kFlat ? "HORA_HIER_ALLREDUCE=flat"
+                                : o.glooAlgorithm != GlooAlgorithm::kAuto
+                                    ? "HORA_GLOO_ALGORITHM is set"
+                                : ps->size() > kMaxFlatRingRanks
+                                    ? "more than " + std::to_string(kMaxFlatRingRanks) + " ranks"
+                                    : "";
     std::string noRing;
-    auto rb =
-        withTcpRingAllreduce(std::make_shared<PrefixStore>(store, "flatring"), rank, ps->size(),
-                             tcpCross && ho.mode != HierMode::kFlat, flatRing, hb.take(), &noRing);
+    auto rb = withTcpRingAllreduce(std::make_shared<PrefixStore>(store, "flatring"), rank,
+                                   ps->size(), refusal, flatRing, hb.take(), &noRing);
     if (!rb.isOk())
       return rb.status().withContext("process set " + name + ": setting up the tcp ring");
     ps->backend_ = rb.take();
+    // Under HORA_HIER_ALLREDUCE=flat the reason is already in the line.
+    if (!noRing.empty() && ho.mode != HierMode::kFlat) noShm += "; allreduce on Gloo: " + noRing;
   } else {
     ps->backend_ = hb.take();
   }
