@@ -59,6 +59,20 @@ std::string interfaceAddress(const std::string& name) {
   return out;
 }
 
+// A rank's entry in the store: "<host>\n<port>\n<token>".
+struct Entry {
+  std::string host, port, token;
+  std::string address() const { return host + ":" + port; }
+};
+Entry parseEntry(const std::string& text) {
+  std::istringstream is(text);
+  Entry e;
+  std::getline(is, e.host);
+  std::getline(is, e.port);
+  std::getline(is, e.token);
+  return e;
+}
+
 int toMs(std::chrono::milliseconds d) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(d.count(), 1 << 30)));
 }
@@ -105,6 +119,10 @@ std::string TcpRingBackend::peerName(int r) const {
   return who + " (" + addr + ")";
 }
 
+Status TcpRingBackend::abortedStatus(const std::string& what) const {
+  return Status(Code::kRemoteError, what + ": aborted (a peer rank was lost)");
+}
+
 void TcpRingBackend::closeStreams() noexcept {
   // shutdown, not close: the descriptors stay valid for a poll in progress
   // on the calling thread, and the neighbours see the end of stream at once
@@ -144,8 +162,7 @@ Status TcpRingBackend::waitReady(bool wantSend, bool wantRecv, Clock::time_point
   if (Clock::now() - lastProgress >= opts_.timeout) return timedOut();
   const auto spinUntil = Clock::now() + opts_.spin;
   for (unsigned looks = 0;; ++looks) {
-    if (aborted_.load(std::memory_order_acquire))
-      return Status(Code::kRemoteError, what + ": aborted (a peer rank was lost)");
+    if (aborted_.load(std::memory_order_acquire)) return abortedStatus(what);
     // A yield may cost a time slice: then the clock is read every look.
     const bool look = !opts_.yieldWhilePolling && (looks & 63) != 0;
     if (!look && Clock::now() >= spinUntil) break;
@@ -164,8 +181,7 @@ Status TcpRingBackend::waitReady(bool wantSend, bool wantRecv, Clock::time_point
     int rc = ::poll(fds, static_cast<nfds_t>(nfds), std::min(toMs(left), 1000));
     if (rc < 0 && errno != EINTR)
       return systemError(what + ": poll failed: " + std::strerror(errno));
-    if (aborted_.load(std::memory_order_acquire))
-      return Status(Code::kRemoteError, what + ": aborted (a peer rank was lost)");
+    if (aborted_.load(std::memory_order_acquire)) return abortedStatus(what);
     for (int i = 0; rc > 0 && i < ready; ++i)
       if (fds[i].revents != 0) return Status();
   }
@@ -196,9 +212,7 @@ Status TcpRingBackend::ring(uint8_t* data, size_t count, DataType dtype, ReduceO
     return k == rk ? done : 0;
   };
   auto lastProgress = Clock::now();
-  auto aborted = [&] {
-    return Status(Code::kRemoteError, what + ": aborted (a peer rank was lost)");
-  };
+  auto aborted = [&] { return abortedStatus(what); };
   while (sk < steps || rk < steps) {
     if (aborted_.load(std::memory_order_acquire)) return aborted();
     bool moved = false;
@@ -282,8 +296,7 @@ Status TcpRingBackend::allreduce(void* data, size_t count, DataType dtype, Reduc
                            std::to_string(rank_) + " of " + std::to_string(size_) + ")";
   if (!broken_.isOk())
     return Status(broken_.code(), what + ": the ring failed before: " + broken_.message());
-  if (aborted_.load(std::memory_order_acquire))
-    return Status(Code::kRemoteError, what + ": aborted (a peer rank was lost)");
+  if (aborted_.load(std::memory_order_acquire)) return abortedStatus(what);
   if (size_ == 1 || count == 0) return Status();
   // Bad arguments move no byte: the ring stays usable.
   if (data == nullptr) return invalidArgument(what + ": null buffer");
@@ -367,17 +380,13 @@ Result<std::unique_ptr<Backend>> createTcpRingBackend(std::shared_ptr<Store> sto
       store->get("tcp/" + std::to_string(next), std::max(left(), std::chrono::milliseconds(1)));
   if (!v.isOk())
     return v.status().withContext("tcp ring: waiting for " + rankName(opts, next) + "'s address");
-  std::istringstream is(v.value());
-  std::string nextHost, portText, theirs;
-  std::getline(is, nextHost);
-  std::getline(is, portText);
-  std::getline(is, theirs);
-  b->nextAddr_ = nextHost + ":" + portText;
+  const Entry them = parseEntry(v.value());
+  b->nextAddr_ = them.address();
   P2pHello hello{};
   hello.magic = kP2pHelloMagic;
   hello.rank = rank;
-  std::snprintf(hello.token, sizeof hello.token, "%s", theirs.c_str());
-  auto c = p2pConnect(nextHost, std::atoi(portText.c_str()), hello, toMs(left()));
+  std::snprintf(hello.token, sizeof hello.token, "%s", them.token.c_str());
+  auto c = p2pConnect(them.host, std::atoi(them.port.c_str()), hello, toMs(left()));
   if (!c.isOk()) return c.status().withContext("tcp ring: connecting to " + b->peerName(next));
   b->sendFd_ = c.value();
 
@@ -409,13 +418,7 @@ Result<std::unique_ptr<Backend>> createTcpRingBackend(std::shared_ptr<Store> sto
     b->recvFd_ = a.value();
   }
   auto pv = store->get("tcp/" + std::to_string(prev), std::chrono::milliseconds(1));
-  if (pv.isOk()) {
-    std::istringstream ps(pv.value());
-    std::string h, pt;
-    std::getline(ps, h);
-    std::getline(ps, pt);
-    b->prevAddr_ = h + ":" + pt;
-  }
+  if (pv.isOk()) b->prevAddr_ = parseEntry(pv.value()).address();
   return std::unique_ptr<Backend>(std::move(b));
 }
 

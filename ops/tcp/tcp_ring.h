@@ -101,6 +101,7 @@ class TcpRingBackend : public Backend {
   // Shuts both streams down (any thread): the neighbours see the end of
   // stream at once.
   void closeStreams() noexcept;
+  Status abortedStatus(const std::string& what) const;
   Status ring(uint8_t* data, size_t count, DataType dtype, ReduceOp op, const std::string& what);
   // Returns once a wanted socket is ready (or poll's slice ends: the caller
   // looks again); an error on abort or when nothing moved for opts_.timeout.

@@ -204,9 +204,8 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   // Polls for the peer's bytes as a rank's other waits do, giving the core
   // away between looks where this process's threads (the cross thread is one
   // more) or the host's ranks outnumber its CPUs.
-  const SpinPolicy crossSpin = spinPolicyFor(o.spinUs, o.localSize);
-  tro.spin = std::chrono::duration_cast<std::chrono::microseconds>(crossSpin.window);
-  tro.yieldWhilePolling = crossSpin.yield || crossSpin.yieldToPeers;
+  tro.spin = std::chrono::duration_cast<std::chrono::microseconds>(ps->spin_.window);
+  tro.yieldWhilePolling = ps->spin_.yield || ps->spin_.yieldToPeers;
   const bool tcpCross = o.hierCross == "tcp";
   auto connectCross = [crossGo, tro, tcpCross](std::shared_ptr<Store> s, int r,
                                                int n) mutable -> Result<std::unique_ptr<Backend>> {
@@ -416,9 +415,8 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   // 2.0x, 16 KiB 2.2x against 2.1x. So such sets get a quarter of the
   // budget, 16 KiB at 4 ranks (bench/results/2026-11-28-tcp-cross.md;
   // larger sets unmeasured).
-  const std::string plane = ps->backend_->name();
-  const bool onTcpRing =
-      plane.rfind("tcp-ring+", 0) == 0 || (plane.rfind("hier(", 0) == 0 && o.hierCross == "tcp");
+  // "tcp-ring+gloo", or "hier(... tcp-ring across; ...)".
+  const bool onTcpRing = ps->backend_->name().find("tcp-ring") != std::string::npos;
   const size_t perSet = (size_t{onTcpRing ? 64u : 256u} << 10) / static_cast<size_t>(ps->size());
   sco.inlineMaxBytes = o.inlineMaxBytes >= 0 ? static_cast<size_t>(o.inlineMaxBytes)
                        : onShm               ? std::clamp<size_t>(perSet, 256, 4096)
