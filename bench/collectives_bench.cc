@@ -1,21 +1,23 @@
-// hora-coll-bench: reducescatter, alltoall and barrier through hora's C ABI,
-// over the sizes of the allreduce sweep, for bench/collectives_bench.sh, which
-// runs it with HORA_SHM=1 (shared memory) and HORA_SHM=0 (Gloo) and runs
-// mpi-coll-bench (MPI_Reduce_scatter_block, MPI_Alltoall, MPI_Barrier) on
-// the same sizes and data in the same run.
+// hora-coll-bench: reducescatter, alltoall, barrier, allgather and broadcast
+// through hora's C ABI, over the sizes of the allreduce sweep, for
+// bench/collectives_bench.sh (one host: HORA_SHM=1 and HORA_SHM=0) and
+// bench/multihost_coll_bench.sh (across emulated hosts), which run
+// mpi-coll-bench (MPI_Reduce_scatter_block, MPI_Alltoall, MPI_Barrier,
+// MPI_Allgather, MPI_Bcast) on the same sizes and data in the same run.
 //
 //   HORA_RANK=.. HORA_SIZE=.. HORA_STORE_ADDR=.. hora-coll-bench
 //       [--ops reducescatter,alltoall,barrier] [--sizes 4,64K,1M] [--iters N]
 //
-// Sizes are the whole buffer each rank passes in (reducescatter: the input
-// of `size` equal blocks; alltoall: the send buffer, one block per rank),
-// rounded down to a multiple of 4 * size bytes. Data: integer-valued float32
+// Sizes are the whole buffer of the collective (reducescatter: the input of
+// `size` equal blocks; alltoall: the send buffer, one block per rank;
+// allgather: the output, one block per rank; broadcast: the buffer, from
+// rank 0), rounded down to a multiple of 4 * size bytes. Data: integer-valued float32
 // that depends on the element, rank and iteration, refilled before each
 // iteration; every result element is checked exactly (outside the timing).
 // Timing: steady_clock around submit + wait + free; a barrier before each
 // size; mean and median over iterations, maximum over ranks (rank 0 prints).
 //
-// Output (rank 0): RESULT op=.. impl=hora plane=shm|gloo np=N bytes=B iters=I
+// Output (rank 0): RESULT op=.. impl=hora plane=shm|gloo|$BENCH_PLANE np=N bytes=B iters=I
 //   us=.. med_us=.. wrong=.. ; exit 1 on any wrong element, 2 on an error.
 #include <hora/hora.h>
 
@@ -90,10 +92,16 @@ int main(int argc, char** argv) {
   int32_t rank = 0, size = 1;
   hora_runtime_t rt = bench_util::initRuntime(&gWho, &rank, &size);
   const char* shm = std::getenv("HORA_SHM");
-  const std::string plane = (shm && std::string(shm) == "0") ? "gloo" : "shm";
+  // BENCH_PLANE: the label of this run's configuration (multihost_coll_bench.sh).
+  const char* label = std::getenv("BENCH_PLANE");
+  const std::string plane = label && *label                    ? std::string(label)
+                            : (shm && std::string(shm) == "0") ? "gloo"
+                                                               : "shm";
   long wrongTotal = 0;
   for (const std::string& op : ops) {
-    if (op != "reducescatter" && op != "alltoall" && op != "barrier") fatal("unknown op " + op);
+    if (op != "reducescatter" && op != "alltoall" && op != "barrier" && op != "allgather" &&
+        op != "broadcast")
+      fatal("unknown op " + op);
     const std::vector<size_t> opSizes = op == "barrier" ? std::vector<size_t>{0} : sizes;
     for (size_t bytes : opSizes) {
       const size_t unit = 4 * static_cast<size_t>(size);
@@ -111,8 +119,16 @@ int main(int argc, char** argv) {
       long wrong = 0;
       barrier(rt);
       for (int it = 0; it < warmup + iters; ++it) {
-        for (size_t i = 0; i < count; ++i) in[i] = value(i, rank, it);
-        Tensor t(in.data(), count);
+        // allgather: this rank's block of the global vector; broadcast: the
+        // root's vector, garbage elsewhere; the others: this rank's input.
+        if (op == "allgather") {
+          for (size_t i = 0; i < block; ++i) in[i] = value(block * rank + i, rank, it);
+        } else if (op == "broadcast") {
+          for (size_t i = 0; i < count; ++i) in[i] = rank == 0 ? value(i, 0, it) : -99.0f;
+        } else {
+          for (size_t i = 0; i < count; ++i) in[i] = value(i, rank, it);
+        }
+        Tensor t(in.data(), op == "allgather" ? block : count);
         hora_options_t o;
         hora_options_init(&o);
         const std::string name = "bench." + op;
@@ -123,21 +139,36 @@ int main(int argc, char** argv) {
           check(hora_reducescatter_async(rt, &t.t, &o, &req), "reducescatter");
         } else if (op == "alltoall") {
           check(hora_alltoall_async(rt, &t.t, splits.data(), size, &o, &req), "alltoall");
+        } else if (op == "allgather") {
+          check(hora_allgather_async(rt, &t.t, &o, &req), "allgather");
+        } else if (op == "broadcast") {
+          o.root = 0;
+          check(hora_broadcast_async(rt, &t.t, &o, &req), "broadcast");
         } else {
           check(hora_barrier_async(rt, &o, &req), "barrier");
         }
         check(hora_wait(req, -1), op + " wait");
         const auto t1 = Clock::now();
         if (op != "barrier") {
-          const DLTensor* res = nullptr;
-          check(hora_request_output(req, &res), "output");
-          const float* r = static_cast<const float*>(res->data);
+          const float* r = in.data();  // broadcast: in place
+          if (op != "broadcast") {
+            const DLTensor* res = nullptr;
+            check(hora_request_output(req, &res), "output");
+            r = static_cast<const float*>(res->data);
+          }
           // The op decided once, not per element: a slow check here delays this
           // rank's next call, which its peers' timings would then include
           // (mpi-coll-bench's check loop switches on an int the same way).
           const bool reduced = op == "reducescatter";
+          const bool gathered = op == "allgather" || op == "broadcast";
           for (size_t i = 0; i < block; ++i) {
-            if (reduced) {
+            if (gathered) {
+              // Element q*block+i: rank q's block (allgather), the root's vector (broadcast).
+              for (int q = 0; q < size; ++q) {
+                const size_t g = block * q + i;
+                if (r[g] != value(g, op == "allgather" ? q : 0, it)) ++wrong;
+              }
+            } else if (reduced) {
               float want = 0;
               for (int q = 0; q < size; ++q) want += value(block * rank + i, q, it);
               if (r[i] != want) ++wrong;

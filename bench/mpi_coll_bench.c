@@ -1,7 +1,8 @@
 /*
- * mpi-coll-bench: Open MPI's MPI_Reduce_scatter_block, MPI_Alltoall and
- * MPI_Barrier over the same sizes, data and checks as hora-coll-bench
- * (bench/collectives_bench.cc), for bench/collectives_bench.sh.
+ * mpi-coll-bench: Open MPI's MPI_Reduce_scatter_block, MPI_Alltoall,
+ * MPI_Barrier, MPI_Allgather and MPI_Bcast (root 0) over the same sizes, data
+ * and checks as hora-coll-bench (bench/collectives_bench.cc), for
+ * bench/collectives_bench.sh and bench/multihost_coll_bench.sh.
  *
  *   mpirun -np N mpi-coll-bench [--ops LIST] [--sizes LIST] [--iters N]
  *
@@ -62,8 +63,8 @@ int main(int argc, char** argv) {
     }
   }
   long wrong_total = 0;
-  const char* names[3] = {"reducescatter", "alltoall", "barrier"};
-  for (int o = 0; o < 3; ++o) {
+  const char* names[5] = {"reducescatter", "alltoall", "barrier", "allgather", "broadcast"};
+  for (int o = 0; o < 5; ++o) {
     if (!strstr(ops, names[o])) continue;
     int n = o == 2 ? 1 : nsizes;
     for (int s = 0; s < n; ++s) {
@@ -84,17 +85,34 @@ int main(int argc, char** argv) {
       long wrong = 0;
       MPI_Barrier(MPI_COMM_WORLD);
       for (int it = 0; it < warmup + iters; ++it) {
-        for (size_t i = 0; i < count; ++i) in[i] = value(i, rank, it);
+        /* allgather: this rank's block of the global vector; broadcast: the
+         * root's vector, garbage elsewhere (in place, in `out`). */
+        if (o == 3) {
+          for (size_t i = 0; i < block; ++i) in[i] = value(block * (size_t)rank + i, rank, it);
+        } else if (o == 4) {
+          for (size_t i = 0; i < count; ++i) out[i] = rank == 0 ? value(i, 0, it) : -99.0f;
+        } else {
+          for (size_t i = 0; i < count; ++i) in[i] = value(i, rank, it);
+        }
         double t0 = MPI_Wtime();
         if (o == 0)
           MPI_Reduce_scatter_block(in, out, (int)block, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         else if (o == 1)
           MPI_Alltoall(in, (int)block, MPI_FLOAT, out, (int)block, MPI_FLOAT, MPI_COMM_WORLD);
+        else if (o == 3)
+          MPI_Allgather(in, (int)block, MPI_FLOAT, out, (int)block, MPI_FLOAT, MPI_COMM_WORLD);
+        else if (o == 4)
+          MPI_Bcast(out, (int)count, MPI_FLOAT, 0, MPI_COMM_WORLD);
         else
           MPI_Barrier(MPI_COMM_WORLD);
         double t1 = MPI_Wtime();
-        for (size_t i = 0; i < block && o < 2; ++i) {
-          if (o == 0) {
+        for (size_t i = 0; i < block && o != 2; ++i) {
+          if (o >= 3) {
+            for (int q = 0; q < size; ++q) {
+              size_t g = block * (size_t)q + i;
+              if (out[g] != value(g, o == 3 ? q : 0, it)) ++wrong;
+            }
+          } else if (o == 0) {
             float want = 0;
             for (int q = 0; q < size; ++q) want += value(block * (size_t)rank + i, q, it);
             if (out[i] != want) ++wrong;

@@ -77,22 +77,52 @@ int toMs(std::chrono::milliseconds d) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(d.count(), 1 << 30)));
 }
 
-// The ring's byte streams of one allreduce: step k (0 <= k < 2(n-1)) sends
-// segment (rank - k) mod n and receives segment (rank - k - 1) mod n; steps
-// below n-1 reduce what they receive (reduce-scatter), the others copy it
-// (allgather). Step k+1 sends exactly the segment step k received, so it may
-// send a byte once step k has made it final.
-struct Plan {
-  int n = 1, rank = 0;
-  size_t count = 0, es = 1;
-  int steps() const { return 2 * (n - 1); }
-  size_t segBegin(int seg) const { return count * static_cast<size_t>(seg) / n; }
-  size_t segBytes(int seg) const { return (segBegin(seg + 1) - segBegin(seg)) * es; }
-  int sendSeg(int k) const { return ((rank - k) % n + n) % n; }
-  int recvSeg(int k) const { return ((rank - k - 1) % n + n) % n; }
-  bool reduces(int k) const { return k < n - 1; }
+}  // namespace
+
+// The ring's byte streams of one collective over n segments: step k sends
+// segment (rank - k - shift) mod n and receives segment (rank - k - 1 -
+// shift) mod n; the first reduceSteps steps reduce what they receive
+// (reduce-scatter), the copySteps after them copy it into place (allgather).
+// Step k+1 sends exactly the segment step k received, so it may send a byte
+// once step k has made it final.
+//   allreduce:     equal segments, shift 0, n-1 reduce + n-1 copy steps
+//                  (rank r owns segment r+1 after the reduce steps);
+//   reducescatter: segment r is rank r's counts, shift 1, n-1 reduce steps
+//                  (rank r ends owning segment r);
+//   allgather:     segment r is rank r's part, shift 0, n-1 copy steps
+//                  (each rank starts owning its own segment).
+struct TcpRingBackend::Plan {
+  int n = 1, rank = 0, shift = 0, reduceSteps = 0, copySteps = 0;
+  size_t es = 1;
+  std::vector<size_t> begin;  // n + 1 element offsets
+  int steps() const { return reduceSteps + copySteps; }
+  size_t segBegin(int seg) const { return begin[seg]; }
+  size_t segBytes(int seg) const { return (begin[seg + 1] - begin[seg]) * es; }
+  int mod(int x) const { return (x % n + n) % n; }
+  int sendSeg(int k) const { return mod(rank - k - shift); }
+  int recvSeg(int k) const { return mod(rank - k - 1 - shift); }
+  bool reduces(int k) const { return k < reduceSteps; }
 };
 
+namespace {
+TcpRingBackend::Plan equalPlan(int n, int rank, size_t count, size_t es) {
+  TcpRingBackend::Plan p;
+  p.n = n;
+  p.rank = rank;
+  p.es = es;
+  for (int s = 0; s <= n; ++s) p.begin.push_back(count * static_cast<size_t>(s) / n);
+  return p;
+}
+
+TcpRingBackend::Plan countsPlan(int n, int rank, const std::vector<size_t>& counts, size_t es) {
+  TcpRingBackend::Plan p;
+  p.n = n;
+  p.rank = rank;
+  p.es = es;
+  p.begin.push_back(0);
+  for (size_t c : counts) p.begin.push_back(p.begin.back() + c);
+  return p;
+}
 }  // namespace
 
 TcpRingBackend::TcpRingBackend(int rank, int size, TcpRingOptions opts)
@@ -187,19 +217,40 @@ Status TcpRingBackend::waitReady(bool wantSend, bool wantRecv, Clock::time_point
   }
 }
 
-Status TcpRingBackend::ring(uint8_t* data, size_t count, DataType dtype, ReduceOp op,
+Status TcpRingBackend::sendSome(const uint8_t* from, size_t bytes, size_t* moved,
+                                const std::string& what) {
+  *moved = 0;
+  auto n = p2pSend(sendFd_, from, bytes);
+  if (!n.isOk() && aborted_.load(std::memory_order_acquire)) return abortedStatus(what);
+  if (!n.isOk())
+    return Status(Code::kRemoteError, what + ": sending to " + peerName((rank_ + 1) % size_) +
+                                          ": " + n.status().message() +
+                                          " (that rank was lost or aborted)");
+  *moved = n.value();
+  return Status();
+}
+
+Status TcpRingBackend::recvSome(uint8_t* into, size_t bytes, size_t* moved,
+                                const std::string& what) {
+  *moved = 0;
+  bool eof = false;
+  auto n = p2pRecv(recvFd_, into, bytes, &eof);
+  if ((!n.isOk() || eof) && aborted_.load(std::memory_order_acquire)) return abortedStatus(what);
+  if (!n.isOk() || eof)
+    return Status(Code::kRemoteError,
+                  what + ": receiving from " + peerName((rank_ - 1 + size_) % size_) + ": " +
+                      (eof ? std::string("the peer closed the connection") : n.status().message()) +
+                      " (that rank was lost or aborted)");
+  *moved = n.value();
+  return Status();
+}
+
+Status TcpRingBackend::ring(uint8_t* data, const Plan& p, ReduceFn reduce,
                             const std::string& what) {
-  Plan p;
-  p.n = size_;
-  p.rank = rank_;
-  p.count = count;
-  p.es = dataTypeSize(dtype);
-  const ReduceFn reduce = reduceFunction(dtype, op);  // allreduce checked it
   size_t maxSeg = 0;
-  for (int s = 0; s < p.n; ++s) maxSeg = std::max(maxSeg, p.segBytes(s));
+  for (int s = 0; s < p.n && p.reduceSteps > 0; ++s) maxSeg = std::max(maxSeg, p.segBytes(s));
   if (scratch_.size() < maxSeg) scratch_.resize(maxSeg);
   const int steps = p.steps();
-  const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
   // Send side: step, bytes of it sent. Receive side: step, bytes of it
   // received, of them final (reduced, or copied into place).
   int sk = 0, rk = 0;
@@ -231,14 +282,11 @@ Status TcpRingBackend::ring(uint8_t* data, size_t count, DataType dtype, ReduceO
       const int seg = p.sendSeg(sk);
       const size_t ready = sk == 0 ? p.segBytes(seg) : finalBytes(sk - 1);
       if (sent < ready) {
-        auto n = p2pSend(sendFd_, data + p.segBegin(seg) * p.es + sent, ready - sent);
-        if (!n.isOk() && aborted_.load(std::memory_order_acquire)) return aborted();
-        if (!n.isOk())
-          return Status(Code::kRemoteError, what + ": sending to " + peerName(next) + ": " +
-                                                n.status().message() +
-                                                " (that rank was lost or aborted)");
-        if (n.value() > 0) {
-          sent += n.value();
+        size_t n = 0;
+        HORA_RETURN_IF_ERROR(
+            sendSome(data + p.segBegin(seg) * p.es + sent, ready - sent, &n, what));
+        if (n > 0) {
+          sent += n;
           moved = true;
         } else {
           wantSend = true;
@@ -250,16 +298,10 @@ Status TcpRingBackend::ring(uint8_t* data, size_t count, DataType dtype, ReduceO
       const size_t bytes = p.segBytes(seg);
       uint8_t* into = p.reduces(rk) ? scratch_.data() : data + p.segBegin(seg) * p.es;
       if (got < bytes) {
-        bool eof = false;
-        auto n = p2pRecv(recvFd_, into + got, bytes - got, &eof);
-        if ((!n.isOk() || eof) && aborted_.load(std::memory_order_acquire)) return aborted();
-        if (!n.isOk() || eof)
-          return Status(Code::kRemoteError, what + ": receiving from " + peerName(prev) + ": " +
-                                                (eof ? std::string("the peer closed the connection")
-                                                     : n.status().message()) +
-                                                " (that rank was lost or aborted)");
-        if (n.value() > 0) {
-          got += n.value();
+        size_t n = 0;
+        HORA_RETURN_IF_ERROR(recvSome(into + got, bytes - got, &n, what));
+        if (n > 0) {
+          got += n;
           moved = true;
         } else {
           wantRecv = true;
@@ -290,21 +332,51 @@ Status TcpRingBackend::ring(uint8_t* data, size_t count, DataType dtype, ReduceO
   return Status();
 }
 
-Status TcpRingBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
-  const std::string what = std::string("allreduce on the tcp ring (") + std::to_string(count) +
-                           " x " + dataTypeName(dtype) + ", " + reduceOpName(op) + ", ring rank " +
-                           std::to_string(rank_) + " of " + std::to_string(size_) + ")";
-  if (!broken_.isOk())
-    return Status(broken_.code(), what + ": the ring failed before: " + broken_.message());
-  if (aborted_.load(std::memory_order_acquire)) return abortedStatus(what);
-  if (size_ == 1 || count == 0) return Status();
-  // Bad arguments move no byte: the ring stays usable.
-  if (data == nullptr) return invalidArgument(what + ": null buffer");
-  if (reduceFunction(dtype, op) == nullptr)
-    return invalidArgument(what + ": no " + reduceOpName(op) + " for " + dataTypeName(dtype));
+Status TcpRingBackend::chain(uint8_t* data, size_t bytes, int root, const std::string& what) {
+  // The root's bytes go around the ring: each rank forwards what it has
+  // received at once, so for large buffers every link carries the payload
+  // at the same time (a pipeline), and the last rank before the root only
+  // receives.
+  const bool receives = rank_ != root, sends = (rank_ + 1) % size_ != root;
+  size_t got = receives ? 0 : bytes, sent = sends ? 0 : bytes;
+  auto lastProgress = Clock::now();
+  while (got < bytes || sent < bytes) {
+    if (aborted_.load(std::memory_order_acquire)) return abortedStatus(what);
+    bool moved = false, wantSend = false, wantRecv = false;
+    if (sent < got) {
+      size_t n = 0;
+      HORA_RETURN_IF_ERROR(sendSome(data + sent, got - sent, &n, what));
+      if (n > 0) {
+        sent += n;
+        moved = true;
+      } else {
+        wantSend = true;
+      }
+    }
+    if (got < bytes) {
+      size_t n = 0;
+      HORA_RETURN_IF_ERROR(recvSome(data + got, bytes - got, &n, what));
+      if (n > 0) {
+        got += n;
+        moved = true;
+      } else {
+        wantRecv = true;
+      }
+    }
+    if (moved) {
+      lastProgress = Clock::now();
+      continue;
+    }
+    Status s = waitReady(wantSend, wantRecv, lastProgress, what);
+    if (!s.isOk()) return s;
+  }
+  return Status();
+}
+
+Status TcpRingBackend::run(const std::string& what, const std::function<Status()>& call) {
   Status s;
   try {
-    s = ring(static_cast<uint8_t*>(data), count, dtype, op, what);
+    s = call();
   } catch (const std::exception& e) {
     s = Status(Code::kInternal, what + ": " + e.what());
   }
@@ -315,29 +387,110 @@ Status TcpRingBackend::allreduce(void* data, size_t count, DataType dtype, Reduc
   return s;
 }
 
-namespace {
-Status onlyAllreduce(const char* what) {
-  return Status(Code::kNotSupported,
-                std::string("tcp ring: ") + what +
-                    " is not carried here (only allreduce: the hierarchy's cross stage, or a "
-                    "set's allreduce across hosts)");
+Status TcpRingBackend::usable(const std::string& what) const {
+  if (!broken_.isOk())
+    return Status(broken_.code(), what + ": the ring failed before: " + broken_.message());
+  if (aborted_.load(std::memory_order_acquire)) return abortedStatus(what);
+  return Status();
 }
-}  // namespace
 
-Status TcpRingBackend::allgatherv(const void*, void*, const std::vector<size_t>&, DataType) {
-  return onlyAllreduce("allgatherv");
+std::string TcpRingBackend::describe(const char* op, size_t count, DataType dtype) const {
+  return std::string(op) + " on the tcp ring (" + std::to_string(count) + " x " +
+         dataTypeName(dtype) + ", ring rank " + std::to_string(rank_) + " of " +
+         std::to_string(size_) + ")";
 }
-Status TcpRingBackend::broadcast(void*, size_t, DataType, int) {
-  return onlyAllreduce("broadcast");
+
+Status TcpRingBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
+  const std::string what = std::string("allreduce on the tcp ring (") + std::to_string(count) +
+                           " x " + dataTypeName(dtype) + ", " + reduceOpName(op) + ", ring rank " +
+                           std::to_string(rank_) + " of " + std::to_string(size_) + ")";
+  HORA_RETURN_IF_ERROR(usable(what));
+  if (size_ == 1 || count == 0) return Status();
+  // Bad arguments move no byte: the ring stays usable.
+  if (data == nullptr) return invalidArgument(what + ": null buffer");
+  const ReduceFn reduce = reduceFunction(dtype, op);
+  if (reduce == nullptr)
+    return invalidArgument(what + ": no " + reduceOpName(op) + " for " + dataTypeName(dtype));
+  Plan p = equalPlan(size_, rank_, count, dataTypeSize(dtype));
+  p.reduceSteps = p.copySteps = size_ - 1;
+  return run(what, [&] { return ring(static_cast<uint8_t*>(data), p, reduce, what); });
 }
+
+Status TcpRingBackend::reducescatter(void* inout, const std::vector<size_t>& counts, DataType dtype,
+                                     ReduceOp op) {
+  const bool shaped = counts.size() == static_cast<size_t>(size_);
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  const std::string what = describe("reducescatter", total, dtype);
+  HORA_RETURN_IF_ERROR(usable(what));
+  if (!shaped)
+    return invalidArgument(what + ": expected " + std::to_string(size_) + " counts, got " +
+                           std::to_string(counts.size()));
+  if (size_ == 1 || total == 0) return Status();
+  if (inout == nullptr) return invalidArgument(what + ": null buffer");
+  const ReduceFn reduce = reduceFunction(dtype, op);
+  if (reduce == nullptr)
+    return invalidArgument(what + ": no " + reduceOpName(op) + " for " + dataTypeName(dtype));
+  Plan p = countsPlan(size_, rank_, counts, dataTypeSize(dtype));
+  p.shift = 1;
+  p.reduceSteps = size_ - 1;
+  return run(what, [&] { return ring(static_cast<uint8_t*>(inout), p, reduce, what); });
+}
+
+Status TcpRingBackend::allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
+                                  DataType dtype) {
+  const bool shaped = counts.size() == static_cast<size_t>(size_);
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  const std::string what = describe("allgatherv", total, dtype);
+  HORA_RETURN_IF_ERROR(usable(what));
+  if (!shaped)
+    return invalidArgument(what + ": expected " + std::to_string(size_) + " counts, got " +
+                           std::to_string(counts.size()));
+  if (total == 0) return Status();
+  const size_t es = dataTypeSize(dtype);
+  if (out == nullptr || (counts[rank_] > 0 && in == nullptr))
+    return invalidArgument(what + ": null buffer");
+  Plan p = countsPlan(size_, rank_, counts, es);
+  uint8_t* mine = static_cast<uint8_t*>(out) + p.segBegin(rank_) * es;
+  if (counts[rank_] > 0 && in != mine) std::memmove(mine, in, counts[rank_] * es);
+  if (size_ == 1) return Status();
+  p.copySteps = size_ - 1;
+  return run(what, [&] { return ring(static_cast<uint8_t*>(out), p, nullptr, what); });
+}
+
+Status TcpRingBackend::broadcast(void* data, size_t count, DataType dtype, int root) {
+  const std::string what =
+      describe("broadcast", count, dtype) + " from ring rank " + std::to_string(root);
+  HORA_RETURN_IF_ERROR(usable(what));
+  if (root < 0 || root >= size_) return invalidArgument(what + ": no such root");
+  if (size_ == 1 || count == 0) return Status();
+  if (data == nullptr) return invalidArgument(what + ": null buffer");
+  return run(what, [&] {
+    return chain(static_cast<uint8_t*>(data), count * dataTypeSize(dtype), root, what);
+  });
+}
+
+Status TcpRingBackend::barrier() {
+  const std::string what = "barrier on the tcp ring (ring rank " + std::to_string(rank_) + " of " +
+                           std::to_string(size_) + ")";
+  HORA_RETURN_IF_ERROR(usable(what));
+  if (size_ == 1) return Status();
+  // An allreduce of one byte: its result depends on every rank's input, so
+  // no rank returns before all have arrived (the byte goes round twice).
+  uint8_t byte = 1;
+  Plan p = equalPlan(size_, rank_, 1, 1);
+  p.reduceSteps = p.copySteps = size_ - 1;
+  const ReduceFn reduce = reduceFunction(DataType::kUint8, ReduceOp::kMax);
+  return run(what, [&] { return ring(&byte, p, reduce, what); });
+}
+
 Status TcpRingBackend::alltoallv(const void*, const std::vector<int64_t>&, void*,
                                  const std::vector<int64_t>&, DataType) {
-  return onlyAllreduce("alltoallv");
+  return Status(Code::kNotSupported,
+                "tcp ring: alltoallv is not carried here (every rank sends to every other; the "
+                "set runs it on its Gloo backend)");
 }
-Status TcpRingBackend::reducescatter(void*, const std::vector<size_t>&, DataType, ReduceOp) {
-  return onlyAllreduce("reducescatter");
-}
-Status TcpRingBackend::barrier() { return onlyAllreduce("barrier"); }
 
 // ------------------------------------------------------------ set-up
 
@@ -422,20 +575,17 @@ Result<std::unique_ptr<Backend>> createTcpRingBackend(std::shared_ptr<Store> sto
   return std::unique_ptr<Backend>(std::move(b));
 }
 
-Result<std::unique_ptr<Backend>> withTcpRingAllreduce(std::shared_ptr<Store> store, int rank,
-                                                      int size, const std::string& refusal,
-                                                      const TcpRingOptions& opts,
-                                                      std::unique_ptr<Backend> rest,
-                                                      std::string* whyNot) {
+Result<std::unique_ptr<Backend>> withTcpRing(std::shared_ptr<Store> store, int rank, int size,
+                                             const std::string& refusal, const TcpRingOptions& opts,
+                                             std::unique_ptr<Backend> rest, std::string* whyNot) {
   whyNot->clear();
   const std::string mine = refusal.empty() ? "tcp" : "no " + refusal;
   Status s = store->set("want/" + std::to_string(rank), mine);
-  if (!s.isOk()) return s.withContext("tcp ring allreduce: publishing this rank's choice");
+  if (!s.isOk()) return s.withContext("tcp ring: publishing this rank's choice");
   for (int r = 0; r < size; ++r) {
     if (r == rank) continue;
     auto v = store->get("want/" + std::to_string(r), opts.startTimeout);
-    if (!v.isOk())
-      return v.status().withContext("tcp ring allreduce: waiting for " + rankName(opts, r));
+    if (!v.isOk()) return v.status().withContext("tcp ring: waiting for " + rankName(opts, r));
     if (v.value() != "tcp" && whyNot->empty())
       *whyNot = rankName(opts, r) + " keeps Gloo (" +
                 v.value().substr(std::min<size_t>(3, v.value().size())) + ")";
@@ -443,8 +593,8 @@ Result<std::unique_ptr<Backend>> withTcpRingAllreduce(std::shared_ptr<Store> sto
   if (!refusal.empty()) *whyNot = refusal;
   if (!whyNot->empty()) return rest;
   auto ring = createTcpRingBackend(store, rank, size, opts);
-  if (!ring.isOk()) return ring.status().withContext("tcp ring allreduce");
-  return std::unique_ptr<Backend>(new RingAllreduceBackend(ring.take(), std::move(rest)));
+  if (!ring.isOk()) return ring.status().withContext("tcp ring");
+  return std::unique_ptr<Backend>(new RingPlaneBackend(ring.take(), std::move(rest)));
 }
 
 }  // namespace hora

@@ -1,7 +1,7 @@
-// TcpRingBackend: a ring allreduce over hora's own TCP sockets, driven by the
+// TcpRingBackend: ring collectives over hora's own TCP sockets, driven by the
 // calling thread: the hierarchical allreduce's cross-host stage (one rank per
-// host, ops/shm/hier_backend.h), and the allreduce of a set across hosts
-// without the hierarchy (RingAllreduceBackend below).
+// host, ops/shm/hier_backend.h), and allreduce, reducescatter, allgather,
+// broadcast and barrier of a set across hosts (RingPlaneBackend below).
 //
 // Why not Gloo there: a Gloo wait is two wake-ups (its device thread reads
 // the socket, then wakes the waiting thread), and a wake-up of an idle vCPU
@@ -14,20 +14,25 @@
 // small exchange is usually back by then), then sleeps in poll(2), one
 // wake-up away from the data.
 //
-// Algorithm: reduce-scatter then allgather around the ring rank -> rank+1,
-// 2(n-1) steps over n segments. Bytes a step has received and reduced are
-// forwarded at once by the next step, so steps overlap on the wire and each
-// socket carries one direction only: the send and receive streams run
-// together (full duplex). Every rank gets the same bits: each segment is
-// reduced once along the ring, in a fixed order, then copied.
+// Algorithms, around the ring rank -> rank+1 over n segments: allreduce is a
+// reduce-scatter then an allgather (2(n-1) steps); reducescatter and
+// allgather are those halves alone (n-1 steps each, segment r being rank r's
+// counts); broadcast is a chain from the root that forwards bytes as they
+// come; barrier is an allreduce of one byte per rank. Bytes a step has
+// received (and reduced) are forwarded at once by the next step, so steps
+// overlap on the wire and each socket carries one direction only: the send
+// and receive streams run together (full duplex). Every rank gets the same
+// bits: each segment is reduced once along the ring, in a fixed order, then
+// copied. Alltoall is not a ring's job (every rank sends to every other):
+// kNotSupported here.
 //
 // Connections: each rank listens on its address, publishes address, port and
 // a random token in the store, connects to rank+1 (proving it read the
 // token) and accepts rank-1; a stranger that finds the port is refused.
 //
-// Threads: created on the process set's init thread; allreduce from one
+// Threads: created on the process set's init thread; collectives from one
 // thread at a time (HierBackend's cross thread, or the executor through
-// RingAllreduceBackend); abort() from any thread,
+// RingPlaneBackend); abort() from any thread,
 // never blocking: it wakes a sleeping call and shuts the sockets down, so a
 // call in progress returns at its next look, and every later call fails.
 //
@@ -41,12 +46,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/backend.h"
+#include "core/reduce.h"
 #include "core/status.h"
 #include "core/store.h"
 
@@ -80,8 +87,6 @@ class TcpRingBackend : public Backend {
   int size() const override { return size_; }
 
   Status allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
-  // Only the allreduce is carried here; the rest is kNotSupported (the
-  // hierarchy runs them on its flat backend).
   Status allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
                     DataType dtype) override;
   Status broadcast(void* data, size_t count, DataType dtype, int root) override;
@@ -91,6 +96,8 @@ class TcpRingBackend : public Backend {
                        ReduceOp op) override;
   Status barrier() override;
   void abort() noexcept override;
+
+  struct Plan;  // the segments and steps of one ring collective (tcp_ring.cc)
 
  private:
   friend Result<std::unique_ptr<Backend>> createTcpRingBackend(std::shared_ptr<Store> store,
@@ -102,7 +109,18 @@ class TcpRingBackend : public Backend {
   // stream at once.
   void closeStreams() noexcept;
   Status abortedStatus(const std::string& what) const;
-  Status ring(uint8_t* data, size_t count, DataType dtype, ReduceOp op, const std::string& what);
+  // The failure that broke the ring before, or abort, as `what`'s error.
+  Status usable(const std::string& what) const;
+  std::string describe(const char* op, size_t count, DataType dtype) const;
+  // Runs one collective's byte streams; a failure breaks the ring (every
+  // later call fails) and shuts the sockets down for the neighbours.
+  Status run(const std::string& what, const std::function<Status()>& call);
+  Status ring(uint8_t* data, const Plan& p, ReduceFn reduce, const std::string& what);
+  Status chain(uint8_t* data, size_t bytes, int root, const std::string& what);
+  // One non-blocking send to rank+1 / receive from rank-1: *moved 0 when the
+  // socket is not ready; an error naming the peer when it is gone.
+  Status sendSome(const uint8_t* from, size_t bytes, size_t* moved, const std::string& what);
+  Status recvSome(uint8_t* into, size_t bytes, size_t* moved, const std::string& what);
   // Returns once a wanted socket is ready (or poll's slice ends: the caller
   // looks again); an error on abort or when nothing moved for opts_.timeout.
   Status waitReady(bool wantSend, bool wantRecv, std::chrono::steady_clock::time_point lastProgress,
@@ -119,13 +137,13 @@ class TcpRingBackend : public Backend {
   std::vector<uint8_t> scratch_;
 };
 
-// A set's data plane across hosts without the hierarchy (one rank per host,
-// hosts with different numbers of ranks): allreduce on a tcp ring over all
-// of the set's ranks, every other collective on `rest` (the set's Gloo
-// backend). Same threads as its parts; abort() aborts both.
-class RingAllreduceBackend : public Backend {
+// A set's data plane across hosts on a tcp ring: allreduce, reducescatter,
+// allgather, broadcast and barrier on `ring` over all of the set's ranks,
+// alltoall on `rest` (the set's Gloo backend, or the hierarchy over it).
+// Same threads as its parts; abort() aborts both.
+class RingPlaneBackend : public Backend {
  public:
-  RingAllreduceBackend(std::unique_ptr<Backend> ring, std::unique_ptr<Backend> rest)
+  RingPlaneBackend(std::unique_ptr<Backend> ring, std::unique_ptr<Backend> rest)
       : ring_(std::move(ring)), rest_(std::move(rest)) {}
   std::string name() const override { return "tcp-ring+" + rest_->name(); }
   int rank() const override { return rest_->rank(); }
@@ -135,10 +153,10 @@ class RingAllreduceBackend : public Backend {
   }
   Status allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
                     DataType dtype) override {
-    return rest_->allgatherv(in, out, counts, dtype);
+    return ring_->allgatherv(in, out, counts, dtype);
   }
   Status broadcast(void* data, size_t count, DataType dtype, int root) override {
-    return rest_->broadcast(data, count, dtype, root);
+    return ring_->broadcast(data, count, dtype, root);
   }
   Status alltoallv(const void* in, const std::vector<int64_t>& send, void* out,
                    const std::vector<int64_t>& recv, DataType dtype) override {
@@ -146,9 +164,9 @@ class RingAllreduceBackend : public Backend {
   }
   Status reducescatter(void* inout, const std::vector<size_t>& counts, DataType dtype,
                        ReduceOp op) override {
-    return rest_->reducescatter(inout, counts, dtype, op);
+    return ring_->reducescatter(inout, counts, dtype, op);
   }
-  Status barrier() override { return rest_->barrier(); }
+  Status barrier() override { return ring_->barrier(); }
   void abort() noexcept override {
     ring_->abort();
     rest_->abort();
@@ -161,13 +179,11 @@ class RingAllreduceBackend : public Backend {
 
 // Collective over the set's ranks (keys under `store`): if no rank gives a
 // `refusal` (empty: this rank wants the ring; else why not), connects a tcp ring over all of them
-// and returns `rest` wrapped in a RingAllreduceBackend; otherwise returns `rest` unchanged and
+// and returns `rest` wrapped in a RingPlaneBackend; otherwise returns `rest` unchanged and
 // *whyNot says why. Fails only when an exchange or the ring's set-up fails.
-Result<std::unique_ptr<Backend>> withTcpRingAllreduce(std::shared_ptr<Store> store, int rank,
-                                                      int size, const std::string& refusal,
-                                                      const TcpRingOptions& opts,
-                                                      std::unique_ptr<Backend> rest,
-                                                      std::string* whyNot);
+Result<std::unique_ptr<Backend>> withTcpRing(std::shared_ptr<Store> store, int rank, int size,
+                                             const std::string& refusal, const TcpRingOptions& opts,
+                                             std::unique_ptr<Backend> rest, std::string* whyNot);
 
 // Connects the ring of `size` ranks whose keys live under `store`; `rank` is
 // this rank's index in it. size 1: no sockets. Fails (naming the peer) when

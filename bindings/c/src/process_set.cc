@@ -234,8 +234,9 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
       return sb.status().withContext("process set " + name + ": setting up shared memory");
     ps->backend_ = sb.take();
   } else if (outcome == HierOutcome::kFlat && ps->size() > 1) {
-    // Across hosts without the hierarchy: allreduce on a tcp ring over all
-    // ranks (a Gloo wait is two thread wake-ups), unless a rank keeps Gloo.
+    // Across hosts without the hierarchy: every collective but alltoall on
+    // a tcp ring over all ranks (a Gloo wait is two thread wake-ups), unless
+    // a rank keeps Gloo.
     noShm = "ranks run on different hosts, no hierarchy: " + noHier;
     // Not where the job asked for Gloo's ring or its algorithm, and only up
     // to kMaxFlatRingRanks: a ring's 2(n-1) steps were measured up to 4
@@ -253,13 +254,13 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
                                     ? "more than " + std::to_string(kMaxFlatRingRanks) + " ranks"
                                     : "";
     std::string noRing;
-    auto rb = withTcpRingAllreduce(std::make_shared<PrefixStore>(store, "flatring"), rank,
-                                   ps->size(), refusal, flatRing, hb.take(), &noRing);
+    auto rb = withTcpRing(std::make_shared<PrefixStore>(store, "flatring"), rank, ps->size(),
+                          refusal, flatRing, hb.take(), &noRing);
     if (!rb.isOk())
       return rb.status().withContext("process set " + name + ": setting up the tcp ring");
     ps->backend_ = rb.take();
     // Under HORA_HIER_ALLREDUCE=flat the reason is already in the line.
-    if (!noRing.empty() && ho.mode != HierMode::kFlat) noShm += "; allreduce on Gloo: " + noRing;
+    if (!noRing.empty() && ho.mode != HierMode::kFlat) noShm += "; collectives on Gloo: " + noRing;
   } else {
     ps->backend_ = hb.take();
   }
