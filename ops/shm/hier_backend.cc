@@ -404,6 +404,11 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
       connect(std::make_shared<PrefixStore>(store, "cross" + std::to_string(layout.localRank)),
               layout.hostIndex, layout.hosts);
   if (!cross.isOk()) return cross.status().withContext("hierarchical allreduce: across hosts");
+  if (opts.wrapFlat) {
+    auto wrapped = opts.wrapFlat(std::move(flat));
+    if (!wrapped.isOk()) return wrapped.status().withContext("hierarchy: the other collectives");
+    flat = wrapped.take();
+  }
   localBackend.release();
   *outcome = HierOutcome::kHierarchical;
   return std::unique_ptr<Backend>(new HierBackend(std::unique_ptr<ShmBackend>(shm), cross.take(),

@@ -157,6 +157,11 @@ struct HierBackendOptions {
   // HORA_HIER_CROSS, compared between ranks like the rest ("tcp" or "gloo";
   // the ConnectFn builds it).
   std::string cross = "gloo";
+  // Called on every rank once the hierarchy is chosen, after the cross
+  // communicator: may wrap `flat`, which carries every collective but the
+  // allreduce (process_set puts it behind a tcp ring over all ranks). An
+  // error fails the set-up. Empty: `flat` as it is.
+  std::function<Result<std::unique_ptr<Backend>>(std::unique_ptr<Backend> flat)> wrapFlat;
 };
 
 enum class HierOutcome {

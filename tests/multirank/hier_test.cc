@@ -354,7 +354,7 @@ TEST(Hier, ProcessesTwoHostsTimesTwoRanksChooseTheHierarchy) {
   auto res = runProcesses(
       4, [](int rank) { return runChild(rank, 4, rank % 2 ? "hostB" : "hostA"); }, 120, nullptr,
       kProcEnv);
-  expectDataPlane(res, "hier(2 hosts x 2 ranks: shm, tcp-ring across; gloo for the rest)");
+  expectDataPlane(res, "hier(2 hosts x 2 ranks: shm, tcp-ring across; tcp-ring+gloo for the rest)");
 }
 
 TEST(Hier, ProcessesWithGlooAcrossHostsChooseTheHierarchyToo) {

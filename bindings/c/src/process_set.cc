@@ -220,6 +220,29 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
       crossGo.algorithm = GlooAlgorithm::kRing;
     return createGlooBackend(std::move(s), "gloo", r, n, crossGo);
   };
+  // Across hosts, every collective but alltoall runs on a tcp ring over all
+  // ranks (a Gloo wait is two thread wake-ups): the allreduce too without
+  // the hierarchy, the rest beside it. Not where the job asked for Gloo's
+  // ring or its algorithm, and only up to kMaxFlatRingRanks: a ring's 2(n-1)
+  // steps were measured up to 4 ranks only, against Gloo's bcube with its
+  // log2(n) steps. Every rank must want it, else all keep Gloo.
+  constexpr int kMaxFlatRingRanks = 8;
+  TcpRingOptions flatRing = tro;
+  for (int r = 0; r < ps->size(); ++r)
+    flatRing.rankNames.push_back("set rank " + std::to_string(r) + " (global rank " +
+                                 std::to_string(globalRanks[r]) + ")");
+  const std::string refusal =
+      !tcpCross                                 ? "HORA_HIER_CROSS=gloo"
+      : ho.mode == HierMode::kFlat              ? "HORA_HIER_ALLREDUCE=flat"
+      : o.glooAlgorithm != GlooAlgorithm::kAuto ? "HORA_GLOO_ALGORITHM is set"
+      : ps->size() > kMaxFlatRingRanks ? "more than " + std::to_string(kMaxFlatRingRanks) + " ranks"
+                                       : "";
+  std::string noRing;
+  auto ringOver = [&](std::unique_ptr<Backend> rest) {
+    return withTcpRing(std::make_shared<PrefixStore>(store, "flatring"), rank, ps->size(), refusal,
+                       flatRing, std::move(rest), &noRing);
+  };
+  ho.wrapFlat = ringOver;
   HierOutcome outcome;
   std::string noHier;
   auto hb = createHierBackend(std::make_shared<PrefixStore>(store, "hier"), rank, ps->size(), ho,
@@ -234,28 +257,8 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
       return sb.status().withContext("process set " + name + ": setting up shared memory");
     ps->backend_ = sb.take();
   } else if (outcome == HierOutcome::kFlat && ps->size() > 1) {
-    // Across hosts without the hierarchy: every collective but alltoall on
-    // a tcp ring over all ranks (a Gloo wait is two thread wake-ups), unless
-    // a rank keeps Gloo.
     noShm = "ranks run on different hosts, no hierarchy: " + noHier;
-    // Not where the job asked for Gloo's ring or its algorithm, and only up
-    // to kMaxFlatRingRanks: a ring's 2(n-1) steps were measured up to 4
-    // ranks only, against Gloo's bcube with its log2(n) steps.
-    constexpr int kMaxFlatRingRanks = 8;
-    TcpRingOptions flatRing = tro;
-    for (int r = 0; r < ps->size(); ++r)
-      flatRing.rankNames.push_back("set rank " + std::to_string(r) + " (global rank " +
-                                   std::to_string(globalRanks[r]) + ")");
-    const std::string refusal = !tcpCross                    ? "HORA_HIER_CROSS=gloo"
-                                : ho.mode == HierMode::kFlat ? "HORA_HIER_ALLREDUCE=flat"
-                                : o.glooAlgorithm != GlooAlgorithm::kAuto
-                                    ? "HORA_GLOO_ALGORITHM is set"
-                                : ps->size() > kMaxFlatRingRanks
-                                    ? "more than " + std::to_string(kMaxFlatRingRanks) + " ranks"
-                                    : "";
-    std::string noRing;
-    auto rb = withTcpRing(std::make_shared<PrefixStore>(store, "flatring"), rank, ps->size(),
-                          refusal, flatRing, hb.take(), &noRing);
+    auto rb = ringOver(hb.take());
     if (!rb.isOk())
       return rb.status().withContext("process set " + name + ": setting up the tcp ring");
     ps->backend_ = rb.take();

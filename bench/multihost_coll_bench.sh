@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# multihost_coll_bench.sh: reducescatter, allgather, broadcast, barrier and
+# alltoall across emulated hosts: hora on its tcp ring, hora on Gloo and Open
+# MPI, in the same run, over the same network namespaces.
+#
+#   bench/multihost_coll_bench.sh [--rate 1gbit] [--hosts 2] [--per-host 1] [--rounds 1]
+#                                 [--ops LIST] [--sizes LIST] [--iters N] [--md FILE]
+#
+# Builds a test bed with bench/netns_bed.sh (HOSTS network + UTS namespaces,
+# links shaped with tbf at RATE), then per round, in alternating order:
+#   ring: hora-coll-bench through horarun (the default data plane across
+#         hosts: every collective but alltoall on hora's tcp ring when each
+#         host runs one rank);
+#   gloo: the same with HORA_HIER_CROSS=gloo (every collective on Gloo);
+#   mpi:  mpi-coll-bench through mpirun, TCP BTL over the bed's subnet.
+# Float32; every result element is checked by both binaries (a wrong element
+# fails the run). Prints per op and size the median over rounds of each
+# one's median time (max over ranks) and the time ratios gloo/ring and
+# mpi/ring (>1: the ring is faster). --md FILE also writes the table as
+# markdown. Defaults: ops reducescatter,allgather,broadcast,barrier,alltoall,
+# sizes 64,4K,64K,1M,16M (the whole buffer of the collective, as
+# hora-coll-bench defines it).
+#
+# Environment: BUILD_DIR (default <repo>/build-bench), BENCH_LOG_DIR, HORA_*
+# (passed to every hora rank), MPIRUN_ARGS. Needs root, iproute2,
+# util-linux, Open MPI (scripts/install_deps.sh --mpi).
+set -u
+
+RATE=1gbit HOSTS=2 PER_HOST=1 ROUNDS=1 MD= ITERS=
+OPS=reducescatter,allgather,broadcast,barrier,alltoall
+SIZES=64,4K,64K,1M,16M
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
+while [ $# -gt 0 ]; do
+  case $1 in
+    --rate) RATE=${2:?}; shift 2 ;;
+    --hosts) HOSTS=${2:?}; shift 2 ;;
+    --per-host) PER_HOST=${2:?}; shift 2 ;;
+    --rounds) ROUNDS=${2:?}; shift 2 ;;
+    --ops) OPS=${2:?}; shift 2 ;;
+    --sizes) SIZES=${2:?}; shift 2 ;;
+    --iters) ITERS=${2:?}; shift 2 ;;
+    --md) MD=${2:?}; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "multihost_coll_bench.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
+  esac
+done
+die() { echo "multihost_coll_bench.sh: $*" >&2; exit 2; }
+[ "$(id -u)" -eq 0 ] || die "needs root (network namespaces)"
+command -v mpirun >/dev/null || die "no mpirun (scripts/install_deps.sh --mpi)"
+
+BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$BENCH_DIR/.." && pwd)"
+BUILD_DIR="${BUILD_DIR:-$REPO/build-bench}"
+if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+  cmake -S "$REPO" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null || die "configure failed"
+fi
+ninja -C "$BUILD_DIR" horarun hora-coll-bench mpi-coll-bench >&2 || die "build failed"
+HORARUN=$BUILD_DIR/launcher/horarun HORA_BENCH=$BUILD_DIR/bench/hora-coll-bench
+MPI_BENCH=$BUILD_DIR/bench/mpi-coll-bench
+
+LOG_DIR="${BENCH_LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/multihost-coll.XXXXXX")}"
+mkdir -p "$LOG_DIR"
+BED="$BENCH_DIR/netns_bed.sh"
+NAME=mc$$
+cleanup() { "$BED" down --name "$NAME"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM HUP
+"$BED" up --name "$NAME" --hosts "$HOSTS" --rate "$RATE" --owner $$ >&2 || die "test bed failed"
+RSH=$("$BED" rsh --name "$NAME")
+HOSTLIST=$("$BED" hosts --name "$NAME" | awk -v s="$PER_HOST" '{printf "%s%s:%s", (NR > 1 ? "," : ""), $1, s}')
+NP=$((HOSTS * PER_HOST))
+SUBNET=$("$BED" hosts --name "$NAME" | head -n 1 | sed 's/\.[0-9]*$/.0\/24/')
+on0() { "$BED" exec --name "$NAME" 0 "$@"; }
+
+ARGS=(--ops "$OPS" --sizes "$SIZES")
+[ -n "$ITERS" ] && ARGS+=(--iters "$ITERS")
+MPI_ARGS=(--allow-run-as-root --oversubscribe --bind-to none -np "$NP" -H "$HOSTLIST"
+  --mca plm_rsh_agent "$RSH" --mca btl tcp,self
+  --mca btl_tcp_if_include "$SUBNET" --mca oob_tcp_if_include "$SUBNET")
+[ "$NP" -gt "$(nproc)" ] && MPI_ARGS+=(--mca mpi_yield_when_idle 1)
+# shellcheck disable=SC2206
+[ -n "${MPIRUN_ARGS:-}" ] && MPI_ARGS+=($MPIRUN_ARGS)
+
+echo "# multihost_coll_bench: $HOSTS hosts x $PER_HOST ranks ($HOSTLIST), links $RATE (tbf), $ROUNDS round(s), logs in $LOG_DIR"
+echo "# machine: $(nproc) CPUs ($(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -n 1)), $(uname -r); load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# commit: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null)$(git -C "$REPO" diff --quiet HEAD 2>/dev/null || echo ' (modified)')"
+echo "# hora: horarun -np $NP -H $HOSTLIST --ssh-command '$RSH {host}' hora-coll-bench ${ARGS[*]}"
+echo "# mpi:  mpirun ${MPI_ARGS[*]} mpi-coll-bench ${ARGS[*]}"
+
+STATUS=0
+run_hora() {  # mode round
+  local cross=tcp
+  [ "$1" = gloo ] && cross=gloo
+  BENCH_PLANE=$1 HORA_HIER_CROSS=$cross HORA_LOG_LEVEL=${HORA_LOG_LEVEL:-info} on0 "$HORARUN" \
+    -np "$NP" -H "$HOSTLIST" --ssh-command "$RSH {host}" \
+    "$HORA_BENCH" "${ARGS[@]}" >"$LOG_DIR/$1.$2.out" 2>"$LOG_DIR/$1.$2.err"
+}
+for ((round = 1; round <= ROUNDS; round++)); do
+  order="ring gloo mpi"
+  [ $((round % 2)) -eq 0 ] && order="mpi gloo ring"
+  for mode in $order; do
+    if [ "$mode" = mpi ]; then
+      on0 mpirun "${MPI_ARGS[@]}" "$MPI_BENCH" "${ARGS[@]}" >"$LOG_DIR/mpi.$round.out" 2>"$LOG_DIR/mpi.$round.err"
+    else
+      run_hora "$mode" "$round"
+    fi
+    rc=$?
+    echo "# round $round: $mode (load $(cut -d' ' -f1 /proc/loadavg)) exit $rc"
+    [ $rc -eq 0 ] || { STATUS=1; echo "$mode failed (exit $rc):" >&2; tail -n 20 "$LOG_DIR/$mode.$round.err" >&2; }
+  done
+done
+echo "# load at end: $(cut -d' ' -f1-3 /proc/loadavg)"
+for mode in ring gloo; do
+  plane=$(grep -h "data plane" "$LOG_DIR"/$mode.*.err 2>/dev/null | sed 's/.*INFO //' | sort | uniq -c | sed 's/^ *//')
+  echo "# hora's data plane, $mode (ranks reporting it): ${plane:-no INFO line}"
+done
+
+/usr/bin/env python3 - "$LOG_DIR" "$ROUNDS" "${MD:-}" <<'PY' || STATUS=1
+import glob, re, statistics, sys
+log, rounds, md = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+res, wrong = {}, 0  # (op, bytes) -> impl -> [med_us per round]
+for mode in ("ring", "gloo", "mpi"):
+    for f in glob.glob(f"{log}/{mode}.*.out"):
+        for line in open(f):
+            # horarun prefixes each rank's lines ("[0]<stdout>: RESULT ...").
+            if "RESULT " not in line:
+                continue
+            kv = dict(x.split("=", 1) for x in line.split("RESULT ", 1)[1].split())
+            wrong += int(kv["wrong"])
+            res.setdefault((kv["op"], int(kv["bytes"])), {}).setdefault(mode, []).append(float(kv["med_us"]))
+def med(v):
+    return statistics.median(v) if v else None
+def fmt(x):
+    return "-" if x is None else (f"{x:.1f}" if x < 1000 else f"{x / 1000:.2f} ms")
+def ratio(a, b):
+    return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}"
+head = ["op", "bytes", "ring", "gloo", "mpi", "gloo/ring", "mpi/ring"]
+rows = []
+for (op, b), m in sorted(res.items()):
+    r, g, p = med(m.get("ring", [])), med(m.get("gloo", [])), med(m.get("mpi", []))
+    rows.append([op, str(b), fmt(r), fmt(g), fmt(p), ratio(g, r), ratio(p, r)])
+print("# median time per call (us unless marked; max over ranks, median over rounds); ratios >1: ring faster")
+w = [max(len(x) for x in col) for col in zip(head, *rows)]
+for row in [head] + rows:
+    print("  ".join(x.rjust(n) for x, n in zip(row, w)))
+if md:
+    with open(md, "w") as out:
+        out.write("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n")
+        for row in rows:
+            out.write("| " + " | ".join(row) + " |\n")
+if wrong:
+    print(f"WRONG ELEMENTS: {wrong}")
+    sys.exit(1)
+PY
+exit $STATUS
