@@ -1,10 +1,8 @@
-// TcpRingBackend (ops/tcp/tcp_ring.h): connecting the ring, the ring
-// allreduce's byte streams, waiting on the sockets.
+// TcpRingBackend (ops/tcp/tcp_ring.h): the collectives' byte streams
+// (ring, chain, mesh exchange) and waiting on the sockets; connecting them
+// is in tcp_ring_setup.cc.
 #include "ops/tcp/tcp_ring.h"
 
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
@@ -13,70 +11,20 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <random>
-#include <sstream>
 
 #include "core/cpu_relax.h"
 #include "core/reduce.h"
 #include "ops/p2p/p2p_socket.h"
+#include "ops/tcp/tcp_ring_internal.h"
 
 namespace hora {
 
 namespace {
-
 using Clock = std::chrono::steady_clock;
-
-std::string randomToken() {
-  std::random_device rd;
-  std::ostringstream os;
-  os << std::hex;
-  while (os.str().size() < 31) os << rd();
-  return os.str().substr(0, 31);
-}
-
-std::string seconds(std::chrono::milliseconds d) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(d.count()) / 1000.0);
-  return buf;
-}
-
-// The IPv4 address of interface `name` (HORA_GLOO_IFACE), or "".
-std::string interfaceAddress(const std::string& name) {
-  ifaddrs* list = nullptr;
-  if (::getifaddrs(&list) != 0) return "";
-  std::string out;
-  for (ifaddrs* i = list; i != nullptr && out.empty(); i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET || name != i->ifa_name)
-      continue;
-    char buf[INET_ADDRSTRLEN] = {0};
-    const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
-    if (::inet_ntop(AF_INET, &in->sin_addr, buf, sizeof buf)) out = buf;
-  }
-  ::freeifaddrs(list);
-  return out;
-}
-
-// A rank's entry in the store: "<host>\n<port>\n<token>".
-struct Entry {
-  std::string host, port, token;
-  std::string address() const { return host + ":" + port; }
-};
-Entry parseEntry(const std::string& text) {
-  std::istringstream is(text);
-  Entry e;
-  std::getline(is, e.host);
-  std::getline(is, e.port);
-  std::getline(is, e.token);
-  return e;
-}
-
-int toMs(std::chrono::milliseconds d) {
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(d.count(), 1 << 30)));
-}
-
+using tcp_ring_detail::rankName;
+using tcp_ring_detail::seconds;
+using tcp_ring_detail::toMs;
 }  // namespace
 
 // The ring's byte streams of one collective over n segments: step k sends
@@ -133,20 +81,14 @@ TcpRingBackend::TcpRingBackend(int rank, int size, TcpRingOptions opts)
 TcpRingBackend::~TcpRingBackend() {
   p2pClose(sendFd_);
   p2pClose(recvFd_);
+  for (int fd : meshFd_) p2pClose(fd);
   if (abortFd_ >= 0) ::close(abortFd_);
 }
 
-namespace {
-std::string rankName(const TcpRingOptions& o, int r) {
-  return r >= 0 && r < static_cast<int>(o.rankNames.size()) ? o.rankNames[r]
-                                                            : "ring rank " + std::to_string(r);
-}
-}  // namespace
-
 std::string TcpRingBackend::peerName(int r) const {
   const std::string who = rankName(opts_, r);
-  const std::string& addr = r == (rank_ + 1) % size_ ? nextAddr_ : prevAddr_;
-  return who + " (" + addr + ")";
+  const bool known = r >= 0 && r < static_cast<int>(addr_.size()) && !addr_[r].empty();
+  return known ? who + " (" + addr_[r] + ")" : who;
 }
 
 Status TcpRingBackend::abortedStatus(const std::string& what) const {
@@ -159,6 +101,8 @@ void TcpRingBackend::closeStreams() noexcept {
   // instead of waiting HORA_PEER_TIMEOUT_S for bytes that will not come.
   if (sendFd_ >= 0) ::shutdown(sendFd_, SHUT_RDWR);
   if (recvFd_ >= 0) ::shutdown(recvFd_, SHUT_RDWR);
+  for (int fd : meshFd_)
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
 }
 
 void TcpRingBackend::abort() noexcept {
@@ -170,21 +114,30 @@ void TcpRingBackend::abort() noexcept {
   closeStreams();
 }
 
-Status TcpRingBackend::waitReady(bool wantSend, bool wantRecv, Clock::time_point lastProgress,
-                                 const std::string& what) {
-  // Poll first: the bytes of a small exchange are usually back within a few
-  // microseconds, and a sleeping thread pays a wake-up to see them.
-  struct pollfd fds[3];
-  int nfds = 0;
+Status TcpRingBackend::waitRing(bool wantSend, bool wantRecv, Clock::time_point lastProgress,
+                                const std::string& what) {
+  struct pollfd fds[2];
+  int n = 0;
   const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
-  if (wantSend) fds[nfds++] = {sendFd_, POLLOUT, 0};
-  if (wantRecv) fds[nfds++] = {recvFd_, POLLIN, 0};
-  const int ready = nfds;
-  if (abortFd_ >= 0) fds[nfds++] = {abortFd_, POLLIN, 0};
-  auto timedOut = [&] {
+  if (wantSend) fds[n++] = {sendFd_, POLLOUT, 0};
+  if (wantRecv) fds[n++] = {recvFd_, POLLIN, 0};
+  return waitReady(fds, n, lastProgress, what, [&] {
     std::string peer = wantRecv ? peerName(prev) : peerName(next);
     if (wantRecv && wantSend && next != prev) peer += " and " + peerName(next);
-    return Status(Code::kTimeout, what + ": no progress with " + peer + " for " +
+    return peer;
+  });
+}
+
+Status TcpRingBackend::waitReady(const struct pollfd* wanted, int count,
+                                 Clock::time_point lastProgress, const std::string& what,
+                                 const std::function<std::string()>& peers) {
+  // Poll first: the bytes of a small exchange are usually back within a few
+  // microseconds, and a sleeping thread pays a wake-up to see them.
+  std::vector<struct pollfd> fds(wanted, wanted + count);
+  const int ready = count;
+  if (abortFd_ >= 0) fds.push_back({abortFd_, POLLIN, 0});
+  auto timedOut = [&] {
+    return Status(Code::kTimeout, what + ": no progress with " + peers() + " for " +
                                       seconds(opts_.timeout) +
                                       " (the peer stalled or its host is unreachable; "
                                       "HORA_PEER_TIMEOUT_S bounds this wait)");
@@ -196,7 +149,7 @@ Status TcpRingBackend::waitReady(bool wantSend, bool wantRecv, Clock::time_point
     // A yield may cost a time slice: then the clock is read every look.
     const bool look = !opts_.yieldWhilePolling && (looks & 63) != 0;
     if (!look && Clock::now() >= spinUntil) break;
-    int rc = ::poll(fds, static_cast<nfds_t>(ready), 0);
+    int rc = ::poll(fds.data(), static_cast<nfds_t>(ready), 0);
     if (rc > 0) return Status();
     if (opts_.yieldWhilePolling)
       ::sched_yield();
@@ -208,7 +161,7 @@ Status TcpRingBackend::waitReady(bool wantSend, bool wantRecv, Clock::time_point
     if (now - lastProgress >= opts_.timeout) return timedOut();
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(opts_.timeout - (now - lastProgress));
-    int rc = ::poll(fds, static_cast<nfds_t>(nfds), std::min(toMs(left), 1000));
+    int rc = ::poll(fds.data(), static_cast<nfds_t>(fds.size()), std::min(toMs(left), 1000));
     if (rc < 0 && errno != EINTR)
       return systemError(what + ": poll failed: " + std::strerror(errno));
     if (aborted_.load(std::memory_order_acquire)) return abortedStatus(what);
@@ -217,28 +170,28 @@ Status TcpRingBackend::waitReady(bool wantSend, bool wantRecv, Clock::time_point
   }
 }
 
-Status TcpRingBackend::sendSome(const uint8_t* from, size_t bytes, size_t* moved,
+Status TcpRingBackend::sendSome(int fd, int peer, const uint8_t* from, size_t bytes, size_t* moved,
                                 const std::string& what) {
   *moved = 0;
-  auto n = p2pSend(sendFd_, from, bytes);
+  auto n = p2pSend(fd, from, bytes);
   if (!n.isOk() && aborted_.load(std::memory_order_acquire)) return abortedStatus(what);
   if (!n.isOk())
-    return Status(Code::kRemoteError, what + ": sending to " + peerName((rank_ + 1) % size_) +
-                                          ": " + n.status().message() +
+    return Status(Code::kRemoteError, what + ": sending to " + peerName(peer) + ": " +
+                                          n.status().message() +
                                           " (that rank was lost or aborted)");
   *moved = n.value();
   return Status();
 }
 
-Status TcpRingBackend::recvSome(uint8_t* into, size_t bytes, size_t* moved,
+Status TcpRingBackend::recvSome(int fd, int peer, uint8_t* into, size_t bytes, size_t* moved,
                                 const std::string& what) {
   *moved = 0;
   bool eof = false;
-  auto n = p2pRecv(recvFd_, into, bytes, &eof);
+  auto n = p2pRecv(fd, into, bytes, &eof);
   if ((!n.isOk() || eof) && aborted_.load(std::memory_order_acquire)) return abortedStatus(what);
   if (!n.isOk() || eof)
     return Status(Code::kRemoteError,
-                  what + ": receiving from " + peerName((rank_ - 1 + size_) % size_) + ": " +
+                  what + ": receiving from " + peerName(peer) + ": " +
                       (eof ? std::string("the peer closed the connection") : n.status().message()) +
                       " (that rank was lost or aborted)");
   *moved = n.value();
@@ -251,6 +204,7 @@ Status TcpRingBackend::ring(uint8_t* data, const Plan& p, ReduceFn reduce,
   for (int s = 0; s < p.n && p.reduceSteps > 0; ++s) maxSeg = std::max(maxSeg, p.segBytes(s));
   if (scratch_.size() < maxSeg) scratch_.resize(maxSeg);
   const int steps = p.steps();
+  const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
   // Send side: step, bytes of it sent. Receive side: step, bytes of it
   // received, of them final (reduced, or copied into place).
   int sk = 0, rk = 0;
@@ -284,7 +238,7 @@ Status TcpRingBackend::ring(uint8_t* data, const Plan& p, ReduceFn reduce,
       if (sent < ready) {
         size_t n = 0;
         HORA_RETURN_IF_ERROR(
-            sendSome(data + p.segBegin(seg) * p.es + sent, ready - sent, &n, what));
+            sendSome(sendFd_, next, data + p.segBegin(seg) * p.es + sent, ready - sent, &n, what));
         if (n > 0) {
           sent += n;
           moved = true;
@@ -299,7 +253,7 @@ Status TcpRingBackend::ring(uint8_t* data, const Plan& p, ReduceFn reduce,
       uint8_t* into = p.reduces(rk) ? scratch_.data() : data + p.segBegin(seg) * p.es;
       if (got < bytes) {
         size_t n = 0;
-        HORA_RETURN_IF_ERROR(recvSome(into + got, bytes - got, &n, what));
+        HORA_RETURN_IF_ERROR(recvSome(recvFd_, prev, into + got, bytes - got, &n, what));
         if (n > 0) {
           got += n;
           moved = true;
@@ -326,7 +280,7 @@ Status TcpRingBackend::ring(uint8_t* data, const Plan& p, ReduceFn reduce,
     if (!wantSend && !wantRecv)
       return Status(Code::kInternal, what + ": nothing to send or receive, and not done (step " +
                                          std::to_string(sk) + "/" + std::to_string(rk) + ")");
-    Status s = waitReady(wantSend, wantRecv, lastProgress, what);
+    Status s = waitRing(wantSend, wantRecv, lastProgress, what);
     if (!s.isOk()) return s;
   }
   return Status();
@@ -337,7 +291,8 @@ Status TcpRingBackend::chain(uint8_t* data, size_t bytes, int root, const std::s
   // received at once, so for large buffers every link carries the payload
   // at the same time (a pipeline), and the last rank before the root only
   // receives.
-  const bool receives = rank_ != root, sends = (rank_ + 1) % size_ != root;
+  const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
+  const bool receives = rank_ != root, sends = next != root;
   size_t got = receives ? 0 : bytes, sent = sends ? 0 : bytes;
   auto lastProgress = Clock::now();
   while (got < bytes || sent < bytes) {
@@ -345,7 +300,7 @@ Status TcpRingBackend::chain(uint8_t* data, size_t bytes, int root, const std::s
     bool moved = false, wantSend = false, wantRecv = false;
     if (sent < got) {
       size_t n = 0;
-      HORA_RETURN_IF_ERROR(sendSome(data + sent, got - sent, &n, what));
+      HORA_RETURN_IF_ERROR(sendSome(sendFd_, next, data + sent, got - sent, &n, what));
       if (n > 0) {
         sent += n;
         moved = true;
@@ -355,7 +310,7 @@ Status TcpRingBackend::chain(uint8_t* data, size_t bytes, int root, const std::s
     }
     if (got < bytes) {
       size_t n = 0;
-      HORA_RETURN_IF_ERROR(recvSome(data + got, bytes - got, &n, what));
+      HORA_RETURN_IF_ERROR(recvSome(recvFd_, prev, data + got, bytes - got, &n, what));
       if (n > 0) {
         got += n;
         moved = true;
@@ -367,7 +322,7 @@ Status TcpRingBackend::chain(uint8_t* data, size_t bytes, int root, const std::s
       lastProgress = Clock::now();
       continue;
     }
-    Status s = waitReady(wantSend, wantRecv, lastProgress, what);
+    Status s = waitRing(wantSend, wantRecv, lastProgress, what);
     if (!s.isOk()) return s;
   }
   return Status();
@@ -485,116 +440,117 @@ Status TcpRingBackend::barrier() {
   return run(what, [&] { return ring(&byte, p, reduce, what); });
 }
 
-Status TcpRingBackend::alltoallv(const void*, const std::vector<int64_t>&, void*,
-                                 const std::vector<int64_t>&, DataType) {
-  return Status(Code::kNotSupported,
-                "tcp ring: alltoallv is not carried here (every rank sends to every other; the "
-                "set runs it on its Gloo backend)");
+int TcpRingBackend::sendSocket(int peer) const {
+  const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
+  if (peer == next) return sendFd_;
+  if (peer == prev) return recvFd_;  // the connection from prev carries both ways
+  return meshFd_.empty() ? -1 : meshFd_[peer];
 }
 
-// ------------------------------------------------------------ set-up
+int TcpRingBackend::recvSocket(int peer) const {
+  const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
+  if (peer == prev) return recvFd_;
+  if (peer == next) return sendFd_;
+  return meshFd_.empty() ? -1 : meshFd_[peer];
+}
 
-Result<std::unique_ptr<Backend>> createTcpRingBackend(std::shared_ptr<Store> store, int rank,
-                                                      int size, const TcpRingOptions& opts) {
-  if (size < 1 || rank < 0 || rank >= size)
-    return invalidArgument("tcp ring: rank " + std::to_string(rank) + " of " +
-                           std::to_string(size));
-  std::unique_ptr<TcpRingBackend> b(new TcpRingBackend(rank, size, opts));
-  if (b->abortFd_ < 0)
-    return systemError(std::string("tcp ring: eventfd: ") + std::strerror(errno));
-  if (size == 1) return std::unique_ptr<Backend>(std::move(b));
-  const auto deadline = Clock::now() + opts.startTimeout;
-  auto left = [&] {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  };
-  const int next = (rank + 1) % size, prev = (rank - 1 + size) % size;
-  std::string host = opts.host;
-  if (!opts.iface.empty()) {
-    host = interfaceAddress(opts.iface);
-    if (host.empty())
-      return invalidArgument("tcp ring: interface \"" + opts.iface +
-                             "\" (HORA_GLOO_IFACE) has no IPv4 address on this host");
+Status TcpRingBackend::alltoallv(const void* in, const std::vector<int64_t>& send, void* out,
+                                 const std::vector<int64_t>& recv, DataType dtype) {
+  const bool shaped = send.size() == static_cast<size_t>(size_) && recv.size() == send.size();
+  int64_t sendTotal = 0, recvTotal = 0;
+  bool negative = false;
+  for (size_t r = 0; shaped && r < send.size(); ++r) {
+    negative = negative || send[r] < 0 || recv[r] < 0;
+    sendTotal += send[r];
+    recvTotal += recv[r];
   }
-  int port = 0;
-  auto lfd = p2pListen(host, &port);
-  if (!lfd.isOk()) return lfd.status().withContext("tcp ring");
-  const int listenFd = lfd.value();
-  struct Closer {
-    int fd;
-    ~Closer() { p2pClose(fd); }
-  } closeListen{listenFd};
-  const std::string token = randomToken();
-  Status s =
-      store->set("tcp/" + std::to_string(rank), host + "\n" + std::to_string(port) + "\n" + token);
-  if (!s.isOk()) return s.withContext("tcp ring: publishing this rank's address");
-
-  // Connect to rank + 1 with the token it published.
-  auto v =
-      store->get("tcp/" + std::to_string(next), std::max(left(), std::chrono::milliseconds(1)));
-  if (!v.isOk())
-    return v.status().withContext("tcp ring: waiting for " + rankName(opts, next) + "'s address");
-  const Entry them = parseEntry(v.value());
-  b->nextAddr_ = them.address();
-  P2pHello hello{};
-  hello.magic = kP2pHelloMagic;
-  hello.rank = rank;
-  std::snprintf(hello.token, sizeof hello.token, "%s", them.token.c_str());
-  auto c = p2pConnect(them.host, std::atoi(them.port.c_str()), hello, toMs(left()));
-  if (!c.isOk()) return c.status().withContext("tcp ring: connecting to " + b->peerName(next));
-  b->sendFd_ = c.value();
-
-  // Accept rank - 1: only a connection that presents this rank's token.
-  while (b->recvFd_ < 0) {
-    if (left().count() <= 0)
-      return Status(Code::kTimeout, "tcp ring: " + rankName(opts, prev) +
-                                        " did not connect within " + seconds(opts.startTimeout) +
-                                        " (HORA_START_TIMEOUT_S)");
-    if (opts.setUpWatch) {
-      Status w = opts.setUpWatch();
-      if (!w.isOk())
-        return w.withContext("tcp ring: waiting for " + rankName(opts, prev) + " to connect");
+  const std::string what =
+      describe("alltoallv", static_cast<size_t>(std::max<int64_t>(sendTotal, 0)), dtype);
+  HORA_RETURN_IF_ERROR(usable(what));
+  if (!shaped)
+    return invalidArgument(what + ": expected " + std::to_string(size_) +
+                           " send and receive counts, got " + std::to_string(send.size()) +
+                           " and " + std::to_string(recv.size()));
+  if (negative) return invalidArgument(what + ": a negative count");
+  if (send[rank_] != recv[rank_])
+    return invalidArgument(what + ": this rank sends itself " + std::to_string(send[rank_]) +
+                           " elements but receives " + std::to_string(recv[rank_]));
+  if ((sendTotal > 0 && in == nullptr) || (recvTotal > 0 && out == nullptr))
+    return invalidArgument(what + ": null buffer");
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_ && (sendSocket(p) < 0 || recvSocket(p) < 0))
+      return Status(Code::kNotSupported,
+                    what + ": no connection to " + peerName(p) +
+                        " (this ring was set up without its mesh: the hierarchy's cross stage)");
+  const size_t es = dataTypeSize(dtype);
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* dst = static_cast<uint8_t*>(out);
+  std::vector<Flow> flows;  // this rank's sends, then its receives
+  size_t sendAt = 0, recvAt = 0;
+  for (int p = 0; p < size_; ++p) {
+    const size_t sb = static_cast<size_t>(send[p]) * es, rb = static_cast<size_t>(recv[p]) * es;
+    if (p == rank_) {
+      if (sb > 0) std::memmove(dst + recvAt, src + sendAt, sb);
+    } else {
+      if (sb > 0) flows.push_back({p, true, sendSocket(p), src + sendAt, nullptr, sb});
+      if (rb > 0) flows.push_back({p, false, recvSocket(p), nullptr, dst + recvAt, rb});
     }
-    struct pollfd pf {
-      listenFd, POLLIN, 0
-    };
-    (void)::poll(&pf, 1, std::min(toMs(left()), 100));
-    P2pHello in{};
-    auto a = p2pAccept(listenFd, &in, std::min(toMs(left()), 5000));
-    if (!a.isOk() && a.status().code() == Code::kSystemError)
-      return a.status().withContext("tcp ring: accepting " + rankName(opts, prev));
-    if (!a.isOk() || a.value() < 0) continue;  // nothing pending, or no hello: keep waiting
-    in.token[sizeof in.token - 1] = 0;
-    if (in.magic != kP2pHelloMagic || in.rank != prev || token != in.token) {
-      p2pClose(a.value());  // a stranger, or not the ring's left neighbour
+    sendAt += sb;
+    recvAt += rb;
+  }
+  if (flows.empty()) return Status();
+  return run(what, [&] { return exchange(flows, what); });
+}
+
+Status TcpRingBackend::exchange(std::vector<Flow>& flows, const std::string& what) {
+  // Every flow at once: a send never waits for a receive, so no pair of
+  // ranks can block each other on full socket buffers, and a small
+  // exchange takes one round trip, not n-1.
+  auto lastProgress = Clock::now();
+  std::vector<struct pollfd> fds;
+  for (;;) {
+    if (aborted_.load(std::memory_order_acquire)) return abortedStatus(what);
+    bool moved = false, pending = false;
+    for (Flow& f : flows) {
+      if (f.left == 0) continue;
+      size_t n = 0;
+      if (f.sends)
+        HORA_RETURN_IF_ERROR(sendSome(f.fd, f.peer, f.from, f.left, &n, what));
+      else
+        HORA_RETURN_IF_ERROR(recvSome(f.fd, f.peer, f.into, f.left, &n, what));
+      if (f.sends)
+        f.from += n;
+      else
+        f.into += n;
+      f.left -= n;
+      moved = moved || n > 0;
+      pending = pending || f.left > 0;
+    }
+    if (!pending) return Status();
+    if (moved) {
+      lastProgress = Clock::now();
       continue;
     }
-    b->recvFd_ = a.value();
+    // One entry per socket: a neighbour's connection may carry a send and a
+    // receive.
+    fds.clear();
+    for (const Flow& f : flows) {
+      if (f.left == 0) continue;
+      auto at = std::find_if(fds.begin(), fds.end(), [&](const pollfd& x) { return x.fd == f.fd; });
+      if (at == fds.end()) at = fds.insert(fds.end(), {f.fd, 0, 0});
+      at->events |= f.sends ? POLLOUT : POLLIN;
+    }
+    Status s = waitReady(fds.data(), static_cast<int>(fds.size()), lastProgress, what, [&] {
+      std::string peers;
+      for (const Flow& f : flows) {
+        if (f.left == 0) continue;
+        const std::string name = peerName(f.peer);
+        if (peers.find(name) == std::string::npos) peers += (peers.empty() ? "" : ", ") + name;
+      }
+      return peers;
+    });
+    if (!s.isOk()) return s;
   }
-  auto pv = store->get("tcp/" + std::to_string(prev), std::chrono::milliseconds(1));
-  if (pv.isOk()) b->prevAddr_ = parseEntry(pv.value()).address();
-  return std::unique_ptr<Backend>(std::move(b));
-}
-
-Result<std::unique_ptr<Backend>> withTcpRing(std::shared_ptr<Store> store, int rank, int size,
-                                             const std::string& refusal, const TcpRingOptions& opts,
-                                             std::unique_ptr<Backend> rest, std::string* whyNot) {
-  whyNot->clear();
-  const std::string mine = refusal.empty() ? "tcp" : "no " + refusal;
-  Status s = store->set("want/" + std::to_string(rank), mine);
-  if (!s.isOk()) return s.withContext("tcp ring: publishing this rank's choice");
-  for (int r = 0; r < size; ++r) {
-    if (r == rank) continue;
-    auto v = store->get("want/" + std::to_string(r), opts.startTimeout);
-    if (!v.isOk()) return v.status().withContext("tcp ring: waiting for " + rankName(opts, r));
-    if (v.value() != "tcp" && whyNot->empty())
-      *whyNot = rankName(opts, r) + " keeps Gloo (" +
-                v.value().substr(std::min<size_t>(3, v.value().size())) + ")";
-  }
-  if (!refusal.empty()) *whyNot = refusal;
-  if (!whyNot->empty()) return rest;
-  auto ring = createTcpRingBackend(store, rank, size, opts);
-  if (!ring.isOk()) return ring.status().withContext("tcp ring");
-  return std::unique_ptr<Backend>(new RingPlaneBackend(ring.take(), std::move(rest)));
 }
 
 }  // namespace hora

@@ -1,7 +1,8 @@
 // TcpRingBackend: ring collectives over hora's own TCP sockets, driven by the
 // calling thread: the hierarchical allreduce's cross-host stage (one rank per
 // host, ops/shm/hier_backend.h), and allreduce, reducescatter, allgather,
-// broadcast and barrier of a set across hosts (RingPlaneBackend below).
+// broadcast, barrier and alltoall of a set across hosts (RingPlaneBackend
+// below).
 //
 // Why not Gloo there: a Gloo wait is two wake-ups (its device thread reads
 // the socket, then wakes the waiting thread), and a wake-up of an idle vCPU
@@ -24,11 +25,14 @@
 // and receive streams run together (full duplex). Every rank gets the same
 // bits: each segment is reduced once along the ring, in a fixed order, then
 // copied. Alltoall is not a ring's job (every rank sends to every other):
-// kNotSupported here.
+// it runs over a mesh (TcpRingOptions::mesh: every pair of ranks that are
+// not ring neighbours connected too), all of a rank's sends and receives at
+// once.
 //
 // Connections: each rank listens on its address, publishes address, port and
 // a random token in the store, connects to rank+1 (proving it read the
-// token) and accepts rank-1; a stranger that finds the port is refused.
+// token) and accepts rank-1; with the mesh, the lower rank of every other
+// pair connects to the higher. A stranger that finds the port is refused.
 //
 // Threads: created on the process set's init thread; collectives from one
 // thread at a time (HierBackend's cross thread, or the executor through
@@ -57,6 +61,8 @@
 #include "core/status.h"
 #include "core/store.h"
 
+struct pollfd;  // <poll.h>
+
 namespace hora {
 
 struct TcpRingOptions {
@@ -76,6 +82,9 @@ struct TcpRingOptions {
   // to connect (may be empty): an error (a peer known to be gone) fails the
   // set-up at once instead of after startTimeout.
   std::function<Status()> setUpWatch;
+  // Connect the mesh for alltoall (n(n-1)/2 - n connections beyond the
+  // ring's n); without it alltoall is kNotSupported from 4 ranks up.
+  bool mesh = false;
 };
 
 class TcpRingBackend : public Backend {
@@ -109,6 +118,19 @@ class TcpRingBackend : public Backend {
   // stream at once.
   void closeStreams() noexcept;
   Status abortedStatus(const std::string& what) const;
+  // One direction of an alltoall's exchange with one peer.
+  struct Flow {
+    int peer;
+    bool sends;
+    int fd;
+    const uint8_t* from;  // sends
+    uint8_t* into;        // receives
+    size_t left;          // bytes
+  };
+  // The socket that carries this rank's bytes to / from `peer` (-1: none).
+  int sendSocket(int peer) const;
+  int recvSocket(int peer) const;
+  Status exchange(std::vector<Flow>& flows, const std::string& what);
   // The failure that broke the ring before, or abort, as `what`'s error.
   Status usable(const std::string& what) const;
   std::string describe(const char* op, size_t count, DataType dtype) const;
@@ -117,29 +139,36 @@ class TcpRingBackend : public Backend {
   Status run(const std::string& what, const std::function<Status()>& call);
   Status ring(uint8_t* data, const Plan& p, ReduceFn reduce, const std::string& what);
   Status chain(uint8_t* data, size_t bytes, int root, const std::string& what);
-  // One non-blocking send to rank+1 / receive from rank-1: *moved 0 when the
-  // socket is not ready; an error naming the peer when it is gone.
-  Status sendSome(const uint8_t* from, size_t bytes, size_t* moved, const std::string& what);
-  Status recvSome(uint8_t* into, size_t bytes, size_t* moved, const std::string& what);
-  // Returns once a wanted socket is ready (or poll's slice ends: the caller
-  // looks again); an error on abort or when nothing moved for opts_.timeout.
-  Status waitReady(bool wantSend, bool wantRecv, std::chrono::steady_clock::time_point lastProgress,
-                   const std::string& what);
+  // One non-blocking send to / receive from `peer` on `fd`: *moved 0 when
+  // the socket is not ready; an error naming the peer when it is gone.
+  Status sendSome(int fd, int peer, const uint8_t* from, size_t bytes, size_t* moved,
+                  const std::string& what);
+  Status recvSome(int fd, int peer, uint8_t* into, size_t bytes, size_t* moved,
+                  const std::string& what);
+  // Returns once one of `fds` is ready (or poll's slice ends: the caller
+  // looks again); an error on abort or when nothing moved for opts_.timeout
+  // (naming `peers()`). waitRing: for the ring's two sockets.
+  Status waitReady(const struct pollfd* fds, int count,
+                   std::chrono::steady_clock::time_point lastProgress, const std::string& what,
+                   const std::function<std::string()>& peers);
+  Status waitRing(bool wantSend, bool wantRecv, std::chrono::steady_clock::time_point lastProgress,
+                  const std::string& what);
 
   const int rank_, size_;
   const TcpRingOptions opts_;
-  int sendFd_ = -1;   // to rank + 1
-  int recvFd_ = -1;   // from rank - 1
-  int abortFd_ = -1;  // eventfd: abort() wakes a sleeping poll
-  std::string nextAddr_, prevAddr_;
+  int sendFd_ = -1;                // to rank + 1
+  int recvFd_ = -1;                // from rank - 1
+  int abortFd_ = -1;               // eventfd: abort() wakes a sleeping poll
+  std::vector<int> meshFd_;        // by ring rank; -1: none (neighbours, or no mesh)
+  std::vector<std::string> addr_;  // peers' "host:port" by ring rank, for errors
   std::atomic<bool> aborted_{false};
   Status broken_;  // the first failure; only the calling thread touches it
   std::vector<uint8_t> scratch_;
 };
 
-// A set's data plane across hosts on a tcp ring: allreduce, reducescatter,
-// allgather, broadcast and barrier on `ring` over all of the set's ranks,
-// alltoall on `rest` (the set's Gloo backend, or the hierarchy over it).
+// A set's data plane across hosts on a tcp ring: every collective on `ring`
+// (connected with its mesh) over all of the set's ranks; `rest` (the set's
+// Gloo backend) is kept for the autotuner's values and aborted with it.
 // Same threads as its parts; abort() aborts both.
 class RingPlaneBackend : public Backend {
  public:
@@ -160,7 +189,7 @@ class RingPlaneBackend : public Backend {
   }
   Status alltoallv(const void* in, const std::vector<int64_t>& send, void* out,
                    const std::vector<int64_t>& recv, DataType dtype) override {
-    return rest_->alltoallv(in, send, out, recv, dtype);
+    return ring_->alltoallv(in, send, out, recv, dtype);
   }
   Status reducescatter(void* inout, const std::vector<size_t>& counts, DataType dtype,
                        ReduceOp op) override {

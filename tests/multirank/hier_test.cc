@@ -313,6 +313,30 @@ int runChild(int rank, int size, const std::string& hostId, const char* mode = n
     hora_request_free(req);
   }
   {
+    // alltoall, equal splits: block d (7001 elements) goes to rank d.
+    const int64_t per = 7001, n = per * size;
+    std::vector<int32_t> in(n);
+    for (int64_t i = 0; i < n; ++i)
+      in[i] =
+          rank * 1000000 + static_cast<int32_t>(i / per) * 10000 + static_cast<int32_t>(i % per);
+    std::vector<int64_t> shape = {n};
+    DLTensor t = makeTensor(in.data(), dlType(kDLInt, 32), &shape);
+    hora_options_t o;
+    hora_options_init(&o);
+    o.name = "p.alltoall";
+    hora_request_t req = nullptr;
+    const DLTensor* out = nullptr;
+    if (int rc = run("alltoall", hora_alltoall_async(rt, &t, nullptr, size, &o, &req), &req, &out))
+      return rc;
+    CHILD_CHECK(out->shape[0] == n, "alltoall: %ld elements", static_cast<long>(out->shape[0]));
+    const int32_t* got = static_cast<const int32_t*>(out->data);
+    for (int64_t i = 0; i < n; ++i)
+      CHILD_CHECK(got[i] == static_cast<int32_t>(i / per) * 1000000 + rank * 10000 +
+                                static_cast<int32_t>(i % per),
+                  "alltoall [%ld] = %d", static_cast<long>(i), got[i]);
+    hora_request_free(req);
+  }
+  {
     // broadcast from the last rank, then a barrier.
     const int64_t n = 100003;
     std::vector<int32_t> buf(n, -1);

@@ -282,5 +282,30 @@ inline void checkReducescatter(World& world, const std::vector<size_t>& counts, 
   });
 }
 
+// alltoallv where rank s sends split(s, d) int64 values s*10000+d*100+i
+// (i < split) to rank d; every rank checks what it received, in rank order.
+inline void checkAlltoallv(World& world, const std::function<int64_t(int, int)>& split) {
+  const int size = static_cast<int>(world.size());
+  runRanks(world, [&](int r, Backend& b) {
+    std::vector<int64_t> send(size), recv(size);
+    std::vector<int64_t> in;
+    for (int d = 0; d < size; ++d) {
+      send[d] = split(r, d);
+      recv[d] = split(d, r);
+      for (int64_t i = 0; i < send[d]; ++i) in.push_back(r * 10000 + d * 100 + i);
+    }
+    int64_t recvTotal = 0;
+    for (int64_t v : recv) recvTotal += v;
+    std::vector<int64_t> out(recvTotal, -1);
+    Status s = b.alltoallv(in.empty() ? nullptr : in.data(), send,
+                           out.empty() ? nullptr : out.data(), recv, DataType::kInt64);
+    ASSERT_TRUE(s.isOk()) << s.toString();
+    size_t k = 0;
+    for (int src = 0; src < size; ++src)
+      for (int64_t i = 0; i < recv[src]; ++i, ++k)
+        ASSERT_EQ(out[k], src * 10000 + r * 100 + i) << "rank " << r << " from " << src;
+  });
+}
+
 }  // namespace
 }  // namespace hora
