@@ -96,8 +96,8 @@ const std::vector<ParamSpec>& paramRegistry() {
        "(-1 = no limit, as Horovod); its reset_limit argument wins."},
       {"HORA_GLOO_ALGORITHM", ParamType::kString, "auto",
        "Gloo allreduce algorithm: auto (by size), ring or bcube. Must be the same on every rank "
-       "(checked at start). Set to ring or bcube, it also keeps the allreduce of a set across "
-       "hosts without the hierarchy on Gloo (instead of HORA_HIER_CROSS's tcp ring).",
+       "(checked at start). Set to ring or bcube, it also keeps a set across hosts on Gloo "
+       "(instead of HORA_HIER_CROSS's tcp ring; the hierarchy's cross stage excepted).",
        "auto|ring|bcube"},
       {"HORA_GLOO_IFACE", ParamType::kString, "",
        "Network interface for Gloo's data plane (default: by HORA_HOSTNAME)."},
@@ -227,11 +227,12 @@ const std::vector<ParamSpec>& paramRegistry() {
        "The hierarchical allreduce's cross-host stage: tcp, a ring over hora's own sockets that "
        "the waiting thread drives (it polls for HORA_SPIN_US, then sleeps in poll), or gloo, a "
        "Gloo allreduce (each wait is a wake-up of Gloo's device thread, then of the waiting "
-       "thread). Also the allreduce of a set across hosts that stays flat (one rank per host, "
-       "hosts with different numbers of ranks, HORA_SHM=0; up to 8 ranks, measured up to 4; "
-       "not under HORA_HIER_ALLREDUCE=flat or a set HORA_GLOO_ALGORITHM, which keep Gloo): tcp "
-       "runs it on such a ring over all ranks in set order, the other collectives stay on Gloo. "
-       "Both bind to HORA_GLOO_IFACE's address when it is set. "
+       "thread). Also every other collective of a set across hosts (up to 8 ranks, measured "
+       "up to 4; not under HORA_HIER_ALLREDUCE=flat or a set HORA_GLOO_ALGORITHM, which keep "
+       "Gloo): tcp runs reducescatter, allgather, broadcast, barrier and alltoall (over a mesh "
+       "beside the ring) on such a ring over all ranks in set order, and the allreduce too "
+       "where the set stays flat (one rank per host, hosts with different numbers of ranks, "
+       "HORA_SHM=0). Both bind to HORA_GLOO_IFACE's address when it is set. "
        "Compared at start: must be the same on every rank (else the hierarchy and the flat ring "
        "fall back to Gloo, logged).",
        "tcp|gloo"},

@@ -1,6 +1,7 @@
 // HierBackend: the data plane of a process set that spans several hosts with
 // several ranks on each. Allreduce is hierarchical; every other collective
-// (and a forced flat allreduce) runs on the flat backend over all ranks.
+// runs on the flat backend over all ranks (Gloo, or a tcp ring over all
+// ranks that process_set puts in front of it: HierBackendOptions::wrapFlat).
 //
 // Why: the flat Gloo ring over 2 hosts x 2 ranks sends 2(n-1)/n = 1.5x the
 // payload each way over each host's link, and moves the bytes between the
