@@ -20,12 +20,7 @@
 
 namespace hora {
 
-namespace {
-using Clock = std::chrono::steady_clock;
-using tcp_ring_detail::rankName;
-using tcp_ring_detail::seconds;
-using tcp_ring_detail::toMs;
-}  // namespace
+using namespace tcp_ring_detail;  // NOLINT: this file's own helpers
 
 // The ring's byte streams of one collective over n segments: step k sends
 // segment (rank - k - shift) mod n and receives segment (rank - k - 1 -
@@ -363,29 +358,42 @@ Status TcpRingBackend::allreduce(void* data, size_t count, DataType dtype, Reduc
   if (size_ == 1 || count == 0) return Status();
   // Bad arguments move no byte: the ring stays usable.
   if (data == nullptr) return invalidArgument(what + ": null buffer");
-  const ReduceFn reduce = reduceFunction(dtype, op);
-  if (reduce == nullptr)
-    return invalidArgument(what + ": no " + reduceOpName(op) + " for " + dataTypeName(dtype));
+  ReduceFn reduce = nullptr;
+  HORA_RETURN_IF_ERROR(reduceFor(dtype, op, what, &reduce));
   Plan p = equalPlan(size_, rank_, count, dataTypeSize(dtype));
   p.reduceSteps = p.copySteps = size_ - 1;
   return run(what, [&] { return ring(static_cast<uint8_t*>(data), p, reduce, what); });
 }
 
+Status TcpRingBackend::countsCall(const char* op, const std::vector<size_t>& counts, DataType dtype,
+                                  std::string* what, size_t* total) const {
+  *total = 0;
+  for (size_t c : counts) *total += c;
+  *what = describe(op, *total, dtype);
+  HORA_RETURN_IF_ERROR(usable(*what));
+  if (counts.size() != static_cast<size_t>(size_))
+    return invalidArgument(*what + ": expected " + std::to_string(size_) + " counts, got " +
+                           std::to_string(counts.size()));
+  return Status();
+}
+
+Status TcpRingBackend::reduceFor(DataType dtype, ReduceOp op, const std::string& what,
+                                 ReduceFn* fn) const {
+  *fn = reduceFunction(dtype, op);
+  if (*fn == nullptr)
+    return invalidArgument(what + ": no " + reduceOpName(op) + " for " + dataTypeName(dtype));
+  return Status();
+}
+
 Status TcpRingBackend::reducescatter(void* inout, const std::vector<size_t>& counts, DataType dtype,
                                      ReduceOp op) {
-  const bool shaped = counts.size() == static_cast<size_t>(size_);
+  std::string what;
   size_t total = 0;
-  for (size_t c : counts) total += c;
-  const std::string what = describe("reducescatter", total, dtype);
-  HORA_RETURN_IF_ERROR(usable(what));
-  if (!shaped)
-    return invalidArgument(what + ": expected " + std::to_string(size_) + " counts, got " +
-                           std::to_string(counts.size()));
+  HORA_RETURN_IF_ERROR(countsCall("reducescatter", counts, dtype, &what, &total));
   if (size_ == 1 || total == 0) return Status();
   if (inout == nullptr) return invalidArgument(what + ": null buffer");
-  const ReduceFn reduce = reduceFunction(dtype, op);
-  if (reduce == nullptr)
-    return invalidArgument(what + ": no " + reduceOpName(op) + " for " + dataTypeName(dtype));
+  ReduceFn reduce = nullptr;
+  HORA_RETURN_IF_ERROR(reduceFor(dtype, op, what, &reduce));
   Plan p = countsPlan(size_, rank_, counts, dataTypeSize(dtype));
   p.shift = 1;
   p.reduceSteps = size_ - 1;
@@ -394,14 +402,9 @@ Status TcpRingBackend::reducescatter(void* inout, const std::vector<size_t>& cou
 
 Status TcpRingBackend::allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
                                   DataType dtype) {
-  const bool shaped = counts.size() == static_cast<size_t>(size_);
+  std::string what;
   size_t total = 0;
-  for (size_t c : counts) total += c;
-  const std::string what = describe("allgatherv", total, dtype);
-  HORA_RETURN_IF_ERROR(usable(what));
-  if (!shaped)
-    return invalidArgument(what + ": expected " + std::to_string(size_) + " counts, got " +
-                           std::to_string(counts.size()));
+  HORA_RETURN_IF_ERROR(countsCall("allgatherv", counts, dtype, &what, &total));
   if (total == 0) return Status();
   const size_t es = dataTypeSize(dtype);
   if (out == nullptr || (counts[rank_] > 0 && in == nullptr))

@@ -134,6 +134,11 @@ class TcpRingBackend : public Backend {
   // The failure that broke the ring before, or abort, as `what`'s error.
   Status usable(const std::string& what) const;
   std::string describe(const char* op, size_t count, DataType dtype) const;
+  // *what for `op` over `counts`; an error when the ring cannot take a call
+  // or the counts are not one per rank.
+  Status countsCall(const char* op, const std::vector<size_t>& counts, DataType dtype,
+                    std::string* what, size_t* total) const;
+  Status reduceFor(DataType dtype, ReduceOp op, const std::string& what, ReduceFn* fn) const;
   // Runs one collective's byte streams; a failure breaks the ring (every
   // later call fails) and shuts the sockets down for the neighbours.
   Status run(const std::string& what, const std::function<Status()>& call);

@@ -15,6 +15,8 @@
 namespace hora {
 namespace tcp_ring_detail {
 
+using Clock = std::chrono::steady_clock;
+
 inline std::string seconds(std::chrono::milliseconds d) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(d.count()) / 1000.0);

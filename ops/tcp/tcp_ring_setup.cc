@@ -21,12 +21,9 @@
 
 namespace hora {
 
-namespace {
+using namespace tcp_ring_detail;  // NOLINT: this ring's own helpers
 
-using Clock = std::chrono::steady_clock;
-using tcp_ring_detail::rankName;
-using tcp_ring_detail::seconds;
-using tcp_ring_detail::toMs;
+namespace {
 
 std::string randomToken() {
   std::random_device rd;
