@@ -9,15 +9,19 @@
 # Builds a test bed with bench/netns_bed.sh (HOSTS network + UTS namespaces,
 # links shaped with tbf at RATE), then per round, in alternating order:
 #   ring: hora-coll-bench through horarun (the default data plane across
-#         hosts: every collective but alltoall on hora's tcp ring when each
-#         host runs one rank);
+#         hosts: every collective on hora's tcp ring, alltoall over its mesh;
+#         with several ranks per host the hierarchy's rest on that ring);
 #   gloo: the same with HORA_HIER_CROSS=gloo (every collective on Gloo);
 #   mpi:  mpi-coll-bench through mpirun, TCP BTL over the bed's subnet.
 # Float32; every result element is checked by both binaries (a wrong element
 # fails the run). Prints per op and size the median over rounds of each
 # one's median time (max over ranks) and the time ratios gloo/ring and
 # mpi/ring (>1: the ring is faster). --md FILE also writes the table as
-# markdown. Defaults: ops reducescatter,allgather,broadcast,barrier,alltoall,
+# markdown. Barrier never reaches a data plane (the negotiation is the
+# barrier), so its ring and gloo rows time the same path. The run fails if a
+# "ring" run's data plane is not on the tcp ring (e.g. an exported
+# HORA_GLOO_ALGORITHM kept Gloo); a run that exits non-zero is left out of
+# the table. Defaults: ops reducescatter,allgather,broadcast,barrier,alltoall,
 # sizes 64,4K,64K,1M,16M (the whole buffer of the collective, as
 # hora-coll-bench defines it).
 #
@@ -60,6 +64,8 @@ MPI_BENCH=$BUILD_DIR/bench/mpi-coll-bench
 
 LOG_DIR="${BENCH_LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/multihost-coll.XXXXXX")}"
 mkdir -p "$LOG_DIR"
+# Old rounds in the directory would mix into the medians.
+[ -z "$(ls -A "$LOG_DIR")" ] || die "BENCH_LOG_DIR $LOG_DIR is not empty"
 BED="$BENCH_DIR/netns_bed.sh"
 NAME=mc$$
 cleanup() { "$BED" down --name "$NAME"; }
@@ -106,7 +112,12 @@ for ((round = 1; round <= ROUNDS; round++)); do
     fi
     rc=$?
     echo "# round $round: $mode (load $(cut -d' ' -f1 /proc/loadavg)) exit $rc"
-    [ $rc -eq 0 ] || { STATUS=1; echo "$mode failed (exit $rc):" >&2; tail -n 20 "$LOG_DIR/$mode.$round.err" >&2; }
+    if [ $rc -ne 0 ]; then
+      STATUS=1
+      echo "$mode failed (exit $rc):" >&2
+      tail -n 20 "$LOG_DIR/$mode.$round.err" >&2
+      mv "$LOG_DIR/$mode.$round.out" "$LOG_DIR/$mode.$round.failed"  # not in the table
+    fi
   done
 done
 echo "# load at end: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -114,6 +125,10 @@ for mode in ring gloo; do
   plane=$(grep -h "data plane" "$LOG_DIR"/$mode.*.err 2>/dev/null | sed 's/.*INFO //' | sort | uniq -c | sed 's/^ *//')
   echo "# hora's data plane, $mode (ranks reporting it): ${plane:-no INFO line}"
 done
+if grep -h "data plane" "$LOG_DIR"/ring.*.err 2>/dev/null | grep -qv "tcp-ring+"; then
+  echo "multihost_coll_bench.sh: a \"ring\" run's data plane is not on the tcp ring (see above)" >&2
+  STATUS=1
+fi
 
 /usr/bin/env python3 - "$LOG_DIR" "$ROUNDS" "${MD:-}" <<'PY' || STATUS=1
 import glob, re, statistics, sys

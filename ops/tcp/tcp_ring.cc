@@ -130,6 +130,23 @@ Status TcpRingBackend::waitReady(const struct pollfd* wanted, int count,
   // microseconds, and a sleeping thread pays a wake-up to see them.
   std::vector<struct pollfd> fds(wanted, wanted + count);
   const int ready = count;
+  // A socket this rank only sends on hears nothing from its peer, unless
+  // the peer shut its end down (it failed or aborted): with bytes still
+  // unread there, nothing else would ever wake this wait (no reset comes
+  // while the peer's descriptor stays open), so ask for that too.
+  for (auto& f : fds)
+    if ((f.events & POLLOUT) && !(f.events & POLLIN)) f.events |= POLLRDHUP;
+  auto peerClosed = [&]() -> Status {
+    for (int i = 0; i < ready; ++i) {
+      if (!(fds[i].events & POLLRDHUP) || !(fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)))
+        continue;
+      if (aborted_.load(std::memory_order_acquire)) return abortedStatus(what);
+      return Status(Code::kRemoteError, what + ": sending to " + peerName(peerOf(fds[i].fd)) +
+                                            ": the peer shut its connection down (that rank was "
+                                            "lost or aborted)");
+    }
+    return Status();
+  };
   if (abortFd_ >= 0) fds.push_back({abortFd_, POLLIN, 0});
   auto timedOut = [&] {
     return Status(Code::kTimeout, what + ": no progress with " + peers() + " for " +
@@ -145,7 +162,7 @@ Status TcpRingBackend::waitReady(const struct pollfd* wanted, int count,
     const bool look = !opts_.yieldWhilePolling && (looks & 63) != 0;
     if (!look && Clock::now() >= spinUntil) break;
     int rc = ::poll(fds.data(), static_cast<nfds_t>(ready), 0);
-    if (rc > 0) return Status();
+    if (rc > 0) return peerClosed();
     if (opts_.yieldWhilePolling)
       ::sched_yield();
     else
@@ -161,8 +178,16 @@ Status TcpRingBackend::waitReady(const struct pollfd* wanted, int count,
       return systemError(what + ": poll failed: " + std::strerror(errno));
     if (aborted_.load(std::memory_order_acquire)) return abortedStatus(what);
     for (int i = 0; rc > 0 && i < ready; ++i)
-      if (fds[i].revents != 0) return Status();
+      if (fds[i].revents != 0) return peerClosed();
   }
+}
+
+int TcpRingBackend::peerOf(int fd) const {
+  if (fd == sendFd_) return (rank_ + 1) % size_;
+  if (fd == recvFd_) return (rank_ - 1 + size_) % size_;
+  for (size_t q = 0; q < meshFd_.size(); ++q)
+    if (meshFd_[q] == fd) return static_cast<int>(q);
+  return -1;
 }
 
 Status TcpRingBackend::sendSome(int fd, int peer, const uint8_t* from, size_t bytes, size_t* moved,
@@ -337,6 +362,13 @@ Status TcpRingBackend::run(const std::string& what, const std::function<Status()
   return s;
 }
 
+Status TcpRingBackend::localError(const std::string& message) {
+  Status s = invalidArgument(message);
+  broken_ = s;
+  closeStreams();
+  return s;
+}
+
 Status TcpRingBackend::usable(const std::string& what) const {
   if (!broken_.isOk())
     return Status(broken_.code(), what + ": the ring failed before: " + broken_.message());
@@ -356,8 +388,7 @@ Status TcpRingBackend::allreduce(void* data, size_t count, DataType dtype, Reduc
                            std::to_string(rank_) + " of " + std::to_string(size_) + ")";
   HORA_RETURN_IF_ERROR(usable(what));
   if (size_ == 1 || count == 0) return Status();
-  // Bad arguments move no byte: the ring stays usable.
-  if (data == nullptr) return invalidArgument(what + ": null buffer");
+  if (data == nullptr) return localError(what + ": null buffer");
   ReduceFn reduce = nullptr;
   HORA_RETURN_IF_ERROR(reduceFor(dtype, op, what, &reduce));
   Plan p = equalPlan(size_, rank_, count, dataTypeSize(dtype));
@@ -391,7 +422,7 @@ Status TcpRingBackend::reducescatter(void* inout, const std::vector<size_t>& cou
   size_t total = 0;
   HORA_RETURN_IF_ERROR(countsCall("reducescatter", counts, dtype, &what, &total));
   if (size_ == 1 || total == 0) return Status();
-  if (inout == nullptr) return invalidArgument(what + ": null buffer");
+  if (inout == nullptr) return localError(what + ": null buffer");
   ReduceFn reduce = nullptr;
   HORA_RETURN_IF_ERROR(reduceFor(dtype, op, what, &reduce));
   Plan p = countsPlan(size_, rank_, counts, dataTypeSize(dtype));
@@ -408,7 +439,7 @@ Status TcpRingBackend::allgatherv(const void* in, void* out, const std::vector<s
   if (total == 0) return Status();
   const size_t es = dataTypeSize(dtype);
   if (out == nullptr || (counts[rank_] > 0 && in == nullptr))
-    return invalidArgument(what + ": null buffer");
+    return localError(what + ": null buffer");
   Plan p = countsPlan(size_, rank_, counts, es);
   uint8_t* mine = static_cast<uint8_t*>(out) + p.segBegin(rank_) * es;
   if (counts[rank_] > 0 && in != mine) std::memmove(mine, in, counts[rank_] * es);
@@ -423,7 +454,7 @@ Status TcpRingBackend::broadcast(void* data, size_t count, DataType dtype, int r
   HORA_RETURN_IF_ERROR(usable(what));
   if (root < 0 || root >= size_) return invalidArgument(what + ": no such root");
   if (size_ == 1 || count == 0) return Status();
-  if (data == nullptr) return invalidArgument(what + ": null buffer");
+  if (data == nullptr) return localError(what + ": null buffer");
   return run(what, [&] {
     return chain(static_cast<uint8_t*>(data), count * dataTypeSize(dtype), root, what);
   });
@@ -470,16 +501,17 @@ Status TcpRingBackend::alltoallv(const void* in, const std::vector<int64_t>& sen
   const std::string what =
       describe("alltoallv", static_cast<size_t>(std::max<int64_t>(sendTotal, 0)), dtype);
   HORA_RETURN_IF_ERROR(usable(what));
+  // Every count is this rank's own: any error here is local.
   if (!shaped)
-    return invalidArgument(what + ": expected " + std::to_string(size_) +
-                           " send and receive counts, got " + std::to_string(send.size()) +
-                           " and " + std::to_string(recv.size()));
-  if (negative) return invalidArgument(what + ": a negative count");
+    return localError(what + ": expected " + std::to_string(size_) +
+                      " send and receive counts, got " + std::to_string(send.size()) + " and " +
+                      std::to_string(recv.size()));
+  if (negative) return localError(what + ": a negative count");
   if (send[rank_] != recv[rank_])
-    return invalidArgument(what + ": this rank sends itself " + std::to_string(send[rank_]) +
-                           " elements but receives " + std::to_string(recv[rank_]));
+    return localError(what + ": this rank sends itself " + std::to_string(send[rank_]) +
+                      " elements but receives " + std::to_string(recv[rank_]));
   if ((sendTotal > 0 && in == nullptr) || (recvTotal > 0 && out == nullptr))
-    return invalidArgument(what + ": null buffer");
+    return localError(what + ": null buffer");
   for (int p = 0; p < size_; ++p)
     if (p != rank_ && (sendSocket(p) < 0 || recvSocket(p) < 0))
       return Status(Code::kNotSupported,

@@ -127,10 +127,18 @@ class TcpRingBackend : public Backend {
     uint8_t* into;        // receives
     size_t left;          // bytes
   };
+  // The ring rank at the other end of socket `fd` (-1: none).
+  int peerOf(int fd) const;
   // The socket that carries this rank's bytes to / from `peer` (-1: none).
   int sendSocket(int peer) const;
   int recvSocket(int peer) const;
   Status exchange(std::vector<Flow>& flows, const std::string& what);
+  // A bad argument that only this rank may see (a null buffer, its own
+  // alltoall counts): its peers go ahead with the call, so the ring breaks
+  // (they fail at once instead of reading this rank's next call's bytes as
+  // this one's). Arguments every rank shares (counts, root, dtype, op) fail
+  // the call alone and leave the ring usable.
+  Status localError(const std::string& message);
   // The failure that broke the ring before, or abort, as `what`'s error.
   Status usable(const std::string& what) const;
   std::string describe(const char* op, size_t count, DataType dtype) const;

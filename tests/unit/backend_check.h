@@ -282,8 +282,9 @@ inline void checkReducescatter(World& world, const std::vector<size_t>& counts, 
   });
 }
 
-// alltoallv where rank s sends split(s, d) int64 values s*10000+d*100+i
-// (i < split) to rank d; every rank checks what it received, in rank order.
+// alltoallv where rank s sends split(s, d) int64 values (s << 40) | (d << 20)
+// | i (i < split < 2^20) to rank d; every rank checks what it received, in
+// rank order.
 inline void checkAlltoallv(World& world, const std::function<int64_t(int, int)>& split) {
   const int size = static_cast<int>(world.size());
   runRanks(world, [&](int r, Backend& b) {
@@ -292,7 +293,8 @@ inline void checkAlltoallv(World& world, const std::function<int64_t(int, int)>&
     for (int d = 0; d < size; ++d) {
       send[d] = split(r, d);
       recv[d] = split(d, r);
-      for (int64_t i = 0; i < send[d]; ++i) in.push_back(r * 10000 + d * 100 + i);
+      for (int64_t i = 0; i < send[d]; ++i)
+        in.push_back((int64_t{r} << 40) | (int64_t{d} << 20) | i);
     }
     int64_t recvTotal = 0;
     for (int64_t v : recv) recvTotal += v;
@@ -303,7 +305,8 @@ inline void checkAlltoallv(World& world, const std::function<int64_t(int, int)>&
     size_t k = 0;
     for (int src = 0; src < size; ++src)
       for (int64_t i = 0; i < recv[src]; ++i, ++k)
-        ASSERT_EQ(out[k], src * 10000 + r * 100 + i) << "rank " << r << " from " << src;
+        ASSERT_EQ(out[k], (int64_t{src} << 40) | (int64_t{r} << 20) | i)
+            << "rank " << r << " from " << src;
   });
 }
 

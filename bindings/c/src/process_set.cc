@@ -220,9 +220,9 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
       crossGo.algorithm = GlooAlgorithm::kRing;
     return createGlooBackend(std::move(s), "gloo", r, n, crossGo);
   };
-  // Across hosts, every collective but alltoall runs on a tcp ring over all
-  // ranks (a Gloo wait is two thread wake-ups): the allreduce too without
-  // the hierarchy, the rest beside it. Not where the job asked for Gloo's
+  // Across hosts, every collective runs on a tcp ring over all ranks (a Gloo
+  // wait is two thread wake-ups; alltoall over a mesh beside the ring): with
+  // the hierarchy every collective but its allreduce. Not where the job asked for Gloo's
   // ring or its algorithm, and only up to kMaxFlatRingRanks: a ring's 2(n-1)
   // steps were measured up to 4 ranks only, against Gloo's bcube with its
   // log2(n) steps. Every rank must want it, else all keep Gloo.
@@ -267,9 +267,14 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   } else {
     ps->backend_ = hb.take();
   }
+  // With the hierarchy its name says where the rest runs; why not the ring:
+  const std::string restNote = outcome == HierOutcome::kHierarchical && !noRing.empty()
+                                   ? " (the rest on Gloo: " + noRing + ")"
+                                   : "";
   if (ps->size() > 1)
     HORA_LOG(logger, kInfo) << "process set " << name << ": data plane " << ps->backend_->name()
-                            << (noShm.empty() ? "" : " (no shared memory: " + noShm + ")");
+                            << (noShm.empty() ? "" : " (no shared memory: " + noShm + ")")
+                            << restNote;
 
   // A collective blocked on a vanished peer must not wait for the data
   // plane's timeout. A goodbye is different: that peer finished everything
