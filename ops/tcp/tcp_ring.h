@@ -19,9 +19,11 @@
 // reduce-scatter then an allgather (2(n-1) steps); reducescatter and
 // allgather are those halves alone (n-1 steps each, segment r being rank r's
 // counts); broadcast is a chain from the root that forwards bytes as they
-// come; barrier is an allreduce of one byte per rank. Bytes a step has
-// received (and reduced) are forwarded at once by the next step, so steps
-// overlap on the wire and each socket carries one direction only: the send
+// come; barrier is an allreduce of one byte (the Backend contract's; hora's
+// own barrier completes in the negotiation and never reaches a data plane).
+// Bytes a step has received (and reduced) are forwarded at once by the next
+// step, so steps overlap on the wire and each ring socket carries one
+// direction only (alltoall aside): the send
 // and receive streams run together (full duplex). Every rank gets the same
 // bits: each segment is reduced once along the ring, in a fixed order, then
 // copied. Alltoall is not a ring's job (every rank sends to every other):

@@ -257,8 +257,9 @@ int runChild(int rank, int size, const std::string& hostId, const char* mode = n
                     name.c_str(), static_cast<long>(i), buf[i]);
     }
   }
-  // The other collectives, large enough to pass the inline budget: on the
-  // tcp ring (one rank per host), on Gloo (the hierarchy's rest) or on shm.
+  // The other collectives (allreduce alone travels inline): on the tcp ring
+  // across hosts, on Gloo under HORA_HIER_CROSS=gloo, on shm on one host.
+  // The barrier checks the negotiation only (it never reaches a data plane).
   // `req` by address: the submission (an argument too) fills it in.
   auto run = [&](const char* what, hora_status_t submitted, const hora_request_t* req,
                  const DLTensor** out) {
