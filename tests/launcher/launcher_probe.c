@@ -23,6 +23,12 @@
  *                                   (sum) ITERS times, checking every element
  *                                   (the multi-host tests count the bytes this
  *                                   puts on an emulated link)
+ *   launcher_probe collectives BYTES ITERS
+ *                                   allgather, reducescatter, broadcast (root
+ *                                   rotating) and alltoall of BYTES-byte
+ *                                   float32 buffers ITERS times, checking every
+ *                                   element (the multi-host tests run it over
+ *                                   the data plane across hosts)
  */
 #include <hora/hora.h>
 #include <signal.h>
@@ -236,6 +242,108 @@ static int do_allreduce(long bytes, int iters) {
   return check(hora_shutdown(rt), "hora_shutdown");
 }
 
+static void tensor_1d(DLTensor* t, float* data, int64_t* shape) {
+  memset(t, 0, sizeof(*t));
+  t->data = data;
+  t->device.device_type = kDLCPU;
+  t->ndim = 1;
+  t->dtype.code = kDLFloat;
+  t->dtype.bits = 32;
+  t->dtype.lanes = 1;
+  t->shape = shape;
+}
+
+/* 0 when the submission succeeded and *req completed (req by address: the
+ * submission, another argument, fills it in); 1 on failure, reported. */
+static int run_op(const char* what, hora_status_t submitted, const hora_request_t* req) {
+  return check(submitted, what) || check(hora_wait(*req, 60.0), what);
+}
+
+static int bad(int rank, const char* op, int it, long j, float got, float want) {
+  fprintf(stderr, "probe: rank %d %s iteration %d element %ld: got %g want %g\n", rank, op, it, j,
+          (double)got, (double)want);
+  return 1;
+}
+
+static int do_collectives(long bytes, int iters) {
+  hora_runtime_t rt = NULL;
+  if (check(hora_init(NULL, &rt), "hora_init")) return 1;
+  int32_t rank = 0, size = 1;
+  hora_rank(rt, &rank);
+  hora_size(rt, &size);
+  long block = bytes / 4 / size, count = block * size;
+  float* in = malloc((size_t)(count ? count : 1) * sizeof(float));
+  if (!in || block == 0) return 1;
+  for (int it = 0; it < iters; ++it) {
+    DLTensor t;
+    int64_t shape[1];
+    hora_options_t opt;
+    hora_request_t req = NULL;
+    const DLTensor* out = NULL;
+    const float* o;
+    /* allgather: rank r gives block elements pattern(r * block + j). */
+    for (long j = 0; j < block; ++j) in[j] = pattern(rank * block + j, it, rank);
+    shape[0] = block;
+    tensor_1d(&t, in, shape);
+    hora_options_init(&opt);
+    opt.name = "probe.allgather";
+    req = NULL;
+    if (run_op("allgather", hora_allgather_async(rt, &t, &opt, &req), &req) ||
+        check(hora_request_output(req, &out), "allgather output"))
+      return 1;
+    o = (const float*)out->data;
+    for (long j = 0; j < count; ++j)
+      if (o[j] != pattern(j, it, (int)(j / block))) return bad(rank, "allgather", it, j, o[j], 0);
+    hora_request_free(req);
+    /* reducescatter: every rank's pattern summed; rank r keeps block r. */
+    for (long j = 0; j < count; ++j) in[j] = pattern(j, it, rank);
+    shape[0] = count;
+    tensor_1d(&t, in, shape);
+    hora_options_init(&opt);
+    opt.name = "probe.reducescatter";
+    req = NULL;
+    if (run_op("reducescatter", hora_reducescatter_async(rt, &t, &opt, &req), &req) ||
+        check(hora_request_output(req, &out), "reducescatter output"))
+      return 1;
+    o = (const float*)out->data;
+    for (long j = 0; j < block; ++j) {
+      float want = 0;
+      for (int r = 0; r < size; ++r) want += pattern(rank * block + j, it, r);
+      if (o[j] != want) return bad(rank, "reducescatter", it, j, o[j], want);
+    }
+    hora_request_free(req);
+    /* broadcast from a rotating root, in place. */
+    int root = it % size;
+    for (long j = 0; j < count; ++j) in[j] = rank == root ? pattern(j, it, root) : -99.0f;
+    hora_options_init(&opt);
+    opt.name = "probe.broadcast";
+    opt.root = root;
+    req = NULL;
+    if (run_op("broadcast", hora_broadcast_async(rt, &t, &opt, &req), &req)) return 1;
+    for (long j = 0; j < count; ++j)
+      if (in[j] != pattern(j, it, root)) return bad(rank, "broadcast", it, j, in[j], 0);
+    hora_request_free(req);
+    /* alltoall, equal splits: block d goes to rank d. */
+    for (long j = 0; j < count; ++j) in[j] = pattern(rank * count + j, it, rank);
+    hora_options_init(&opt);
+    opt.name = "probe.alltoall";
+    req = NULL;
+    if (run_op("alltoall", hora_alltoall_async(rt, &t, NULL, size, &opt, &req), &req) ||
+        check(hora_request_output(req, &out), "alltoall output"))
+      return 1;
+    o = (const float*)out->data;
+    for (long j = 0; j < count; ++j) {
+      int src = (int)(j / block);
+      float want = pattern(src * count + rank * block + j % block, it, src);
+      if (o[j] != want) return bad(rank, "alltoall", it, j, o[j], want);
+    }
+    hora_request_free(req);
+  }
+  printf("probe collectives rank %d: %ld bytes x %d ok\n", rank, bytes, iters);
+  free(in);
+  return check(hora_shutdown(rt), "hora_shutdown");
+}
+
 static int do_env(void) {
   static const char* names[] = {"HORA_RANK",
                                 "HORA_SIZE",
@@ -278,6 +386,8 @@ int main(int argc, char** argv) {
     return do_verify(atoi(argv[2]), atoi(argv[3]), argv[4]);
   if (argc >= 3 && !strcmp(argv[1], "train")) return do_train(argc, argv);
   if (argc >= 4 && !strcmp(argv[1], "allreduce")) return do_allreduce(atol(argv[2]), atoi(argv[3]));
+  if (argc >= 4 && !strcmp(argv[1], "collectives"))
+    return do_collectives(atol(argv[2]), atoi(argv[3]));
   fprintf(stderr, "usage: see the comment at the top of launcher_probe.c\n");
   return 2;
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The multi-host test bed (bench/netns_bed.sh): two hosts with their own
 # hostnames and tbf-shaped links, its ssh-like remote shell driving horarun,
-# an allreduce between the hosts that goes through Gloo and over the link
-# (byte counters), and teardown: `down`, and `clean` for a bed whose owner
+# an allreduce between the hosts that goes over the link (byte counters),
+# the other collectives on the tcp ring at 2 x 1 and 2 x 2 ranks, and teardown: `down`, and `clean` for a bed whose owner
 # died. Needs root; skipped otherwise.
 source "$(dirname "$0")/lib.sh"
 BED="$(cd "$(dirname "$0")/../../bench" && pwd)/netns_bed.sh"
@@ -41,6 +41,23 @@ expect_grep "data plane tcp-ring\+gloo .*different hosts" "$WORK/ar.err" "hora d
 echo "allreduce h0<->h1 ($ITERS x $BYTES B): h1 rx $((rx1 - rx0)) B, tx $((tx1 - tx0)) B"
 [ $((rx1 - rx0)) -ge $((BYTES * ITERS)) ] && [ $((tx1 - tx0)) -ge $((BYTES * ITERS)) ] ||
   fail "the allreduce did not cross the link"
+
+# Every other collective across the hosts, on hora's tcp ring (alltoall over
+# its mesh): one rank per host (the whole set on the ring), and two per host
+# (the hierarchy, its rest on a ring over all four ranks); every element
+# checked by the probe.
+for layout in 10.78.0.1:1,10.78.0.2:1 10.78.0.1:2,10.78.0.2:2; do
+  np=2; want="data plane tcp-ring\+gloo .*different hosts"
+  case $layout in *:2,*) np=4; want="data plane hier\(2 hosts x 2 ranks: shm, tcp-ring across; tcp-ring\+gloo for the rest\)" ;; esac
+  HORA_LOG_LEVEL=info "$BED" exec --name $NAME 0 "$HORARUN" -np $np -H $layout \
+    --ssh-command "$RSH {host}" "$PROBE" collectives 600000 3 >"$WORK/coll.out" 2>"$WORK/coll.err" ||
+    fail "collectives over the bed ($layout) failed: $(tail -n 5 "$WORK/coll.err")"
+  for ((r = 0; r < np; r++)); do
+    expect_grep "^\[$r\]<stdout>: probe collectives rank $r: 600000 bytes x 3 ok" "$WORK/coll.out" "collectives rank $r ($layout)"
+  done
+  expect_grep "$want" "$WORK/coll.err" "collectives ($layout) not on the tcp ring"
+done
+echo "collectives over the bed ok"
 
 # down removes everything; clean removes a bed whose owner is gone.
 "$BED" down --name $NAME
