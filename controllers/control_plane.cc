@@ -7,10 +7,10 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <random>
 #include <sstream>
 #include <thread>
 
+#include "core/hmac.h"
 #include "core/wire.h"
 
 namespace hora {
@@ -22,14 +22,6 @@ using SteadyClock = std::chrono::steady_clock;
 namespace {
 constexpr uint32_t kMaxFrameBytes = kMaxControlFrameBytes;
 constexpr char kHelloMagic[] = "hora-ctrl-v1";
-
-std::string randomToken() {
-  std::random_device rd;  // /dev/urandom on Linux
-  std::string out;
-  static const char* hex = "0123456789abcdef";
-  for (int i = 0; i < 32; ++i) out += hex[rd() & 15];
-  return out;
-}
 
 std::string frame(FrameType type, const std::string& payload) {
   std::string f(5, '\0');
@@ -196,7 +188,7 @@ Status ControlPlane::rendezvousCoordinator(Store& store) {
     bool open = true;
   };
   auto st = std::make_shared<State>();
-  st->token = randomToken();
+  st->token = randomHex(32);
   int port = acceptor.local_endpoint().port();
   HORA_RETURN_IF_ERROR(
       store.set("ctrl", opts_.hostname + " " + std::to_string(port) + " " + st->token));

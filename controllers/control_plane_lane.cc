@@ -4,20 +4,14 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <random>
 
 #include "controllers/control_plane.h"
+#include "core/hmac.h"
 
 namespace hora {
 
 namespace {
-std::string laneName() {
-  std::random_device rd;
-  static const char* hex = "0123456789abcdef";
-  std::string s = "hora-neg-" + std::to_string(::getpid()) + "-";
-  for (int i = 0; i < 12; ++i) s += hex[rd() & 15];
-  return s;
-}
+std::string laneName() { return "hora-neg-" + std::to_string(::getpid()) + "-" + randomHex(12); }
 // A lane set-up value that says the coordinator gave up, and why.
 constexpr const char* kSetUpFailed = "fail ";
 }  // namespace

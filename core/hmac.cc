@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <random>
 
 namespace hora {
 namespace {
@@ -61,6 +62,18 @@ Result<std::string> randomBytes(size_t n) {
     got += step;
   }
   return out;
+}
+
+std::string randomHex(size_t chars) {
+  auto bytes = randomBytes((chars + 1) / 2);
+  std::string raw;
+  if (bytes.isOk()) {
+    raw = bytes.take();
+  } else {
+    std::random_device rd;
+    for (size_t i = 0; i < (chars + 1) / 2; ++i) raw.push_back(static_cast<char>(rd() & 0xff));
+  }
+  return toHex(raw).substr(0, chars);
 }
 
 std::string toHex(const std::string& bytes) {

@@ -32,4 +32,9 @@ Result<std::string> randomBytes(size_t n);
 // Lower-case hexadecimal rendering of raw bytes ("\x01\xab" -> "01ab").
 std::string toHex(const std::string& bytes);
 
+// `chars` random lower-case hex digits (names of shared-memory segments,
+// tokens that connections present): OpenSSL's generator, or the kernel's
+// (std::random_device) should that fail.
+std::string randomHex(size_t chars);
+
 }  // namespace hora

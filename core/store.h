@@ -126,4 +126,17 @@ class WatchedStore : public Store {
   std::chrono::milliseconds slice_;
 };
 
+// Collective over `ranks` (which hold `rank`): publishes `mine` under
+// "<key>/<rank>" and returns the values of `ranks`, in their order. An error
+// names the first rank that did not publish within `timeout`, with `who` (the
+// set-up that asked) as context. The data planes' set-ups agree through it
+// (every rank's host, settings, yes or no).
+Result<std::vector<std::string>> exchangeValues(Store& store, const std::string& key, int rank,
+                                                const std::vector<int>& ranks,
+                                                const std::string& mine,
+                                                std::chrono::milliseconds timeout,
+                                                const std::string& who);
+// 0, 1, ..., size - 1.
+std::vector<int> allRanks(int size);
+
 }  // namespace hora

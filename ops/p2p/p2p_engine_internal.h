@@ -11,10 +11,10 @@
 #include <list>
 #include <map>
 #include <memory>
-#include <random>
 #include <sstream>
 #include <string>
 
+#include "core/hmac.h"
 #include "ops/p2p/p2p_engine.h"
 
 namespace hora {
@@ -51,13 +51,6 @@ namespace {
 
 inline std::string shapeText(DataType dt, const int64_t* shape, int ndim) {
   return describeTensor(dt, std::vector<int64_t>(shape, shape + ndim));
-}
-
-inline std::string randomHex() {
-  std::random_device rd;
-  std::ostringstream os;
-  os << std::hex << rd() << rd();
-  return os.str();
 }
 
 }  // namespace

@@ -131,7 +131,7 @@ Status P2pEngine::ensureInbox() {
   std::string name = "-";
   if (opts_.transport != "tcp") {
     sweepDeadP2pInboxes(opts_.dir);
-    name = "hora-" + std::to_string(::getpid()) + "-p2p-" + randomHex();
+    name = "hora-" + std::to_string(::getpid()) + "-p2p-" + randomHex(16);
     auto in =
         P2pInbox::create(opts_.dir, name, static_cast<uint32_t>(peers_.size()), opts_.ringBytes);
     if (!in.isOk()) return in.status();
@@ -143,7 +143,7 @@ Status P2pEngine::ensureInbox() {
     auto fd = p2pListen(opts_.hostname, &port);
     if (!fd.isOk()) return fd.status();
     listenFd_ = fd.value();
-    token_ = (randomHex() + randomHex() + randomHex() + randomHex()).substr(0, 31);
+    token_ = randomHex(31);
     int ev = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (ev >= 0) wakeFd_.store(ev, std::memory_order_release);
     scratch_.resize(64 << 10);

@@ -50,26 +50,7 @@ class NoBackend : public Backend {
 Result<std::vector<std::string>> exchange(Store& store, const std::string& key, int rank,
                                           const std::vector<int>& ranks, const std::string& mine,
                                           std::chrono::milliseconds timeout) {
-  HORA_RETURN_IF_ERROR(store.set(key + "/" + std::to_string(rank), mine));
-  std::vector<std::string> all;
-  for (int r : ranks) {
-    if (r == rank) {
-      all.push_back(mine);
-      continue;
-    }
-    auto v = store.get(key + "/" + std::to_string(r), timeout);
-    if (!v.isOk())
-      return v.status().withContext("hierarchical allreduce set-up: waiting for rank " +
-                                    std::to_string(r));
-    all.push_back(v.take());
-  }
-  return all;
-}
-
-std::vector<int> iota(int n) {
-  std::vector<int> v(n);
-  for (int i = 0; i < n; ++i) v[i] = i;
-  return v;
+  return exchangeValues(store, key, rank, ranks, mine, timeout, "hierarchical allreduce set-up");
 }
 
 }  // namespace
@@ -333,7 +314,7 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
                            std::to_string(opts.shm.chunkBytes) + "/" +
                            std::to_string(std::max(opts.shm.slotBytes, opts.shm.chunkBytes)) +
                            (opts.overlap ? " overlap/" : " serial/") + opts.cross + " " + hostId;
-  auto all = exchange(*store, "host", rank, iota(size), mine, timeout);
+  auto all = exchange(*store, "host", rank, allRanks(size), mine, timeout);
   if (!all.isOk()) return all.status();
   // "<mode> <shm|noshm> <chunk/slot bytes> <overlap|serial>/<cross> <host id>": the
   // settings are the first four words, the host id (may contain spaces) the rest.
@@ -390,7 +371,7 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
   auto* shm = dynamic_cast<ShmBackend*>(localBackend.get());
   // Round 3: did every host get shared memory? Otherwise all stay flat.
   const std::string ok = shm != nullptr ? "ok" : "no " + noShm;
-  auto agreed = exchange(*store, "local-ok", rank, iota(size), ok, timeout);
+  auto agreed = exchange(*store, "local-ok", rank, allRanks(size), ok, timeout);
   if (!agreed.isOk()) return agreed.status();
   for (int r = 0; r < size; ++r) {
     if (agreed.value()[r] != "ok") {

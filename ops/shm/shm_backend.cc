@@ -7,13 +7,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <random>
 #include <set>
 #include <thread>
 #include <utility>
 
 #include "core/cpu_affinity.h"
 #include "core/cpu_relax.h"
+#include "core/hmac.h"
 #include "core/host_identity.h"
 #include "core/reduce.h"
 #include "core/spin_wait.h"
@@ -776,19 +776,7 @@ namespace {
 Result<std::vector<std::string>> exchange(Store& store, const std::string& key, int rank, int size,
                                           const std::string& mine,
                                           std::chrono::milliseconds timeout) {
-  HORA_RETURN_IF_ERROR(store.set(key + "/" + std::to_string(rank), mine));
-  std::vector<std::string> all(size);
-  for (int r = 0; r < size; ++r) {
-    if (r == rank) {
-      all[r] = mine;
-      continue;
-    }
-    auto v = store.get(key + "/" + std::to_string(r), timeout);
-    if (!v.isOk())
-      return v.status().withContext("shared-memory set-up: waiting for rank " + std::to_string(r));
-    all[r] = v.take();
-  }
-  return all;
+  return exchangeValues(store, key, rank, allRanks(size), mine, timeout, "shared-memory set-up");
 }
 
 // The first "no ..." entry, naming its rank; empty if every entry says "ok".
@@ -797,13 +785,6 @@ std::string firstRefusal(const std::vector<std::string>& all) {
     if (all[r].compare(0, 2, "ok") != 0)
       return "rank " + std::to_string(r) + ": " + all[r].substr(std::min<size_t>(3, all[r].size()));
   return "";
-}
-
-std::string randomHex() {
-  std::random_device rd;
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%08x%08x", rd(), rd());
-  return buf;
 }
 
 }  // namespace
@@ -911,7 +892,7 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
   }
   // Round 2: every rank creates its segment.
   const std::string name =
-      "hora-" + std::to_string(::getpid()) + "-" + randomHex() + "-r" + std::to_string(rank);
+      "hora-" + std::to_string(::getpid()) + "-" + randomHex(16) + "-r" + std::to_string(rank);
   std::vector<std::unique_ptr<ShmSegment>> segs(size);
   auto own = ShmSegment::create(opts.dir, name, slot);
   std::string mine = own.isOk() ? "ok " + name : "no " + own.status().message();

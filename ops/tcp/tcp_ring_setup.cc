@@ -12,9 +12,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <sstream>
 
+#include "core/hmac.h"
 #include "ops/p2p/p2p_socket.h"
 #include "ops/tcp/tcp_ring.h"
 #include "ops/tcp/tcp_ring_internal.h"
@@ -24,14 +24,6 @@ namespace hora {
 using namespace tcp_ring_detail;  // NOLINT: this ring's own helpers
 
 namespace {
-
-std::string randomToken() {
-  std::random_device rd;
-  std::ostringstream os;
-  os << std::hex;
-  while (os.str().size() < 31) os << rd();
-  return os.str().substr(0, 31);
-}
 
 // The IPv4 address of interface `name` (HORA_GLOO_IFACE), or "".
 std::string interfaceAddress(const std::string& name) {
@@ -96,7 +88,7 @@ Result<std::unique_ptr<Backend>> createTcpRingBackend(std::shared_ptr<Store> sto
     int fd;
     ~Closer() { p2pClose(fd); }
   } closeListen{listenFd};
-  const std::string token = randomToken();
+  const std::string token = randomHex(31);
   Status s =
       store->set("tcp/" + std::to_string(rank), host + "\n" + std::to_string(port) + "\n" + token);
   if (!s.isOk()) return s.withContext("tcp ring: publishing this rank's address");
@@ -177,16 +169,13 @@ Result<std::unique_ptr<Backend>> withTcpRing(std::shared_ptr<Store> store, int r
                                              std::unique_ptr<Backend> rest, std::string* whyNot) {
   whyNot->clear();
   const std::string mine = refusal.empty() ? "tcp" : "no " + refusal;
-  Status s = store->set("want/" + std::to_string(rank), mine);
-  if (!s.isOk()) return s.withContext("tcp ring: publishing this rank's choice");
-  for (int r = 0; r < size; ++r) {
-    if (r == rank) continue;
-    auto v = store->get("want/" + std::to_string(r), opts.startTimeout);
-    if (!v.isOk()) return v.status().withContext("tcp ring: waiting for " + rankName(opts, r));
-    if (v.value() != "tcp" && whyNot->empty())
+  auto all = exchangeValues(*store, "want", rank, allRanks(size), mine, opts.startTimeout,
+                            "tcp ring: every rank's choice");
+  if (!all.isOk()) return all.status();
+  for (int r = 0; r < size && whyNot->empty(); ++r)
+    if (r != rank && all.value()[r] != "tcp")
       *whyNot = rankName(opts, r) + " keeps Gloo (" +
-                v.value().substr(std::min<size_t>(3, v.value().size())) + ")";
-  }
+                all.value()[r].substr(std::min<size_t>(3, all.value()[r].size())) + ")";
   if (!refusal.empty()) *whyNot = refusal;
   if (!whyNot->empty()) return rest;
   TcpRingOptions meshed = opts;

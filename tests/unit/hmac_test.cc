@@ -111,5 +111,16 @@ TEST(ToHexTest, Renders) {
   EXPECT_EQ(toHex(""), "");
 }
 
+TEST(RandomHexTest, LengthDigitsAndNoRepeats) {
+  std::set<std::string> seen;
+  for (size_t n : {size_t{0}, size_t{1}, size_t{12}, size_t{31}, size_t{32}}) {
+    const std::string h = randomHex(n);
+    EXPECT_EQ(h.size(), n);
+    EXPECT_EQ(h.find_first_not_of("0123456789abcdef"), std::string::npos) << h;
+    if (n >= 12) EXPECT_TRUE(seen.insert(h).second) << h;
+  }
+  EXPECT_NE(randomHex(32), randomHex(32));
+}
+
 }  // namespace
 }  // namespace hora

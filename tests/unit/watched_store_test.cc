@@ -1,5 +1,6 @@
 // WatchedStore (core/store.h): waits that end as soon as the check says a
-// peer is gone, and that pass straight through once disarmed.
+// peer is gone, and that pass straight through once disarmed; and
+// exchangeValues, the collective every data plane's set-up agrees through.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -7,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/memory_store.h"
 #include "core/store.h"
@@ -80,6 +82,38 @@ TEST(WatchedStoreTest, DisarmedEveryCallPassesStraightThrough) {
   auto a = w.store->add("n", 2);
   ASSERT_TRUE(a.isOk());
   EXPECT_EQ(a.value(), 2);
+}
+
+TEST(ExchangeValuesTest, EveryRankGetsTheValuesOfTheRanksAskedForInTheirOrder) {
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<std::vector<std::string>> got(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      auto v = exchangeValues(*store, "k", r, allRanks(3), "v" + std::to_string(r), 5s, "test");
+      ASSERT_TRUE(v.isOk()) << v.status().toString();
+      got[r] = v.take();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(got[r], (std::vector<std::string>{"v0", "v1", "v2"})) << r;
+  // A subset, in the order given.
+  auto sub = exchangeValues(*store, "k", 2, {2, 0}, "v2", 5s, "test");
+  ASSERT_TRUE(sub.isOk());
+  EXPECT_EQ(sub.value(), (std::vector<std::string>{"v2", "v0"}));
+  EXPECT_TRUE(allRanks(0).empty());
+}
+
+TEST(ExchangeValuesTest, ARankThatNeverPublishesTimesOutNamingIt) {
+  auto store = std::make_shared<MemoryStore>();
+  const auto t0 = Clock::now();
+  auto v = exchangeValues(*store, "k", 0, allRanks(2), "mine", 200ms, "shared-memory set-up");
+  EXPECT_FALSE(v.isOk());
+  EXPECT_EQ(v.status().code(), Code::kTimeout) << v.status().toString();
+  EXPECT_NE(v.status().message().find("shared-memory set-up: waiting for rank 1"),
+            std::string::npos)
+      << v.status().toString();
+  EXPECT_LT(secondsSince(t0), 3.0);
 }
 
 }  // namespace
