@@ -74,30 +74,13 @@ for b in "$HORARUN" "$HORA_BENCH" "$MPI_BENCH"; do [ -x "$b" ] || die "$b is not
 
 LOG_DIR="${BENCH_LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/multihost-bench.XXXXXX")}"
 mkdir -p "$LOG_DIR"
-BED="$BENCH_DIR/netns_bed.sh"
-NAME=mh$$
-cleanup() { "$BED" down --name "$NAME"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM HUP
-"$BED" up --name "$NAME" --hosts "$HOSTS" --rate "$RATE" --owner $$ >&2 || die "test bed failed"
-RSH=$("$BED" rsh --name "$NAME")
-HOSTLIST=$("$BED" hosts --name "$NAME" | awk -v s="$PER_HOST" '{printf "%s%s:%s", (NR > 1 ? "," : ""), $1, s}')
-NP=$((HOSTS * PER_HOST))
-SUBNET=$("$BED" hosts --name "$NAME" | head -n 1 | sed 's/\.[0-9]*$/.0\/24/')
-on0() { "$BED" exec --name "$NAME" 0 "$@"; }
+# shellcheck source=bench/multihost_common.sh
+source "$BENCH_DIR/multihost_common.sh"
+bed_start mh
 link_total() { local rx tx; read -r rx tx < <("$BED" counters --name "$NAME" 0); echo $((rx + tx)); }
 
 BENCH_ARGS=(--sizes "$SIZES")
 [ -n "$ITERS" ] && BENCH_ARGS+=(--iters "$ITERS")
-MPI_ARGS=(--allow-run-as-root --oversubscribe --bind-to none -np "$NP" -H "$HOSTLIST"
-  --mca plm_rsh_agent "$RSH" --mca btl tcp,self
-  --mca btl_tcp_if_include "$SUBNET" --mca oob_tcp_if_include "$SUBNET")
-# More ranks than cores: a rank spinning in MPI's progress loop steals its peer's
-# time slice (4-8 ms per 4-byte allreduce at 4 ranks on 2 cores); yielding while
-# idle is Open MPI's own setting for oversubscribed nodes.
-[ "$NP" -gt "$(nproc)" ] && MPI_ARGS+=(--mca mpi_yield_when_idle 1)
-# shellcheck disable=SC2206
-[ -n "${MPIRUN_ARGS:-}" ] && MPI_ARGS+=($MPIRUN_ARGS)
 
 echo "# multihost_bench: $HOSTS hosts x $PER_HOST ranks ($HOSTLIST), links $RATE (tbf), $ROUNDS round(s), logs in $LOG_DIR"
 echo "# machine: $(nproc) CPUs ($(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -n 1)), $(uname -r); load at start: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -66,26 +66,12 @@ LOG_DIR="${BENCH_LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/multihost-coll.XXXXXX")}"
 mkdir -p "$LOG_DIR"
 # Old rounds in the directory would mix into the medians.
 [ -z "$(ls -A "$LOG_DIR")" ] || die "BENCH_LOG_DIR $LOG_DIR is not empty"
-BED="$BENCH_DIR/netns_bed.sh"
-NAME=mc$$
-cleanup() { "$BED" down --name "$NAME"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM HUP
-"$BED" up --name "$NAME" --hosts "$HOSTS" --rate "$RATE" --owner $$ >&2 || die "test bed failed"
-RSH=$("$BED" rsh --name "$NAME")
-HOSTLIST=$("$BED" hosts --name "$NAME" | awk -v s="$PER_HOST" '{printf "%s%s:%s", (NR > 1 ? "," : ""), $1, s}')
-NP=$((HOSTS * PER_HOST))
-SUBNET=$("$BED" hosts --name "$NAME" | head -n 1 | sed 's/\.[0-9]*$/.0\/24/')
-on0() { "$BED" exec --name "$NAME" 0 "$@"; }
+# shellcheck source=bench/multihost_common.sh
+source "$BENCH_DIR/multihost_common.sh"
+bed_start mc
 
 ARGS=(--ops "$OPS" --sizes "$SIZES")
 [ -n "$ITERS" ] && ARGS+=(--iters "$ITERS")
-MPI_ARGS=(--allow-run-as-root --oversubscribe --bind-to none -np "$NP" -H "$HOSTLIST"
-  --mca plm_rsh_agent "$RSH" --mca btl tcp,self
-  --mca btl_tcp_if_include "$SUBNET" --mca oob_tcp_if_include "$SUBNET")
-[ "$NP" -gt "$(nproc)" ] && MPI_ARGS+=(--mca mpi_yield_when_idle 1)
-# shellcheck disable=SC2206
-[ -n "${MPIRUN_ARGS:-}" ] && MPI_ARGS+=($MPIRUN_ARGS)
 
 echo "# multihost_coll_bench: $HOSTS hosts x $PER_HOST ranks ($HOSTLIST), links $RATE (tbf), $ROUNDS round(s), logs in $LOG_DIR"
 echo "# machine: $(nproc) CPUs ($(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -n 1)), $(uname -r); load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
