@@ -236,6 +236,12 @@ const std::vector<ParamSpec>& paramRegistry() {
        "Compared at start: must be the same on every rank (else the hierarchy and the flat ring "
        "fall back to Gloo, logged).",
        "tcp|gloo"},
+      {"HORA_HIER_COLLECTIVE_MIN_BYTES", ParamType::kInt, "1048576",
+       "With the hierarchy (HORA_HIER_ALLREDUCE), allgather and reducescatter payloads (bytes, "
+       "over all ranks) from which they run hierarchically too: across hosts with the ranks of "
+       "one local index, inside each host through shared memory, so each host's link carries "
+       "(H-1)/H of the payload once; smaller ones run on the ring over all ranks. Compared at "
+       "start: must be the same on every rank."},
       {"HORA_HIER_OVERLAP", ParamType::kBool, "1",
        "Hierarchical allreduce: 1 lets each shared-memory chunk cross hosts while the next chunk "
        "is reduced inside the host; 0 runs the stages one after the other."},

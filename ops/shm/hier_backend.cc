@@ -112,14 +112,23 @@ bool wantsHierarchy(const HostLayout& layout, HierMode mode, std::string* whyNot
 }
 
 HierBackend::HierBackend(std::unique_ptr<ShmBackend> local, std::unique_ptr<Backend> cross,
-                         std::unique_ptr<Backend> flat, int rank, int size, int hosts, bool overlap)
+                         std::unique_ptr<Backend> flat, int rank, int size, int hosts, bool overlap,
+                         std::vector<std::vector<int>> at, size_t collectiveMinBytes)
     : local_(std::move(local)),
       cross_(std::move(cross)),
       flat_(std::move(flat)),
       rank_(rank),
       size_(size),
       hosts_(hosts),
-      overlap_(overlap) {
+      overlap_(overlap),
+      at_(std::move(at)),
+      collectiveMinBytes_(collectiveMinBytes) {
+  for (size_t h = 0; h < at_.size(); ++h)
+    for (size_t l = 0; l < at_[h].size(); ++l)
+      if (at_[h][l] == rank_) {
+        myHost_ = static_cast<int>(h);
+        myLocal_ = static_cast<int>(l);
+      }
   crossThread_ = std::thread([this] { crossLoop(); });
 }
 
@@ -202,8 +211,7 @@ Status HierBackend::fail(Status s) {
   return s;
 }
 
-template <typename F>
-Status HierBackend::delegate(const std::string& what, F&& call) {
+Status HierBackend::delegate(const std::string& what, const std::function<Status()>& call) {
   HORA_RETURN_IF_ERROR(checkUsable(what));
   Status s = call();
   if (!s.isOk() && s.code() != Code::kInvalidArgument) return fail(s);
@@ -259,11 +267,6 @@ Status HierBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp
       });
 }
 
-Status HierBackend::allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
-                               DataType dtype) {
-  return delegate("hier allgatherv", [&] { return flat_->allgatherv(in, out, counts, dtype); });
-}
-
 Status HierBackend::broadcast(void* data, size_t count, DataType dtype, int root) {
   return delegate("hier broadcast", [&] { return flat_->broadcast(data, count, dtype, root); });
 }
@@ -271,12 +274,6 @@ Status HierBackend::broadcast(void* data, size_t count, DataType dtype, int root
 Status HierBackend::alltoallv(const void* in, const std::vector<int64_t>& send, void* out,
                               const std::vector<int64_t>& recv, DataType dtype) {
   return delegate("hier alltoallv", [&] { return flat_->alltoallv(in, send, out, recv, dtype); });
-}
-
-Status HierBackend::reducescatter(void* inout, const std::vector<size_t>& counts, DataType dtype,
-                                  ReduceOp op) {
-  return delegate("hier reducescatter",
-                  [&] { return flat_->reducescatter(inout, counts, dtype, op); });
 }
 
 Status HierBackend::barrier() {
@@ -313,10 +310,12 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
   const std::string mine = mode + (opts.shm.enabled ? " shm " : " noshm ") +
                            std::to_string(opts.shm.chunkBytes) + "/" +
                            std::to_string(std::max(opts.shm.slotBytes, opts.shm.chunkBytes)) +
-                           (opts.overlap ? " overlap/" : " serial/") + opts.cross + " " + hostId;
+                           (opts.overlap ? " overlap/" : " serial/") + opts.cross + "/" +
+                           std::to_string(opts.collectiveMinBytes) + " " + hostId;
   auto all = exchange(*store, "host", rank, allRanks(size), mine, timeout);
   if (!all.isOk()) return all.status();
-  // "<mode> <shm|noshm> <chunk/slot bytes> <overlap|serial>/<cross> <host id>": the
+  // "<mode> <shm|noshm> <chunk/slot bytes> <overlap|serial>/<cross>/<collective min>
+  // <host id>": the
   // settings are the first four words, the host id (may contain spaces) the rest.
   auto settingsEnd = [](const std::string& v) {
     size_t end = 0;
@@ -340,7 +339,7 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
   if (differs >= 0) {
     *whyNot =
         "HORA_HIER_ALLREDUCE / HORA_SHM / HORA_SHM_CHUNK_BYTES / HORA_HIER_OVERLAP / "
-        "HORA_HIER_CROSS differ "
+        "HORA_HIER_CROSS / HORA_HIER_COLLECTIVE_MIN_BYTES differ "
         "between ranks " +
         std::to_string(rank) + " and " + std::to_string(differs) + " (\"" + settings(mine) +
         "\" vs \"" + settings(all.value()[differs]) + "\"); every rank must use the same values";
@@ -362,6 +361,9 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
   // cannot speed up: sleep after the short spin, as before peerSpin.
   localOpts.peerSpin = std::chrono::microseconds(0);
   localOpts.rankNames = layout.local;  // errors name set ranks, not local indices
+  // Every size of the hierarchy's local stages runs on shared memory (the
+  // local backend has no fallback).
+  localOpts.minBytes = 0;
   auto local = createShmBackend(
       std::make_shared<PrefixStore>(store, "local" + std::to_string(layout.hostIndex)),
       layout.localRank, layout.perHost, localOpts,
@@ -392,9 +394,15 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
   }
   localBackend.release();
   *outcome = HierOutcome::kHierarchical;
-  return std::unique_ptr<Backend>(new HierBackend(std::unique_ptr<ShmBackend>(shm), cross.take(),
-                                                  std::move(flat), rank, size, layout.hosts,
-                                                  opts.overlap));
+  // Every rank's place: at[host][local] = set rank (all hosts alike).
+  std::vector<std::vector<int>> at(layout.hosts, std::vector<int>(layout.perHost, -1));
+  for (int r = 0; r < size; ++r) {
+    const HostLayout of = layoutHosts(hosts, r);
+    at[of.hostIndex][of.localRank] = r;
+  }
+  return std::unique_ptr<Backend>(
+      new HierBackend(std::unique_ptr<ShmBackend>(shm), cross.take(), std::move(flat), rank, size,
+                      layout.hosts, opts.overlap, std::move(at), opts.collectiveMinBytes));
 }
 
 }  // namespace hora

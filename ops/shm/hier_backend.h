@@ -1,7 +1,20 @@
 // HierBackend: the data plane of a process set that spans several hosts with
-// several ranks on each. Allreduce is hierarchical; every other collective
-// runs on the flat backend over all ranks (Gloo, or a tcp ring over all
-// ranks that process_set puts in front of it: HierBackendOptions::wrapFlat).
+// several ranks on each. Allreduce is hierarchical; so are allgather and
+// reducescatter from HierBackendOptions::collectiveMinBytes up (below it
+// they, and the other collectives always, run on the flat backend over all
+// ranks: Gloo, or a tcp ring over all ranks that process_set puts in front
+// of it, HierBackendOptions::wrapFlat).
+//
+// Hierarchical allgather (rank (h, l): local rank l on host h): (1) each
+// rank allgathers its block across hosts with the ranks of its local index
+// (cross), (2) the host's ranks allgather those through shared memory
+// (local), (3) each rank puts the blocks in set-rank order. Reducescatter
+// runs the other way: (1) each rank orders its input by local index, (2) the
+// host reduce-scatters it through shared memory, local rank l keeping the
+// blocks of local index l of every host, (3) it reduce-scatters those across
+// hosts, keeping its own. Each host's link carries (H-1)/H of the payload
+// (allgather's output, reducescatter's input) instead of the flat ring's
+// (n-1)/n with n-1 hops through every rank.
 //
 // Why: the flat Gloo ring over 2 hosts x 2 ranks sends 2(n-1)/n = 1.5x the
 // payload each way over each host's link, and moves the bytes between the
@@ -80,8 +93,12 @@ class HierBackend : public Backend {
   // rank's local index on every host, in host order; `flat`: all ranks.
   // `overlap`: chunk k crosses hosts while chunk k+1 is reduced inside the
   // host (ShmBackend::allreduceCross).
+  // `at[h][l]`: the set rank of local rank l on host h (every host has as
+  // many); `collectiveMinBytes`: allgather and reducescatter payloads from
+  // which they run hierarchically.
   HierBackend(std::unique_ptr<ShmBackend> local, std::unique_ptr<Backend> cross,
-              std::unique_ptr<Backend> flat, int rank, int size, int hosts, bool overlap);
+              std::unique_ptr<Backend> flat, int rank, int size, int hosts, bool overlap,
+              std::vector<std::vector<int>> at, size_t collectiveMinBytes);
   ~HierBackend() override;
 
   std::string name() const override;
@@ -112,9 +129,18 @@ class HierBackend : public Backend {
   void crossStart(void* part, size_t count, DataType dtype, ReduceOp op);
   Status crossWait();
   Status checkUsable(const std::string& what) const;
+  // The hierarchical allgatherv and reducescatter (hier_collectives.cc).
+  Status hierAllgatherv(const void* in, void* out, const std::vector<size_t>& counts,
+                        DataType dtype, const std::string& what);
+  Status hierReducescatter(void* inout, const std::vector<size_t>& counts, DataType dtype,
+                           ReduceOp op, const std::string& what);
+  // Byte offsets of every set rank's block, and the counts by local index
+  // (the local stage's) and by host for this rank's local index (the cross
+  // stage's).
+  void layoutCounts(const std::vector<size_t>& counts, size_t es, std::vector<size_t>* offset,
+                    std::vector<size_t>* byLocal, std::vector<size_t>* byHost) const;
   Status fail(Status s);  // records the first failure, aborts every stage
-  template <typename F>
-  Status delegate(const std::string& what, F&& call);
+  Status delegate(const std::string& what, const std::function<Status()>& call);
 
   std::unique_ptr<ShmBackend> local_;
   std::unique_ptr<Backend> cross_;
@@ -123,6 +149,10 @@ class HierBackend : public Backend {
   const int size_;
   const int hosts_;
   const bool overlap_;
+  const std::vector<std::vector<int>> at_;  // at_[host][local] = set rank
+  const size_t collectiveMinBytes_;
+  int myLocal_ = 0, myHost_ = 0;
+  std::vector<uint8_t> scratchA_, scratchB_;  // the executor thread's
 
   struct CrossJob {
     void* part = nullptr;
@@ -158,6 +188,10 @@ struct HierBackendOptions {
   // HORA_HIER_CROSS, compared between ranks like the rest ("tcp" or "gloo";
   // the ConnectFn builds it).
   std::string cross = "gloo";
+  // Allgather and reducescatter payloads (bytes, over all ranks) from which
+  // they run hierarchically; below, on the flat backend
+  // (HORA_HIER_COLLECTIVE_MIN_BYTES, compared between ranks like the rest).
+  size_t collectiveMinBytes = size_t{1} << 20;
   // Called on every rank once the hierarchy is chosen, after the cross
   // communicator: may wrap `flat`, which carries every collective but the
   // allreduce (process_set puts it behind a tcp ring over all ranks). An

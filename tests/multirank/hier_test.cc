@@ -269,8 +269,9 @@ int runChild(int rank, int size, const std::string& hostId, const char* mode = n
     return 0;
   };
   {
-    // allgather: rank r gives (r + 1) * 5003 elements r * 1000000 + i.
-    const int64_t mine = (rank + 1) * 5003;
+    // allgather: rank r gives (r + 1) * 100003 elements r * 1000000 + i
+    // (over 1 MiB in all: the hierarchy's own allgather where there is one).
+    const int64_t mine = (rank + 1) * 100003;
     std::vector<int32_t> in(mine);
     for (int64_t i = 0; i < mine; ++i) in[i] = rank * 1000000 + static_cast<int32_t>(i);
     std::vector<int64_t> shape = {mine};
@@ -284,15 +285,15 @@ int runChild(int rank, int size, const std::string& hostId, const char* mode = n
     const int32_t* got = static_cast<const int32_t*>(out->data);
     int64_t k = 0;
     for (int q = 0; q < size; ++q)
-      for (int64_t i = 0; i < (q + 1) * 5003; ++i, ++k)
+      for (int64_t i = 0; i < (q + 1) * 100003; ++i, ++k)
         CHILD_CHECK(got[k] == q * 1000000 + static_cast<int32_t>(i), "allgather [%ld] = %d",
                     static_cast<long>(k), got[k]);
     CHILD_CHECK(out->shape[0] == k, "allgather: %ld elements", static_cast<long>(out->shape[0]));
     hora_request_free(req);
   }
   {
-    // reducescatter: 30011 elements per rank, summed.
-    const int64_t per = 30011, n = per * size;
+    // reducescatter: 300007 elements per rank, summed (over 1 MiB in all).
+    const int64_t per = 300007, n = per * size;
     std::vector<int32_t> in(n);
     for (int64_t i = 0; i < n; ++i)
       in[i] = static_cast<int32_t>(inputValue(rank, i, ReduceOp::kSum, DataType::kInt32));

@@ -119,6 +119,7 @@ class CountingBackend : public Backend {
     return inner_->allreduce(d, n, dt, op);
   }
   Status allgatherv(const void* in, void* out, const std::vector<size_t>& c, DataType dt) override {
+    *elements_ += c[static_cast<size_t>(inner_->rank())];  // what this rank sends across
     return inner_->allgatherv(in, out, c, dt);
   }
   Status broadcast(void* d, size_t n, DataType dt, int root) override {
@@ -129,6 +130,7 @@ class CountingBackend : public Backend {
     return inner_->alltoallv(in, s, out, r, dt);
   }
   Status reducescatter(void* io, const std::vector<size_t>& c, DataType dt, ReduceOp op) override {
+    for (size_t n : c) *elements_ += n;  // what this rank hands across
     return inner_->reducescatter(io, c, dt, op);
   }
   Status barrier() override { return inner_->barrier(); }
@@ -152,6 +154,7 @@ struct RankSetup {
   bool overlap = true;
   std::string cross = "gloo";  // HORA_HIER_CROSS as compared (the fake connects either way)
   ShmBackendOptions shm;
+  size_t collectiveMinBytes = size_t{1} << 20;
 };
 
 // Builds one backend per entry of `ranks` (rank r's host id and options).
@@ -174,6 +177,7 @@ std::unique_ptr<HierWorld> makeHierWorld(const std::vector<RankSetup>& ranks) {
       ho.cross = ranks[r].cross;
       ho.shm = ranks[r].shm;
       ho.shm.hostId = ranks[r].hostId;
+      ho.collectiveMinBytes = ranks[r].collectiveMinBytes;
       GlooBackendOptions go;
       go.timeout = ho.shm.timeout;
       auto flat = createGlooBackend(store, prefix + "/gloo", r, size, go);
@@ -206,12 +210,13 @@ std::unique_ptr<HierWorld> makeHierWorld(const std::vector<RankSetup>& ranks) {
 // `hosts` x `perHost` ranks, host of rank r = r % hosts (interleaved, so set
 // ranks and local ranks differ), every rank with the same options.
 std::unique_ptr<HierWorld> makeGrid(int hosts, int perHost, size_t chunkBytes,
-                                    milliseconds timeout = milliseconds(10000),
-                                    bool overlap = true) {
+                                    milliseconds timeout = milliseconds(10000), bool overlap = true,
+                                    size_t collectiveMinBytes = size_t{1} << 20) {
   std::vector<RankSetup> ranks(hosts * perHost);
   for (int r = 0; r < hosts * perHost; ++r) {
     ranks[r].hostId = "host" + std::to_string(r % hosts);
     ranks[r].overlap = overlap;
+    ranks[r].collectiveMinBytes = collectiveMinBytes;
     ranks[r].shm.chunkBytes = chunkBytes;
     ranks[r].shm.timeout = timeout;
   }
@@ -333,6 +338,73 @@ TEST_P(HierGridTest, FloatsAreBitIdenticalOnEveryRankAndCloseToTheReference) {
   }
 }
 
+TEST_P(HierGridTest, AllgatherAndReducescatterRunHierarchically) {
+  // Every size hierarchical (collectiveMinBytes 0), 4 KiB chunks.
+  auto w = makeGrid(GetParam().hosts, GetParam().perHost, 4096, milliseconds(10000),
+                    GetParam().overlap, 0);
+  const int size = static_cast<int>(w->world.size());
+  const size_t hosts = static_cast<size_t>(GetParam().hosts);
+  std::vector<size_t> uneven(size), large(size);
+  for (int r = 0; r < size; ++r) {
+    uneven[r] = static_cast<size_t>((r * 3 + 1) % 4);  // with empty blocks
+    large[r] = 30011 + static_cast<size_t>(r) * 977;   // many chunks
+  }
+  for (const auto& counts : {uneven, large}) {
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    w->crossElements = 0;
+    checkAllgatherv(w->world, counts);  // out of place and in place
+    // Each block crosses hosts once per call, from its own rank.
+    EXPECT_EQ(w->crossElements.load(), 2 * total);
+    w->crossElements = 0;
+    checkReducescatter(w->world, counts, DataType::kInt32, ReduceOp::kSum);
+    // Each local rank hands its host-reduced local index across: every
+    // element once per host.
+    EXPECT_EQ(w->crossElements.load(), hosts * total);
+  }
+  for (DataType dt : kAllTypes)
+    for (ReduceOp op : kReduceOps) checkReducescatter(w->world, uneven, dt, op);
+  checkReducescatter(w->world, large, DataType::kFloat64, ReduceOp::kMax);
+  checkAllreduce(w->world, DataType::kInt32, ReduceOp::kSum, 5000);  // still in step
+}
+
+TEST(HierLayoutTest, AllgatherAndReducescatterPutBlocksInSetRankOrderWhateverTheLayout) {
+  // Host-major (as launchers place ranks) and irregular orders: the local
+  // and cross stages group blocks by local index, so only the final
+  // reordering puts them back in set-rank order.
+  for (const std::vector<std::string>& hostOf : {std::vector<std::string>{"a", "a", "b", "b"},
+                                                 {"a", "a", "a", "b", "b", "b"},
+                                                 {"a", "b", "b", "a"},
+                                                 {"b", "a", "c", "c", "a", "b"}}) {
+    std::vector<RankSetup> ranks(hostOf.size());
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      ranks[r].hostId = hostOf[r];
+      ranks[r].shm.chunkBytes = 4096;
+      ranks[r].shm.timeout = milliseconds(10000);
+      ranks[r].collectiveMinBytes = 0;
+    }
+    auto w = makeHierWorld(ranks);
+    ASSERT_EQ(w->outcome[0], HierOutcome::kHierarchical) << w->whyNot[0];
+    const int size = static_cast<int>(ranks.size());
+    std::vector<size_t> counts(size);
+    for (int r = 0; r < size; ++r) counts[r] = 1000 + static_cast<size_t>(r) * 37;
+    checkAllgatherv(w->world, counts);
+    checkReducescatter(w->world, counts, DataType::kInt64, ReduceOp::kSum);
+    EXPECT_GT(w->crossElements.load(), 0u);
+  }
+}
+
+TEST_P(HierGridTest, SmallAllgatherAndReducescatterStayFlat) {
+  auto w = grid(4096);  // collectiveMinBytes 1 MiB
+  const int size = static_cast<int>(w->world.size());
+  checkAllgatherv(w->world, std::vector<size_t>(size, 1000));
+  checkReducescatter(w->world, std::vector<size_t>(size, 1000), DataType::kFloat32, ReduceOp::kSum);
+  EXPECT_EQ(w->crossElements.load(), 0u);
+  // From 1 MiB up: hierarchical.
+  checkAllgatherv(w->world, std::vector<size_t>(size, (size_t{1} << 18) / size + 1));
+  EXPECT_GT(w->crossElements.load(), 0u);
+}
+
 TEST_P(HierGridTest, OtherCollectivesRunOnTheFlatBackend) {
   auto w = grid(4096);
   const int size = static_cast<int>(w->world.size());
@@ -430,7 +502,7 @@ TEST(HierFallbackTest, ModeDifferingBetweenRanksKeepsEveryRankFlat) {
   auto w = makeHierWorld(s);
   expectFlat(*w, "differ between ranks");
   EXPECT_NE(w->whyNot[0].find("ranks 0 and 2"), std::string::npos) << w->whyNot[0];
-  EXPECT_NE(w->whyNot[0].find("\"flat shm 4096/4096 overlap/gloo\""), std::string::npos)
+  EXPECT_NE(w->whyNot[0].find("\"flat shm 4096/4096 overlap/gloo/1048576\""), std::string::npos)
       << w->whyNot[0];
 }
 
@@ -440,7 +512,9 @@ TEST(HierFallbackTest, OverlapDifferingBetweenRanksKeepsEveryRankFlat) {
   auto s = setups({"a", "b", "a", "b"});
   s[0].overlap = false;
   auto w = makeHierWorld(s);
-  expectFlat(*w, "HORA_HIER_OVERLAP / HORA_HIER_CROSS differ between ranks");
+  expectFlat(
+      *w,
+      "HORA_HIER_OVERLAP / HORA_HIER_CROSS / HORA_HIER_COLLECTIVE_MIN_BYTES differ between ranks");
 }
 
 TEST(HierFallbackTest, CrossTransportDifferingBetweenRanksKeepsEveryRankFlat) {
@@ -448,8 +522,18 @@ TEST(HierFallbackTest, CrossTransportDifferingBetweenRanksKeepsEveryRankFlat) {
   auto s = setups({"a", "b", "a", "b"});
   s[3].cross = "tcp";
   auto w = makeHierWorld(s);
-  expectFlat(*w, "HORA_HIER_CROSS differ between ranks");
-  EXPECT_NE(w->whyNot[0].find("\"auto shm 4096/4096 overlap/tcp\""), std::string::npos)
+  expectFlat(*w, "HORA_HIER_COLLECTIVE_MIN_BYTES differ between ranks");
+  EXPECT_NE(w->whyNot[0].find("\"auto shm 4096/4096 overlap/tcp/1048576\""), std::string::npos)
+      << w->whyNot[0];
+}
+
+TEST(HierFallbackTest, CollectiveMinBytesDifferingBetweenRanksKeepsEveryRankFlat) {
+  // One rank would run a hierarchical allgather the others run on the ring.
+  auto s = setups({"a", "b", "a", "b"});
+  s[2].collectiveMinBytes = 0;
+  auto w = makeHierWorld(s);
+  expectFlat(*w, "HORA_HIER_COLLECTIVE_MIN_BYTES differ between ranks");
+  EXPECT_NE(w->whyNot[0].find("\"auto shm 4096/4096 overlap/gloo/0\""), std::string::npos)
       << w->whyNot[0];
 }
 
@@ -458,8 +542,10 @@ TEST(HierFallbackTest, ChunkSizeDifferingBetweenHostsKeepsEveryRankFlat) {
   auto s = setups({"a", "b", "a", "b"});
   s[1].shm.chunkBytes = s[3].shm.chunkBytes = 8192;
   auto w = makeHierWorld(s);
-  expectFlat(*w, "HORA_SHM_CHUNK_BYTES / HORA_HIER_OVERLAP / HORA_HIER_CROSS differ between ranks");
-  EXPECT_NE(w->whyNot[0].find("\"auto shm 8192/8192 overlap/gloo\""), std::string::npos)
+  expectFlat(*w,
+             "HORA_SHM_CHUNK_BYTES / HORA_HIER_OVERLAP / HORA_HIER_CROSS / "
+             "HORA_HIER_COLLECTIVE_MIN_BYTES differ");
+  EXPECT_NE(w->whyNot[0].find("\"auto shm 8192/8192 overlap/gloo/1048576\""), std::string::npos)
       << w->whyNot[0];
 }
 
@@ -469,8 +555,10 @@ TEST(HierFallbackTest, SlotSizeDifferingBetweenHostsKeepsEveryRankFlat) {
   auto s = setups({"a", "b", "a", "b"});
   s[1].shm.slotBytes = s[3].shm.slotBytes = 65536;
   auto w = makeHierWorld(s);
-  expectFlat(*w, "HORA_SHM_CHUNK_BYTES / HORA_HIER_OVERLAP / HORA_HIER_CROSS differ between ranks");
-  EXPECT_NE(w->whyNot[0].find("/65536 overlap/gloo\""), std::string::npos) << w->whyNot[0];
+  expectFlat(*w,
+             "HORA_SHM_CHUNK_BYTES / HORA_HIER_OVERLAP / HORA_HIER_CROSS / "
+             "HORA_HIER_COLLECTIVE_MIN_BYTES differ");
+  EXPECT_NE(w->whyNot[0].find("/65536 overlap/gloo/1048576\""), std::string::npos) << w->whyNot[0];
 }
 
 TEST(HierFallbackTest, SharedMemoryOffOnOneRankKeepsEveryRankFlat) {

@@ -191,6 +191,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   HierBackendOptions ho;
   ho.shm = sho;
   ho.overlap = o.hierOverlap;
+  ho.collectiveMinBytes = static_cast<size_t>(std::max<int64_t>(o.hierCollectiveMinBytes, 0));
   if (!parseHierMode(o.hierAllreduce, &ho.mode))
     return invalidArgument("HORA_HIER_ALLREDUCE: '" + o.hierAllreduce + "' is not auto|hier|flat");
   ho.cross = o.hierCross;

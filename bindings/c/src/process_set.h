@@ -80,8 +80,9 @@ struct SetOptions {
   // HORA_HIER_ALLREDUCE (auto|hier|flat) and this rank's host identity
   // (core/host_identity.h, HORA_HOST_ID applied): which ranks share a host.
   std::string hierAllreduce = "auto";
-  bool hierOverlap = true;        // HORA_HIER_OVERLAP
-  std::string hierCross = "tcp";  // HORA_HIER_CROSS: tcp|gloo
+  bool hierOverlap = true;                   // HORA_HIER_OVERLAP
+  int64_t hierCollectiveMinBytes = 1 << 20;  // HORA_HIER_COLLECTIVE_MIN_BYTES
+  std::string hierCross = "tcp";             // HORA_HIER_CROSS: tcp|gloo
   std::string hostId;
   // Point-to-point (ops/p2p/p2p_engine.h).
   int64_t p2pRingBytes = 1 << 20;

@@ -652,6 +652,11 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   so.hostname = host;
   so.hierAllreduce = p.getString("HORA_HIER_ALLREDUCE");  // the registry checked the choice
   so.hierOverlap = p.getBool("HORA_HIER_OVERLAP");
+  so.hierCollectiveMinBytes = p.getInt("HORA_HIER_COLLECTIVE_MIN_BYTES");
+  if (so.hierCollectiveMinBytes < 0)
+    return invalidArgument(
+        "HORA_HIER_COLLECTIVE_MIN_BYTES=" + std::to_string(so.hierCollectiveMinBytes) +
+        " is negative; give a size in bytes (0: every size hierarchical)");
   so.hierCross = p.getString("HORA_HIER_CROSS");  // tcp|gloo, checked by the registry
   so.hostId = hostIdentity(p.getString("HORA_HOST_ID"), host);
   HORA_RETURN_IF_ERROR(rt->joinStore(c, host));
