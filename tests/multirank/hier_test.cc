@@ -433,7 +433,7 @@ TEST(Hier, ProcessesModeDifferingBetweenRanksKeepsEveryRankFlat) {
   expectDataPlane(res,
                   "gloo (no shared memory: ranks run on different hosts, no hierarchy: "
                   "HORA_HIER_ALLREDUCE / HORA_SHM / HORA_SHM_CHUNK_BYTES / HORA_HIER_OVERLAP "
-                  "/ HORA_HIER_CROSS differ between ranks");
+                  "/ HORA_HIER_CROSS / HORA_HIER_COLLECTIVE_MIN_BYTES differ between ranks");
 }
 
 TEST(Hier, ProcessesFlatModeStaysFlat) {
