@@ -5,17 +5,22 @@
 #
 #   bench/multihost_coll_bench.sh [--rate 1gbit] [--hosts 2] [--per-host 1] [--rounds 1]
 #                                 [--ops LIST] [--sizes LIST] [--iters N] [--md FILE]
+#                                 [--modes "ring gloo"]
 #
 # Builds a test bed with bench/netns_bed.sh (HOSTS network + UTS namespaces,
 # links shaped with tbf at RATE), then per round, in alternating order:
 #   ring: hora-coll-bench through horarun (the default data plane across
 #         hosts: every collective on hora's tcp ring, alltoall over its mesh;
 #         with several ranks per host the hierarchy's rest on that ring);
-#   gloo: the same with HORA_HIER_CROSS=gloo (every collective on Gloo);
+#   gloo: the same with HORA_HIER_CROSS=gloo (every collective on Gloo, or
+#         with the hierarchy its cross stage and rest);
+#   flatring (only if in --modes): the default with
+#         HORA_HIER_COLLECTIVE_MIN_BYTES at its maximum (with the hierarchy,
+#         allgather and reducescatter on the ring over all ranks);
 #   mpi:  mpi-coll-bench through mpirun, TCP BTL over the bed's subnet.
 # Float32; every result element is checked by both binaries (a wrong element
 # fails the run). Prints per op and size the median over rounds of each
-# one's median time (max over ranks) and the time ratios gloo/ring and
+# one's median time (max over ranks) and the time ratios MODE/ring and
 # mpi/ring (>1: the ring is faster). --md FILE also writes the table as
 # markdown. Barrier never reaches a data plane (the negotiation is the
 # barrier), so its ring and gloo rows time the same path. The run fails if a
@@ -30,7 +35,7 @@
 # util-linux, Open MPI (scripts/install_deps.sh --mpi).
 set -u
 
-RATE=1gbit HOSTS=2 PER_HOST=1 ROUNDS=1 MD= ITERS=
+RATE=1gbit HOSTS=2 PER_HOST=1 ROUNDS=1 MD= ITERS= MODES="ring gloo"
 OPS=reducescatter,allgather,broadcast,barrier,alltoall
 SIZES=64,4K,64K,1M,16M
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
@@ -44,11 +49,14 @@ while [ $# -gt 0 ]; do
     --sizes) SIZES=${2:?}; shift 2 ;;
     --iters) ITERS=${2:?}; shift 2 ;;
     --md) MD=${2:?}; shift 2 ;;
+    --modes) MODES=${2:?}; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "multihost_coll_bench.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
   esac
 done
 die() { echo "multihost_coll_bench.sh: $*" >&2; exit 2; }
+for m in $MODES; do case $m in ring|gloo|flatring) ;; *) die "--modes: '$m' is not ring, gloo or flatring" ;; esac; done
+case " $MODES " in *" ring "*) ;; *) die "--modes must hold ring (the ratios' base)" ;; esac
 [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces)"
 command -v mpirun >/dev/null || die "no mpirun (scripts/install_deps.sh --mpi)"
 
@@ -81,15 +89,17 @@ echo "# mpi:  mpirun ${MPI_ARGS[*]} mpi-coll-bench ${ARGS[*]}"
 
 STATUS=0
 run_hora() {  # mode round
-  local cross=tcp
+  local cross=tcp min=${HORA_HIER_COLLECTIVE_MIN_BYTES:-1048576}
   [ "$1" = gloo ] && cross=gloo
-  BENCH_PLANE=$1 HORA_HIER_CROSS=$cross HORA_LOG_LEVEL=${HORA_LOG_LEVEL:-info} on0 "$HORARUN" \
+  [ "$1" = flatring ] && min=9223372036854775807
+  BENCH_PLANE=$1 HORA_HIER_CROSS=$cross HORA_HIER_COLLECTIVE_MIN_BYTES=$min \
+    HORA_LOG_LEVEL=${HORA_LOG_LEVEL:-info} on0 "$HORARUN" \
     -np "$NP" -H "$HOSTLIST" --ssh-command "$RSH {host}" \
     "$HORA_BENCH" "${ARGS[@]}" >"$LOG_DIR/$1.$2.out" 2>"$LOG_DIR/$1.$2.err"
 }
 for ((round = 1; round <= ROUNDS; round++)); do
-  order="ring gloo mpi"
-  [ $((round % 2)) -eq 0 ] && order="mpi gloo ring"
+  order="$MODES mpi"
+  [ $((round % 2)) -eq 0 ] && order=$(echo "$order" | tr ' ' '\n' | tac | tr '\n' ' ')
   for mode in $order; do
     if [ "$mode" = mpi ]; then
       on0 mpirun "${MPI_ARGS[@]}" "$MPI_BENCH" "${ARGS[@]}" >"$LOG_DIR/mpi.$round.out" 2>"$LOG_DIR/mpi.$round.err"
@@ -107,7 +117,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
   done
 done
 echo "# load at end: $(cut -d' ' -f1-3 /proc/loadavg)"
-for mode in ring gloo; do
+for mode in $MODES; do
   plane=$(grep -h "data plane" "$LOG_DIR"/$mode.*.err 2>/dev/null | sed 's/.*INFO //' | sort | uniq -c | sed 's/^ *//')
   echo "# hora's data plane, $mode (ranks reporting it): ${plane:-no INFO line}"
 done
@@ -116,11 +126,13 @@ if grep -h "data plane" "$LOG_DIR"/ring.*.err 2>/dev/null | grep -qv "tcp-ring+"
   STATUS=1
 fi
 
-/usr/bin/env python3 - "$LOG_DIR" "$ROUNDS" "${MD:-}" <<'PY' || STATUS=1
+/usr/bin/env python3 - "$LOG_DIR" "$ROUNDS" "${MD:-}" "$MODES" <<'PY' || STATUS=1
 import glob, re, statistics, sys
 log, rounds, md = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+impls = sys.argv[4].split() + ["mpi"]
+others = [m for m in impls if m != "ring"]
 res, wrong = {}, 0  # (op, bytes) -> impl -> [med_us per round]
-for mode in ("ring", "gloo", "mpi"):
+for mode in impls:
     for f in glob.glob(f"{log}/{mode}.*.out"):
         for line in open(f):
             # horarun prefixes each rank's lines ("[0]<stdout>: RESULT ...").
@@ -135,11 +147,11 @@ def fmt(x):
     return "-" if x is None else (f"{x:.1f}" if x < 1000 else f"{x / 1000:.2f} ms")
 def ratio(a, b):
     return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}"
-head = ["op", "bytes", "ring", "gloo", "mpi", "gloo/ring", "mpi/ring"]
+head = ["op", "bytes"] + impls + [f"{o}/ring" for o in others]
 rows = []
 for (op, b), m in sorted(res.items()):
-    r, g, p = med(m.get("ring", [])), med(m.get("gloo", [])), med(m.get("mpi", []))
-    rows.append([op, str(b), fmt(r), fmt(g), fmt(p), ratio(g, r), ratio(p, r)])
+    t = {i: med(m.get(i, [])) for i in impls}
+    rows.append([op, str(b)] + [fmt(t[i]) for i in impls] + [ratio(t[o], t["ring"]) for o in others])
 print("# median time per call (us unless marked; max over ranks, median over rounds); ratios >1: ring faster")
 w = [max(len(x) for x in col) for col in zip(head, *rows)]
 for row in [head] + rows:
