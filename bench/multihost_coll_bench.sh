@@ -9,9 +9,11 @@
 #
 # Builds a test bed with bench/netns_bed.sh (HOSTS network + UTS namespaces,
 # links shaped with tbf at RATE), then per round, in alternating order:
-#   ring: hora-coll-bench through horarun (the default data plane across
-#         hosts: every collective on hora's tcp ring, alltoall over its mesh;
-#         with several ranks per host the hierarchy's rest on that ring);
+#   ring: hora-coll-bench through horarun with the defaults (across hosts
+#         every collective on hora's tcp ring, alltoall over its mesh; with
+#         several ranks per host the hierarchy's rest on that ring, and its
+#         allgather and reducescatter hierarchical from 1 MiB:
+#         HORA_HIER_COLLECTIVE_MIN_BYTES);
 #   gloo: the same with HORA_HIER_CROSS=gloo (every collective on Gloo, or
 #         with the hierarchy its cross stage and rest);
 #   flatring (only if in --modes): the default with

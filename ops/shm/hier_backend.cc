@@ -50,7 +50,7 @@ class NoBackend : public Backend {
 Result<std::vector<std::string>> exchange(Store& store, const std::string& key, int rank,
                                           const std::vector<int>& ranks, const std::string& mine,
                                           std::chrono::milliseconds timeout) {
-  return exchangeValues(store, key, rank, ranks, mine, timeout, "hierarchical allreduce set-up");
+  return exchangeValues(store, key, rank, ranks, mine, timeout, "hierarchy set-up");
 }
 
 }  // namespace

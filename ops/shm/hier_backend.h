@@ -129,6 +129,10 @@ class HierBackend : public Backend {
   void crossStart(void* part, size_t count, DataType dtype, ReduceOp op);
   Status crossWait();
   Status checkUsable(const std::string& what) const;
+  // Runs `call` (a hierarchical allgatherv or reducescatter): an exception
+  // (out of memory for its scratch) becomes an error instead of leaving the
+  // thread; scratch above 64 MiB is given back afterwards.
+  Status guarded(const std::string& what, const std::function<Status()>& call);
   // The hierarchical allgatherv and reducescatter (hier_collectives.cc).
   Status hierAllgatherv(const void* in, void* out, const std::vector<size_t>& counts,
                         DataType dtype, const std::string& what);

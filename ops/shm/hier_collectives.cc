@@ -4,11 +4,33 @@
 // (an allreduce waits for all of its cross-host parts before it returns), so
 // the cross communicator is called from here directly.
 #include <cstring>
+#include <new>
 
 #include "core/reduce.h"
 #include "ops/shm/hier_backend.h"
 
 namespace hora {
+
+namespace {
+// Scratch above this is given back after the call: one large collective
+// must not hold its memory for the life of the set.
+constexpr size_t kKeepScratchBytes = size_t{64} << 20;
+}  // namespace
+
+Status HierBackend::guarded(const std::string& what, const std::function<Status()>& call) {
+  Status s;
+  try {
+    s = call();
+  } catch (const std::bad_alloc&) {
+    s = Status(Code::kSystemError,
+               what + ": out of memory for the staging buffers (the payload over all ranks)");
+  } catch (const std::exception& e) {
+    s = internalError(what + ": " + e.what());
+  }
+  for (auto* v : {&scratchA_, &scratchB_})
+    if (v->capacity() > kKeepScratchBytes) std::vector<uint8_t>().swap(*v);
+  return s;
+}
 
 void HierBackend::layoutCounts(const std::vector<size_t>& counts, size_t es,
                                std::vector<size_t>* offset, std::vector<size_t>* byLocal,
@@ -38,7 +60,7 @@ Status HierBackend::allgatherv(const void* in, void* out, const std::vector<size
   // backend for them too rather than leave them waiting.
   if (out == nullptr || (counts[rank_] > 0 && in == nullptr))
     return fail(invalidArgument(what + ": null buffer"));
-  Status s = hierAllgatherv(in, out, counts, dtype, what);
+  Status s = guarded(what, [&] { return hierAllgatherv(in, out, counts, dtype, what); });
   return s.isOk() ? s : fail(s);
 }
 
@@ -81,11 +103,11 @@ Status HierBackend::reducescatter(void* inout, const std::vector<size_t>& counts
                            dataTypeName(dtype) + ", " + reduceOpName(op) + ", set rank " +
                            std::to_string(rank_) + ")";
   if (counts.size() != static_cast<size_t>(size_) || total * dataTypeSize(dtype) == 0 ||
-      total * dataTypeSize(dtype) < collectiveMinBytes_ || reduceFunction(dtype, op) == nullptr)
+      total * dataTypeSize(dtype) < collectiveMinBytes_ || !reduceOpSupported(op, dtype))
     return delegate(what, [&] { return flat_->reducescatter(inout, counts, dtype, op); });
   HORA_RETURN_IF_ERROR(checkUsable(what));
   if (inout == nullptr) return fail(invalidArgument(what + ": null buffer"));
-  Status s = hierReducescatter(inout, counts, dtype, op, what);
+  Status s = guarded(what, [&] { return hierReducescatter(inout, counts, dtype, op, what); });
   return s.isOk() ? s : fail(s);
 }
 

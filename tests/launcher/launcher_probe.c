@@ -273,7 +273,11 @@ static int do_collectives(long bytes, int iters) {
   hora_size(rt, &size);
   long block = bytes / 4 / size, count = block * size;
   float* in = malloc((size_t)(count ? count : 1) * sizeof(float));
-  if (!in || block == 0) return 1;
+  if (!in || block == 0) {
+    fprintf(stderr, "probe: collectives of %ld bytes over %d ranks: nothing to do or no memory\n",
+            bytes, size);
+    return 1;
+  }
   for (int it = 0; it < iters; ++it) {
     DLTensor t;
     int64_t shape[1];

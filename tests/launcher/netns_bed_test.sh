@@ -44,16 +44,17 @@ echo "allreduce h0<->h1 ($ITERS x $BYTES B): h1 rx $((rx1 - rx0)) B, tx $((tx1 -
 
 # Every other collective across the hosts, on hora's tcp ring (alltoall over
 # its mesh): one rank per host (the whole set on the ring), and two per host
-# (the hierarchy, its rest on a ring over all four ranks); every element
-# checked by the probe.
+# (the hierarchy: its allgather and reducescatter hierarchical above 1 MiB,
+# the rest on a ring over all four ranks); every element checked by the
+# probe. 2000000 bytes: above HORA_HIER_COLLECTIVE_MIN_BYTES.
 for layout in 10.78.0.1:1,10.78.0.2:1 10.78.0.1:2,10.78.0.2:2; do
   np=2; want="data plane tcp-ring\+gloo .*different hosts"
   case $layout in *:2,*) np=4; want="data plane hier\(2 hosts x 2 ranks: shm, tcp-ring across; tcp-ring\+gloo for the rest\)" ;; esac
   HORA_LOG_LEVEL=info "$BED" exec --name $NAME 0 "$HORARUN" -np $np -H $layout \
-    --ssh-command "$RSH {host}" "$PROBE" collectives 600000 3 >"$WORK/coll.out" 2>"$WORK/coll.err" ||
+    --ssh-command "$RSH {host}" "$PROBE" collectives 2000000 3 >"$WORK/coll.out" 2>"$WORK/coll.err" ||
     fail "collectives over the bed ($layout) failed: $(tail -n 5 "$WORK/coll.err")"
   for ((r = 0; r < np; r++)); do
-    expect_grep "^\[$r\]<stdout>: probe collectives rank $r: 600000 bytes x 3 ok" "$WORK/coll.out" "collectives rank $r ($layout)"
+    expect_grep "^\[$r\]<stdout>: probe collectives rank $r: 2000000 bytes x 3 ok" "$WORK/coll.out" "collectives rank $r ($layout)"
   done
   expect_grep "$want" "$WORK/coll.err" "collectives ($layout) not on the tcp ring"
 done

@@ -400,9 +400,20 @@ TEST_P(HierGridTest, SmallAllgatherAndReducescatterStayFlat) {
   checkAllgatherv(w->world, std::vector<size_t>(size, 1000));
   checkReducescatter(w->world, std::vector<size_t>(size, 1000), DataType::kFloat32, ReduceOp::kSum);
   EXPECT_EQ(w->crossElements.load(), 0u);
-  // From 1 MiB up: hierarchical.
-  checkAllgatherv(w->world, std::vector<size_t>(size, (size_t{1} << 18) / size + 1));
-  EXPECT_GT(w->crossElements.load(), 0u);
+  // Exactly 1 MiB over all ranks (float32, 2^18 elements): hierarchical; one
+  // element less: flat. Both collectives.
+  std::vector<size_t> at(size, (size_t{1} << 18) / size);
+  at[0] += (size_t{1} << 18) - at[0] * size;
+  std::vector<size_t> below = at;
+  below[0] -= 1;
+  checkAllgatherv(w->world, below);
+  checkReducescatter(w->world, below, DataType::kFloat32, ReduceOp::kSum);
+  EXPECT_EQ(w->crossElements.load(), 0u);
+  checkAllgatherv(w->world, at);
+  EXPECT_EQ(w->crossElements.load(), 2 * (size_t{1} << 18));  // out of place, in place
+  w->crossElements = 0;
+  checkReducescatter(w->world, at, DataType::kFloat32, ReduceOp::kSum);
+  EXPECT_EQ(w->crossElements.load(), static_cast<size_t>(GetParam().hosts) << 18);
 }
 
 TEST_P(HierGridTest, OtherCollectivesRunOnTheFlatBackend) {
@@ -663,6 +674,40 @@ TEST(HierFailureTest, AbortedRankFailsAtOnceAndReleasesItsPeersOnBothHosts) {
   for (int r = 0; r < 4; ++r) {
     EXPECT_FALSE(res[r].status.isOk()) << "rank " << r;
     EXPECT_LT(res[r].seconds, 8.0) << "rank " << r << ": " << res[r].status.toString();
+  }
+}
+
+// The hierarchical allgather and reducescatter fail like the allreduce: a
+// rank that never calls (stalled) or was aborted fails every rank that
+// waits for it within its timeout, and the backend stays unusable.
+TEST(HierFailureTest, AStalledOrAbortedRankFailsTheHierarchicalAllgatherAndReducescatter) {
+  for (bool aborted : {false, true}) {
+    for (const char* op : {"allgather", "reducescatter"}) {
+      SCOPED_TRACE(std::string(op) + (aborted ? " aborted" : " stalled"));
+      auto w = makeGrid(2, 2, 4096, milliseconds(1000), true, 0);
+      if (aborted) w->world[2]->abort();
+      std::vector<CallResult> res(4);
+      const std::string which = op;
+      runRanks(w->world, [&](int r, Backend& b) {
+        if (!aborted && r == 3) return;  // rank 3 never calls
+        std::vector<float> in(50000, 1.0f), out(200000);
+        std::vector<size_t> counts(4, 50000);
+        const auto t0 = Clock::now();
+        res[r].status =
+            which == "allgather"
+                ? b.allgatherv(in.data(), out.data(), counts, DataType::kFloat32)
+                : b.reducescatter(out.data(), counts, DataType::kFloat32, ReduceOp::kSum);
+        res[r].seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      });
+      for (int r = 0; r < (aborted ? 4 : 3); ++r) {
+        EXPECT_FALSE(res[r].status.isOk()) << "rank " << r;
+        EXPECT_LT(res[r].seconds, 8.0) << "rank " << r << ": " << res[r].status.toString();
+        std::vector<float> v(10, 1.0f);
+        EXPECT_FALSE(
+            w->world[r]->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum).isOk())
+            << "rank " << r;
+      }
+    }
   }
 }
 
