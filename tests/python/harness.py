@@ -133,16 +133,25 @@ class RankPool:
     """``init=False``: the workers do not call hora.init(); each body does its
     own lifecycle (Horovod's test style: init before, barrier and shutdown after)."""
 
-    def __init__(self, size, extra_env=None, start_timeout=60.0, init=True):
+    def __init__(self, size, extra_env=None, start_timeout=60.0, init=True, per_rank_env=None):
+        """per_rank_env: rank -> dict of variables for that rank only (e.g. an
+        emulated host per rank through HORA_HOST_ID)."""
         self.size = size
         self.init = init
         self.extra_env = extra_env
+        self.per_rank_env = per_rank_env
         self.start_timeout = start_timeout
         self.workers = []
 
+    def _env(self, rank):
+        env = dict(self.extra_env or {})
+        if self.per_rank_env:
+            env.update(self.per_rank_env(rank))
+        return env
+
     def _start(self):
         port, secret = free_port(), secrets.token_hex(8)
-        self.workers = [_Worker(r, self.size, port, secret, self.extra_env, self.init) for r in range(self.size)]
+        self.workers = [_Worker(r, self.size, port, secret, self._env(r), self.init) for r in range(self.size)]
         deadline = time.monotonic() + self.start_timeout
         results = [w.next_result(deadline) for w in self.workers]
         if not all(r.get("ok") for r in results):
