@@ -1,5 +1,8 @@
 #include "core/host_identity.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -19,6 +22,21 @@ std::string hostIdentity(const std::string& override, const std::string& address
   if (override.empty()) return hostIdentity();
   if (override == "address") return "address:" + address;
   return "id:" + override;
+}
+
+bool ipv4Interfaces(std::map<std::string, std::string>* out) {
+  out->clear();
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return false;
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET || out->count(i->ifa_name))
+      continue;
+    char buf[INET_ADDRSTRLEN] = {0};
+    const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, buf, sizeof buf)) (*out)[i->ifa_name] = buf;
+  }
+  ::freeifaddrs(list);
+  return true;
 }
 
 }  // namespace hora

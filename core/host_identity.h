@@ -1,9 +1,12 @@
 // hostIdentity(): which machine (and kernel boot) this process runs on, so
 // that ranks can tell which of them share a host: the shm data plane needs
 // one /dev/shm, the GPU path needs to know when ranks share a physical GPU.
-// Pure function of the machine; any thread.
+// ipv4Interfaces(): the host's interfaces that hold an IPv4 address
+// (HORA_GLOO_IFACE's check at init, the tcp ring's address).
+// Pure functions of the machine; any thread.
 #pragma once
 
+#include <map>
 #include <string>
 
 namespace hora {
@@ -16,5 +19,9 @@ std::string hostIdentity();
 // test-only HORA_HOST_ID (`override`) says otherwise: "address" stands for
 // `address` (the rank's HORA_HOSTNAME), any other non-empty value for itself.
 std::string hostIdentity(const std::string& override, const std::string& address);
+
+// Interface name -> its first IPv4 address ("lo" -> "127.0.0.1"). False when
+// the interfaces cannot be listed (getifaddrs failed).
+bool ipv4Interfaces(std::map<std::string, std::string>* out);
 
 }  // namespace hora

@@ -1,9 +1,6 @@
 // TcpRingBackend (ops/tcp/tcp_ring.h): connecting the ring (and, for a
 // set's data plane, the mesh beside it), and the wrapper that puts a set's
 // collectives on it when every rank agrees.
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -12,9 +9,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <sstream>
 
 #include "core/hmac.h"
+#include "core/host_identity.h"
 #include "ops/p2p/p2p_socket.h"
 #include "ops/tcp/tcp_ring.h"
 #include "ops/tcp/tcp_ring_internal.h"
@@ -24,22 +23,6 @@ namespace hora {
 using namespace tcp_ring_detail;  // NOLINT: this ring's own helpers
 
 namespace {
-
-// The IPv4 address of interface `name` (HORA_GLOO_IFACE), or "".
-std::string interfaceAddress(const std::string& name) {
-  ifaddrs* list = nullptr;
-  if (::getifaddrs(&list) != 0) return "";
-  std::string out;
-  for (ifaddrs* i = list; i != nullptr && out.empty(); i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET || name != i->ifa_name)
-      continue;
-    char buf[INET_ADDRSTRLEN] = {0};
-    const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
-    if (::inet_ntop(AF_INET, &in->sin_addr, buf, sizeof buf)) out = buf;
-  }
-  ::freeifaddrs(list);
-  return out;
-}
 
 // A rank's entry in the store: "<host>\n<port>\n<token>".
 struct Entry {
@@ -75,7 +58,10 @@ Result<std::unique_ptr<Backend>> createTcpRingBackend(std::shared_ptr<Store> sto
   const int next = (rank + 1) % size, prev = (rank - 1 + size) % size;
   std::string host = opts.host;
   if (!opts.iface.empty()) {
-    host = interfaceAddress(opts.iface);
+    std::map<std::string, std::string> interfaces;
+    ipv4Interfaces(&interfaces);
+    const auto it = interfaces.find(opts.iface);
+    host = it == interfaces.end() ? std::string() : it->second;
     if (host.empty())
       return invalidArgument("tcp ring: interface \"" + opts.iface +
                              "\" (HORA_GLOO_IFACE) has no IPv4 address on this host");

@@ -1,7 +1,6 @@
 #include "runtime.h"
 
 #include <arpa/inet.h>
-#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -12,6 +11,7 @@
 #include <climits>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -106,24 +106,6 @@ std::string hostName() {
 
 bool isLoopback(const std::string& a) {
   return a == "localhost" || a.rfind("127.", 0) == 0 || a == "::1";
-}
-
-// Whether `name` is an interface with an IPv4 address; *have lists those
-// that are ("lo, eth0").
-bool hasIpv4Interface(const std::string& name, std::string* have) {
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return true;  // cannot tell: let Gloo decide
-  bool found = false;
-  std::vector<std::string> names;
-  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    if (name == i->ifa_name) found = true;
-    if (std::find(names.begin(), names.end(), i->ifa_name) == names.end())
-      names.push_back(i->ifa_name);
-  }
-  freeifaddrs(list);
-  for (const auto& n : names) *have += (have->empty() ? "" : ", ") + n;
-  return found;
 }
 
 // This host's IPv4 address on the route to `target` (the store): the address
@@ -529,13 +511,17 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const hora_config_t& c) {
   if (!so.glooIface.empty()) {
     // Gloo would fail later, inside the data plane's connect, with its own
     // assertion text; name the interfaces that would work instead.
-    std::string have;
-    if (!hasIpv4Interface(so.glooIface, &have))
+    std::map<std::string, std::string> interfaces;
+    // A host whose interfaces cannot be listed cannot tell: let Gloo decide.
+    if (ipv4Interfaces(&interfaces) && !interfaces.count(so.glooIface)) {
+      std::string have;
+      for (const auto& i : interfaces) have += (have.empty() ? "" : ", ") + i.first;
       return invalidArgument("HORA_GLOO_IFACE='" + so.glooIface +
                              "' is not an interface with an IPv4 address on this host (those "
                              "with one: " +
                              (have.empty() ? std::string("none") : have) +
                              "); unset it to use the interface of HORA_HOSTNAME's address");
+    }
   }
   // The registry has checked these against their choices.
   if (!parseGlooAlgorithm(p.getString("HORA_GLOO_ALGORITHM"), &so.glooAlgorithm) ||

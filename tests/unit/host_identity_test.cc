@@ -1,0 +1,30 @@
+// core/host_identity.h: the identity ranks compare to find their host's
+// peers, and the host's IPv4 interfaces (HORA_GLOO_IFACE's check, the tcp
+// ring's address).
+#include "core/host_identity.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+namespace hora {
+namespace {
+
+TEST(HostIdentityTest, EqualInOneProcessAndOverriddenForTests) {
+  EXPECT_EQ(hostIdentity(), hostIdentity());
+  EXPECT_EQ(hostIdentity("", "10.0.0.1"), hostIdentity());
+  EXPECT_EQ(hostIdentity("hostA", "10.0.0.1"), hostIdentity("hostA", "10.0.0.2"));
+  EXPECT_NE(hostIdentity("address", "10.0.0.1"), hostIdentity("address", "10.0.0.2"));
+}
+
+TEST(Ipv4InterfacesTest, ListsTheLoopbackWithItsAddress) {
+  std::map<std::string, std::string> interfaces;
+  ASSERT_TRUE(ipv4Interfaces(&interfaces));
+  ASSERT_EQ(interfaces.count("lo"), 1u);
+  EXPECT_EQ(interfaces["lo"].rfind("127.", 0), 0u) << interfaces["lo"];
+  EXPECT_EQ(interfaces.count("no-such-nic0"), 0u);
+}
+
+}  // namespace
+}  // namespace hora
