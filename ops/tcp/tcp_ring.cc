@@ -45,11 +45,13 @@ struct TcpRingBackend::Plan {
   int sendSeg(int k) const { return mod(rank - k - shift); }
   int recvSeg(int k) const { return mod(rank - k - 1 - shift); }
   bool reduces(int k) const { return k < reduceSteps; }
+  // Segment s: count * s / n onwards (equal parts), or counts[s] elements.
+  static Plan equal(int n, int rank, size_t count, size_t es);
+  static Plan ofCounts(int n, int rank, const std::vector<size_t>& counts, size_t es);
 };
 
-namespace {
-TcpRingBackend::Plan equalPlan(int n, int rank, size_t count, size_t es) {
-  TcpRingBackend::Plan p;
+TcpRingBackend::Plan TcpRingBackend::Plan::equal(int n, int rank, size_t count, size_t es) {
+  Plan p;
   p.n = n;
   p.rank = rank;
   p.es = es;
@@ -57,8 +59,9 @@ TcpRingBackend::Plan equalPlan(int n, int rank, size_t count, size_t es) {
   return p;
 }
 
-TcpRingBackend::Plan countsPlan(int n, int rank, const std::vector<size_t>& counts, size_t es) {
-  TcpRingBackend::Plan p;
+TcpRingBackend::Plan TcpRingBackend::Plan::ofCounts(int n, int rank,
+                                                    const std::vector<size_t>& counts, size_t es) {
+  Plan p;
   p.n = n;
   p.rank = rank;
   p.es = es;
@@ -66,7 +69,6 @@ TcpRingBackend::Plan countsPlan(int n, int rank, const std::vector<size_t>& coun
   for (size_t c : counts) p.begin.push_back(p.begin.back() + c);
   return p;
 }
-}  // namespace
 
 TcpRingBackend::TcpRingBackend(int rank, int size, TcpRingOptions opts)
     : rank_(rank), size_(size), opts_(std::move(opts)) {
@@ -113,7 +115,7 @@ Status TcpRingBackend::waitRing(bool wantSend, bool wantRecv, Clock::time_point 
                                 const std::string& what) {
   struct pollfd fds[2];
   int n = 0;
-  const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
+  const int next = nextRank(), prev = prevRank();
   if (wantSend) fds[n++] = {sendFd_, POLLOUT, 0};
   if (wantRecv) fds[n++] = {recvFd_, POLLIN, 0};
   return waitReady(fds, n, lastProgress, what, [&] {
@@ -183,8 +185,8 @@ Status TcpRingBackend::waitReady(const struct pollfd* wanted, int count,
 }
 
 int TcpRingBackend::peerOf(int fd) const {
-  if (fd == sendFd_) return (rank_ + 1) % size_;
-  if (fd == recvFd_) return (rank_ - 1 + size_) % size_;
+  if (fd == sendFd_) return nextRank();
+  if (fd == recvFd_) return prevRank();
   for (size_t q = 0; q < meshFd_.size(); ++q)
     if (meshFd_[q] == fd) return static_cast<int>(q);
   return -1;
@@ -224,7 +226,7 @@ Status TcpRingBackend::ring(uint8_t* data, const Plan& p, ReduceFn reduce,
   for (int s = 0; s < p.n && p.reduceSteps > 0; ++s) maxSeg = std::max(maxSeg, p.segBytes(s));
   if (scratch_.size() < maxSeg) scratch_.resize(maxSeg);
   const int steps = p.steps();
-  const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
+  const int next = nextRank(), prev = prevRank();
   // Send side: step, bytes of it sent. Receive side: step, bytes of it
   // received, of them final (reduced, or copied into place).
   int sk = 0, rk = 0;
@@ -237,9 +239,8 @@ Status TcpRingBackend::ring(uint8_t* data, const Plan& p, ReduceFn reduce,
     return k == rk ? done : 0;
   };
   auto lastProgress = Clock::now();
-  auto aborted = [&] { return abortedStatus(what); };
   while (sk < steps || rk < steps) {
-    if (aborted_.load(std::memory_order_acquire)) return aborted();
+    if (aborted_.load(std::memory_order_acquire)) return abortedStatus(what);
     bool moved = false;
     // Steps whose segment is empty complete at once on both sides.
     while (sk < steps && sent == p.segBytes(p.sendSeg(sk))) {
@@ -311,7 +312,7 @@ Status TcpRingBackend::chain(uint8_t* data, size_t bytes, int root, const std::s
   // received at once, so for large buffers every link carries the payload
   // at the same time (a pipeline), and the last rank before the root only
   // receives.
-  const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
+  const int next = nextRank(), prev = prevRank();
   const bool receives = rank_ != root, sends = next != root;
   size_t got = receives ? 0 : bytes, sent = sends ? 0 : bytes;
   auto lastProgress = Clock::now();
@@ -376,22 +377,21 @@ Status TcpRingBackend::usable(const std::string& what) const {
   return Status();
 }
 
-std::string TcpRingBackend::describe(const char* op, size_t count, DataType dtype) const {
+std::string TcpRingBackend::describe(const char* op, size_t count, DataType dtype,
+                                     const std::string& reduce) const {
   return std::string(op) + " on the tcp ring (" + std::to_string(count) + " x " +
-         dataTypeName(dtype) + ", ring rank " + std::to_string(rank_) + " of " +
-         std::to_string(size_) + ")";
+         dataTypeName(dtype) + (reduce.empty() ? "" : ", " + reduce) + ", ring rank " +
+         std::to_string(rank_) + " of " + std::to_string(size_) + ")";
 }
 
 Status TcpRingBackend::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
-  const std::string what = std::string("allreduce on the tcp ring (") + std::to_string(count) +
-                           " x " + dataTypeName(dtype) + ", " + reduceOpName(op) + ", ring rank " +
-                           std::to_string(rank_) + " of " + std::to_string(size_) + ")";
+  const std::string what = describe("allreduce", count, dtype, reduceOpName(op));
   HORA_RETURN_IF_ERROR(usable(what));
   if (size_ == 1 || count == 0) return Status();
   if (data == nullptr) return localError(what + ": null buffer");
   ReduceFn reduce = nullptr;
   HORA_RETURN_IF_ERROR(reduceFor(dtype, op, what, &reduce));
-  Plan p = equalPlan(size_, rank_, count, dataTypeSize(dtype));
+  Plan p = Plan::equal(size_, rank_, count, dataTypeSize(dtype));
   p.reduceSteps = p.copySteps = size_ - 1;
   return run(what, [&] { return ring(static_cast<uint8_t*>(data), p, reduce, what); });
 }
@@ -425,7 +425,7 @@ Status TcpRingBackend::reducescatter(void* inout, const std::vector<size_t>& cou
   if (inout == nullptr) return localError(what + ": null buffer");
   ReduceFn reduce = nullptr;
   HORA_RETURN_IF_ERROR(reduceFor(dtype, op, what, &reduce));
-  Plan p = countsPlan(size_, rank_, counts, dataTypeSize(dtype));
+  Plan p = Plan::ofCounts(size_, rank_, counts, dataTypeSize(dtype));
   p.shift = 1;
   p.reduceSteps = size_ - 1;
   return run(what, [&] { return ring(static_cast<uint8_t*>(inout), p, reduce, what); });
@@ -440,7 +440,7 @@ Status TcpRingBackend::allgatherv(const void* in, void* out, const std::vector<s
   const size_t es = dataTypeSize(dtype);
   if (out == nullptr || (counts[rank_] > 0 && in == nullptr))
     return localError(what + ": null buffer");
-  Plan p = countsPlan(size_, rank_, counts, es);
+  Plan p = Plan::ofCounts(size_, rank_, counts, es);
   uint8_t* mine = static_cast<uint8_t*>(out) + p.segBegin(rank_) * es;
   if (counts[rank_] > 0 && in != mine) std::memmove(mine, in, counts[rank_] * es);
   if (size_ == 1) return Status();
@@ -468,23 +468,21 @@ Status TcpRingBackend::barrier() {
   // An allreduce of one byte: its result depends on every rank's input, so
   // no rank returns before all have arrived (the byte goes round twice).
   uint8_t byte = 1;
-  Plan p = equalPlan(size_, rank_, 1, 1);
+  Plan p = Plan::equal(size_, rank_, 1, 1);
   p.reduceSteps = p.copySteps = size_ - 1;
   const ReduceFn reduce = reduceFunction(DataType::kUint8, ReduceOp::kMax);
   return run(what, [&] { return ring(&byte, p, reduce, what); });
 }
 
 int TcpRingBackend::sendSocket(int peer) const {
-  const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
-  if (peer == next) return sendFd_;
-  if (peer == prev) return recvFd_;  // the connection from prev carries both ways
+  if (peer == nextRank()) return sendFd_;
+  if (peer == prevRank()) return recvFd_;  // the connection from prev carries both ways
   return meshFd_.empty() ? -1 : meshFd_[peer];
 }
 
 int TcpRingBackend::recvSocket(int peer) const {
-  const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
-  if (peer == prev) return recvFd_;
-  if (peer == next) return sendFd_;
+  if (peer == prevRank()) return recvFd_;
+  if (peer == nextRank()) return sendFd_;
   return meshFd_.empty() ? -1 : meshFd_[peer];
 }
 
@@ -549,14 +547,13 @@ Status TcpRingBackend::exchange(std::vector<Flow>& flows, const std::string& wha
     for (Flow& f : flows) {
       if (f.left == 0) continue;
       size_t n = 0;
-      if (f.sends)
+      if (f.sends) {
         HORA_RETURN_IF_ERROR(sendSome(f.fd, f.peer, f.from, f.left, &n, what));
-      else
-        HORA_RETURN_IF_ERROR(recvSome(f.fd, f.peer, f.into, f.left, &n, what));
-      if (f.sends)
         f.from += n;
-      else
+      } else {
+        HORA_RETURN_IF_ERROR(recvSome(f.fd, f.peer, f.into, f.left, &n, what));
         f.into += n;
+      }
       f.left -= n;
       moved = moved || n > 0;
       pending = pending || f.left > 0;

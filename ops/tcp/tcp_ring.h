@@ -23,13 +23,11 @@
 // own barrier completes in the negotiation and never reaches a data plane).
 // Bytes a step has received (and reduced) are forwarded at once by the next
 // step, so steps overlap on the wire and each ring socket carries one
-// direction only (alltoall aside): the send
-// and receive streams run together (full duplex). Every rank gets the same
-// bits: each segment is reduced once along the ring, in a fixed order, then
-// copied. Alltoall is not a ring's job (every rank sends to every other):
-// it runs over a mesh (TcpRingOptions::mesh: every pair of ranks that are
-// not ring neighbours connected too), all of a rank's sends and receives at
-// once.
+// direction only (alltoall aside): the send and receive streams run together
+// (full duplex). Every rank gets the same bits: each segment is reduced once
+// along the ring, in a fixed order, then copied. Alltoall is not a ring's job (every rank sends to
+// every other): it runs over a mesh (TcpRingOptions::mesh: every pair of ranks that are not ring
+// neighbours connected too), all of a rank's sends and receives at once.
 //
 // Connections: each rank listens on its address, publishes address, port and
 // a random token in the store, connects to rank+1 (proving it read the
@@ -38,9 +36,9 @@
 //
 // Threads: created on the process set's init thread; collectives from one
 // thread at a time (HierBackend's cross thread, or the executor through
-// RingPlaneBackend); abort() from any thread,
-// never blocking: it wakes a sleeping call and shuts the sockets down, so a
-// call in progress returns at its next look, and every later call fails.
+// RingPlaneBackend); abort() from any thread, never blocking: it wakes a
+// sleeping call and shuts the sockets down, so a call in progress returns at
+// its next look, and every later call fails.
 //
 // Failure model: a peer that closes or resets its socket (a lost rank, or
 // one that aborted) fails the call with kRemoteError; no byte from or to a
@@ -108,9 +106,8 @@ class TcpRingBackend : public Backend {
   Status barrier() override;
   void abort() noexcept override;
 
-  struct Plan;  // the segments and steps of one ring collective (tcp_ring.cc)
-
  private:
+  struct Plan;  // the segments and steps of one ring collective (tcp_ring.cc)
   friend Result<std::unique_ptr<Backend>> createTcpRingBackend(std::shared_ptr<Store> store,
                                                                int rank, int size,
                                                                const TcpRingOptions& opts);
@@ -143,7 +140,11 @@ class TcpRingBackend : public Backend {
   Status localError(const std::string& message);
   // The failure that broke the ring before, or abort, as `what`'s error.
   Status usable(const std::string& what) const;
-  std::string describe(const char* op, size_t count, DataType dtype) const;
+  // "<op> on the tcp ring (<count> x <dtype>[, <reduce>], ring rank r of n)".
+  std::string describe(const char* op, size_t count, DataType dtype,
+                       const std::string& reduce = "") const;
+  int nextRank() const { return (rank_ + 1) % size_; }
+  int prevRank() const { return (rank_ - 1 + size_) % size_; }
   // *what for `op` over `counts`; an error when the ring cannot take a call
   // or the counts are not one per rank.
   Status countsCall(const char* op, const std::vector<size_t>& counts, DataType dtype,
@@ -182,9 +183,10 @@ class TcpRingBackend : public Backend {
 };
 
 // A set's data plane across hosts on a tcp ring: every collective on `ring`
-// (connected with its mesh) over all of the set's ranks; `rest` (the set's
-// Gloo backend) is kept for the autotuner's values and aborted with it.
-// Same threads as its parts; abort() aborts both.
+// (connected with its mesh) over all of the set's ranks. `rest` (the set's
+// Gloo backend, connected before the ranks agreed on the ring) carries no
+// collective; it stays for its name and is aborted with the ring. Same
+// threads as its parts.
 class RingPlaneBackend : public Backend {
  public:
   RingPlaneBackend(std::unique_ptr<Backend> ring, std::unique_ptr<Backend> rest)
@@ -215,7 +217,6 @@ class RingPlaneBackend : public Backend {
     ring_->abort();
     rest_->abort();
   }
-  void tune(const TuningValues& values) override { rest_->tune(values); }
 
  private:
   std::unique_ptr<Backend> ring_, rest_;
