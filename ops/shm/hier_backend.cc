@@ -46,13 +46,6 @@ class NoBackend : public Backend {
   int rank_, size_;
 };
 
-// Publishes `mine` under "<key>/<rank>" and returns the values of `ranks`.
-Result<std::vector<std::string>> exchange(Store& store, const std::string& key, int rank,
-                                          const std::vector<int>& ranks, const std::string& mine,
-                                          std::chrono::milliseconds timeout) {
-  return exchangeValues(store, key, rank, ranks, mine, timeout, "hierarchy set-up");
-}
-
 }  // namespace
 
 bool parseHierMode(const std::string& text, HierMode* out) {
@@ -312,11 +305,12 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
                            std::to_string(std::max(opts.shm.slotBytes, opts.shm.chunkBytes)) +
                            (opts.overlap ? " overlap/" : " serial/") + opts.cross + "/" +
                            std::to_string(opts.collectiveMinBytes) + " " + hostId;
-  auto all = exchange(*store, "host", rank, allRanks(size), mine, timeout);
+  auto all =
+      exchangeValues(*store, "host", rank, allRanks(size), mine, timeout, "hierarchy set-up");
   if (!all.isOk()) return all.status();
   // "<mode> <shm|noshm> <chunk/slot bytes> <overlap|serial>/<cross>/<collective min>
-  // <host id>": the
-  // settings are the first four words, the host id (may contain spaces) the rest.
+  // <host id>": the settings are the first four words, the host id (may contain
+  // spaces) the rest.
   auto settingsEnd = [](const std::string& v) {
     size_t end = 0;
     for (int w = 0; w < 4 && end != std::string::npos; ++w) end = v.find(' ', end + (w > 0));
@@ -373,7 +367,8 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
   auto* shm = dynamic_cast<ShmBackend*>(localBackend.get());
   // Round 3: did every host get shared memory? Otherwise all stay flat.
   const std::string ok = shm != nullptr ? "ok" : "no " + noShm;
-  auto agreed = exchange(*store, "local-ok", rank, allRanks(size), ok, timeout);
+  auto agreed =
+      exchangeValues(*store, "local-ok", rank, allRanks(size), ok, timeout, "hierarchy set-up");
   if (!agreed.isOk()) return agreed.status();
   for (int r = 0; r < size; ++r) {
     if (agreed.value()[r] != "ok") {

@@ -772,13 +772,6 @@ Status ShmBackend::shmBroadcast(uint8_t* data, size_t bytes, int root, const std
 
 namespace {
 
-// Publishes `mine` under "<key>/<rank>" and returns every rank's value.
-Result<std::vector<std::string>> exchange(Store& store, const std::string& key, int rank, int size,
-                                          const std::string& mine,
-                                          std::chrono::milliseconds timeout) {
-  return exchangeValues(store, key, rank, allRanks(size), mine, timeout, "shared-memory set-up");
-}
-
 // The first "no ..." entry, naming its rank; empty if every entry says "ok".
 std::string firstRefusal(const std::vector<std::string>& all) {
   for (size_t r = 0; r < all.size(); ++r)
@@ -829,7 +822,8 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
         " " + std::to_string(opts.minBytes) + " " +
         (opts.hostId.empty() ? hostIdentity() : opts.hostId) + "\t" + formatCpuList(allowedCpus());
   }
-  auto hosts = exchange(*store, "host", rank, size, self, opts.startTimeout);
+  auto hosts = exchangeValues(*store, "host", rank, allRanks(size), self, opts.startTimeout,
+                              "shared-memory set-up");
   if (!hosts.isOk()) return hosts.status();
   *whyNot = firstRefusal(hosts.value());
   if (!whyNot->empty()) return fallback;
@@ -897,7 +891,8 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
   auto own = ShmSegment::create(opts.dir, name, slot);
   std::string mine = own.isOk() ? "ok " + name : "no " + own.status().message();
   if (own.isOk()) segs[rank] = own.take();
-  auto created = exchange(*store, "created", rank, size, mine, opts.startTimeout);
+  auto created = exchangeValues(*store, "created", rank, allRanks(size), mine, opts.startTimeout,
+                                "shared-memory set-up");
   if (!created.isOk()) return created.status();
   *whyNot = firstRefusal(created.value());
   if (!whyNot->empty()) return fallback;
@@ -912,7 +907,8 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
       opened = "no " + seg.status().message();
     }
   }
-  auto all = exchange(*store, "opened", rank, size, opened, opts.startTimeout);
+  auto all = exchangeValues(*store, "opened", rank, allRanks(size), opened, opts.startTimeout,
+                            "shared-memory set-up");
   // Every peer has mapped this segment or given up on it: the name can go.
   segs[rank]->unlink();
   if (!all.isOk()) return all.status();

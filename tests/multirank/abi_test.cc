@@ -164,6 +164,12 @@ TEST(Abi, HugeTimesAndCapacitiesAreRefusedNotWrapped) {
         << hora_last_error_message();
   }
   unsetenv("HORA_INLINE_MAX_BYTES");
+  setenv("HORA_HIER_COLLECTIVE_MIN_BYTES", "-1", 1);
+  EXPECT_ERR(hora_init(&c, &rt), HORA_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hora_last_error_message()).find("HORA_HIER_COLLECTIVE_MIN_BYTES=-1"),
+            std::string::npos)
+      << hora_last_error_message();
+  unsetenv("HORA_HIER_COLLECTIVE_MIN_BYTES");
   // Polling windows: at most a second, never negative.
   for (const char* name : {"HORA_WAIT_SPIN_US", "HORA_SHM_WAIT_SPIN_US"}) {
     for (const char* bad : {"1000001", "-1"}) {

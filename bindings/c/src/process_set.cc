@@ -222,11 +222,12 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
     return createGlooBackend(std::move(s), "gloo", r, n, crossGo);
   };
   // Across hosts, every collective runs on a tcp ring over all ranks (a Gloo
-  // wait is two thread wake-ups; alltoall over a mesh beside the ring): with
-  // the hierarchy every collective but its allreduce. Not where the job asked for Gloo's
-  // ring or its algorithm, and only up to kMaxFlatRingRanks: a ring's 2(n-1)
-  // steps were measured up to 4 ranks only, against Gloo's bcube with its
-  // log2(n) steps. Every rank must want it, else all keep Gloo.
+  // wait is two thread wake-ups; alltoall over a mesh beside the ring); with
+  // the hierarchy, those it does not run itself (its allreduce, and allgather
+  // and reducescatter from HORA_HIER_COLLECTIVE_MIN_BYTES). Not where the job
+  // asked for Gloo's ring or its algorithm, and only up to kMaxFlatRingRanks:
+  // a ring's 2(n-1) steps were measured up to 4 ranks only, against Gloo's
+  // bcube with its log2(n) steps. Every rank must want it, else all keep Gloo.
   constexpr int kMaxFlatRingRanks = 8;
   TcpRingOptions flatRing = tro;
   for (int r = 0; r < ps->size(); ++r)
