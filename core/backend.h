@@ -16,8 +16,9 @@
 //
 // Implementations: ops/gloo (CPU memory, any hosts), ops/shm (allreduce
 // through shared memory when every rank is on one host; the rest delegated
-// to a Gloo backend; the hierarchy across hosts) and ops/tcp (allreduce on
-// a ring over hora's own sockets across hosts). Buffers are CPU memory here.
+// to a Gloo backend; the hierarchy across hosts) and ops/tcp (every
+// collective of a set across hosts on a ring over hora's own sockets, with a
+// mesh beside it for alltoall). Buffers are CPU memory here.
 #pragma once
 
 #include <cstddef>
