@@ -651,7 +651,8 @@ TEST(TcpRingTest, ARankThatNeverArrivesFailsTheStartNamingIt) {
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
 }
 
-// The set's other collectives: counts what reaches it.
+// The Gloo backend a RingPlaneBackend keeps: counts the calls that reach it
+// (none should, the ring carries every collective).
 class CountingRest : public Backend {
  public:
   CountingRest(int rank, int size) : rank_(rank), size_(size) {}
