@@ -32,6 +32,25 @@ less_than() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
 expect_grep() {  # expect_grep PATTERN FILE WHAT
   grep -qE -- "$1" "$2" || fail "$3 (no line matching '$1' in $2)"
 }
+# Sets CLAIMED_PORT to a store port no other test uses, as the C++ and Python
+# harnesses pick theirs: below the kernel's ephemeral range, with an flock on
+# /tmp/hora-test-ports/<port> held on fd 9 for the rest of this script, and
+# nothing listening there now.
+claim_port() {
+  mkdir -p /tmp/hora-test-ports
+  local lo=10000 hi p
+  hi=$(awk '{ print $1 }' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+  for _ in $(seq 1 1000); do
+    p=$((lo + RANDOM % (hi - lo)))
+    exec 9>>"/tmp/hora-test-ports/$p"
+    if flock -n 9 && ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+      CLAIMED_PORT=$p
+      return 0
+    fi
+    exec 9>&-
+  done
+  fail "no free store port in $lo..$((hi - 1))"
+}
 # Waits up to $2 seconds for a line matching $1 in file $3.
 wait_for_line() {
   local deadline=$((SECONDS + $2))

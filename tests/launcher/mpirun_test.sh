@@ -6,7 +6,9 @@
 source "$(dirname "$0")/lib.sh"
 command -v mpirun >/dev/null || skip "no mpirun (install Open MPI with scripts/install_deps.sh --mpi)"
 mpirun --version 2>&1 | grep -q "Open MPI" || skip "mpirun is not Open MPI"
-port=$((20000 + RANDOM % 20000))
+# A claimed port: one drawn at random could be another test's store (ctest -j).
+claim_port
+port=$CLAIMED_PORT
 export HORA_SECRET="mpi-test-$RANDOM$RANDOM"
 t0=$(now)
 mpirun --allow-run-as-root --oversubscribe -np 3 \

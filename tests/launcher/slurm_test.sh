@@ -147,7 +147,7 @@ start_cluster() {
 t0=$(now)
 started=0
 for attempt in 1 2 3; do
-  base=$((40000 + RANDOM % 15000))  # above the 20000-39999 the launcher tests draw store ports from
+  base=$((40000 + RANDOM % 15000))  # above the store ports the launcher tests draw (below 40000)
   port_busy $base || port_busy $((base + 1)) && continue
   write_conf $base $((base + 1))
   if start_cluster; then
