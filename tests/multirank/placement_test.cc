@@ -282,7 +282,7 @@ TEST(Placement, AWaiterAwayFromItsCpuIsMovedBackWhereRanksOutnumberCpusProcesses
   const std::vector<int> cpus = hora::allowedCpus();
   if (cpus.size() < 2) GTEST_SKIP() << "one allowed CPU";
   const std::vector<int> two{cpus[0], cpus[1]};
-  constexpr int kRounds = 6;
+  constexpr int kRounds = 12;
   struct Case {
     int size;
     const char* param;
@@ -294,16 +294,28 @@ TEST(Placement, AWaiterAwayFromItsCpuIsMovedBackWhereRanksOutnumberCpusProcesses
         c.size, [&](int) { return homingRank(c.size, two, kRounds); }, 60, nullptr,
         ClaimDir().env({{"HORA_HOME_CALLER", c.param}}));
     expectAllPass(results);
-    for (long h : homings(results)) {
+    const std::vector<long> counts = homings(results);
+    std::string seen;
+    long total = 0;
+    for (long h : counts) {
+      seen += " " + std::to_string(h);
+      total += h;
+    }
+    SCOPED_TRACE("homings per rank:" + seen);
+    for (long h : counts) {
       if (c.moved) {
-        // Every round starts away; the scheduler may move a thread home
-        // itself before a wait looks, so most, not all, rounds count.
-        EXPECT_GE(h, kRounds / 2);
+        // Every round starts away, but a round does not count where the
+        // scheduler moved the thread home itself, or the allreduce finished
+        // before hora_wait looked (a rank that submits last, on a loaded
+        // machine: 2 of 6 was seen in CI). Hence at least one per rank and
+        // half of all rounds, not every round.
+        EXPECT_GE(h, 1);
         EXPECT_LE(h, kRounds);
       } else {
         EXPECT_EQ(h, 0);
       }
     }
+    if (c.moved) EXPECT_GE(total, c.size * kRounds / 2);
   }
 }
 
