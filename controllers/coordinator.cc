@@ -98,20 +98,25 @@ Status checkRequest(const Request& r, int globalRank, int setSize) {
   return Status::ok();
 }
 
-// An allreduce payload (Request::payload) must hold exactly the tensor: the
-// coordinator reduces it with the others' and each rank copies the result
-// into its own tensor. Anything else cannot come from a correct peer.
-Status checkPayload(const Request& r, int globalRank) {
+// A payload (Request::payload) must hold exactly the rank's tensor, in host
+// memory, of a kind the coordinator combines (allreduce, reducescatter,
+// allgather, alltoall; broadcast from its root only). Anything else cannot
+// come from a correct peer.
+Status checkPayload(const Request& r, int rank, int globalRank) {
   if (r.payload.empty()) return Status::ok();
   const int64_t bytes = numElements(r.shape) * static_cast<int64_t>(dataTypeSize(r.dtype));
-  if (r.kind == CollectiveKind::kAllreduce && r.device.kind == DeviceKind::kCpu &&
+  const bool carries =
+      r.kind == CollectiveKind::kAllreduce || r.kind == CollectiveKind::kReducescatter ||
+      r.kind == CollectiveKind::kAllgather || r.kind == CollectiveKind::kAlltoall ||
+      (r.kind == CollectiveKind::kBroadcast && r.root == rank);
+  if (carries && r.device.kind == DeviceKind::kCpu &&
       static_cast<int64_t>(r.payload.size()) == bytes)
     return Status::ok();
   return protocolError("rank " + std::to_string(globalRank) + " sent " +
                        std::to_string(r.payload.size()) + " bytes of inline data with " +
                        r.describe() + " (" + std::to_string(bytes) +
-                       " bytes, host memory, allreduce only); the sender is corrupt or runs "
-                       "another hora version");
+                       " bytes, host memory; broadcast from its root only); the sender is "
+                       "corrupt or runs another hora version");
 }
 
 struct FusionKey {
@@ -169,7 +174,7 @@ Status Coordinator::onRequests(int rank, const RequestList& list, Clock::time_po
     r.payload = hit.payload;
     requests.push_back(std::move(r));
   }
-  for (const auto& r : requests) HORA_RETURN_IF_ERROR(checkPayload(r, global(rank)));
+  for (const auto& r : requests) HORA_RETURN_IF_ERROR(checkPayload(r, rank, global(rank)));
   for (auto& r : requests) {
     r.rank = rank;
     if (r.kind == CollectiveKind::kJoin) {
@@ -417,27 +422,59 @@ Response Coordinator::constructResponse(const std::string& name, Pending& p) {
         return tooLarge("what rank " + std::to_string(global(d)) + " receives", rows,
                         "Send fewer rows per call (split the tensor along dimension 0).");
     }
-  } else if (first->kind == CollectiveKind::kAllreduce && joined.empty()) {
-    reduceInline(present, &resp);
   }
+  if (joined.empty() && first->device.kind == DeviceKind::kCpu) combineInline(present, &resp);
   return resp;
 }
 
-void Coordinator::reduceInline(const std::vector<const Request*>& present, Response* resp) const {
-  // Every rank must have sent its tensor: one without leaves the whole
-  // allreduce to the data plane, where every rank still holds its input.
-  for (const Request* q : present)
-    if (q->payload.empty()) return;
-  // Averaging divides on each rank after the sum (reductionOf), as the data plane does.
-  const ReduceOp op = resp->op == ReduceOp::kAverage ? ReduceOp::kSum : resp->op;
-  const ReduceFn reduce = reduceFunction(resp->dtype, op);
-  if (!reduce || !reduceOpSupported(resp->op, resp->dtype)) return;
-  // Rank order (present is sorted by rank): every rank gets these bits.
-  const size_t n = present.front()->payload.size() / dataTypeSize(resp->dtype);
-  std::string acc = present.front()->payload;
-  for (size_t i = 1; i < present.size(); ++i)
-    reduce(&acc[0], acc.data(), present[i]->payload.data(), n);
-  resp->inlineResult = std::move(acc);
+void Coordinator::combineInline(const std::vector<const Request*>& present, Response* resp) const {
+  // Every rank whose data the result needs must have sent it: one without
+  // leaves the whole collective to the data plane, where every rank still
+  // holds its input. A rank with nothing to send (zero rows) sent all of it.
+  auto sent = [](const Request* q) {
+    return !q->payload.empty() || numElements(q->shape) == 0 || dataTypeSize(q->dtype) == 0;
+  };
+  // Present is sorted by rank (every rank, none joined): results are in rank order.
+  std::string result;
+  switch (resp->kind) {
+    case ResponseKind::kAllreduce:
+    case ResponseKind::kReducescatter: {
+      for (const Request* q : present)
+        if (q->payload.empty()) return;
+      // Averaging divides on each rank after the sum (reductionOf), as the data plane does.
+      const ReduceOp op = resp->op == ReduceOp::kAverage ? ReduceOp::kSum : resp->op;
+      const ReduceFn reduce = reduceFunction(resp->dtype, op);
+      if (!reduce || !reduceOpSupported(resp->op, resp->dtype)) return;
+      const size_t n = present.front()->payload.size() / dataTypeSize(resp->dtype);
+      result = present.front()->payload;
+      for (size_t i = 1; i < present.size(); ++i)
+        reduce(&result[0], result.data(), present[i]->payload.data(), n);
+      break;
+    }
+    case ResponseKind::kBroadcast:
+      for (const Request* q : present)
+        if (q->rank == resp->root) result = q->payload;
+      break;
+    case ResponseKind::kAllgather:
+    case ResponseKind::kAlltoall: {
+      // The concatenation of every rank's tensor: an allgather's output, or
+      // every alltoall block, from which each rank takes its column.
+      size_t total = 0;
+      for (const Request* q : present) {
+        if (!sent(q)) return;
+        total += q->payload.size();
+      }
+      // The response list repeats it to every rank: a result past the
+      // per-tensor cap (ranks whose settings differ) takes the data plane.
+      if (total > kMaxInlineBytes) return;
+      result.reserve(total);
+      for (const Request* q : present) result += q->payload;
+      break;
+    }
+    default:
+      return;
+  }
+  resp->inlineResult = std::move(result);
 }
 
 ResponseList Coordinator::emit(std::vector<std::vector<Response>>* resolved) {

@@ -20,13 +20,15 @@
 //     the fusion threshold, and replaces responses already in the cache by
 //     their bit. Every rank applies the list to its own cache in the same
 //     order (core/response_cache.h), then executes the groups in order.
-//  5. Allreduces small enough to travel inside the negotiation
-//     (HORA_INLINE_MAX_BYTES) carry each rank's tensor in its request; when
-//     every rank sent one, constructResponse reduces them here, in rank
-//     order, and the response carries the result: the tensor then needs one
+//  5. Collectives of host tensors small enough to travel inside the
+//     negotiation (HORA_INLINE_MAX_BYTES) carry each rank's tensor in its
+//     request (a broadcast only its root's); when every rank sent its own,
+//     constructResponse combines them here, in rank order (a reduction, the
+//     root's tensor, or the concatenation an allgather or alltoall is cut
+//     from), and the response carries the result: the tensor then needs one
 //     round trip to the coordinator and no data plane (no executor hand-off,
 //     no second exchange). Across hosts that is one TCP round trip instead
-//     of a Gloo ring behind the negotiation.
+//     of a ring behind the negotiation.
 //  6. inspectStalls() names tensors waiting on missing ranks after the
 //     warning time and fails them everywhere after the shutdown time.
 //
@@ -113,9 +115,12 @@ class Coordinator {
   bool complete(const Pending& p) const;
   void markReadyIfComplete(const std::string& name);
   Response constructResponse(const std::string& name, Pending& p);
-  // Sets resp->inlineResult when every rank sent its tensor with the request
-  // (Request::payload) and the dtype/op pair can be reduced here.
-  void reduceInline(const std::vector<const Request*>& present, Response* resp) const;
+  // Sets resp->inlineResult when every rank whose data it needs sent its
+  // tensor with the request (Request::payload): the reduction (allreduce,
+  // reducescatter; when the dtype/op pair can be reduced here), the root's
+  // tensor (broadcast), or every rank's tensor in rank order (allgather,
+  // alltoall).
+  void combineInline(const std::vector<const Request*>& present, Response* resp) const;
   std::vector<int> missingRanks(const Pending& p) const;  // global ranks
   int global(int setRank) const {
     return setRank < static_cast<int>(opts_.globalRanks.size()) ? opts_.globalRanks[setRank]

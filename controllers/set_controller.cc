@@ -1,12 +1,14 @@
 #include "controllers/set_controller.h"
 
 #include <algorithm>
+#include <cstring>
 #include <future>
 #include <unordered_set>
 
 #include "core/check.h"
 #include "core/cpu_affinity.h"
 #include "core/reduce.h"
+#include "core/response_counts.h"
 
 namespace hora {
 
@@ -263,14 +265,35 @@ void SetController::packAhead(TensorEntry& e) {
 
 std::string SetController::inlinePayload(const TensorEntry& e) const {
   const Request& r = e.request;
-  if (r.kind != CollectiveKind::kAllreduce || r.device.kind != DeviceKind::kCpu || size() <= 1)
-    return std::string();
+  if (r.device.kind != DeviceKind::kCpu || size() <= 1) return std::string();
   const size_t n = static_cast<size_t>(numElements(r.shape)), esz = dataTypeSize(r.dtype);
   const size_t bytes = n * esz;
-  if (bytes == 0 || bytes > std::min(opts_.inlineMaxBytes, kMaxInlineBytes)) return std::string();
-  // Prescaled here as the data plane's pack would: the coordinator only reduces.
+  const size_t cap = std::min(opts_.inlineMaxBytes, kMaxInlineBytes);
+  if (bytes == 0 || bytes > cap) return std::string();
+  // The cap is on what the response list carries back to every rank: the
+  // tensor for an allreduce, reducescatter (its input is the whole tensor)
+  // or broadcast; every rank's tensor for an allgather or alltoall, about
+  // the set's size times this one.
+  switch (r.kind) {
+    case CollectiveKind::kAllreduce:
+    case CollectiveKind::kReducescatter:
+      break;
+    case CollectiveKind::kBroadcast:
+      if (r.root != opts_.rank) return std::string();
+      break;
+    case CollectiveKind::kAllgather:
+    case CollectiveKind::kAlltoall:
+      if (bytes > cap / static_cast<size_t>(size())) return std::string();
+      break;
+    default:
+      return std::string();
+  }
   std::string p(bytes, '\0');
-  scaleCopy(r.dtype, &p[0], e.in, n, r.prescale);
+  if (r.kind == CollectiveKind::kAllreduce || r.kind == CollectiveKind::kReducescatter)
+    // Prescaled here as the data plane's pack would: the coordinator only reduces.
+    scaleCopy(r.dtype, &p[0], e.in, n, r.prescale);
+  else
+    std::memcpy(&p[0], e.in, bytes);
   return p;
 }
 
@@ -359,14 +382,19 @@ Status SetController::validateResponse(const Response& r) const {
     if (j < 0 || j >= size()) return bad("joined rank out of range");
   if (!r.inlineResult.empty()) {
     // Checked before the shape below only for the kind: the size check needs a valid shape.
-    if (r.kind != ResponseKind::kAllreduce || !r.joined.empty() ||
-        r.device.kind != DeviceKind::kCpu)
-      return bad("an inline result on a response that is not a plain allreduce of host memory");
+    const bool combines = r.kind == ResponseKind::kAllreduce ||
+                          r.kind == ResponseKind::kBroadcast ||
+                          r.kind == ResponseKind::kReducescatter ||
+                          r.kind == ResponseKind::kAllgather || r.kind == ResponseKind::kAlltoall;
+    if (!combines || !r.joined.empty() || r.device.kind != DeviceKind::kCpu)
+      return bad(
+          "an inline result on a response that is not a collective of host memory "
+          "without joined ranks");
   }
   for (int64_t d : r.sizes)
     if (d < 0) return bad("negative size");
   // The executor computes element counts, byte sizes and offsets from the shape and sizes
-  // (ops/executor/response_counts.h): each must fit (core/types.h, kMaxTensorBytes), and an
+  // (core/response_counts.h): each must fit (core/types.h, kMaxTensorBytes), and an
   // allgather's sizes must add up to the rows of the output allocated from its shape.
   const bool tensor = r.kind == ResponseKind::kAllreduce || r.kind == ResponseKind::kBroadcast ||
                       r.kind == ResponseKind::kReducescatter ||
@@ -382,8 +410,11 @@ Status SetController::validateResponse(const Response& r) const {
     s[0] = rows;
     return !overflow && shapeOverflowDim(s, esz) < 0;
   };
-  if (!r.inlineResult.empty() && static_cast<int64_t>(r.inlineResult.size()) !=
-                                     numElements(r.shape) * static_cast<int64_t>(esz))
+  // An inline result holds the tensor the shape describes; for an alltoall,
+  // every block of its matrix (checked below, with the sizes).
+  if (!r.inlineResult.empty() && r.kind != ResponseKind::kAlltoall &&
+      static_cast<int64_t>(r.inlineResult.size()) !=
+          numElements(r.shape) * static_cast<int64_t>(esz))
     return bad("an inline result of " + std::to_string(r.inlineResult.size()) + " bytes for " +
                describeTensor(r.dtype, r.shape));
   if (r.kind == ResponseKind::kAllgather) {
@@ -393,6 +424,8 @@ Status SetController::validateResponse(const Response& r) const {
     if (overflow || total != r.shape[0])
       return bad("allgather sizes do not add up to dimension 0 of the shape");
   } else if (r.kind == ResponseKind::kAlltoall) {
+    int64_t allRows = 0;
+    bool allOverflow = false;
     for (size_t a = 0; a < n; ++a) {
       int64_t sent = 0, received = 0;
       bool sentOverflow = false, receivedOverflow = false;
@@ -402,7 +435,15 @@ Status SetController::validateResponse(const Response& r) const {
       }
       if (!rowsFit(sent, sentOverflow) || !rowsFit(received, receivedOverflow))
         return bad("alltoall sizes to or from set rank " + std::to_string(a) + " overflow");
+      allOverflow |= __builtin_add_overflow(allRows, sent, &allRows);
     }
+    // Every rank's tensor, in rank order: all rows of the matrix.
+    if (!r.inlineResult.empty() && (!rowsFit(allRows, allOverflow) ||
+                                    static_cast<int64_t>(r.inlineResult.size()) !=
+                                        allRows * rowElements(r.shape) * static_cast<int64_t>(esz)))
+      return bad("an inline result of " + std::to_string(r.inlineResult.size()) +
+                 " bytes for an alltoall of " + std::to_string(allRows) + " rows of " +
+                 describeTensor(r.dtype, r.shape));
   }
   return Status::ok();
 }
@@ -427,10 +468,13 @@ Status SetController::claimEntries(const std::vector<Response>& responses, Agree
       const bool sameKind = static_cast<uint8_t>(e->request.kind) == static_cast<uint8_t>(r.kind);
       const bool exact = r.kind == ResponseKind::kAllreduce || r.kind == ResponseKind::kBroadcast ||
                          r.kind == ResponseKind::kReducescatter;
-      // An inline result is copied into this rank's own tensor: its size must be the
-      // tensor's, whatever the response says its shape is.
+      // An inline result of an allreduce, broadcast or reducescatter is copied
+      // into (or cut for) this rank's own tensor: its size must be the
+      // tensor's, whatever the response says its shape is. Allgather and
+      // alltoall outputs are allocated from the response (validateResponse
+      // checked the result against it).
       const bool resultFits =
-          r.inlineResult.empty() ||
+          r.inlineResult.empty() || !exact ||
           static_cast<int64_t>(r.inlineResult.size()) ==
               numElements(e->request.shape) * static_cast<int64_t>(dataTypeSize(e->request.dtype));
       if (!sameKind || (exact && e->request.signature() != r.signature) ||
@@ -532,7 +576,7 @@ void SetController::queueGroup(std::vector<Response> responses) {
   const bool mayComplete = !submitting_ || !callsBack(g);
   if (!needsDataPlane(g) && !stopping_ && mayComplete && queue_.tryBeginInline()) {
     if (opts_.telemetry) opts_.telemetry->inlineDone(g);
-    completeWithoutDataPlane(g, opts_.globalRanks);
+    completeWithoutDataPlane(g, opts_.rank, opts_.globalRanks);
     queue_.endInline();
     return;
   }

@@ -1,21 +1,21 @@
 // SetController: the control thread of one process set, on every rank alike.
 //
 // What it does, in the order a tensor meets it:
-//  1. enqueue() (framework threads): a small allreduce's tensor is copied,
-//     prescaled, into its request (inline allreduces, below); the entries go
+//  1. enqueue() (framework threads): a small collective's tensor is copied
+//     (prescaled, if it reduces) into its request (inline, below); the entries go
 //     into the tensor table (name -> entry; a name may be in flight once) and
 //     the inbox, and the control thread is woken: no fixed-cycle sleeping.
 //  2. drain (control thread): the inbox becomes one RequestList: a cache hit
 //     (bit + signature) for each tensor whose response this rank has cached
 //     with the same signature, the full request otherwise; either carries
-//     the tensor of an inline allreduce, up to kMaxInlineListBytes per list.
+//     the tensor of an inline collective, up to kMaxInlineListBytes per list.
 //     It goes to the coordinator through the CoordinatorLink (a direct call
 //     on set rank 0, a frame elsewhere). A nacked hit is resent in full.
 //  3. responses: every response list is applied to this rank's response
 //     cache in order (touch a bit, put a full cacheable response), checked,
 //     and each group's entries are claimed from the table. A group that needs
-//     no data plane (barrier, join, error, an allreduce whose result the
-//     coordinator computed from every rank's tensor) is completed right here when
+//     no data plane (barrier, join, error, a collective whose result the
+//     coordinator computed from the ranks' tensors) is completed right here when
 //     nothing is queued ahead of it; every other group goes to the executor
 //     through the GroupQueue, so this thread keeps heartbeats and loss
 //     detection running while collectives wait on peers.
@@ -70,10 +70,12 @@ struct SetControllerOptions {
   std::string prometheusDir;
   const std::atomic<uint64_t>* dumpRequests = nullptr;
   Seconds stallWarning{60};
-  // Allreduces of host tensors of 1..inlineMaxBytes bytes carry the tensor
-  // in their request (Request::payload; HORA_INLINE_MAX_BYTES, at most
-  // kMaxInlineBytes; 0 = never). Ranks need not agree: the coordinator
-  // reduces inline only when every rank sent its tensor.
+  // Collectives of host tensors whose result (what the response carries
+  // back: the tensor, or for allgather and alltoall about the set's size
+  // times it) is 1..inlineMaxBytes bytes carry the tensor in their request
+  // (Request::payload; HORA_INLINE_MAX_BYTES, at most kMaxInlineBytes; 0 =
+  // never; a broadcast only from its root). Ranks need not agree: the
+  // coordinator combines inline only when every rank sent its tensor.
   size_t inlineMaxBytes = 0;
 };
 
@@ -166,8 +168,8 @@ class SetController : public CoordinatorLink::Client {
   void drainInbox();
   // Around `e`'s request (see setPacker): packer_, when it applies.
   void packAhead(TensorEntry& e);
-  // The entry's prescaled tensor when it may travel in its request
-  // (SetControllerOptions::inlineMaxBytes), else empty.
+  // The entry's tensor (prescaled, if it reduces) when it may travel in
+  // its request (SetControllerOptions::inlineMaxBytes), else empty.
   std::string inlinePayload(const TensorEntry& e) const;
   void onPeerLost(int peer, Status why);
   void onBroken(const Status& why, bool tellPeers);  // any thread

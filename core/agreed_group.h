@@ -4,8 +4,8 @@
 // the entries from its tensor table, so that a later failure of the set cannot
 // fail work every rank already agreed to run; the executor thread runs it.
 //
-// Groups that need no data plane (barrier, join, an error response, an
-// allreduce the coordinator reduced inline) are completed by
+// Groups that need no data plane (barrier, join, an error response, a
+// collective the coordinator combined inline) are completed by
 // completeWithoutDataPlane on whichever thread holds them: the control thread
 // when nothing is queued ahead, else the executor in order.
 #pragma once
@@ -28,7 +28,7 @@ struct AgreedGroup {
 };
 
 bool needsDataPlane(ResponseKind kind);
-// False for inline allreduces (Response::inlineResult) too.
+// False for inline collectives (Response::inlineResult) too.
 bool needsDataPlane(const Response& r);
 bool needsDataPlane(const AgreedGroup& group);
 
@@ -45,9 +45,10 @@ struct Reduction {
 };
 Reduction reductionOf(const Response& r, int size);
 
-// Completes a barrier, join, error or inline-allreduce group. `globalRanks`
-// maps set ranks to global ranks (the last rank to join is reported as a
-// global rank; its size is the set's).
-void completeWithoutDataPlane(AgreedGroup& group, const std::vector<int>& globalRanks);
+// Completes a barrier, join, error or inline group (outputs of an inline
+// allgather, alltoall or reducescatter through the entry's sink). `rank` is
+// this rank's set rank; `globalRanks` maps set ranks to global ranks (the
+// last rank to join is reported as a global rank; its size is the set's).
+void completeWithoutDataPlane(AgreedGroup& group, int rank, const std::vector<int>& globalRanks);
 
 }  // namespace hora

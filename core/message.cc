@@ -121,9 +121,10 @@ Status decodeRequest(ByteReader& rd, Request* r) {
   HORA_RETURN_IF_ERROR(rd.i64s(&r->shape, "request shape", 64));
   HORA_RETURN_IF_ERROR(rd.i64s(&r->splits, "request splits", 1 << 20));
   HORA_RETURN_IF_ERROR(rd.str(&r->payload, "request payload", kMaxInlineBytes));
-  if (!r->payload.empty() && r->kind != CollectiveKind::kAllreduce)
+  if (!r->payload.empty() &&
+      (r->kind == CollectiveKind::kBarrier || r->kind == CollectiveKind::kJoin))
     return protocolError("a payload in a " + std::string(collectiveName(r->kind)) +
-                         " request; only allreduces carry one");
+                         " request; it has no tensor to carry");
   for (int64_t d : r->shape)
     if (d < 0) return protocolError("negative dimension in request \"" + r->name + "\"");
   return Status::ok();

@@ -23,12 +23,13 @@
 
 namespace hora {
 
-// 2: allreduce payloads in requests and cache hits, results in response items.
-constexpr uint8_t kWireVersion = 2;
+// 2: payloads in requests and cache hits, results in response items (3: of
+// every collective but barrier and join, not only allreduce).
+constexpr uint8_t kWireVersion = 3;
 
-// The most bytes an allreduce may carry inside its negotiation (hard cap of
-// HORA_INLINE_MAX_BYTES): the coordinator holds every rank's copy, and each
-// response list repeats the result to every rank.
+// The most bytes a collective's result may carry inside its negotiation
+// (hard cap of HORA_INLINE_MAX_BYTES): the coordinator holds every rank's
+// copy, and each response list repeats the result to every rank.
 constexpr size_t kMaxInlineBytes = 64 * 1024;
 // The most inline bytes (payloads, or results) one request or response list
 // carries: far below the control plane's frame limit (64 MiB), and small
@@ -49,10 +50,11 @@ struct Request {
   std::string name;
   std::vector<int64_t> shape;
   std::vector<int64_t> splits;  // alltoall: rows sent to each rank
-  // Allreduce only: this rank's input, prescaled, when it is small enough to
-  // travel inside the negotiation (HORA_INLINE_MAX_BYTES); empty otherwise.
-  // The coordinator reduces the payloads itself when every rank sent one,
-  // and the tensor then needs no data plane (see ResponseItem::result).
+  // This rank's input (prescaled for a reduction; a broadcast's from its
+  // root only), when the collective is small enough to travel inside the
+  // negotiation (HORA_INLINE_MAX_BYTES); empty otherwise. The coordinator
+  // combines the payloads itself when every rank sent one, and the tensor
+  // then needs no data plane (see ResponseItem::result).
   std::string payload;
 
   // Hash of every field but rank and payload: equal requests from two ranks hash equal.
@@ -108,10 +110,12 @@ struct Response {
   int32_t errorCode = 0;        // kError: a hora::Code value
   std::string error;            // kError: the message every rank reports
   uint64_t signature = 0;       // Request::signature() of the requests it answers
-  // In memory only (the wire carries it as ResponseItem::result): an
-  // allreduce the coordinator reduced from the ranks' payloads, in rank
-  // order, before postscale and averaging; such a response needs no data
-  // plane and is never fused.
+  // In memory only (the wire carries it as ResponseItem::result): what the
+  // coordinator combined from the ranks' payloads, in rank order: an
+  // allreduce's or reducescatter's whole reduction (before postscale and
+  // averaging), a broadcast's tensor, an allgather's output, or every
+  // alltoall tensor one after another. Such a response needs no data plane
+  // and is never fused.
   std::string inlineResult;
 
   bool fusable() const { return kind == ResponseKind::kAllreduce && inlineResult.empty(); }

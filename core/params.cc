@@ -140,9 +140,13 @@ const std::vector<ParamSpec>& paramRegistry() {
        "process set of one rank the submitting thread negotiates by itself. 0 leaves all of it "
        "to the control thread."},
       {"HORA_INLINE_MAX_BYTES", ParamType::kInt, "-1",
-       "Allreduces of host tensors up to this size travel inside the negotiation: each rank's "
-       "request carries its tensor, the coordinator reduces them and its response carries the "
-       "result, so the tensor needs one round trip to the coordinator and no data plane. -1: "
+       "Collectives of host tensors whose result is up to this size travel inside the "
+       "negotiation: each rank's request carries its tensor (a broadcast's only from the root), "
+       "the coordinator combines them (reduces an allreduce or reducescatter, concatenates an "
+       "allgather or alltoall) and its response carries the result, so the tensor needs one "
+       "round trip to the coordinator and no data plane. The result is the tensor for an "
+       "allreduce, reducescatter or broadcast, and every rank's tensor for an allgather or "
+       "alltoall (a rank sends its own when the set's size times it fits). -1: "
        "262144 divided by the set's size (65536 where allreduce runs on a tcp ring: data plane "
        "tcp-ring+gloo, or hier with tcp-ring across), within 256..4096 for a set on the "
        "shared-memory data "

@@ -116,7 +116,14 @@ class WatchedStore : public Store {
       R r = call(std::max(std::chrono::milliseconds(1), std::min(slice_, left)));
       if (statusOf(r).code() != Code::kTimeout || left <= slice_ || !armed_->load()) return r;
       Status alive = check_();
-      if (!alive.isOk()) return alive;
+      if (!alive.isOk()) {
+        // What this waits for may have been written just before the peer
+        // closed (a coordinator that gives up writes why first, then
+        // exits): that answer explains more than the closed connection.
+        R last = call(std::chrono::milliseconds(1));
+        if (statusOf(last).isOk()) return last;
+        return alive;
+      }
     }
   }
 

@@ -180,8 +180,8 @@ void Telemetry::inlineDone(const AgreedGroup& g) {
   static const std::string kInline = "inline";
   if (Timeline* tl = timelineOn()) {
     if (reduced) {
-      // As a data-plane group, so that a trace shows every allreduce; its
-      // plane is "inline" (the coordinator reduced it) and it takes no time.
+      // As a data-plane group, so that a trace shows every collective; its
+      // plane is "inline" (the coordinator combined it) and it takes no time.
       std::string names;
       uint64_t bytes = 0;
       for (size_t i = 0; i < g.responses.size() && i < 64; ++i) {
@@ -189,7 +189,8 @@ void Telemetry::inlineDone(const AgreedGroup& g) {
         bytes += g.responses[i].inlineResult.size();
       }
       tl->record(
-          TimelineLane::kDataPlane, groupLabel(g), "allreduce", now, now,
+          TimelineLane::kDataPlane, groupLabel(g),
+          collectiveName(static_cast<CollectiveKind>(g.responses[0].kind)), now, now,
           "{\"tensors\":[\"" + names + "\"],\"count\":" + std::to_string(g.responses.size()) +
               ",\"bytes\":" + std::to_string(bytes) + ",\"plane\":\"inline\",\"status\":\"ok\"}",
           0, 0);
@@ -204,11 +205,13 @@ void Telemetry::inlineDone(const AgreedGroup& g) {
     const auto k = static_cast<int>(r.kind);
     if (k < static_cast<int>(CollectiveKind::kCount) && r.kind != ResponseKind::kError)
       relaxedAdd(ops_[k], 1);
-    if (!r.inlineResult.empty()) {
-      relaxedAdd(inlineAllreduces_, 1);
-      relaxedAdd(bytes_[k], r.inlineResult.size());
-    }
     const EntryPtr& e = g.entries[i];
+    if (!r.inlineResult.empty()) {
+      relaxedAdd(inlineCollectives_, 1);
+      if (r.kind == ResponseKind::kAllreduce) relaxedAdd(inlineAllreduces_, 1);
+      // This rank's tensor, as the data plane's groups count it.
+      if (e) relaxedAdd(bytes_[k], static_cast<uint64_t>(entryBytes(*e)));
+    }
     if (!e) continue;
     relaxedAdd(finishedCount_, 1);
     const bool failed = r.kind == ResponseKind::kError;
@@ -371,6 +374,7 @@ MetricsSnapshot Telemetry::snapshot() const {
   m.fusedGroups = load(fusedGroups_);
   m.groupBytes = load(groupBytes_);
   m.inlineAllreduces = load(inlineAllreduces_);
+  m.inlineCollectives = load(inlineCollectives_);
   m.controlGroups = load(controlGroups_);
   m.callerGroups = load(callerGroups_);
   m.packedAhead = load(packedAhead_);
@@ -525,6 +529,7 @@ std::string metricsJson(const MetricsSnapshot& m) {
   o << "},\"groups\":" << m.groups << ",\"group_tensors\":" << m.groupTensors
     << ",\"fused_groups\":" << m.fusedGroups << ",\"group_bytes\":" << m.groupBytes
     << ",\"inline_allreduces\":" << m.inlineAllreduces
+    << ",\"inline_collectives\":" << m.inlineCollectives
     << ",\"control_thread_groups\":" << m.controlGroups
     << ",\"caller_driven_groups\":" << m.callerGroups << ",\"packed_ahead\":" << m.packedAhead
     << ",\"packed_ahead_used\":" << m.packedAheadUsed << ",\"peer_packs_read\":" << m.peerPacksRead
@@ -580,6 +585,10 @@ std::string metricsPrometheus(const MetricsSnapshot& m) {
   one("inline_allreduces_total", "counter",
       "Allreduces reduced by the coordinator inside the negotiation (HORA_INLINE_MAX_BYTES).",
       static_cast<double>(m.inlineAllreduces));
+  one("inline_collectives_total", "counter",
+      "Collectives of every kind (allreduces included) the coordinator combined inside the "
+      "negotiation (HORA_INLINE_MAX_BYTES).",
+      static_cast<double>(m.inlineCollectives));
   one("control_thread_groups_total", "counter",
       "Of those groups, the ones the control thread ran itself (HORA_RUN_ON_CONTROL_MAX_BYTES).",
       static_cast<double>(m.controlGroups));

@@ -4,7 +4,7 @@
 //  - framework threads: submitted() when a request's entries are enqueued;
 //  - the control thread: sent() (cache hit or full request), agreed() when a
 //    group every rank agreed to is claimed, inlineDone() for barrier, join,
-//    error and inline-allreduce groups it completes itself (the executor
+//    error and inline groups it completes itself (the executor
 //    calls it for those queued behind work); on set rank 0, lastArrival() from the
 //    coordinator (who submitted a tensor last, and how long the others waited);
 //  - the executor thread: started() and finished() around each group;
@@ -105,6 +105,8 @@ struct MetricsSnapshot {
   uint64_t groupBytes = 0;
   // Allreduces the coordinator reduced inside the negotiation (no data plane).
   uint64_t inlineAllreduces = 0;
+  // Collectives of every kind (allreduces included) combined there.
+  uint64_t inlineCollectives = 0;
   // Of `groups`, those the control thread ran itself (HORA_RUN_ON_CONTROL_MAX_BYTES).
   uint64_t controlGroups = 0;
   uint64_t callerGroups = 0;
@@ -146,7 +148,7 @@ class Telemetry {
   void sent(TensorEntry& e, bool cacheHit);
   // Control thread: a group every rank agreed to, entries claimed.
   void agreed(const AgreedGroup& g);
-  // Control or executor thread: a barrier/join/error/inline-allreduce group
+  // Control or executor thread: a barrier/join/error/inline group
   // completed without the data plane.
   void inlineDone(const AgreedGroup& g);
   // Any thread: an entry failed before every rank agreed to it (set broken,
@@ -238,6 +240,7 @@ class Telemetry {
   std::atomic<uint64_t> bytes_[static_cast<int>(CollectiveKind::kCount)] = {};
   std::atomic<uint64_t> groups_{0}, groupTensors_{0}, fusedGroups_{0}, groupBytes_{0};
   std::atomic<uint64_t> inlineAllreduces_{0};
+  std::atomic<uint64_t> inlineCollectives_{0};
   std::atomic<uint64_t> controlGroups_{0};
   std::atomic<uint64_t> callerGroups_{0};
   std::atomic<uint64_t> packedAhead_{0};

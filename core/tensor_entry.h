@@ -57,9 +57,10 @@ class RequestSink {
   virtual void setLastJoinedRank(int32_t globalRank) = 0;
   // Any hora thread, exactly once per entry (TensorEntry::complete ensures it).
   virtual void completeEntry(const Status& status) = 0;
-  // Whether completing runs the caller's code (a completion callback): a
-  // thread inside one of the caller's own submissions must not do that
-  // (SetController, HORA_CALLER_DRIVES).
+  // Whether completing runs the caller's code (a completion callback, or an
+  // output allocator: a collective the coordinator combined inline allocates
+  // its output as it completes): a thread inside one of the caller's own
+  // submissions must not do that (SetController, HORA_CALLER_DRIVES).
   virtual bool callsBack() const { return false; }
 };
 

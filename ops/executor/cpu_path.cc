@@ -4,7 +4,7 @@
 #include <numeric>
 
 #include "core/reduce.h"
-#include "ops/executor/response_counts.h"
+#include "core/response_counts.h"
 
 namespace hora {
 

@@ -145,7 +145,7 @@ bool Executor::execute(AgreedGroup& g) {
   if (!onGpu || !needsDataPlane(g)) reapLaunched(0);
   if (!needsDataPlane(g)) {
     if (ctx_.telemetry) ctx_.telemetry->inlineDone(g);
-    completeWithoutDataPlane(g, ctx_.globalRanks);
+    completeWithoutDataPlane(g, ctx_.rank, ctx_.globalRanks);
     return true;
   }
   // Autotune: every rank applies the same values before the same group.

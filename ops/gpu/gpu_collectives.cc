@@ -9,7 +9,7 @@
 #include <numeric>
 
 #include "core/reduce.h"
-#include "ops/executor/response_counts.h"
+#include "core/response_counts.h"
 #include "ops/gpu/gpu_path.h"
 
 namespace hora {

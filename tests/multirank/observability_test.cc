@@ -111,13 +111,13 @@ static void knownSchedule(bool inlineAllreduces) {
     has("\"broadcast\":{\"count\":1,\"bytes\":16}");
     has("\"barrier\":{\"count\":1,\"bytes\":0}");
     if (inlineAllreduces) {
-      // The 400-byte allreduces travel inside the negotiation and the barrier
-      // needs no data plane: 2 allgathers and 1 broadcast ran on it.
-      has("\"groups\":3,\"group_tensors\":3");
-      has("\"inline_allreduces\":50");
+      // Every collective travels inside the negotiation (the allgathers'
+      // 48 bytes too) and the barrier needs no data plane: nothing ran on it.
+      has("\"groups\":0,\"group_tensors\":0");
+      has("\"inline_allreduces\":50,\"inline_collectives\":53");
     } else {
       has("\"group_tensors\":53");  // the barrier needs no data plane
-      has("\"inline_allreduces\":0");
+      has("\"inline_allreduces\":0,\"inline_collectives\":0");
     }
     has("\"cache_hits\":40,\"cache_misses\":11");
     has("\"errors\":0");

@@ -376,11 +376,29 @@ void probeCallback(void* user, hora_request_t, hora_status_t) {
   p->ran++;
 }
 
+// An output allocator is the caller's code too (an inline allgather
+// allocates its output as it completes).
+struct AllocProbe : CallbackProbe {
+  std::vector<float> out;
+};
+
+int probeAlloc(void* user, int32_t ndim, const int64_t* shape, DLDataType, size_t nbytes,
+               void** data) {
+  auto* p = static_cast<AllocProbe*>(user);
+  if (p->submitting.load() && std::this_thread::get_id() == p->submitter) p->insideSubmit++;
+  p->ran++;
+  if (ndim != 1 || static_cast<size_t>(shape[0]) * sizeof(float) != nbytes) return 1;
+  p->out.assign(static_cast<size_t>(shape[0]), 0.0f);
+  *data = p->out.data();
+  return 0;
+}
+
 // Rank 0 (the coordinator) submits last, so its own submission completes
 // the agreement: with HORA_CALLER_DRIVES it sends its request itself and
 // agrees there. Allreduces whose requests carry a callback must still not
 // run (nor complete) inside hora_allreduce_async: 4 B (reduced inside the
-// negotiation) and 64 KiB (the shared-memory data plane), results exact.
+// negotiation) and 64 KiB (the shared-memory data plane), results exact;
+// nor may an inline allgather's output allocator.
 TEST(ShmNegotiation, ASubmissionThatCompletesTheAgreementRunsNoCallbackInside) {
   auto results = runProcesses(
       2,
@@ -423,6 +441,34 @@ TEST(ShmNegotiation, ASubmissionThatCompletesTheAgreementRunsNoCallbackInside) {
         CHILD_CHECK(probe.ran.load() == done, "%d of %d callbacks ran", probe.ran.load(), done);
         CHILD_CHECK(probe.insideSubmit.load() == 0, "%d callbacks ran inside hora_allreduce_async",
                     probe.insideSubmit.load());
+        // Allgathers small enough to travel inside the negotiation, their
+        // output from the caller's allocator.
+        AllocProbe alloc;
+        alloc.submitter = std::this_thread::get_id();
+        for (int it = 0; it < 30; ++it) {
+          std::vector<float> mine{static_cast<float>(rank * 100 + it), 1.0f};
+          std::vector<int64_t> shape = {2};
+          DLTensor t = makeTensor(mine.data(), dlType(kDLFloat, 32), &shape);
+          hora_options_t o;
+          hora_options_init(&o);
+          o.name = "ag.alloc";
+          o.alloc = probeAlloc;
+          o.alloc_user = &alloc;
+          if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          hora_request_t req = nullptr;
+          alloc.submitting = true;
+          const hora_status_t s = hora_allgather_async(rt, &t, &o, &req);
+          alloc.submitting = false;
+          CHILD_CHECK(s == HORA_SUCCESS, "allgather: %s", hora_last_error_message());
+          std::string msg;
+          CHILD_CHECK(waitAndFree(req, 60, &msg) == HORA_SUCCESS, "wait: %s", msg.c_str());
+          CHILD_CHECK(alloc.out == (std::vector<float>{static_cast<float>(it), 1.0f,
+                                                       static_cast<float>(100 + it), 1.0f}),
+                      "allgather %d wrong", it);
+        }
+        CHILD_CHECK(alloc.ran.load() == 30, "%d of 30 allocations", alloc.ran.load());
+        CHILD_CHECK(alloc.insideSubmit.load() == 0,
+                    "%d allocations ran inside hora_allgather_async", alloc.insideSubmit.load());
         CHILD_CHECK(hora_shutdown(rt) == HORA_SUCCESS, "shutdown: %s", hora_last_error_message());
         return 0;
       },

@@ -1,8 +1,8 @@
 // Unit tests for the coordinator's inline allreduce (controllers/coordinator.h,
-// step 5): payloads reduced in rank order, what leaves a tensor to the data
-// plane (a rank without its payload, a joined rank, an op the dtype has no
-// kernel for), cache hits carrying payloads, the result on the wire for a
-// cached response, and malformed payloads as protocol errors. Pure logic.
+// step 5; the other collectives: inline_collectives_test.cc): payloads reduced in rank order, what
+// leaves a tensor to the data plane (a rank without its payload, a joined rank, an op the dtype has
+// no kernel for), cache hits carrying payloads, the result on the wire for a cached response, and
+// malformed payloads as protocol errors. Pure logic.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -202,15 +202,20 @@ TEST_F(InlineTest, AMalformedPayloadIsAProtocolError) {
   EXPECT_EQ(s.code(), Code::kProtocolError);
   EXPECT_NE(s.message().find("rank 1 sent 2 bytes of inline data"), std::string::npos)
       << s.message();
-  // A payload on a broadcast never decodes...
+  // A payload on a barrier never decodes...
   Request b = allreduce("b", DataType::kFloat32, 1, bytesOf(std::vector<float>{1}));
-  b.kind = CollectiveKind::kBroadcast;
+  b.kind = CollectiveKind::kBarrier;
   RequestList l;
   l.requests = {b};
   RequestList back;
   EXPECT_EQ(decode(encode(l), &back).code(), Code::kProtocolError);
-  // ...and the coordinator refuses one handed to it directly.
-  EXPECT_EQ(submit(0, b).code(), Code::kProtocolError);
+  // ...and a broadcast's only from its root: the coordinator refuses one
+  // from another rank.
+  b.kind = CollectiveKind::kBroadcast;
+  b.root = 0;
+  s = submit(1, b);
+  EXPECT_EQ(s.code(), Code::kProtocolError);
+  EXPECT_NE(s.message().find("broadcast from its root only"), std::string::npos) << s.message();
   // A GPU tensor never travels inline.
   Request g = allreduce("g", DataType::kFloat32, 1, bytesOf(std::vector<float>{1}));
   g.device.kind = DeviceKind::kCuda;
@@ -254,7 +259,7 @@ TEST_F(InlineTest, CompletionAppliesPostscaleAndAverage) {
   g.responses = {r};
   g.entries = {e};
   EXPECT_FALSE(needsDataPlane(g));
-  completeWithoutDataPlane(g, {0, 1, 2, 3});
+  completeWithoutDataPlane(g, 0, {0, 1, 2, 3});
   EXPECT_TRUE(sink->status.isOk()) << sink->status.message();
   EXPECT_EQ(out, (std::vector<float>{6, 3}));  // 8 / 4 ranks * 3, 4 / 4 * 3
   g.responses[0].inlineResult.clear();

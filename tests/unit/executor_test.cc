@@ -9,7 +9,7 @@
 
 #include <limits>
 
-#include "ops/executor/response_counts.h"
+#include "core/response_counts.h"
 #include "runtime_fakes.h"
 
 namespace hora {

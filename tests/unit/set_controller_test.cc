@@ -10,6 +10,7 @@
 
 #include <future>
 #include <limits>
+#include <map>
 
 #include "core/memory_store.h"
 #include "runtime_fakes.h"
@@ -527,6 +528,82 @@ TEST(SetControllerTest, AnInlineResultOfTheWrongSizeOrInAFusedGroupIsAProtocolEr
     EXPECT_TRUE(h.health.broken());
     EXPECT_EQ(a, std::vector<float>(4, 0)) << "nothing was written into the tensor";
   }
+}
+
+TEST(SetControllerTest, EveryKindCarriesItsTensorWhenItsResultFitsAndTakesItsOutput) {
+  // 2 ranks, 16 bytes: what the response carries back must fit, so an
+  // allgather or alltoall sends at most 8 (about 2 x its own); a broadcast
+  // sends only from its root.
+  ControllerHarness h(Seconds(10), /*setSize=*/2, /*inlineMaxBytes=*/16);
+  std::vector<float> two{1, 2}, three{1, 2, 3}, four{1, 2, 3, 4}, bout(4, -1);
+  auto mk = [&](CollectiveKind k, const std::string& name, std::vector<float>& v, int root = 0) {
+    auto e = makeEntry(k, name, DataType::kFloat32, {static_cast<int64_t>(v.size())}, v.data(),
+                       v.data(), std::make_shared<RecordingSink>());
+    e->request.root = root;
+    if (k == CollectiveKind::kAlltoall) e->request.splits = {1, static_cast<int64_t>(v.size()) - 1};
+    return e;
+  };
+  std::vector<EntryPtr> es = {mk(CollectiveKind::kAllgather, "ag2", two),
+                              mk(CollectiveKind::kAllgather, "ag3", three),
+                              mk(CollectiveKind::kAlltoall, "a2a2", two),
+                              mk(CollectiveKind::kReducescatter, "rs4", four),
+                              mk(CollectiveKind::kBroadcast, "b-root", four, 0),
+                              mk(CollectiveKind::kBroadcast, "b-other", four, 1)};
+  ASSERT_TRUE(h.controller->enqueue(es).isOk());
+  RequestList l = h.link->submission(0);
+  ASSERT_EQ(l.requests.size(), es.size());
+  std::map<std::string, size_t> sent;
+  for (const auto& r : l.requests) sent[r.name] = r.payload.size();
+  EXPECT_EQ(sent["ag2"], 8u);
+  EXPECT_EQ(sent["ag3"], 0u) << "12 bytes x 2 ranks is past 16";
+  EXPECT_EQ(sent["a2a2"], 8u);
+  EXPECT_EQ(sent["rs4"], 16u);
+  EXPECT_EQ(sent["b-root"], 16u);
+  EXPECT_EQ(sent["b-other"], 0u) << "only the root sends a broadcast's tensor";
+
+  // The coordinator's concatenation comes back: the allgather's output is
+  // allocated and filled here, on the control thread.
+  auto sink = std::make_shared<RecordingSink>();
+  auto g = makeEntry(CollectiveKind::kAllgather, "g", DataType::kFloat32, {1}, two.data(), nullptr,
+                     sink);
+  ASSERT_TRUE(h.controller->enqueue({g}).isOk());
+  h.link->submission(1);
+  Response r = responseFor(*g);
+  r.shape = {2};
+  r.sizes = {1, 1};
+  ResponseList list = listOf({r});
+  const std::vector<float> gathered{5, 6};
+  list.groups[0].items[0].result =
+      std::string(reinterpret_cast<const char*>(gathered.data()), 2 * sizeof(float));
+  h.respond(list);
+  ASSERT_TRUE(sink->waitDone());
+  EXPECT_TRUE(sink->status().isOk()) << sink->status().toString();
+  EXPECT_EQ(sink->output<float>(), gathered);
+  EXPECT_EQ(h.queue.inFlight(), 0) << "an inline result never reaches the executor";
+}
+
+TEST(SetControllerTest, AnInlineAlltoallResultOfTheWrongSizeIsAProtocolError) {
+  ControllerHarness h(Seconds(10), /*setSize=*/2, /*inlineMaxBytes=*/64);
+  std::vector<float> v{1, 2};
+  auto sink = std::make_shared<RecordingSink>();
+  auto e =
+      makeEntry(CollectiveKind::kAlltoall, "x", DataType::kFloat32, {2}, v.data(), nullptr, sink);
+  e->request.splits = {1, 1};
+  ASSERT_TRUE(h.controller->enqueue({e}).isOk());
+  h.link->submission(0);
+  Response r = responseFor(*e);
+  r.sizes = {1, 1, 1, 1};  // 4 rows in all: 16 bytes
+  ResponseList list = listOf({r});
+  list.groups[0].items[0].result = std::string(8, 'x');
+  h.respond(list);
+  ASSERT_TRUE(sink->waitDone());
+  EXPECT_EQ(sink->status().code(), Code::kProtocolError) << sink->status().toString();
+  EXPECT_TRUE(h.health.broken());
+  EXPECT_NE(
+      h.health.status().message().find("an inline result of 8 bytes for an alltoall of 4 rows"),
+      std::string::npos)
+      << h.health.status().message();
+  EXPECT_EQ(sink->allocations(), 0) << "nothing was allocated for it";
 }
 
 }  // namespace

@@ -92,7 +92,7 @@ struct RequestState : RequestSink {
   // The last entry (or the first failure's bookkeeping) finishes the
   // request: results become readable, the callback runs, waiters wake.
   void completeEntry(const Status& s) override;
-  bool callsBack() const override { return callback != nullptr; }
+  bool callsBack() const override { return callback != nullptr || alloc != nullptr; }
   void* allocatedOutputEvent() const override { return alloc ? allocEvent : nullptr; }
 
   // hora_request_free: a completed request's library-owned output goes now.

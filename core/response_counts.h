@@ -1,6 +1,8 @@
 // What a response says each rank moves, derived once for the CPU and GPU
-// paths (cpu_path.cc, ops/gpu/gpu_collectives.cc): pure functions of the
-// response and the set's size, so every rank derives the same counts.
+// paths (ops/executor/cpu_path.cc, ops/gpu/gpu_collectives.cc) and for
+// collectives the coordinator combined inline (core/agreed_group.cc, on the
+// control or executor thread): pure functions of the response and the set's
+// size, so every rank derives the same counts.
 #pragma once
 
 #include <cstddef>

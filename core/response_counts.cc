@@ -1,4 +1,4 @@
-#include "ops/executor/response_counts.h"
+#include "core/response_counts.h"
 
 #include <algorithm>
 
