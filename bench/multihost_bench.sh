@@ -16,7 +16,7 @@
 #   2. mpi-allreduce-bench through mpirun on host 0, remote daemons started
 #      through the same wrapper (--mca plm_rsh_agent), TCP BTL only
 #      (--mca btl tcp,self), interfaces limited to the bed's subnet.
-# --rounds N repeats 1-2 N times (the hora modes in alternating order) and
+# --rounds N repeats 1-2 N times (the hora modes in an order rotated each round) and
 # reports medians per size (raw Gloo: over every hora-bench run).
 # Float32 sum, in place; every result element is checked by both benches
 # (a wrong element fails the run). Prints busbw per implementation, the
@@ -92,9 +92,7 @@ STATUS=0
 # hier: HORA_HIER_ALLREDUCE=auto (what a job gets by default); flat: one Gloo ring.
 mode_value() { [ "$1" = flat ] && echo flat || echo auto; }
 for ((round = 1; round <= ROUNDS; round++)); do
-  order=$MODES
-  # Alternate the modes' order per round, so that neither always runs first.
-  [ $((round % 2)) -eq 0 ] && order=$(echo "$MODES" | tr ' ' '\n' | tac | tr '\n' ' ')
+  order=$(round_order "$MODES" "$round")
   for mode in $order; do
     b0=$(link_total)
     HORA_HIER_ALLREDUCE=$(mode_value "$mode") HORA_LOG_LEVEL=${HORA_LOG_LEVEL:-info} on0 "$HORARUN" -np "$NP" -H "$HOSTLIST" \

@@ -8,7 +8,8 @@
 #                                 [--modes "ring gloo noinline flatring"]
 #
 # Builds a test bed with bench/netns_bed.sh (HOSTS network + UTS namespaces,
-# links shaped with tbf at RATE), then per round, in alternating order:
+# links shaped with tbf at RATE), then per round, in an order rotated each
+# round (so use as many rounds as runs per round, or a multiple):
 #   ring: hora-coll-bench through horarun with the defaults (across hosts
 #         every collective on hora's tcp ring, alltoall over its mesh; with
 #         several ranks per host the hierarchy's rest on that ring, and its
@@ -103,8 +104,7 @@ run_hora() {  # mode round
     "$HORA_BENCH" "${ARGS[@]}" >"$LOG_DIR/$1.$2.out" 2>"$LOG_DIR/$1.$2.err"
 }
 for ((round = 1; round <= ROUNDS; round++)); do
-  order="$MODES mpi"
-  [ $((round % 2)) -eq 0 ] && order=$(echo "$order" | tr ' ' '\n' | tac | tr '\n' ' ')
+  order=$(round_order "$MODES mpi" "$round")
   for mode in $order; do
     if [ "$mode" = mpi ]; then
       on0 mpirun "${MPI_ARGS[@]}" "$MPI_BENCH" "${ARGS[@]}" >"$LOG_DIR/mpi.$round.out" 2>"$LOG_DIR/mpi.$round.err"

@@ -268,7 +268,9 @@ std::string SetController::inlinePayload(const TensorEntry& e) const {
   if (r.device.kind != DeviceKind::kCpu || size() <= 1) return std::string();
   const size_t n = static_cast<size_t>(numElements(r.shape)), esz = dataTypeSize(r.dtype);
   const size_t bytes = n * esz;
-  const size_t cap = std::min(opts_.inlineMaxBytes, kMaxInlineBytes);
+  const size_t cap = std::min(
+      r.kind == CollectiveKind::kAllreduce ? opts_.inlineMaxBytes : opts_.inlineMaxOtherBytes,
+      kMaxInlineBytes);
   if (bytes == 0 || bytes > cap) return std::string();
   // The cap is on what the response list carries back to every rank: the
   // tensor for an allreduce, reducescatter (its input is the whole tensor)

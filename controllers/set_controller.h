@@ -77,6 +77,10 @@ struct SetControllerOptions {
   // never; a broadcast only from its root). Ranks need not agree: the
   // coordinator combines inline only when every rank sent its tensor.
   size_t inlineMaxBytes = 0;
+  // The same budget for the other collectives (HORA_INLINE_MAX_BYTES when
+  // set; by default lower across hosts, where the response repeats a
+  // result the data plane would send each rank a part of).
+  size_t inlineMaxOtherBytes = 0;
 };
 
 class SetController : public CoordinatorLink::Client {

@@ -151,7 +151,9 @@ const std::vector<ParamSpec>& paramRegistry() {
        "tcp-ring+gloo, or hier with tcp-ring across), within 256..4096 for a set on the "
        "shared-memory data "
        "plane (one host) and within 256..65536 otherwise (across hosts, or HORA_SHM=0); 0 turns "
-       "it off; at most 65536. Ranks need not agree (a tensor some "
+       "it off; at most 65536. With -1, collectives other than allreduce get a quarter of it "
+       "across hosts, where the response repeats to every rank a result the data plane sends "
+       "each rank a part of. Ranks need not agree (a tensor some "
        "rank sent without its data goes through the data plane)."},
       {"HORA_SHM_MIN_BYTES", ParamType::kInt, "0",
        "Allreduce payloads smaller than this go through Gloo even when shared memory is on."},

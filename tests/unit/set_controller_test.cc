@@ -84,6 +84,7 @@ struct ControllerHarness {
     for (int r = 0; r < setSize; ++r) o.globalRanks.push_back(r);
     o.cacheCapacity = 16;
     o.inlineMaxBytes = inlineMaxBytes;
+    o.inlineMaxOtherBytes = inlineMaxBytes;
     controller = std::make_unique<SetController>(o, *cp, std::move(l), health, queue,
                                                  Logger(LogLevel::kOff, "[ctl-test]"));
     if (configure) configure(*controller);

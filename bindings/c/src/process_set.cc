@@ -432,6 +432,15 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   sco.inlineMaxBytes = o.inlineMaxBytes >= 0 ? static_cast<size_t>(o.inlineMaxBytes)
                        : onShm               ? std::clamp<size_t>(perSet, 256, 4096)
                                              : std::clamp<size_t>(perSet, 256, kMaxInlineBytes);
+  // The other collectives: on one host inline takes 0.33-0.97x the time of
+  // the shared-memory data plane up to the allreduce's 4 KiB at 2 and 4
+  // ranks. Across hosts the response carries the result to every rank where
+  // the ring or mesh sends each rank its part once: inline wins up to 4-8
+  // KiB (1.1-1.9x) but loses at 16 KiB (0.37-0.87x at 2 x 1 and 4 x 1), so
+  // they get a quarter of the allreduce's budget there
+  // (bench/results/2026-11-29-inline-collectives.md).
+  sco.inlineMaxOtherBytes =
+      o.inlineMaxBytes >= 0 || onShm ? sco.inlineMaxBytes : sco.inlineMaxBytes / 4;
   ps->controller_ = std::make_unique<SetController>(sco, *ps->cp_, std::move(link), ps->health_,
                                                     ps->queue_, logger);
 
