@@ -13,6 +13,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -71,6 +73,11 @@ int worker(int rank) {
   State committed, live;
   int reforms = 0;
   bool needSync = false;
+  // Progress marks for the test's killer (see shrink): "<dir>/<id>.e<epoch>"
+  // once this worker committed 5 steps in that epoch.
+  const char* marks = std::getenv("ELASTIC_TEST_MARKS");
+  int stepsThisEpoch = 0;
+  int64_t markedEpoch = -1;
   double failedAt = 0;
   std::string why;
   while (committed.step < kSteps) {
@@ -102,6 +109,12 @@ int worker(int rank) {
         for (int i = 0; i < kParams; ++i) live.params[i] += grad[i];
         live.step += 1;
         committed = live;
+        int64_t epoch = 0;
+        hora_epoch(rt, &epoch);
+        if (marks && ++stepsThisEpoch >= 5 && epoch != markedEpoch) {
+          std::ofstream(std::string(marks) + "/" + id + ".e" + std::to_string(epoch)) << "";
+          markedEpoch = epoch;
+        }
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     }
@@ -111,6 +124,7 @@ int worker(int rank) {
     failedAt = sinceEpochS();
     std::printf("%s: step %d failed: %s\n", id.c_str(), static_cast<int>(live.step), why.c_str());
     live = committed;  // restore
+    stepsThisEpoch = 0;
     CHILD_CHECK(++reforms <= 5, "too many re-formations");
     CHILD_CHECK(hora_reform(&rt) == HORA_SUCCESS, "reform: %s", hora_last_error_message());
     needSync = true;
@@ -130,12 +144,31 @@ int worker(int rank) {
   return 0;
 }
 
-// `n` workers; the victims are killed one after another (700 ms apart) as
-// the launcher would see it: reaped, live count lowered, dead key written.
+// Waits (30 s at most) until every worker still alive wrote its mark for
+// `epoch`; a worker that never does fails the test later by its own output.
+void waitForMarks(const std::string& dir, const std::vector<bool>& alive, int epoch) {
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    bool all = true;
+    for (size_t w = 0; w < alive.size() && all; ++w)
+      all = !alive[w] ||
+            access((dir + "/w" + std::to_string(w) + ".e" + std::to_string(epoch)).c_str(), F_OK) ==
+                0;
+    if (all || Clock::now() > deadline) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+// `n` workers; the victims are killed one after another as the launcher
+// would see it: reaped, live count lowered, dead key written. Each kill waits
+// until every live worker has trained a few steps in the current epoch (its
+// mark), so that it lands in the allreduce loop, not in a start-up or a
+// re-formation that a loaded machine made slow (a fixed 700 ms could).
 std::vector<htest::ProcessResult> shrink(int n, const std::vector<int>& victims, int minNp,
                                          const std::string& elasticTimeoutS = "60") {
   // In a process of its own: the ranks are forked below (see ForkedStoreServer).
   htest::ForkedStoreServer server("test-secret");
+  htest::TempDir marks;
   const int port = server.port();
   auto publish = [&](const std::string& key, const std::string& value) {
     EXPECT_TRUE(server.set(key, value)) << key;
@@ -146,14 +179,18 @@ std::vector<htest::ProcessResult> shrink(int n, const std::vector<int>& victims,
       htest::runProcesses(n, worker, 120,
                           [&](const std::vector<int>& pids) {
                             int live = n;
-                            for (int victim : victims) {
-                              std::this_thread::sleep_for(std::chrono::milliseconds(700));
+                            std::vector<bool> alive(n, true);
+                            for (size_t k = 0; k < victims.size(); ++k) {
+                              const int victim = victims[k];
+                              waitForMarks(marks.path(), alive, static_cast<int>(k));
                               kill(pids[victim], SIGKILL);
+                              alive[victim] = false;
                               publish("hora/el/live", std::to_string(--live));
                               publish("hora/el/dead/w" + std::to_string(victim), "signal 9");
                             }
                           },
-                          {{"HORA_ELASTIC", "1"},
+                          {{"ELASTIC_TEST_MARKS", marks.path()},
+                           {"HORA_ELASTIC", "1"},
                            {"HORA_STORE_EXTERNAL", "1"},
                            {"HORA_STORE_PORT", std::to_string(port)},
                            {"HORA_PEER_TIMEOUT_S", "10"},

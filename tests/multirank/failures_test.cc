@@ -211,6 +211,7 @@ int loopUntilPeerLost(int rank, int culprit, double deadlineS, size_t elements =
       CHILD_CHECK(sd < 35, "shutdown took %.1f s", sd);
       return 0;
     }
+    if (it == 0) htest::markReady(rank);
     if (std::chrono::duration<double>(Clock::now() - start).count() > deadlineS) {
       std::fprintf(stderr, "rank %d: no failure seen after %.0f s\n", rank, deadlineS);
       return 11;
@@ -297,15 +298,17 @@ TEST(Failures, ShutdownAfterAFailureDoesNotWaitForAPeerThatCannotAnswer) {
 TEST(Failures, RankKilledInsideALargeAllreduceFailsSurvivorsQuickly) {
   std::atomic<int64_t> killedAtMs{0};
   auto t0 = Clock::now();
+  htest::ReadyMarks ready;
   auto results = runProcesses(
       3, [](int rank) -> int { return loopUntilPeerLost(rank, 1, 40, 8 << 20); }, 60,
       [&](const std::vector<int>& pids) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+        ready.waitFor(3);
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
         kill(pids[1], SIGKILL);
         killedAtMs =
             std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
       },
-      {{"HORA_PEER_TIMEOUT_S", "30"}});
+      {{"HORA_PEER_TIMEOUT_S", "30"}, ready.env()});
   EXPECT_EQ(results[1].signal, SIGKILL) << results[1].output;
   for (int r : {0, 2})
     EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
@@ -317,15 +320,17 @@ TEST(Failures, RankKilledInsideALargeAllreduceFailsSurvivorsQuickly) {
 
 TEST(Failures, StalledRankIsDeclaredLostAfterThePeerTimeout) {
   auto t0 = Clock::now();
+  htest::ReadyMarks ready;
   auto results = runProcesses(
       3, [](int rank) -> int { return loopUntilPeerLost(rank, 1, 40); }, 60,
-      [](const std::vector<int>& pids) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      [&](const std::vector<int>& pids) {
+        ready.waitFor(3);
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
         kill(pids[1], SIGSTOP);  // alive, sockets open, silent
         std::this_thread::sleep_for(std::chrono::seconds(5));
         kill(pids[1], SIGKILL);
       },
-      {{"HORA_PEER_TIMEOUT_S", "2"}});
+      {{"HORA_PEER_TIMEOUT_S", "2"}, ready.env()});
   for (int r : {0, 2})
     EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
   if (getenv("HORA_TEST_VERBOSE"))

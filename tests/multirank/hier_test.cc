@@ -497,6 +497,7 @@ int loopUntilPeerLost(int rank, int culprit, double deadlineS, bool hostPerRank 
       return 0;
     }
     CHILD_CHECK(buf[0] == 1.0f && buf.back() == 1.0f, "step %d: wrong result %f", it, buf[0]);
+    if (it == 0) htest::markReady(rank);
     if (std::chrono::duration<double>(Clock::now() - start).count() > deadlineS) {
       std::fprintf(stderr, "rank %d: no failure seen after %.0f s\n", rank, deadlineS);
       return 11;
@@ -511,16 +512,18 @@ void killDuringHierAllreduce(int victim, bool stopFirst = false, bool hostPerRan
   const int n = hostPerRank ? 3 : 4;
   std::atomic<int64_t> killedAtMs{0};
   const auto t0 = Clock::now();
-  const std::vector<std::pair<std::string, std::string>> env = {
-      {"HORA_LOG_LEVEL", "info"},
-      {"HORA_PEER_TIMEOUT_S", "30"},
-      {"HORA_SHM_CHUNK_BYTES", "1048576"}};
+  htest::ReadyMarks ready;
+  const std::vector<std::pair<std::string, std::string>> env = {{"HORA_LOG_LEVEL", "info"},
+                                                                {"HORA_PEER_TIMEOUT_S", "30"},
+                                                                {"HORA_SHM_CHUNK_BYTES", "1048576"},
+                                                                ready.env()};
   auto res = runProcesses(
       n,
       [victim, hostPerRank](int rank) { return loopUntilPeerLost(rank, victim, 50, hostPerRank); },
       80,
       [&](const std::vector<int>& pids) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(4000));
+        ready.waitFor(n);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1000));
         if (stopFirst) {
           // Frozen mid-transfer first: its peers' sockets fill and their
           // transfers may stop part-way, a case Gloo's own signal misses

@@ -12,6 +12,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace htest {
@@ -104,6 +105,40 @@ double metricValue(const std::string& json, const std::string& key);
 inline long metricCount(const std::string& json, const std::string& key) {
   return static_cast<long>(metricValue(json, key));
 }
+
+// A directory under /tmp for one test, removed with what it holds (plain
+// files only) when it goes.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Start-up marks between forked ranks and a hook that strikes one of them
+// (SIGKILL, SIGSTOP): each child calls markReady(rank) once it is past
+// start-up (after its first collective), and the hook waits for every
+// rank's mark before it strikes, so that a start-up slowed by a loaded
+// machine never takes the strike (a fixed sleep could: the survivors then
+// fail hora_init instead of the collective under test). The directory
+// reaches the children through runProcesses' environment (env()).
+class ReadyMarks {
+ public:
+  std::pair<std::string, std::string> env() const { return {"HTEST_READY_DIR", dir_.path()}; }
+  // Until `n` ranks marked; false after `timeoutMs` (the test then fails on
+  // the children's own output).
+  bool waitFor(int n, int timeoutMs = 30000) const;
+
+ private:
+  TempDir dir_;
+};
+// In a child: marks `rank` ready (nothing without HTEST_READY_DIR).
+void markReady(int rank);
 
 }  // namespace htest
 

@@ -1,4 +1,5 @@
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -362,6 +363,42 @@ std::string metrics(hora_runtime_t rt, int32_t format) {
 double metricValue(const std::string& json, const std::string& key) {
   const size_t at = json.find("\"" + key + "\":");
   return at == std::string::npos ? -1.0 : std::stod(json.substr(at + key.size() + 3));
+}
+
+TempDir::TempDir() {
+  char tmpl[] = "/tmp/hora-test-XXXXXX";
+  if (::mkdtemp(tmpl) != nullptr) path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  if (path_.empty()) return;
+  if (DIR* d = ::opendir(path_.c_str())) {
+    while (dirent* e = ::readdir(d))
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0)
+        ::unlink((path_ + "/" + e->d_name).c_str());
+    ::closedir(d);
+  }
+  ::rmdir(path_.c_str());
+}
+
+bool ReadyMarks::waitFor(int n, int timeoutMs) const {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
+  for (;;) {
+    int marked = 0;
+    for (int r = 0; r < n; ++r)
+      marked += ::access((dir_.path() + "/ready." + std::to_string(r)).c_str(), F_OK) == 0;
+    if (marked == n) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+void markReady(int rank) {
+  const char* dir = std::getenv("HTEST_READY_DIR");
+  if (!dir || !*dir) return;
+  const int fd = ::open((std::string(dir) + "/ready." + std::to_string(rank)).c_str(),
+                        O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+  if (fd >= 0) ::close(fd);
 }
 
 hora_status_t waitAndFree(hora_request_t req, double timeoutS, std::string* message) {

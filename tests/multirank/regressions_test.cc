@@ -109,20 +109,23 @@ int smallLoop(int rank, int culprit, double deadlineS) {
       hora_shutdown(rt);
       return 0;
     }
+    if (it == 0) htest::markReady(rank);
     if (std::chrono::duration<double>(Clock::now() - start).count() > deadlineS) return 11;
   }
 }
 
 TEST(Regression, SmallAllreduceStoppedRankIsNamed) {
+  htest::ReadyMarks ready;
   auto results = runProcesses(
       3, [](int rank) -> int { return smallLoop(rank, 1, 40); }, 60,
-      [](const std::vector<int>& pids) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      [&](const std::vector<int>& pids) {
+        ready.waitFor(3);
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
         kill(pids[1], SIGSTOP);
         std::this_thread::sleep_for(std::chrono::seconds(5));
         kill(pids[1], SIGKILL);
       },
-      {{"HORA_PEER_TIMEOUT_S", "2"}});
+      {{"HORA_PEER_TIMEOUT_S", "2"}, ready.env()});
   for (int r : {0, 2})
     EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
 }
