@@ -15,12 +15,12 @@
 #include <utility>
 #include <vector>
 
+#include "tests/common/free_port.h"
+
 namespace htest {
 
-// A free TCP port on 127.0.0.1 for a rendezvous store: below the kernel's
-// ephemeral range, claimed (flock) for this process's lifetime so that
-// concurrent tests never share one.
-int freePort();
+// freePort(): a free TCP port on 127.0.0.1 for a rendezvous store
+// (tests/common/free_port.h).
 
 // Fills a config for `rank` of `size` on loopback at `port`, with short
 // timeouts suitable for tests.

@@ -980,9 +980,10 @@ TEST(ShmBackendTest, RanksSharingACpuYieldToEachOtherInsteadOfSleeping) {
 }
 
 TEST(ShmBackendTest, AWaiterWithACorePollsALatePeerForItsWindowBeforeSleeping) {
-  // Ranks that fit the CPUs: rank 1 comes 20 ms late. With a window longer
-  // than that rank 0 polls through it (no futex sleep); with none it sleeps
-  // after its short spin.
+  // Ranks that fit the CPUs: rank 1 comes 200 ms late (20 ms was too little
+  // on a loaded machine: a preempted test thread let rank 1 arrive first).
+  // With a window longer than that rank 0 polls through it (no futex
+  // sleep); with none it sleeps after its short spin.
   if (allowedCpus().size() < 2) GTEST_SKIP() << "one allowed CPU: the ranks do not fit";
   for (long spinUs : {2000000L, 0L}) {
     SCOPED_TRACE("peerSpin " + std::to_string(spinUs));
@@ -999,7 +1000,7 @@ TEST(ShmBackendTest, AWaiterWithACorePollsALatePeerForItsWindowBeforeSleeping) {
     std::vector<float> a(1000, 1.0f), b(1000, 2.0f);
     Status s0, s1;
     std::thread late([&] {
-      std::this_thread::sleep_for(milliseconds(20));
+      std::this_thread::sleep_for(milliseconds(200));
       s1 = w.world[1]->allreduce(b.data(), b.size(), DataType::kFloat32, ReduceOp::kSum);
     });
     s0 = w.world[0]->allreduce(a.data(), a.size(), DataType::kFloat32, ReduceOp::kSum);

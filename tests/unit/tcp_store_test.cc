@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/hmac.h"
+#include "tests/common/free_port.h"
 
 namespace hora {
 namespace {
@@ -34,19 +35,10 @@ long long elapsedMs(Clock::time_point since) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since).count();
 }
 
-// A port with nothing listening on it (bound once by us, then released).
-int unusedPort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+// A port with nothing listening on it, claimed against the tests running
+// beside this one (an ephemeral port bound and released could be handed to
+// another socket before the test uses it).
+int unusedPort() { return htest::freePort(); }
 
 // A hand-driven peer speaking raw bytes, for the hostile-client tests. All
 // reads time out after 3 s so a server bug fails the test instead of hanging.
