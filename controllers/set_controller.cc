@@ -480,7 +480,7 @@ Status SetController::claimEntries(const std::vector<Response>& responses, Agree
           static_cast<int64_t>(r.inlineResult.size()) ==
               numElements(e->request.shape) * static_cast<int64_t>(dataTypeSize(e->request.dtype));
       if (!sameKind || (exact && e->request.signature() != r.signature) ||
-          e->request.dtype != r.dtype || !resultFits) {
+          e->request.dtype != r.dtype || e->request.device.kind != r.device.kind || !resultFits) {
         e->complete(
             entryFailure(*e, myGlobalRank(),
                          protocolError("the coordinator's response does not match this request")));
@@ -566,17 +566,19 @@ void SetController::queueGroup(std::vector<Response> responses) {
     pendingTuning_.reset();
   }
   if (opts_.telemetry) opts_.telemetry->agreed(g);
-  // Barrier/join/error groups and allreduces the coordinator reduced inline
-  // need no data plane: complete them right here when nothing is queued
-  // ahead (one thread hand-off less). Every other collective goes to the
-  // executor so this thread keeps heartbeats and loss detection running
-  // while it waits on peers.
+  // Barrier/join/error groups and collectives the coordinator combined
+  // inline need no data plane: complete them right here when nothing is
+  // queued ahead (one thread hand-off less). Every other collective goes to
+  // the executor so this thread keeps heartbeats and loss detection running
+  // while it waits on peers; so does an inline one whose output comes from
+  // the caller's allocator (it may wait for the caller's own lock).
   // Inside one of the caller's own submissions (HORA_CALLER_DRIVES) a group
   // whose completion runs a callback goes to the executor: hora_*_async
   // must not run the caller's callbacks (it may hold a lock they take, and
   // has not handed out the request yet).
   const bool mayComplete = !submitting_ || !callsBack(g);
-  if (!needsDataPlane(g) && !stopping_ && mayComplete && queue_.tryBeginInline()) {
+  if (!needsDataPlane(g) && !stopping_ && mayComplete && !allocatesThroughCaller(g) &&
+      queue_.tryBeginInline()) {
     if (opts_.telemetry) opts_.telemetry->inlineDone(g);
     completeWithoutDataPlane(g, opts_.rank, opts_.globalRanks);
     queue_.endInline();
@@ -609,6 +611,12 @@ void SetController::queueGroup(std::vector<Response> responses) {
 bool SetController::callsBack(const AgreedGroup& g) {
   for (const auto& e : g.entries)
     if (e && e->sink && e->sink->callsBack()) return true;
+  return false;
+}
+
+bool SetController::allocatesThroughCaller(const AgreedGroup& g) {
+  for (const auto& e : g.entries)
+    if (e && e->sink && e->sink->allocatesThroughCaller()) return true;
   return false;
 }
 

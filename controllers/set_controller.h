@@ -70,16 +70,17 @@ struct SetControllerOptions {
   std::string prometheusDir;
   const std::atomic<uint64_t>* dumpRequests = nullptr;
   Seconds stallWarning{60};
-  // Collectives of host tensors whose result (what the response carries
-  // back: the tensor, or for allgather and alltoall about the set's size
-  // times it) is 1..inlineMaxBytes bytes carry the tensor in their request
-  // (Request::payload; HORA_INLINE_MAX_BYTES, at most kMaxInlineBytes; 0 =
-  // never; a broadcast only from its root). Ranks need not agree: the
+  // Allreduces of host tensors of 1..inlineMaxBytes bytes carry the tensor
+  // in their request (Request::payload; HORA_INLINE_MAX_BYTES, at most
+  // kMaxInlineBytes; 0 = this rank sends none). Ranks need not agree: the
   // coordinator combines inline only when every rank sent its tensor.
   size_t inlineMaxBytes = 0;
-  // The same budget for the other collectives (HORA_INLINE_MAX_BYTES when
-  // set; by default lower across hosts, where the response repeats a
-  // result the data plane would send each rank a part of).
+  // The same for the other collectives, on their result (what the response
+  // carries back: the tensor, or for allgather and alltoall about the set's
+  // size times it; a broadcast's tensor only from its root):
+  // HORA_INLINE_MAX_BYTES when set; by default lower off shared memory,
+  // where the response repeats a result the data plane would send each rank
+  // a part of.
   size_t inlineMaxOtherBytes = 0;
 };
 
@@ -196,6 +197,8 @@ class SetController : public CoordinatorLink::Client {
   bool runLoneQueued(Clock::time_point deadline);
   // Whether completing `g` runs a caller's callback.
   static bool callsBack(const AgreedGroup& g);
+  // Whether an entry's output comes from the caller's allocator.
+  static bool allocatesThroughCaller(const AgreedGroup& g);
   EntryPtr takeEntry(const std::string& name);
   // Periodic observability work (see SetControllerOptions); control thread.
   void telemetryTick();

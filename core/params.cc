@@ -151,9 +151,11 @@ const std::vector<ParamSpec>& paramRegistry() {
        "tcp-ring+gloo, or hier with tcp-ring across), within 256..4096 for a set on the "
        "shared-memory data "
        "plane (one host) and within 256..65536 otherwise (across hosts, or HORA_SHM=0); 0 turns "
-       "it off; at most 65536. With -1, collectives other than allreduce get a quarter of it "
-       "across hosts, where the response repeats to every rank a result the data plane sends "
-       "each rank a part of. Ranks need not agree (a tensor some "
+       "it off (this rank sends no tensor; it still takes a result others sent everything for, "
+       "e.g. a broadcast's); at most 65536. With -1, collectives other than allreduce get a "
+       "quarter of it off shared memory (across hosts, or HORA_SHM=0), where the response "
+       "repeats to every rank a result the data plane sends each rank a part of. Ranks need not "
+       "agree (a tensor some "
        "rank sent without its data goes through the data plane)."},
       {"HORA_SHM_MIN_BYTES", ParamType::kInt, "0",
        "Allreduce payloads smaller than this go through Gloo even when shared memory is on."},

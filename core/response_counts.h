@@ -35,7 +35,7 @@ struct ScatterCounts {
 };
 ScatterCounts reducescatterCounts(const Response& r, int rank, int size);
 // Reduction and reductionOf: core/agreed_group.h (the control thread needs
-// them too, for allreduces the coordinator reduced inline).
+// them too, for collectives the coordinator combined inline).
 // First element of each tensor of a fused group in the fusion buffer, plus
 // the total as the last entry; a protocol error when the total would pass
 // kMaxTensorBytes (only a corrupt response list can ask for that).

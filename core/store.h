@@ -120,6 +120,10 @@ class WatchedStore : public Store {
         // What this waits for may have been written just before the peer
         // closed (a coordinator that gives up writes why first, then
         // exits): that answer explains more than the closed connection.
+        // A plain value from a peer that then died lets the caller go on
+        // one step; the loss then surfaces where it next needs that peer
+        // (its control connection, a data-plane connect), within their
+        // own timeouts.
         R last = call(std::chrono::milliseconds(1));
         if (statusOf(last).isOk()) return last;
         return alive;

@@ -186,7 +186,9 @@ void Telemetry::inlineDone(const AgreedGroup& g) {
       uint64_t bytes = 0;
       for (size_t i = 0; i < g.responses.size() && i < 64; ++i) {
         names += (i ? "\",\"" : "") + jsonEscape(g.responses[i].name);
-        bytes += g.responses[i].inlineResult.size();
+        // This rank's tensor, as data-plane groups count it (an allgather's
+        // result is every rank's).
+        if (g.entries[i]) bytes += static_cast<uint64_t>(entryBytes(*g.entries[i]));
       }
       tl->record(
           TimelineLane::kDataPlane, groupLabel(g),

@@ -41,9 +41,11 @@ class DeviceMemory {
 class RequestSink {
  public:
   virtual ~RequestSink() = default;
-  // Executor thread. The output of an allgather, alltoall or reducescatter,
-  // whose shape negotiation decided: through the caller's allocator, else
-  // owned by the request (host memory, or `deviceMemory` for a GPU input).
+  // Executor thread (or, for a collective the coordinator combined inline
+  // and no caller's allocator, the control thread or a thread driving it).
+  // The output of an allgather, alltoall or reducescatter, whose shape
+  // negotiation decided: through the caller's allocator, else owned by the
+  // request (host memory, or `deviceMemory` for a GPU input).
   virtual Result<void*> allocateOutput(const std::vector<int64_t>& shape, DataType dtype,
                                        const Device& device, DeviceMemory* deviceMemory) = 0;
   // Executor thread, right after allocateOutput gave GPU memory from the
@@ -51,17 +53,21 @@ class RequestSink {
   // on the stream that memory belongs to, which hora's stream must wait for
   // before writing it; nullptr when there is none.
   virtual void* allocatedOutputEvent() const { return nullptr; }
-  // Executor thread, before completion: rows received from each rank (alltoall).
+  // Before completion, on the thread that allocates: rows received from each rank (alltoall).
   virtual void setReceivedSplits(std::vector<int64_t> rows) = 0;
   // Control or executor thread, before completion: the last rank to join.
   virtual void setLastJoinedRank(int32_t globalRank) = 0;
   // Any hora thread, exactly once per entry (TensorEntry::complete ensures it).
   virtual void completeEntry(const Status& status) = 0;
-  // Whether completing runs the caller's code (a completion callback, or an
-  // output allocator: a collective the coordinator combined inline allocates
-  // its output as it completes): a thread inside one of the caller's own
-  // submissions must not do that (SetController, HORA_CALLER_DRIVES).
+  // Whether completing runs the caller's code (a completion callback): a
+  // thread inside one of the caller's own submissions must not do that
+  // (SetController, HORA_CALLER_DRIVES).
   virtual bool callsBack() const { return false; }
+  // Whether allocateOutput runs the caller's code (its allocator, which may
+  // wait for a lock of the caller's, such as Python's GIL): a collective the
+  // coordinator combined inline is then completed on the executor, never on
+  // the control thread, whose heartbeats and negotiation must not wait on it.
+  virtual bool allocatesThroughCaller() const { return false; }
 };
 
 // Where the entry's flight record is and when it passed each stage (Clock

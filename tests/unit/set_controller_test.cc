@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <future>
 #include <limits>
 #include <map>
@@ -71,7 +72,8 @@ struct ControllerHarness {
   // `configure` runs before the controller starts.
   explicit ControllerHarness(Seconds grace = Seconds(10), int setSize = 1,
                              size_t inlineMaxBytes = 0,
-                             std::function<void(SetController&)> configure = nullptr)
+                             std::function<void(SetController&)> configure = nullptr,
+                             size_t inlineMaxOtherBytes = SIZE_MAX)
       : health("global", Logger(LogLevel::kOff, "[ctl-test]"), grace) {
     ControlPlaneOptions cpo;
     cpo.globalRanks = {0};
@@ -84,7 +86,7 @@ struct ControllerHarness {
     for (int r = 0; r < setSize; ++r) o.globalRanks.push_back(r);
     o.cacheCapacity = 16;
     o.inlineMaxBytes = inlineMaxBytes;
-    o.inlineMaxOtherBytes = inlineMaxBytes;
+    o.inlineMaxOtherBytes = inlineMaxOtherBytes == SIZE_MAX ? inlineMaxBytes : inlineMaxOtherBytes;
     controller = std::make_unique<SetController>(o, *cp, std::move(l), health, queue,
                                                  Logger(LogLevel::kOff, "[ctl-test]"));
     if (configure) configure(*controller);
@@ -605,6 +607,82 @@ TEST(SetControllerTest, AnInlineAlltoallResultOfTheWrongSizeIsAProtocolError) {
       std::string::npos)
       << h.health.status().message();
   EXPECT_EQ(sink->allocations(), 0) << "nothing was allocated for it";
+}
+
+TEST(SetControllerTest, TheOtherKindsHaveTheirOwnBudget) {
+  // 16 bytes for allreduce, 8 for the others (across hosts by default a
+  // quarter): a 16-byte allreduce carries its tensor, a 16-byte broadcast
+  // or reducescatter does not, an 8-byte one does.
+  ControllerHarness h(Seconds(10), /*setSize=*/2, /*inlineMaxBytes=*/16, nullptr,
+                      /*inlineMaxOtherBytes=*/8);
+  std::vector<float> four{1, 2, 3, 4}, two{1, 2};
+  auto mk = [&](CollectiveKind k, const std::string& name, std::vector<float>& v) {
+    return makeEntry(k, name, DataType::kFloat32, {static_cast<int64_t>(v.size())}, v.data(),
+                     v.data(), std::make_shared<RecordingSink>());
+  };
+  ASSERT_TRUE(h.controller
+                  ->enqueue({mk(CollectiveKind::kAllreduce, "ar16", four),
+                             mk(CollectiveKind::kBroadcast, "bc16", four),
+                             mk(CollectiveKind::kReducescatter, "rs16", four),
+                             mk(CollectiveKind::kBroadcast, "bc8", two)})
+                  .isOk());
+  std::map<std::string, size_t> sent;
+  for (const auto& r : h.link->submission(0).requests) sent[r.name] = r.payload.size();
+  EXPECT_EQ(sent["ar16"], 16u);
+  EXPECT_EQ(sent["bc16"], 0u);
+  EXPECT_EQ(sent["rs16"], 0u);
+  EXPECT_EQ(sent["bc8"], 8u);
+}
+
+// A sink whose output comes from the caller's allocator (hora.torch's, a
+// Python callback that needs the GIL).
+class CallerAllocatingSink : public RecordingSink {
+ public:
+  bool allocatesThroughCaller() const override { return true; }
+};
+
+TEST(SetControllerTest, AnInlineResultWhoseOutputTheCallerAllocatesGoesToTheExecutor) {
+  // The control thread must not wait on the caller's allocator (its
+  // heartbeats and, on rank 0, every rank's negotiation would wait too).
+  ControllerHarness h(Seconds(10), /*setSize=*/2, /*inlineMaxBytes=*/64);
+  std::vector<float> v{1};
+  auto sink = std::make_shared<CallerAllocatingSink>();
+  auto e =
+      makeEntry(CollectiveKind::kAllgather, "g", DataType::kFloat32, {1}, v.data(), nullptr, sink);
+  ASSERT_TRUE(h.controller->enqueue({e}).isOk());
+  h.link->submission(0);
+  Response r = responseFor(*e);
+  r.shape = {2};
+  r.sizes = {1, 1};
+  ResponseList list = listOf({r});
+  list.groups[0].items[0].result = std::string(8, '\0');
+  h.respond(list);
+  EXPECT_EQ(h.queue.inFlight(), 1) << "it waits for the executor";
+  EXPECT_FALSE(sink->done());
+  EXPECT_EQ(sink->allocations(), 0);
+}
+
+TEST(SetControllerTest, AResponseForAnotherDeviceIsAProtocolError) {
+  // A GPU allgather answered as a host one with an inline result: copying
+  // it into GPU memory with memcpy would crash; the response is refused.
+  ControllerHarness h(Seconds(10), /*setSize=*/2, /*inlineMaxBytes=*/64);
+  auto sink = std::make_shared<RecordingSink>();
+  auto e =
+      makeEntry(CollectiveKind::kAllgather, "g", DataType::kFloat32, {1}, nullptr, nullptr, sink);
+  e->request.device.kind = DeviceKind::kCuda;
+  ASSERT_TRUE(h.controller->enqueue({e}).isOk());
+  h.link->submission(0);
+  Response r = responseFor(*e);
+  r.device.kind = DeviceKind::kCpu;
+  r.shape = {2};
+  r.sizes = {1, 1};
+  ResponseList list = listOf({r});
+  list.groups[0].items[0].result = std::string(8, '\0');
+  h.respond(list);
+  ASSERT_TRUE(sink->waitDone());
+  EXPECT_EQ(sink->status().code(), Code::kProtocolError) << sink->status().toString();
+  EXPECT_TRUE(h.health.broken());
+  EXPECT_EQ(sink->allocations(), 0);
 }
 
 }  // namespace

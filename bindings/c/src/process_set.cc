@@ -437,7 +437,8 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   // ranks. Across hosts the response carries the result to every rank where
   // the ring or mesh sends each rank its part once: inline wins up to 4-8
   // KiB (1.1-1.9x) but loses at 16 KiB (0.37-0.87x at 2 x 1 and 4 x 1), so
-  // they get a quarter of the allreduce's budget there
+  // off shared memory (across hosts, or HORA_SHM=0, unmeasured) they get a
+  // quarter of the allreduce's budget
   // (bench/results/2026-11-29-inline-collectives.md).
   sco.inlineMaxOtherBytes =
       o.inlineMaxBytes >= 0 || onShm ? sco.inlineMaxBytes : sco.inlineMaxBytes / 4;

@@ -3,7 +3,9 @@
 // threads below the ABI hand results back without knowing about hora_alloc_t,
 // callbacks or library-owned memory:
 //  - the framework thread creates it (c_api.cc) and waits on it;
-//  - the executor thread allocates outputs through it and completes entries;
+//  - the executor thread allocates outputs through it and completes entries
+//    (the control thread too, for a collective combined inline when the
+//    caller gave no allocator);
 //  - the control thread completes entries that fail before they run.
 //
 // It completes once, when its last entry completes (a grouped allreduce has
@@ -92,7 +94,8 @@ struct RequestState : RequestSink {
   // The last entry (or the first failure's bookkeeping) finishes the
   // request: results become readable, the callback runs, waiters wake.
   void completeEntry(const Status& s) override;
-  bool callsBack() const override { return callback != nullptr || alloc != nullptr; }
+  bool callsBack() const override { return callback != nullptr; }
+  bool allocatesThroughCaller() const override { return alloc != nullptr; }
   void* allocatedOutputEvent() const override { return alloc ? allocEvent : nullptr; }
 
   // hora_request_free: a completed request's library-owned output goes now.

@@ -183,7 +183,8 @@ typedef void (*hora_callback_t)(void* user, hora_request_t request, hora_status_
  * pointer to nbytes bytes owned by the caller, in the input's memory (CPU
  * memory for a CPU input, device memory on the input's GPU for a GPU input),
  * return 0; non-zero fails the request (this rank still takes part, so its
- * peers are not disturbed). Called on a hora thread. */
+ * peers are not disturbed). Called on a hora thread (the process set's
+ * executor), never inside the call that submitted the request. */
 typedef int (*hora_alloc_t)(void* user, int32_t ndim, const int64_t* shape, DLDataType dtype,
                             size_t nbytes, void** data);
 
