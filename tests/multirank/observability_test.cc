@@ -144,7 +144,9 @@ TEST(Observability, SlowRankIsNamedWithinTenSteps) {
     std::vector<int64_t> shape{256};
     int namedAt = -1;
     for (int step = 0; step < 10; ++step) {
-      if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      // 60 ms: a lead a loaded machine's scheduling cannot erase (with 20 ms
+      // other ranks delayed by load were sometimes last instead).
+      if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(60));
       std::vector<std::vector<float>> in(4, std::vector<float>(256, 1)), out(4, in[0]);
       std::vector<hora_request_t> reqs;
       for (int t = 0; t < 4; ++t)
@@ -157,11 +159,11 @@ TEST(Observability, SlowRankIsNamedWithinTenSteps) {
     if (rank == 0) {
       EXPECT_GE(namedAt, 0) << "rank 2 not ranked first after 10 steps: " << metrics(rt);
       const std::string m = metrics(rt);
-      // Most of the waiting was for rank 2 (10 x ~20 ms).
+      // Most of the waiting was for rank 2 (10 x ~60 ms).
       const size_t at = m.find("\"stragglers\":[{\"rank\":2,");
       ASSERT_NE(at, std::string::npos) << m;
       const size_t w = m.find("\"wait_ms\":", at);
-      EXPECT_GE(std::stod(m.substr(w + 10)), 100.0) << m;
+      EXPECT_GE(std::stod(m.substr(w + 10)), 300.0) << m;
     }
   });
 }

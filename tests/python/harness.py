@@ -43,7 +43,7 @@ def _ephemeral_low():
 
 def free_port():
     """A port for a job's rendezvous store, as the C++ harness picks it
-    (tests/multirank/rank_harness_support.cc): below the kernel's ephemeral
+    (tests/common/free_port.h): below the kernel's ephemeral
     range, which any socket may be given between this check and the store's
     bind, and claimed with an flock under /tmp/hora-test-ports so that
     concurrent tests (C++ or Python) never share one."""

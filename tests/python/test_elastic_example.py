@@ -87,12 +87,14 @@ def test_newcomers_still_waiting_when_training_ends_do_not_fail_the_job(tmp_path
     hosts.write_text("localhost:4\n")
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "bindings", "python"), OMP_NUM_THREADS="1")
     t0 = time.time()
-    proc = subprocess.run([HORARUN, "-np", "2", "--min-np", "2", "--max-np", "4", "--elastic-timeout", "60",
+    # An elastic timeout far past the bound below: waiting it out cannot pass
+    # for a slow start on a loaded machine.
+    proc = subprocess.run([HORARUN, "-np", "2", "--min-np", "2", "--max-np", "4", "--elastic-timeout", "600",
                            "--host-discovery-file", str(hosts), PYTHON, EXAMPLE, "--epochs", "1",
                            "--num-samples", "256"], env=env, capture_output=True, text=True, timeout=110)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
-    assert time.time() - t0 < 50, "the job waited for never-admitted newcomers:\n" + out[-3000:]
+    assert time.time() - t0 < 100, "the job waited for never-admitted newcomers:\n" + out[-3000:]
 
 
 @pytest.mark.skipif(not _READY, reason=_WHY)
@@ -105,7 +107,7 @@ def test_example_shrinks_when_discovery_offers_fewer_slots(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "bindings", "python"), OMP_NUM_THREADS="1",
                HORA_ELASTIC_SETTLE_MS="500")
     cmd = [HORARUN, "-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-file", hosts,
-           PYTHON, EXAMPLE, "--epochs", "2", "--num-samples", "1536", "--batches-per-commit", "2",
+           PYTHON, EXAMPLE, "--epochs", "2", "--num-samples", "3072", "--batches-per-commit", "2",
            "--log-interval", "4", "--batch-sleep", "0.1"]
     rc, out = _run_changing_hosts(cmd, env, hosts, r"size 3 worker \S+ epoch \d+ batch", "localhost:2\n")
     assert rc == 0, "horarun exit %d:\n%s" % (rc, out[-6000:])

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from harness import PYTHON, REPO
+from harness import PYTHON, REPO, free_port
 
 HORARUN = os.path.join(REPO, "build", "launcher", "horarun")
 
@@ -64,7 +64,7 @@ def _open_mpi():
 def test_reinit_six_times_under_mpirun(tmp_path):
     script = tmp_path / "reinit.py"
     script.write_text(_SCRIPT)
-    port = str(random.randint(20000, 30000))
+    port = str(free_port())  # claimed, below the ephemeral range (a random one could be taken)
     env = _env()
     env.update(HORA_STORE_ADDR="127.0.0.1", HORA_STORE_PORT=port, HORA_SECRET="reinit-%d" % random.randint(0, 1 << 30))
     cmd = [_open_mpi(), "--allow-run-as-root", "--oversubscribe", "-np", "2"]

@@ -90,7 +90,10 @@ TEST_F(MembershipTest, AStoppedMemberIsLeftOutAfterTheSettleTime) {
   EXPECT_EQ(ma.value().workers, (std::vector<std::string>{"w0", "w1"}));
   // Resumed later, it is a newcomer to the epoch after.
   auto late = form(request("w2", 0, 2));
-  std::this_thread::sleep_for(50ms);
+  // Its request reaches the store from another thread: polled, not slept for.
+  const auto pendingBy = Clock::now() + 5s;
+  while (!membershipPending(*store_, 1).value() && Clock::now() < pendingBy)
+    std::this_thread::sleep_for(5ms);
   EXPECT_TRUE(membershipPending(*store_, 1).value());
   auto r0 = form(request("w0", 1, 0));
   auto r1 = form(request("w1", 1, 1));

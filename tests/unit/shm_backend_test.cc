@@ -380,10 +380,12 @@ TEST_P(ShmWorldTest, PackedAheadIsUsedByTheMatchingNextAllreduceOnly) {
 // of the allreduce it runs reads their slots without waiting for them; a
 // different key, a stale chunk (another collective ran in between), an
 // unpublished pack, one replaced by a partial pack or one withdrawn keep it
-// waiting. Every result exact. Rank 1
-// packs ahead and then holds back its own call for 400 ms; rank 0's call must return long before
-// that only when it may read rank 1's pack (a small chunk: nothing else of it is needed; a split
-// one still waits for its part).
+// waiting. Every result exact. Rank 1 packs ahead and then holds back its
+// own call: when rank 0 may read rank 1's pack (a small chunk: nothing else
+// of it is needed), rank 1 waits until rank 0 has returned (10 s at most);
+// otherwise (a split one still waits for its part) it waits 400 ms, and rank
+// 0 must not return before rank 1 called. Orderings, not durations, so that
+// a loaded machine's scheduling cannot fail it.
 TEST(ShmBackendPeerPrepack, APublishedPackAheadSparesThePeersWaitOnlyWhenItMatches) {
   enum class Case { kMatch, kOtherKey, kNoKey, kStale, kSplit, kReplaced, kWithdrawn };
   const uint64_t key = 0x1234567890abcdefull;
@@ -394,8 +396,9 @@ TEST(ShmBackendPeerPrepack, APublishedPackAheadSparesThePeersWaitOnlyWhenItMatch
     // Small: 8 KiB (64 KiB: four pieces of a pack ahead), one chunk every
     // rank reduces whole. Split: 200 KiB.
     const size_t count = c == Case::kSplit ? 51200 : c == Case::kReplaced ? 16384 : 2048;
-    double rank0Seconds = 0;
     std::atomic<bool> packedAhead{false};  // rank 0 starts once rank 1 packed ahead
+    std::atomic<bool> rank0Returned{false}, rank1SawIt{false};
+    Clock::time_point rank0End, rank1Called;
     runRanks(w.world, [&](int r, Backend& b) {
       std::vector<float> in(count), out(count, -1.0f);
       for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((r * 3 + i) % 13);
@@ -421,23 +424,32 @@ TEST(ShmBackendPeerPrepack, APublishedPackAheadSparesThePeersWaitOnlyWhenItMatch
         int32_t v = r;
         ASSERT_TRUE(b.broadcast(&v, 1, DataType::kInt32, 0).isOk());
       }
-      if (r == 1) std::this_thread::sleep_for(milliseconds(400));
-      const auto t0 = Clock::now();
+      if (r == 1 && c == Case::kMatch) {
+        const auto until = Clock::now() + std::chrono::seconds(10);
+        while (!rank0Returned && Clock::now() < until) std::this_thread::sleep_for(milliseconds(1));
+        rank1SawIt = rank0Returned.load();
+      } else if (r == 1) {
+        std::this_thread::sleep_for(milliseconds(400));
+      }
+      if (r == 1) rank1Called = Clock::now();
       b.expectPrepacked(r == 1 ? (c == Case::kReplaced ? 8 : 7) : 0);
       b.expectPeersPrepacked(c == Case::kOtherKey && r == 0 ? key + 1 : key);
       Status s =
           b.allreduceGather(nullptr, count, DataType::kFloat32, ReduceOp::kSum, pack, unpack);
       ASSERT_TRUE(s.isOk()) << s.toString();
-      if (r == 0) rank0Seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (r == 0) {
+        rank0End = Clock::now();
+        rank0Returned = true;
+      }
       for (size_t i = 0; i < count; ++i) {
         const float want = static_cast<float>(i % 13) + static_cast<float>((3 + i) % 13);
         ASSERT_EQ(out[i], want) << "rank " << r << " element " << i;
       }
     });
     if (c == Case::kMatch) {
-      EXPECT_LT(rank0Seconds, 0.2) << "rank 0 waited for rank 1's published pack";
+      EXPECT_TRUE(rank1SawIt.load()) << "rank 0 waited for rank 1's published pack";
     } else {
-      EXPECT_GT(rank0Seconds, 0.3) << "rank 0 did not wait for rank 1";
+      EXPECT_GE(rank0End, rank1Called) << "rank 0 did not wait for rank 1";
     }
   }
 }
@@ -452,7 +464,7 @@ TEST(ShmBackendPeerPrepack, APackWhoseAllreduceRanElsewhereIsNotReadLater) {
   ShmWorld w = makeShmWorld(2, size_t{256} << 10);
   const size_t count = 2048;
   std::atomic<bool> packedAhead{false};
-  double rank0Seconds = 0;
+  Clock::time_point rank0End, rank1Called;
   runRanks(w.world, [&](int r, Backend& b) {
     std::vector<float> in(count), out(count, -1.0f), staging(count);  // staging: for Gloo
     auto fill = [&](int step) {
@@ -488,16 +500,18 @@ TEST(ShmBackendPeerPrepack, APackWhoseAllreduceRanElsewhereIsNotReadLater) {
     tv.shmMinBytes = 0;  // step 1 on shared memory again, at the same chunk
     b.tune(tv);
     fill(1);
-    if (r == 1) std::this_thread::sleep_for(milliseconds(400));
-    const auto t0 = Clock::now();
+    if (r == 1) {
+      std::this_thread::sleep_for(milliseconds(400));
+      rank1Called = Clock::now();
+    }
     b.expectPeersPrepacked(key);
     ASSERT_TRUE(
         b.allreduceGather(staging.data(), count, DataType::kFloat32, ReduceOp::kSum, pack, unpack)
             .isOk());
-    if (r == 0) rank0Seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (r == 0) rank0End = Clock::now();
     check(1);
   });
-  EXPECT_GT(rank0Seconds, 0.3) << "rank 0 read rank 1's old pack without waiting";
+  EXPECT_GE(rank0End, rank1Called) << "rank 0 read rank 1's old pack without waiting";
 }
 
 // A rank that published a pack ahead and then gave up (its set failed or
