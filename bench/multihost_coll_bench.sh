@@ -5,7 +5,7 @@
 #
 #   bench/multihost_coll_bench.sh [--rate 1gbit] [--hosts 2] [--per-host 1] [--rounds 1]
 #                                 [--ops LIST] [--sizes LIST] [--iters N] [--md FILE]
-#                                 [--modes "ring gloo noinline flatring"]
+#                                 [--modes "ring gloo noinline nooverlap flatring"]
 #
 # Builds a test bed with bench/netns_bed.sh (HOSTS network + UTS namespaces,
 # links shaped with tbf at RATE), then per round, in an order rotated each
@@ -19,6 +19,9 @@
 #         with the hierarchy its cross stage and rest);
 #   noinline (only if in --modes): the default with HORA_INLINE_MAX_BYTES=0
 #         (no collective travels inside the negotiation);
+#   nooverlap (only if in --modes): the default with HORA_HIER_OVERLAP=0
+#         (hierarchical allgather and reducescatter in one piece, their
+#         stages one after the other);
 #   flatring (only if in --modes): the default with
 #         HORA_HIER_COLLECTIVE_MIN_BYTES at its maximum (with the hierarchy,
 #         allgather and reducescatter on the ring over all ranks);
@@ -60,7 +63,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 die() { echo "multihost_coll_bench.sh: $*" >&2; exit 2; }
-for m in $MODES; do case $m in ring|gloo|flatring|noinline) ;; *) die "--modes: '$m' is not ring, gloo, flatring or noinline" ;; esac; done
+for m in $MODES; do case $m in ring|gloo|flatring|noinline|nooverlap) ;; *) die "--modes: '$m' is not ring, gloo, flatring, noinline or nooverlap" ;; esac; done
 case " $MODES " in *" ring "*) ;; *) die "--modes must hold ring (the ratios' base)" ;; esac
 [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces)"
 command -v mpirun >/dev/null || die "no mpirun (scripts/install_deps.sh --mpi)"
@@ -95,10 +98,12 @@ echo "# mpi:  mpirun ${MPI_ARGS[*]} mpi-coll-bench ${ARGS[*]}"
 STATUS=0
 run_hora() {  # mode round
   local cross=tcp min=${HORA_HIER_COLLECTIVE_MIN_BYTES:-1048576} inl=${HORA_INLINE_MAX_BYTES:--1}
+  local ovl=${HORA_HIER_OVERLAP:-1}
   [ "$1" = gloo ] && cross=gloo
   [ "$1" = flatring ] && min=9223372036854775807
   [ "$1" = noinline ] && inl=0
-  BENCH_PLANE=$1 HORA_HIER_CROSS=$cross HORA_HIER_COLLECTIVE_MIN_BYTES=$min HORA_INLINE_MAX_BYTES=$inl \
+  [ "$1" = nooverlap ] && ovl=0
+  BENCH_PLANE=$1 HORA_HIER_CROSS=$cross HORA_HIER_COLLECTIVE_MIN_BYTES=$min HORA_INLINE_MAX_BYTES=$inl HORA_HIER_OVERLAP=$ovl \
     HORA_LOG_LEVEL=${HORA_LOG_LEVEL:-info} on0 "$HORARUN" \
     -np "$NP" -H "$HOSTLIST" --ssh-command "$RSH {host}" \
     "$HORA_BENCH" "${ARGS[@]}" >"$LOG_DIR/$1.$2.out" 2>"$LOG_DIR/$1.$2.err"

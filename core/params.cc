@@ -252,7 +252,9 @@ const std::vector<ParamSpec>& paramRegistry() {
        "start: must be the same on every rank."},
       {"HORA_HIER_OVERLAP", ParamType::kBool, "1",
        "Hierarchical allreduce: 1 lets each shared-memory chunk cross hosts while the next chunk "
-       "is reduced inside the host; 0 runs the stages one after the other."},
+       "is reduced inside the host, and runs hierarchical allgathers and reducescatters in "
+       "pieces of 512 KiB per local rank (up to 8), each crossing hosts beside the local stage of "
+       "the next; 0 runs the stages one after the other."},
       {"HORA_HOST_ID", ParamType::kString, "",
        "Test-only: the identity that tells which ranks share a host (shared memory, hierarchy, "
        "point-to-point). Empty: the host name and kernel boot id; 'address': this rank's "

@@ -106,7 +106,8 @@ bool wantsHierarchy(const HostLayout& layout, HierMode mode, std::string* whyNot
 
 HierBackend::HierBackend(std::unique_ptr<ShmBackend> local, std::unique_ptr<Backend> cross,
                          std::unique_ptr<Backend> flat, int rank, int size, int hosts, bool overlap,
-                         std::vector<std::vector<int>> at, size_t collectiveMinBytes)
+                         std::vector<std::vector<int>> at, size_t collectiveMinBytes,
+                         size_t collectivePieceBytes)
     : local_(std::move(local)),
       cross_(std::move(cross)),
       flat_(std::move(flat)),
@@ -115,7 +116,8 @@ HierBackend::HierBackend(std::unique_ptr<ShmBackend> local, std::unique_ptr<Back
       hosts_(hosts),
       overlap_(overlap),
       at_(std::move(at)),
-      collectiveMinBytes_(collectiveMinBytes) {
+      collectiveMinBytes_(collectiveMinBytes),
+      collectivePieceBytes_(std::max<size_t>(collectivePieceBytes, 1)) {
   for (size_t h = 0; h < at_.size(); ++h)
     for (size_t l = 0; l < at_[h].size(); ++l)
       if (at_[h][l] == rank_) {
@@ -150,7 +152,8 @@ void HierBackend::crossLoop() {
     CrossJob* job = &*next;
     const CrossJob what = *job;
     lock.unlock();
-    Status s = cross_->allreduce(what.part, what.count, what.dtype, what.op);
+    Status s =
+        what.run ? what.run() : cross_->allreduce(what.part, what.count, what.dtype, what.op);
     lock.lock();
     job->status = std::move(s);
     job->done = true;
@@ -169,6 +172,32 @@ void HierBackend::crossStart(void* part, size_t count, DataType dtype, ReduceOp 
     crossJobs_.push_back(std::move(job));
   }
   crossCv_.notify_all();
+}
+
+void HierBackend::crossStartJob(std::function<Status()> run) {
+  {
+    std::lock_guard<std::mutex> lock(crossMu_);
+    CrossJob job;
+    job.run = std::move(run);
+    crossJobs_.push_back(std::move(job));
+  }
+  crossCv_.notify_all();
+}
+
+void HierBackend::crossDrain() {
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(crossMu_);
+      if (crossJobs_.empty()) return;
+    }
+    (void)crossWait();
+  }
+}
+
+size_t HierBackend::collectivePieces(size_t bytes) const {
+  if (!overlap_ || at_.empty()) return 1;
+  const size_t perLocal = bytes / at_[0].size();
+  return std::clamp<size_t>((perLocal + collectivePieceBytes_ - 1) / collectivePieceBytes_, 1, 8);
 }
 
 Status HierBackend::crossWait() {
@@ -236,14 +265,8 @@ Status HierBackend::allreduceGatherCombine(void* staging, size_t count, DataType
   cross.wait = [&] { return crossWait(); };
   Status s = local_->allreduceCross(count, dtype, op, pack, unpack, cross, overlap_, combine);
   if (s.isOk()) return s;
-  s = fail(s);  // aborts the cross communicator: an exchange still running ends at once
-  while (true) {
-    {
-      std::lock_guard<std::mutex> lock(crossMu_);
-      if (crossJobs_.empty()) break;
-    }
-    (void)crossWait();  // its failure is a consequence of `s`
-  }
+  s = fail(s);   // aborts the cross communicator: an exchange still running ends at once
+  crossDrain();  // their failures are a consequence of `s`
   return s;
 }
 
@@ -395,9 +418,9 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
     const HostLayout of = layoutHosts(hosts, r);
     at[of.hostIndex][of.localRank] = r;
   }
-  return std::unique_ptr<Backend>(
-      new HierBackend(std::unique_ptr<ShmBackend>(shm), cross.take(), std::move(flat), rank, size,
-                      layout.hosts, opts.overlap, std::move(at), opts.collectiveMinBytes));
+  return std::unique_ptr<Backend>(new HierBackend(
+      std::unique_ptr<ShmBackend>(shm), cross.take(), std::move(flat), rank, size, layout.hosts,
+      opts.overlap, std::move(at), opts.collectiveMinBytes, opts.collectivePieceBytes));
 }
 
 }  // namespace hora

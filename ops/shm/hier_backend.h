@@ -95,10 +95,12 @@ class HierBackend : public Backend {
   // host (ShmBackend::allreduceCross).
   // `at[h][l]`: the set rank of local rank l on host h (every host has as
   // many); `collectiveMinBytes`: allgather and reducescatter payloads from
-  // which they run hierarchically.
+  // which they run hierarchically, in pieces of `collectivePieceBytes`
+  // (HierBackendOptions) when `overlap`.
   HierBackend(std::unique_ptr<ShmBackend> local, std::unique_ptr<Backend> cross,
               std::unique_ptr<Backend> flat, int rank, int size, int hosts, bool overlap,
-              std::vector<std::vector<int>> at, size_t collectiveMinBytes);
+              std::vector<std::vector<int>> at, size_t collectiveMinBytes,
+              size_t collectivePieceBytes = size_t{512} << 10);
   ~HierBackend() override;
 
   std::string name() const override;
@@ -124,10 +126,18 @@ class HierBackend : public Backend {
 
  private:
   // The cross stage's thread: runs cross_->allreduce on the parts handed to
-  // it, in order, so that the executor thread can go on with the next chunk.
+  // it (or a job of a hierarchical allgather or reducescatter), in order, so
+  // that the executor thread can go on with the next chunk.
   void crossLoop();
   void crossStart(void* part, size_t count, DataType dtype, ReduceOp op);
+  void crossStartJob(std::function<Status()> run);
   Status crossWait();
+  // Waits for every job started (after a failure: they end at once, the
+  // cross communicator being aborted).
+  void crossDrain();
+  // Pieces of a hierarchical allgather or reducescatter of `bytes` over all
+  // ranks: the same on every rank.
+  size_t collectivePieces(size_t bytes) const;
   Status checkUsable(const std::string& what) const;
   // Runs `call` (a hierarchical allgatherv or reducescatter): an exception
   // (out of memory for its scratch) becomes an error instead of leaving the
@@ -155,10 +165,12 @@ class HierBackend : public Backend {
   const bool overlap_;
   const std::vector<std::vector<int>> at_;  // at_[host][local] = set rank
   const size_t collectiveMinBytes_;
+  const size_t collectivePieceBytes_;
   int myLocal_ = 0, myHost_ = 0;
   std::vector<uint8_t> scratchA_, scratchB_;  // the executor thread's
 
   struct CrossJob {
+    std::function<Status()> run;  // set: this instead of an allreduce of `part`
     void* part = nullptr;
     size_t count = 0;
     DataType dtype = DataType::kFloat32;
@@ -196,6 +208,11 @@ struct HierBackendOptions {
   // they run hierarchically; below, on the flat backend
   // (HORA_HIER_COLLECTIVE_MIN_BYTES, compared between ranks like the rest).
   size_t collectiveMinBytes = size_t{1} << 20;
+  // With `overlap`, a hierarchical allgather or reducescatter runs in pieces
+  // of about this many bytes per local rank of the payload (at most 8), the
+  // cross stage of one piece beside the local stage of the next. Not a
+  // parameter: every rank must cut alike (tests set it small).
+  size_t collectivePieceBytes = size_t{512} << 10;
   // Called on every rank once the hierarchy is chosen, after the cross
   // communicator: may wrap `flat`, which carries every collective but the
   // allreduce (process_set puts it behind a tcp ring over all ranks). An

@@ -1,8 +1,10 @@
 // HierBackend's allgatherv and reducescatter (ops/shm/hier_backend.h): the
 // hierarchical paths from HierBackendOptions::collectiveMinBytes up, the
-// flat backend below. Executor thread; the cross thread is idle meanwhile
-// (an allreduce waits for all of its cross-host parts before it returns), so
-// the cross communicator is called from here directly.
+// flat backend below. Executor thread; their cross stage runs on the cross
+// thread, piece by piece beside the local stage of the next piece (idle
+// otherwise: an allreduce waits for all of its cross-host parts before it
+// returns).
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -26,6 +28,12 @@ Status HierBackend::guarded(const std::string& what, const std::function<Status(
                what + ": out of memory for the staging buffers (the payload over all ranks)");
   } catch (const std::exception& e) {
     s = internalError(what + ": " + e.what());
+  }
+  if (!s.isOk()) {
+    // Cross jobs of the call may still use the scratch: ended (the cross
+    // stage aborted) and waited for before it is given back.
+    s = fail(s);
+    crossDrain();
   }
   for (auto* v : {&scratchA_, &scratchB_})
     if (v->capacity() > kKeepScratchBytes) std::vector<uint8_t>().swap(*v);
@@ -72,24 +80,68 @@ Status HierBackend::hierAllgatherv(const void* in, void* out, const std::vector<
   size_t crossTotal = 0, total = 0;
   for (size_t c : byHost) crossTotal += c;
   for (size_t c : byLocal) total += c;
-  // (1) Across hosts: this local index's blocks, host by host.
+  // Every rank's block is cut in `pieces` alike (its first elements in
+  // piece 0): piece k crosses hosts on the cross thread while the executor
+  // gathers piece k-1 inside the host.
+  const size_t pieces = collectivePieces(total * es);
+  auto cut = [pieces](size_t n, size_t k) { return n / pieces * k + n % pieces * k / pieces; };
+  auto piece = [&](size_t n, size_t k) { return cut(n, k + 1) - cut(n, k); };
+  const size_t locals = byLocal.size();
+  // Everything allocated before the first cross job starts: an allocation
+  // that throws must not leave a job writing into freed scratch.
   if (scratchA_.size() < crossTotal * es + 1) scratchA_.resize(crossTotal * es + 1);
-  Status s = cross_->allgatherv(in, scratchA_.data(), byHost, dtype);
-  if (!s.isOk()) return s.withContext(what + ": across hosts");
-  // (2) Inside the host: every local index's blocks, local index by local
-  // index (each of them host by host).
-  if (scratchB_.size() < total * es + 1) scratchB_.resize(total * es + 1);
-  s = local_->allgatherv(scratchA_.data(), scratchB_.data(), byLocal, dtype);
-  if (!s.isOk()) return s.withContext(what + ": inside the host");
-  // (3) Into set-rank order.
-  auto* dst = static_cast<uint8_t*>(out);
-  size_t at = 0;
-  for (size_t l = 0; l < byLocal.size(); ++l) {
+  size_t maxPiece = 0;
+  std::vector<std::vector<size_t>> crossCounts(pieces, std::vector<size_t>(at_.size()));
+  std::vector<std::vector<size_t>> localCounts(pieces, std::vector<size_t>(locals, 0));
+  std::vector<size_t> crossAt(pieces + 1, 0);  // bytes into scratchA_
+  for (size_t k = 0; k < pieces; ++k) {
+    size_t sum = 0;
     for (size_t h = 0; h < at_.size(); ++h) {
-      const int r = at_[h][l];
-      const size_t bytes = counts[r] * es;
-      if (bytes > 0) copyBytes(dst + offset[r], scratchB_.data() + at, bytes);
-      at += bytes;
+      crossCounts[k][h] = piece(byHost[h], k);
+      crossAt[k + 1] += crossCounts[k][h] * es;
+      for (size_t l = 0; l < locals; ++l) localCounts[k][l] += piece(counts[at_[h][l]], k);
+    }
+    crossAt[k + 1] += crossAt[k];
+    for (size_t c : localCounts[k]) sum += c;
+    maxPiece = std::max(maxPiece, sum);
+  }
+  if (scratchB_.size() < maxPiece * es + 1) scratchB_.resize(maxPiece * es + 1);
+  // (1) Across hosts: this local index's blocks, host by host, piece by piece.
+  const auto* mine = static_cast<const uint8_t*>(in);
+  const size_t myCount = counts[rank_];
+  for (size_t k = 0; k < pieces; ++k) {
+    const void* from = mine == nullptr ? nullptr : mine + cut(myCount, k) * es;
+    uint8_t* to = scratchA_.data() + crossAt[k];
+    crossStartJob([this, from, to, c = crossCounts[k], dtype] {
+      return cross_->allgatherv(from, to, c, dtype);
+    });
+  }
+  auto* dst = static_cast<uint8_t*>(out);
+  for (size_t k = 0; k < pieces; ++k) {
+    Status s = crossWait();
+    if (!s.isOk()) {
+      s = fail(s.withContext(what + ": across hosts"));  // the jobs still queued end at once
+      crossDrain();
+      return s;
+    }
+    // (2) Inside the host: every local index's piece, local index by local
+    // index (each of them host by host).
+    s = local_->allgatherv(scratchA_.data() + crossAt[k], scratchB_.data(), localCounts[k], dtype);
+    if (!s.isOk()) {
+      (void)fail(s);  // aborts the cross stage: the jobs still queued end at once
+      crossDrain();
+      return s.withContext(what + ": inside the host");
+    }
+    // (3) Into set-rank order.
+    size_t at = 0;
+    for (size_t l = 0; l < locals; ++l) {
+      for (size_t h = 0; h < at_.size(); ++h) {
+        const int r = at_[h][l];
+        const size_t bytes = piece(counts[r], k) * es;
+        if (bytes > 0)
+          copyBytes(dst + offset[r] + cut(counts[r], k) * es, scratchB_.data() + at, bytes);
+        at += bytes;
+      }
     }
   }
   return Status::ok();
@@ -118,30 +170,68 @@ Status HierBackend::hierReducescatter(void* inout, const std::vector<size_t>& co
   layoutCounts(counts, es, &offset, &byLocal, &byHost);
   size_t total = 0;
   for (size_t c : byLocal) total += c;
-  // (1) The input by local index (each host by host), so that the host's
-  // reduce-scatter leaves local rank l the blocks of local index l.
+  // Every rank's block cut in `pieces` alike: piece k is reduced inside the
+  // host, then crosses hosts on the cross thread while the executor reduces
+  // piece k+1 inside the host.
+  const size_t pieces = collectivePieces(total * es);
+  auto cut = [pieces](size_t n, size_t k) { return n / pieces * k + n % pieces * k / pieces; };
+  auto piece = [&](size_t n, size_t k) { return cut(n, k + 1) - cut(n, k); };
+  const size_t locals = byLocal.size();
+  // (1) The input piece by piece, each by local index (each host by host),
+  // so that the host's reduce-scatter of a piece leaves local rank l the
+  // piece of the blocks of local index l. Allocated before any job starts.
   if (scratchB_.size() < total * es + 1) scratchB_.resize(total * es + 1);
+  std::vector<std::vector<size_t>> localCounts(pieces, std::vector<size_t>(locals, 0));
+  std::vector<std::vector<size_t>> crossCounts(pieces, std::vector<size_t>(at_.size()));
+  std::vector<size_t> pieceAt(pieces + 1, 0), mineAt(pieces, 0);  // bytes into scratchB_
   auto* src = static_cast<uint8_t*>(inout);
-  size_t at = 0, mine = 0;
-  for (size_t l = 0; l < byLocal.size(); ++l) {
-    if (static_cast<int>(l) == myLocal_) mine = at;
-    for (size_t h = 0; h < at_.size(); ++h) {
-      const int r = at_[h][l];
-      const size_t bytes = counts[r] * es;
-      if (bytes > 0) copyBytes(scratchB_.data() + at, src + offset[r], bytes);
-      at += bytes;
+  size_t at = 0;
+  for (size_t k = 0; k < pieces; ++k) {
+    pieceAt[k] = at;
+    for (size_t l = 0; l < locals; ++l) {
+      if (static_cast<int>(l) == myLocal_) mineAt[k] = at;
+      for (size_t h = 0; h < at_.size(); ++h) {
+        const int r = at_[h][l];
+        const size_t n = piece(counts[r], k);
+        localCounts[k][l] += n;
+        if (static_cast<int>(l) == myLocal_) crossCounts[k][h] = n;
+        if (n > 0)
+          copyBytes(scratchB_.data() + at, src + offset[r] + cut(counts[r], k) * es, n * es);
+        at += n * es;
+      }
     }
   }
-  // (2) Inside the host: this local index's blocks, reduced over the host.
-  Status s = local_->reducescatter(scratchB_.data(), byLocal, dtype, op);
-  if (!s.isOk()) return s.withContext(what + ": inside the host");
-  // (3) Across hosts: this rank's block, reduced over every host.
-  uint8_t* part = scratchB_.data() + mine;
-  s = cross_->reducescatter(part, byHost, dtype, op);
-  if (!s.isOk()) return s.withContext(what + ": across hosts");
+  pieceAt[pieces] = at;
+  for (size_t k = 0; k < pieces; ++k) {
+    // (2) Inside the host: this local index's piece, reduced over the host.
+    Status s = local_->reducescatter(scratchB_.data() + pieceAt[k], localCounts[k], dtype, op);
+    if (!s.isOk()) {
+      (void)fail(s);
+      crossDrain();
+      return s.withContext(what + ": inside the host");
+    }
+    // (3) Across hosts: this rank's piece, reduced over every host.
+    uint8_t* part = scratchB_.data() + mineAt[k];
+    const std::vector<size_t>* c = &crossCounts[k];
+    crossStartJob(
+        [this, part, c, dtype, op] { return cross_->reducescatter(part, *c, dtype, op); });
+  }
+  Status s;
+  for (size_t k = 0; k < pieces; ++k) {
+    Status w = crossWait();
+    // The first failure aborts the cross stage: the jobs still queued end at once.
+    if (s.isOk() && !w.isOk()) s = fail(w.withContext(what + ": across hosts"));
+  }
+  if (!s.isOk()) return s;
   size_t within = 0;
-  for (int h = 0; h < myHost_; ++h) within += byHost[h] * es;
-  if (counts[rank_] > 0) copyBytes(src + offset[rank_], part + within, counts[rank_] * es);
+  for (size_t k = 0; k < pieces; ++k) {
+    within = 0;
+    for (int h = 0; h < myHost_; ++h) within += crossCounts[k][h] * es;
+    const size_t n = piece(counts[rank_], k);
+    if (n > 0)
+      copyBytes(src + offset[rank_] + cut(counts[rank_], k) * es,
+                scratchB_.data() + mineAt[k] + within, n * es);
+  }
   return Status::ok();
 }
 

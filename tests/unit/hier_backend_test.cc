@@ -155,6 +155,7 @@ struct RankSetup {
   std::string cross = "gloo";  // HORA_HIER_CROSS as compared (the fake connects either way)
   ShmBackendOptions shm;
   size_t collectiveMinBytes = size_t{1} << 20;
+  size_t collectivePieceBytes = size_t{2} << 20;
 };
 
 // Builds one backend per entry of `ranks` (rank r's host id and options).
@@ -178,6 +179,7 @@ std::unique_ptr<HierWorld> makeHierWorld(const std::vector<RankSetup>& ranks) {
       ho.shm = ranks[r].shm;
       ho.shm.hostId = ranks[r].hostId;
       ho.collectiveMinBytes = ranks[r].collectiveMinBytes;
+      ho.collectivePieceBytes = ranks[r].collectivePieceBytes;
       GlooBackendOptions go;
       go.timeout = ho.shm.timeout;
       auto flat = createGlooBackend(store, prefix + "/gloo", r, size, go);
@@ -211,12 +213,14 @@ std::unique_ptr<HierWorld> makeHierWorld(const std::vector<RankSetup>& ranks) {
 // ranks and local ranks differ), every rank with the same options.
 std::unique_ptr<HierWorld> makeGrid(int hosts, int perHost, size_t chunkBytes,
                                     milliseconds timeout = milliseconds(10000), bool overlap = true,
-                                    size_t collectiveMinBytes = size_t{1} << 20) {
+                                    size_t collectiveMinBytes = size_t{1} << 20,
+                                    size_t collectivePieceBytes = size_t{2} << 20) {
   std::vector<RankSetup> ranks(hosts * perHost);
   for (int r = 0; r < hosts * perHost; ++r) {
     ranks[r].hostId = "host" + std::to_string(r % hosts);
     ranks[r].overlap = overlap;
     ranks[r].collectiveMinBytes = collectiveMinBytes;
+    ranks[r].collectivePieceBytes = collectivePieceBytes;
     ranks[r].shm.chunkBytes = chunkBytes;
     ranks[r].shm.timeout = timeout;
   }
@@ -339,9 +343,12 @@ TEST_P(HierGridTest, FloatsAreBitIdenticalOnEveryRankAndCloseToTheReference) {
 }
 
 TEST_P(HierGridTest, AllgatherAndReducescatterRunHierarchically) {
-  // Every size hierarchical (collectiveMinBytes 0), 4 KiB chunks.
+  // Every size hierarchical (collectiveMinBytes 0), 4 KiB chunks; with
+  // overlap, in pieces of 4 bytes per local rank (up to 8 pieces, many of
+  // them empty for the uneven counts), the cross stage of each beside the
+  // local stage of the next.
   auto w = makeGrid(GetParam().hosts, GetParam().perHost, 4096, milliseconds(10000),
-                    GetParam().overlap, 0);
+                    GetParam().overlap, 0, 4);
   const int size = static_cast<int>(w->world.size());
   const size_t hosts = static_cast<size_t>(GetParam().hosts);
   std::vector<size_t> uneven(size), large(size);
@@ -382,6 +389,7 @@ TEST(HierLayoutTest, AllgatherAndReducescatterPutBlocksInSetRankOrderWhateverThe
       ranks[r].shm.chunkBytes = 4096;
       ranks[r].shm.timeout = milliseconds(10000);
       ranks[r].collectiveMinBytes = 0;
+      ranks[r].collectivePieceBytes = 1000;  // several pieces
     }
     auto w = makeHierWorld(ranks);
     ASSERT_EQ(w->outcome[0], HierOutcome::kHierarchical) << w->whyNot[0];
@@ -684,7 +692,7 @@ TEST(HierFailureTest, AStalledOrAbortedRankFailsTheHierarchicalAllgatherAndReduc
   for (bool aborted : {false, true}) {
     for (const char* op : {"allgather", "reducescatter"}) {
       SCOPED_TRACE(std::string(op) + (aborted ? " aborted" : " stalled"));
-      auto w = makeGrid(2, 2, 4096, milliseconds(1000), true, 0);
+      auto w = makeGrid(2, 2, 4096, milliseconds(1000), true, 0, 4096);  // pieces in flight
       if (aborted) w->world[2]->abort();
       std::vector<CallResult> res(4);
       const std::string which = op;
