@@ -150,10 +150,19 @@ void HierBackend::crossLoop() {
     // A deque keeps its elements in place on push_back (crossStart), and
     // crossWait pops only jobs that are done: `job` stays valid.
     CrossJob* job = &*next;
+    std::function<Status()> run = std::move(job->run);  // moved: no allocation under the lock
     const CrossJob what = *job;
     lock.unlock();
-    Status s =
-        what.run ? what.run() : cross_->allreduce(what.part, what.count, what.dtype, what.op);
+    Status s;
+    // An exception must not leave this thread (it would end the process):
+    // it fails the job, and with it the collective.
+    try {
+      s = run ? run() : cross_->allreduce(what.part, what.count, what.dtype, what.op);
+    } catch (const std::bad_alloc&) {
+      s = Status(Code::kSystemError, "the hierarchy's cross stage: out of memory");
+    } catch (const std::exception& e) {
+      s = internalError(std::string("the hierarchy's cross stage: ") + e.what());
+    }
     lock.lock();
     job->status = std::move(s);
     job->done = true;
@@ -327,11 +336,12 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
                            std::to_string(opts.shm.chunkBytes) + "/" +
                            std::to_string(std::max(opts.shm.slotBytes, opts.shm.chunkBytes)) +
                            (opts.overlap ? " overlap/" : " serial/") + opts.cross + "/" +
-                           std::to_string(opts.collectiveMinBytes) + " " + hostId;
+                           std::to_string(opts.collectiveMinBytes) + "/" +
+                           std::to_string(opts.collectivePieceBytes) + " " + hostId;
   auto all =
       exchangeValues(*store, "host", rank, allRanks(size), mine, timeout, "hierarchy set-up");
   if (!all.isOk()) return all.status();
-  // "<mode> <shm|noshm> <chunk/slot bytes> <overlap|serial>/<cross>/<collective min>
+  // "<mode> <shm|noshm> <chunk/slot bytes> <overlap|serial>/<cross>/<collective min>/<piece>
   // <host id>": the settings are the first four words, the host id (may contain
   // spaces) the rest.
   auto settingsEnd = [](const std::string& v) {

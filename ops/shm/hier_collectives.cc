@@ -212,9 +212,9 @@ Status HierBackend::hierReducescatter(void* inout, const std::vector<size_t>& co
     }
     // (3) Across hosts: this rank's piece, reduced over every host.
     uint8_t* part = scratchB_.data() + mineAt[k];
-    const std::vector<size_t>* c = &crossCounts[k];
-    crossStartJob(
-        [this, part, c, dtype, op] { return cross_->reducescatter(part, *c, dtype, op); });
+    crossStartJob([this, part, c = crossCounts[k], dtype, op] {
+      return cross_->reducescatter(part, c, dtype, op);
+    });
   }
   Status s;
   for (size_t k = 0; k < pieces; ++k) {

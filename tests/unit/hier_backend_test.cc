@@ -106,11 +106,12 @@ TEST(WantsHierarchyTest, OnlySeveralHostsWithSeveralEqualRanks) {
 // ------------------------------------------------------------ worlds of threads
 
 // Counts what reaches a cross communicator, to show that only host-reduced
-// parts cross hosts.
+// parts cross hosts, and its allgatherv/reducescatter calls (one per piece).
 class CountingBackend : public Backend {
  public:
-  CountingBackend(std::unique_ptr<Backend> inner, std::atomic<size_t>* elements)
-      : inner_(std::move(inner)), elements_(elements) {}
+  CountingBackend(std::unique_ptr<Backend> inner, std::atomic<size_t>* elements,
+                  std::atomic<size_t>* calls)
+      : inner_(std::move(inner)), elements_(elements), calls_(calls) {}
   std::string name() const override { return inner_->name(); }
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -120,6 +121,7 @@ class CountingBackend : public Backend {
   }
   Status allgatherv(const void* in, void* out, const std::vector<size_t>& c, DataType dt) override {
     *elements_ += c[static_cast<size_t>(inner_->rank())];  // what this rank sends across
+    ++*calls_;
     return inner_->allgatherv(in, out, c, dt);
   }
   Status broadcast(void* d, size_t n, DataType dt, int root) override {
@@ -131,6 +133,7 @@ class CountingBackend : public Backend {
   }
   Status reducescatter(void* io, const std::vector<size_t>& c, DataType dt, ReduceOp op) override {
     for (size_t n : c) *elements_ += n;  // what this rank hands across
+    ++*calls_;
     return inner_->reducescatter(io, c, dt, op);
   }
   Status barrier() override { return inner_->barrier(); }
@@ -139,6 +142,7 @@ class CountingBackend : public Backend {
  private:
   std::unique_ptr<Backend> inner_;
   std::atomic<size_t>* elements_;
+  std::atomic<size_t>* calls_;
 };
 
 struct HierWorld {
@@ -146,6 +150,7 @@ struct HierWorld {
   std::vector<HierOutcome> outcome;
   std::vector<std::string> whyNot;
   std::atomic<size_t> crossElements{0};
+  std::atomic<size_t> crossCalls{0};
 };
 
 struct RankSetup {
@@ -155,7 +160,7 @@ struct RankSetup {
   std::string cross = "gloo";  // HORA_HIER_CROSS as compared (the fake connects either way)
   ShmBackendOptions shm;
   size_t collectiveMinBytes = size_t{1} << 20;
-  size_t collectivePieceBytes = size_t{2} << 20;
+  size_t collectivePieceBytes = size_t{512} << 10;
 };
 
 // Builds one backend per entry of `ranks` (rank r's host id and options).
@@ -192,7 +197,8 @@ std::unique_ptr<HierWorld> makeHierWorld(const std::vector<RankSetup>& ranks) {
                               int n) -> Result<std::unique_ptr<Backend>> {
         auto g = createGlooBackend(std::move(s), "gloo", cr, n, go);
         if (!g.isOk()) return g.status();
-        return std::unique_ptr<Backend>(new CountingBackend(g.take(), &hw->crossElements));
+        return std::unique_ptr<Backend>(
+            new CountingBackend(g.take(), &hw->crossElements, &hw->crossCalls));
       };
       auto hb = createHierBackend(std::make_shared<PrefixStore>(store, prefix + "/hier"), r, size,
                                   ho, flat.take(), connect, &w->outcome[r], &w->whyNot[r]);
@@ -214,7 +220,7 @@ std::unique_ptr<HierWorld> makeHierWorld(const std::vector<RankSetup>& ranks) {
 std::unique_ptr<HierWorld> makeGrid(int hosts, int perHost, size_t chunkBytes,
                                     milliseconds timeout = milliseconds(10000), bool overlap = true,
                                     size_t collectiveMinBytes = size_t{1} << 20,
-                                    size_t collectivePieceBytes = size_t{2} << 20) {
+                                    size_t collectivePieceBytes = size_t{512} << 10) {
   std::vector<RankSetup> ranks(hosts * perHost);
   for (int r = 0; r < hosts * perHost; ++r) {
     ranks[r].hostId = "host" + std::to_string(r % hosts);
@@ -356,13 +362,19 @@ TEST_P(HierGridTest, AllgatherAndReducescatterRunHierarchically) {
     uneven[r] = static_cast<size_t>((r * 3 + 1) % 4);  // with empty blocks
     large[r] = 30011 + static_cast<size_t>(r) * 977;   // many chunks
   }
-  for (const auto& counts : {uneven, large}) {
+  for (const std::vector<size_t>* list : {&uneven, &large}) {
+    const std::vector<size_t>& counts = *list;
     size_t total = 0;
     for (size_t c : counts) total += c;
     w->crossElements = 0;
+    w->crossCalls = 0;
     checkAllgatherv(w->world, counts);  // out of place and in place
     // Each block crosses hosts once per call, from its own rank.
     EXPECT_EQ(w->crossElements.load(), 2 * total);
+    // The large counts in 8 pieces with overlap (one without): a cross call
+    // per piece, per rank, per call.
+    if (list == &large || !GetParam().overlap)
+      EXPECT_EQ(w->crossCalls.load(), 2 * size * (GetParam().overlap ? 8u : 1u));
     w->crossElements = 0;
     checkReducescatter(w->world, counts, DataType::kInt32, ReduceOp::kSum);
     // Each local rank hands its host-reduced local index across: every
@@ -521,7 +533,8 @@ TEST(HierFallbackTest, ModeDifferingBetweenRanksKeepsEveryRankFlat) {
   auto w = makeHierWorld(s);
   expectFlat(*w, "differ between ranks");
   EXPECT_NE(w->whyNot[0].find("ranks 0 and 2"), std::string::npos) << w->whyNot[0];
-  EXPECT_NE(w->whyNot[0].find("\"flat shm 4096/4096 overlap/gloo/1048576\""), std::string::npos)
+  EXPECT_NE(w->whyNot[0].find("\"flat shm 4096/4096 overlap/gloo/1048576/524288\""),
+            std::string::npos)
       << w->whyNot[0];
 }
 
@@ -542,8 +555,20 @@ TEST(HierFallbackTest, CrossTransportDifferingBetweenRanksKeepsEveryRankFlat) {
   s[3].cross = "tcp";
   auto w = makeHierWorld(s);
   expectFlat(*w, "HORA_HIER_COLLECTIVE_MIN_BYTES differ between ranks");
-  EXPECT_NE(w->whyNot[0].find("\"auto shm 4096/4096 overlap/tcp/1048576\""), std::string::npos)
+  EXPECT_NE(w->whyNot[0].find("\"auto shm 4096/4096 overlap/tcp/1048576/524288\""),
+            std::string::npos)
       << w->whyNot[0];
+}
+
+TEST(HierFallbackTest, PieceSizeDifferingBetweenRanksKeepsEveryRankFlat) {
+  // Ranks cutting an allgather in different pieces would make different
+  // numbers of calls: not a user setting, but a build of another version
+  // might differ in it.
+  auto s = setups({"a", "b", "a", "b"});
+  s[1].collectivePieceBytes = 4096;
+  auto w = makeHierWorld(s);
+  expectFlat(*w, "differ between ranks");
+  EXPECT_NE(w->whyNot[0].find("overlap/gloo/1048576/4096\""), std::string::npos) << w->whyNot[0];
 }
 
 TEST(HierFallbackTest, CollectiveMinBytesDifferingBetweenRanksKeepsEveryRankFlat) {
@@ -552,7 +577,7 @@ TEST(HierFallbackTest, CollectiveMinBytesDifferingBetweenRanksKeepsEveryRankFlat
   s[2].collectiveMinBytes = 0;
   auto w = makeHierWorld(s);
   expectFlat(*w, "HORA_HIER_COLLECTIVE_MIN_BYTES differ between ranks");
-  EXPECT_NE(w->whyNot[0].find("\"auto shm 4096/4096 overlap/gloo/0\""), std::string::npos)
+  EXPECT_NE(w->whyNot[0].find("\"auto shm 4096/4096 overlap/gloo/0/524288\""), std::string::npos)
       << w->whyNot[0];
 }
 
@@ -564,7 +589,8 @@ TEST(HierFallbackTest, ChunkSizeDifferingBetweenHostsKeepsEveryRankFlat) {
   expectFlat(*w,
              "HORA_SHM_CHUNK_BYTES / HORA_HIER_OVERLAP / HORA_HIER_CROSS / "
              "HORA_HIER_COLLECTIVE_MIN_BYTES differ");
-  EXPECT_NE(w->whyNot[0].find("\"auto shm 8192/8192 overlap/gloo/1048576\""), std::string::npos)
+  EXPECT_NE(w->whyNot[0].find("\"auto shm 8192/8192 overlap/gloo/1048576/524288\""),
+            std::string::npos)
       << w->whyNot[0];
 }
 
@@ -577,7 +603,8 @@ TEST(HierFallbackTest, SlotSizeDifferingBetweenHostsKeepsEveryRankFlat) {
   expectFlat(*w,
              "HORA_SHM_CHUNK_BYTES / HORA_HIER_OVERLAP / HORA_HIER_CROSS / "
              "HORA_HIER_COLLECTIVE_MIN_BYTES differ");
-  EXPECT_NE(w->whyNot[0].find("/65536 overlap/gloo/1048576\""), std::string::npos) << w->whyNot[0];
+  EXPECT_NE(w->whyNot[0].find("/65536 overlap/gloo/1048576/524288\""), std::string::npos)
+      << w->whyNot[0];
 }
 
 TEST(HierFallbackTest, SharedMemoryOffOnOneRankKeepsEveryRankFlat) {
