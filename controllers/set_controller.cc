@@ -579,8 +579,9 @@ void SetController::queueGroup(std::vector<Response> responses) {
   const bool mayComplete = !submitting_ || !callsBack(g);
   if (!needsDataPlane(g) && !stopping_ && mayComplete && !allocatesThroughCaller(g) &&
       queue_.tryBeginInline()) {
-    if (opts_.telemetry) opts_.telemetry->inlineDone(g);
-    completeWithoutDataPlane(g, opts_.rank, opts_.globalRanks);
+    completeWithoutDataPlane(g, opts_.rank, opts_.globalRanks, [&](const std::vector<Status>& o) {
+      if (opts_.telemetry) opts_.telemetry->inlineDone(g, &o);
+    });
     queue_.endInline();
     return;
   }

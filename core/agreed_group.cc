@@ -106,20 +106,27 @@ Status completeInline(const Response& r, TensorEntry& e, int rank, int size) {
 
 }  // namespace
 
-void completeWithoutDataPlane(AgreedGroup& group, int rank, const std::vector<int>& globalRanks) {
+void completeWithoutDataPlane(
+    AgreedGroup& group, int rank, const std::vector<int>& globalRanks,
+    const std::function<void(const std::vector<Status>&)>& beforeComplete) {
   HORA_CHECK(group.entries.size() == group.responses.size() && !group.responses.empty())
       << group.entries.size() << " entries for " << group.responses.size() << " responses";
   auto& es = group.entries;
   const Response& first = group.responses.front();
   const int size = static_cast<int>(globalRanks.size());
+  std::vector<Status> outcomes(es.size());
   if (!first.inlineResult.empty()) {
     for (size_t i = 0; i < es.size(); ++i) {
       if (!es[i]) continue;
       const Status s = completeInline(group.responses[i], *es[i], rank, size);
-      es[i]->complete(s.isOk() ? s : entryFailure(*es[i], globalRanks[rank], s));
+      if (!s.isOk()) outcomes[i] = entryFailure(*es[i], globalRanks[rank], s);
     }
+    if (beforeComplete) beforeComplete(outcomes);
+    for (size_t i = 0; i < es.size(); ++i)
+      if (es[i]) es[i]->complete(outcomes[i]);
     return;
   }
+  if (beforeComplete) beforeComplete(outcomes);
   switch (first.kind) {
     case ResponseKind::kError:
       for (size_t i = 0; i < es.size(); ++i)

@@ -10,6 +10,7 @@
 // when nothing is queued ahead, else the executor in order.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -49,6 +50,12 @@ Reduction reductionOf(const Response& r, int size);
 // allgather, alltoall or reducescatter through the entry's sink). `rank` is
 // this rank's set rank; `globalRanks` maps set ranks to global ranks (the
 // last rank to join is reported as a global rank; its size is the set's).
-void completeWithoutDataPlane(AgreedGroup& group, int rank, const std::vector<int>& globalRanks);
+// `beforeComplete`, if given, is called with each entry's outcome (ok, or
+// the failure of an output the allocator refused) after the outputs are
+// written and before any entry completes: telemetry counts them there, so
+// that a caller reading the metrics the moment its request completes sees it.
+void completeWithoutDataPlane(
+    AgreedGroup& group, int rank, const std::vector<int>& globalRanks,
+    const std::function<void(const std::vector<Status>&)>& beforeComplete = nullptr);
 
 }  // namespace hora

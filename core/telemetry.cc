@@ -174,7 +174,7 @@ void Telemetry::agreed(const AgreedGroup& g) {
   }
 }
 
-void Telemetry::inlineDone(const AgreedGroup& g) {
+void Telemetry::inlineDone(const AgreedGroup& g, const std::vector<Status>* outcomes) {
   const int64_t now = nowNs();
   const bool reduced = !g.responses[0].inlineResult.empty();
   static const std::string kInline = "inline";
@@ -216,9 +216,14 @@ void Telemetry::inlineDone(const AgreedGroup& g) {
     }
     if (!e) continue;
     relaxedAdd(finishedCount_, 1);
-    const bool failed = r.kind == ResponseKind::kError;
+    const bool refused = outcomes && i < outcomes->size() && !(*outcomes)[i].isOk();
+    if (refused) relaxedAdd(errors_, 1);
+    const bool failed = r.kind == ResponseKind::kError || refused;
+    const int32_t code = r.kind == ResponseKind::kError ? r.errorCode
+                         : refused ? static_cast<int32_t>((*outcomes)[i].code())
+                                   : 0;
     record(*e, failed ? FlightState::kFailed : FlightState::kDone, now, 0,
-           r.inlineResult.empty() ? nullptr : &kInline, failed ? r.errorCode : 0);
+           r.inlineResult.empty() ? nullptr : &kInline, code);
   }
 }
 

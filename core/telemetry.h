@@ -149,8 +149,10 @@ class Telemetry {
   // Control thread: a group every rank agreed to, entries claimed.
   void agreed(const AgreedGroup& g);
   // Control or executor thread: a barrier/join/error/inline group
-  // completed without the data plane.
-  void inlineDone(const AgreedGroup& g);
+  // completed without the data plane. `outcomes` (one per entry, or null:
+  // every one ok): an inline output the caller's allocator refused fails
+  // its entry only, and is recorded so.
+  void inlineDone(const AgreedGroup& g, const std::vector<Status>* outcomes = nullptr);
   // Any thread: an entry failed before every rank agreed to it (set broken,
   // shut down, refused locally).
   void abandoned(const TensorEntry& e, const Status& why);

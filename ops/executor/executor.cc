@@ -144,8 +144,9 @@ bool Executor::execute(AgreedGroup& g) {
   // anything else completes after them, as it would have without pipelining.
   if (!onGpu || !needsDataPlane(g)) reapLaunched(0);
   if (!needsDataPlane(g)) {
-    if (ctx_.telemetry) ctx_.telemetry->inlineDone(g);
-    completeWithoutDataPlane(g, ctx_.rank, ctx_.globalRanks);
+    completeWithoutDataPlane(g, ctx_.rank, ctx_.globalRanks, [&](const std::vector<Status>& o) {
+      if (ctx_.telemetry) ctx_.telemetry->inlineDone(g, &o);
+    });
     return true;
   }
   // Autotune: every rank applies the same values before the same group.

@@ -233,6 +233,23 @@ TEST_F(InlineKindsTest, AnOutputTheAllocatorRefusesFailsOnlyThatEntryNamingTheRa
   EXPECT_EQ(s.code(), Code::kSystemError);
   EXPECT_NE(s.message().find("the allocator said no"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("rank 11"), std::string::npos) << s.message();
+  // The outcome reaches the hook (telemetry) before the entry completes.
+  auto again = std::make_shared<RecordingSink>();
+  again->failAllocations(Status(Code::kSystemError, "the allocator said no"));
+  AgreedGroup g;
+  g.responses = {resp};
+  g.entries = {makeEntry(CollectiveKind::kAllgather, resp.name, resp.dtype, resp.shape, nullptr,
+                         nullptr, again)};
+  std::vector<Status> seen;
+  bool doneBefore = true;
+  completeWithoutDataPlane(g, 1, {10, 11}, [&](const std::vector<Status>& o) {
+    seen = o;
+    doneBefore = again->done();
+  });
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].code(), Code::kSystemError) << seen[0].toString();
+  EXPECT_FALSE(doneBefore) << "the entry completed before the hook saw its outcome";
+  EXPECT_EQ(again->status().code(), Code::kSystemError);
 }
 
 TEST_F(InlineKindsTest, PayloadsOfTheWrongSizeOrDeviceAreProtocolErrors) {

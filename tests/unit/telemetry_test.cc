@@ -109,6 +109,23 @@ TEST(Telemetry, RingKeepsTheLastEntriesAndLeavesOverwrittenRecordsAlone) {
   EXPECT_EQ(t.snapshot().errors, 1u);
 }
 
+TEST(Telemetry, AnInlineEntryWhoseOutputWasRefusedIsRecordedFailed) {
+  Telemetry t(opts(16));
+  auto a = entry("a", 2), b = entry("b", 2);
+  t.submitted(*a);
+  t.submitted(*b);
+  AgreedGroup g = group({a, b});
+  for (auto& r : g.responses) r.inlineResult = std::string(8, '\0');
+  t.agreed(g);
+  const std::vector<Status> outcomes = {Status::ok(), Status(Code::kSystemError, "no memory")};
+  t.inlineDone(g, &outcomes);
+  const std::string text = t.flightText("x");
+  EXPECT_NE(text.find("done\tallreduce\ta\t"), std::string::npos) << text;
+  EXPECT_NE(text.find("failed\tallreduce\tb\t"), std::string::npos) << text;
+  EXPECT_EQ(t.snapshot().errors, 1u);
+  EXPECT_EQ(t.snapshot().inlineCollectives, 2u);
+}
+
 TEST(Telemetry, OffRecorderStillCounts) {
   Telemetry t(opts(0));
   auto a = entry("a", 4);
