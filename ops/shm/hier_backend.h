@@ -211,7 +211,8 @@ struct HierBackendOptions {
   // With `overlap`, a hierarchical allgather or reducescatter runs in pieces
   // of about this many bytes per local rank of the payload (at most 8), the
   // cross stage of one piece beside the local stage of the next. Not a
-  // parameter: every rank must cut alike (tests set it small).
+  // HORA_* parameter (tests set it small); every rank must cut alike, so it
+  // is compared between ranks like the rest.
   size_t collectivePieceBytes = size_t{512} << 10;
   // Called on every rank once the hierarchy is chosen, after the cross
   // communicator: may wrap `flat`, which carries every collective but the

@@ -17,6 +17,35 @@ namespace {
 // Scratch above this is given back after the call: one large collective
 // must not hold its memory for the life of the set.
 constexpr size_t kKeepScratchBytes = size_t{64} << 20;
+
+// Every rank's block cut in `pieces` alike (its first elements in piece 0),
+// and what each stage moves of piece k: crossCounts[k][h], piece k of the
+// block of host h's rank with this local index (the cross stage);
+// localCounts[k][l], piece k of the blocks of local index l over every host
+// (the local stage).
+struct Pieces {
+  size_t pieces = 1;
+  std::vector<std::vector<size_t>> crossCounts, localCounts;
+  size_t cut(size_t n, size_t k) const { return n / pieces * k + n % pieces * k / pieces; }
+  size_t piece(size_t n, size_t k) const { return cut(n, k + 1) - cut(n, k); }
+};
+
+Pieces cutPieces(size_t pieces, const std::vector<size_t>& counts,
+                 const std::vector<std::vector<int>>& at, int myLocal) {
+  Pieces p;
+  p.pieces = pieces;
+  const size_t hosts = at.size(), locals = hosts == 0 ? 0 : at[0].size();
+  p.crossCounts.assign(pieces, std::vector<size_t>(hosts, 0));
+  p.localCounts.assign(pieces, std::vector<size_t>(locals, 0));
+  for (size_t k = 0; k < pieces; ++k)
+    for (size_t h = 0; h < hosts; ++h)
+      for (size_t l = 0; l < locals; ++l) {
+        const size_t n = p.piece(counts[at[h][l]], k);
+        p.localCounts[k][l] += n;
+        if (static_cast<int>(l) == myLocal) p.crossCounts[k][h] = n;
+      }
+  return p;
+}
 }  // namespace
 
 Status HierBackend::guarded(const std::string& what, const std::function<Status()>& call) {
@@ -80,39 +109,30 @@ Status HierBackend::hierAllgatherv(const void* in, void* out, const std::vector<
   size_t crossTotal = 0, total = 0;
   for (size_t c : byHost) crossTotal += c;
   for (size_t c : byLocal) total += c;
-  // Every rank's block is cut in `pieces` alike (its first elements in
-  // piece 0): piece k crosses hosts on the cross thread while the executor
-  // gathers piece k-1 inside the host.
-  const size_t pieces = collectivePieces(total * es);
-  auto cut = [pieces](size_t n, size_t k) { return n / pieces * k + n % pieces * k / pieces; };
-  auto piece = [&](size_t n, size_t k) { return cut(n, k + 1) - cut(n, k); };
-  const size_t locals = byLocal.size();
+  // Piece k crosses hosts on the cross thread while the executor gathers
+  // piece k-1 inside the host.
+  const Pieces p = cutPieces(collectivePieces(total * es), counts, at_, myLocal_);
+  const size_t pieces = p.pieces, locals = byLocal.size();
   // Everything allocated before the first cross job starts: an allocation
   // that throws must not leave a job writing into freed scratch.
   if (scratchA_.size() < crossTotal * es + 1) scratchA_.resize(crossTotal * es + 1);
   size_t maxPiece = 0;
-  std::vector<std::vector<size_t>> crossCounts(pieces, std::vector<size_t>(at_.size()));
-  std::vector<std::vector<size_t>> localCounts(pieces, std::vector<size_t>(locals, 0));
   std::vector<size_t> crossAt(pieces + 1, 0);  // bytes into scratchA_
   for (size_t k = 0; k < pieces; ++k) {
-    size_t sum = 0;
-    for (size_t h = 0; h < at_.size(); ++h) {
-      crossCounts[k][h] = piece(byHost[h], k);
-      crossAt[k + 1] += crossCounts[k][h] * es;
-      for (size_t l = 0; l < locals; ++l) localCounts[k][l] += piece(counts[at_[h][l]], k);
-    }
-    crossAt[k + 1] += crossAt[k];
-    for (size_t c : localCounts[k]) sum += c;
-    maxPiece = std::max(maxPiece, sum);
+    size_t crossed = 0, gathered = 0;
+    for (size_t c : p.crossCounts[k]) crossed += c;
+    for (size_t c : p.localCounts[k]) gathered += c;
+    crossAt[k + 1] = crossAt[k] + crossed * es;
+    maxPiece = std::max(maxPiece, gathered);
   }
   if (scratchB_.size() < maxPiece * es + 1) scratchB_.resize(maxPiece * es + 1);
   // (1) Across hosts: this local index's blocks, host by host, piece by piece.
   const auto* mine = static_cast<const uint8_t*>(in);
   const size_t myCount = counts[rank_];
   for (size_t k = 0; k < pieces; ++k) {
-    const void* from = mine == nullptr ? nullptr : mine + cut(myCount, k) * es;
+    const void* from = mine == nullptr ? nullptr : mine + p.cut(myCount, k) * es;
     uint8_t* to = scratchA_.data() + crossAt[k];
-    crossStartJob([this, from, to, c = crossCounts[k], dtype] {
+    crossStartJob([this, from, to, c = p.crossCounts[k], dtype] {
       return cross_->allgatherv(from, to, c, dtype);
     });
   }
@@ -126,7 +146,8 @@ Status HierBackend::hierAllgatherv(const void* in, void* out, const std::vector<
     }
     // (2) Inside the host: every local index's piece, local index by local
     // index (each of them host by host).
-    s = local_->allgatherv(scratchA_.data() + crossAt[k], scratchB_.data(), localCounts[k], dtype);
+    s = local_->allgatherv(scratchA_.data() + crossAt[k], scratchB_.data(), p.localCounts[k],
+                           dtype);
     if (!s.isOk()) {
       (void)fail(s);  // aborts the cross stage: the jobs still queued end at once
       crossDrain();
@@ -137,9 +158,9 @@ Status HierBackend::hierAllgatherv(const void* in, void* out, const std::vector<
     for (size_t l = 0; l < locals; ++l) {
       for (size_t h = 0; h < at_.size(); ++h) {
         const int r = at_[h][l];
-        const size_t bytes = piece(counts[r], k) * es;
+        const size_t bytes = p.piece(counts[r], k) * es;
         if (bytes > 0)
-          copyBytes(dst + offset[r] + cut(counts[r], k) * es, scratchB_.data() + at, bytes);
+          copyBytes(dst + offset[r] + p.cut(counts[r], k) * es, scratchB_.data() + at, bytes);
         at += bytes;
       }
     }
@@ -170,20 +191,15 @@ Status HierBackend::hierReducescatter(void* inout, const std::vector<size_t>& co
   layoutCounts(counts, es, &offset, &byLocal, &byHost);
   size_t total = 0;
   for (size_t c : byLocal) total += c;
-  // Every rank's block cut in `pieces` alike: piece k is reduced inside the
-  // host, then crosses hosts on the cross thread while the executor reduces
-  // piece k+1 inside the host.
-  const size_t pieces = collectivePieces(total * es);
-  auto cut = [pieces](size_t n, size_t k) { return n / pieces * k + n % pieces * k / pieces; };
-  auto piece = [&](size_t n, size_t k) { return cut(n, k + 1) - cut(n, k); };
-  const size_t locals = byLocal.size();
+  // Piece k is reduced inside the host, then crosses hosts on the cross
+  // thread while the executor reduces piece k+1 inside the host.
+  const Pieces p = cutPieces(collectivePieces(total * es), counts, at_, myLocal_);
+  const size_t pieces = p.pieces, locals = byLocal.size();
   // (1) The input piece by piece, each by local index (each host by host),
   // so that the host's reduce-scatter of a piece leaves local rank l the
   // piece of the blocks of local index l. Allocated before any job starts.
   if (scratchB_.size() < total * es + 1) scratchB_.resize(total * es + 1);
-  std::vector<std::vector<size_t>> localCounts(pieces, std::vector<size_t>(locals, 0));
-  std::vector<std::vector<size_t>> crossCounts(pieces, std::vector<size_t>(at_.size()));
-  std::vector<size_t> pieceAt(pieces + 1, 0), mineAt(pieces, 0);  // bytes into scratchB_
+  std::vector<size_t> pieceAt(pieces, 0), mineAt(pieces, 0);  // bytes into scratchB_
   auto* src = static_cast<uint8_t*>(inout);
   size_t at = 0;
   for (size_t k = 0; k < pieces; ++k) {
@@ -192,19 +208,16 @@ Status HierBackend::hierReducescatter(void* inout, const std::vector<size_t>& co
       if (static_cast<int>(l) == myLocal_) mineAt[k] = at;
       for (size_t h = 0; h < at_.size(); ++h) {
         const int r = at_[h][l];
-        const size_t n = piece(counts[r], k);
-        localCounts[k][l] += n;
-        if (static_cast<int>(l) == myLocal_) crossCounts[k][h] = n;
+        const size_t n = p.piece(counts[r], k);
         if (n > 0)
-          copyBytes(scratchB_.data() + at, src + offset[r] + cut(counts[r], k) * es, n * es);
+          copyBytes(scratchB_.data() + at, src + offset[r] + p.cut(counts[r], k) * es, n * es);
         at += n * es;
       }
     }
   }
-  pieceAt[pieces] = at;
   for (size_t k = 0; k < pieces; ++k) {
     // (2) Inside the host: this local index's piece, reduced over the host.
-    Status s = local_->reducescatter(scratchB_.data() + pieceAt[k], localCounts[k], dtype, op);
+    Status s = local_->reducescatter(scratchB_.data() + pieceAt[k], p.localCounts[k], dtype, op);
     if (!s.isOk()) {
       (void)fail(s);
       crossDrain();
@@ -212,7 +225,7 @@ Status HierBackend::hierReducescatter(void* inout, const std::vector<size_t>& co
     }
     // (3) Across hosts: this rank's piece, reduced over every host.
     uint8_t* part = scratchB_.data() + mineAt[k];
-    crossStartJob([this, part, c = crossCounts[k], dtype, op] {
+    crossStartJob([this, part, c = p.crossCounts[k], dtype, op] {
       return cross_->reducescatter(part, c, dtype, op);
     });
   }
@@ -223,13 +236,12 @@ Status HierBackend::hierReducescatter(void* inout, const std::vector<size_t>& co
     if (s.isOk() && !w.isOk()) s = fail(w.withContext(what + ": across hosts"));
   }
   if (!s.isOk()) return s;
-  size_t within = 0;
   for (size_t k = 0; k < pieces; ++k) {
-    within = 0;
-    for (int h = 0; h < myHost_; ++h) within += crossCounts[k][h] * es;
-    const size_t n = piece(counts[rank_], k);
+    size_t within = 0;  // this host's part of the piece
+    for (int h = 0; h < myHost_; ++h) within += p.crossCounts[k][h] * es;
+    const size_t n = p.piece(counts[rank_], k);
     if (n > 0)
-      copyBytes(src + offset[rank_] + cut(counts[rank_], k) * es,
+      copyBytes(src + offset[rank_] + p.cut(counts[rank_], k) * es,
                 scratchB_.data() + mineAt[k] + within, n * es);
   }
   return Status::ok();

@@ -432,11 +432,11 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   sco.inlineMaxBytes = o.inlineMaxBytes >= 0 ? static_cast<size_t>(o.inlineMaxBytes)
                        : onShm               ? std::clamp<size_t>(perSet, 256, 4096)
                                              : std::clamp<size_t>(perSet, 256, kMaxInlineBytes);
-  // The other collectives: on one host inline takes 0.33-0.97x the time of
-  // the shared-memory data plane up to the allreduce's 4 KiB at 2 and 4
+  // The other collectives: on one host inline takes 0.32-0.66x the time of
+  // the shared-memory data plane at 64 B-1 KiB and 0.39-0.87x at 4 KiB at 4
   // ranks. Across hosts the response carries the result to every rank where
   // the ring or mesh sends each rank its part once: inline wins up to 4-8
-  // KiB (1.1-1.9x) but loses at 16 KiB (0.37-0.87x at 2 x 1 and 4 x 1), so
+  // KiB (1.1-2.0x) but loses at 16 KiB (0.37-0.87x at 2 x 1 and 4 x 1), so
   // off shared memory (across hosts, or HORA_SHM=0, unmeasured) they get a
   // quarter of the allreduce's budget
   // (bench/results/2026-11-29-inline-collectives.md).
