@@ -1,9 +1,11 @@
-// hora-coll-bench: reducescatter, alltoall, barrier, allgather and broadcast
-// through hora's C ABI, over the sizes of the allreduce sweep, for
+// hora-coll-bench: reducescatter, alltoall, barrier, allgather, broadcast and
+// allreduce (sum, in place) through hora's C ABI, over the sizes of the
+// allreduce sweep, for
 // bench/collectives_bench.sh (one host: HORA_SHM=1 and HORA_SHM=0) and
 // bench/multihost_coll_bench.sh (across emulated hosts), which run
 // mpi-coll-bench (MPI_Reduce_scatter_block, MPI_Alltoall, MPI_Barrier,
-// MPI_Allgather, MPI_Bcast) on the same sizes and data in the same run.
+// MPI_Allgather, MPI_Bcast, MPI_Allreduce) on the same sizes and data in the
+// same run (allreduce only when --ops names it).
 //
 //   HORA_RANK=.. HORA_SIZE=.. HORA_STORE_ADDR=.. hora-coll-bench
 //       [--ops reducescatter,alltoall,barrier] [--sizes 4,64K,1M] [--iters N]
@@ -11,8 +13,8 @@
 // Sizes are the whole buffer of the collective (reducescatter: the input of
 // `size` equal blocks; alltoall: the send buffer, one block per rank;
 // allgather: the output, one block per rank; broadcast: the buffer, from
-// rank 0), rounded down to a multiple of 4 * size bytes. Data: integer-valued float32
-// that depends on the element, rank and iteration, refilled before each
+// rank 0; allreduce: the buffer), rounded down to a multiple of 4 * size bytes. Data:
+// integer-valued float32 that depends on the element, rank and iteration, refilled before each
 // iteration; every result element is checked exactly (outside the timing).
 // Timing: steady_clock around submit + wait + free; a barrier before each
 // size; mean and median over iterations, maximum over ranks (rank 0 prints).
@@ -100,7 +102,7 @@ int main(int argc, char** argv) {
   long wrongTotal = 0;
   for (const std::string& op : ops) {
     if (op != "reducescatter" && op != "alltoall" && op != "barrier" && op != "allgather" &&
-        op != "broadcast")
+        op != "broadcast" && op != "allreduce")
       fatal("unknown op " + op);
     const std::vector<size_t> opSizes = op == "barrier" ? std::vector<size_t>{0} : sizes;
     for (size_t bytes : opSizes) {
@@ -144,14 +146,16 @@ int main(int argc, char** argv) {
         } else if (op == "broadcast") {
           o.root = 0;
           check(hora_broadcast_async(rt, &t.t, &o, &req), "broadcast");
+        } else if (op == "allreduce") {
+          check(hora_allreduce_async(rt, &t.t, &t.t, &o, &req), "allreduce");
         } else {
           check(hora_barrier_async(rt, &o, &req), "barrier");
         }
         check(hora_wait(req, -1), op + " wait");
         const auto t1 = Clock::now();
         if (op != "barrier") {
-          const float* r = in.data();  // broadcast: in place
-          if (op != "broadcast") {
+          const float* r = in.data();  // broadcast, allreduce: in place
+          if (op != "broadcast" && op != "allreduce") {
             const DLTensor* res = nullptr;
             check(hora_request_output(req, &res), "output");
             r = static_cast<const float*>(res->data);
@@ -159,7 +163,9 @@ int main(int argc, char** argv) {
           // The op decided once, not per element: a slow check here delays this
           // rank's next call, which its peers' timings would then include
           // (mpi-coll-bench's check loop switches on an int the same way).
-          const bool reduced = op == "reducescatter";
+          const bool reduced = op == "reducescatter" || op == "allreduce";
+          // allreduce: every rank checks its block of the sum, together all of it.
+          const size_t at = op == "allreduce" ? block * rank : 0;
           const bool gathered = op == "allgather" || op == "broadcast";
           for (size_t i = 0; i < block; ++i) {
             if (gathered) {
@@ -171,7 +177,7 @@ int main(int argc, char** argv) {
             } else if (reduced) {
               float want = 0;
               for (int q = 0; q < size; ++q) want += value(block * rank + i, q, it);
-              if (r[i] != want) ++wrong;
+              if (r[at + i] != want) ++wrong;
             } else {
               for (int q = 0; q < size; ++q)
                 if (r[q * block + i] != value(block * rank + i, q, it)) ++wrong;

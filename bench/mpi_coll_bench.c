@@ -63,8 +63,9 @@ int main(int argc, char** argv) {
     }
   }
   long wrong_total = 0;
-  const char* names[5] = {"reducescatter", "alltoall", "barrier", "allgather", "broadcast"};
-  for (int o = 0; o < 5; ++o) {
+  const char* names[6] = {"reducescatter", "alltoall",  "barrier",
+                          "allgather",     "broadcast", "allreduce"};
+  for (int o = 0; o < 6; ++o) {
     if (!strstr(ops, names[o])) continue;
     int n = o == 2 ? 1 : nsizes;
     for (int s = 0; s < n; ++s) {
@@ -103,19 +104,22 @@ int main(int argc, char** argv) {
           MPI_Allgather(in, (int)block, MPI_FLOAT, out, (int)block, MPI_FLOAT, MPI_COMM_WORLD);
         else if (o == 4)
           MPI_Bcast(out, (int)count, MPI_FLOAT, 0, MPI_COMM_WORLD);
+        else if (o == 5)
+          MPI_Allreduce(in, out, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         else
           MPI_Barrier(MPI_COMM_WORLD);
         double t1 = MPI_Wtime();
         for (size_t i = 0; i < block && o != 2; ++i) {
-          if (o >= 3) {
+          if (o == 3 || o == 4) {
             for (int q = 0; q < size; ++q) {
               size_t g = block * (size_t)q + i;
               if (out[g] != value(g, o == 3 ? q : 0, it)) ++wrong;
             }
-          } else if (o == 0) {
+          } else if (o == 0 || o == 5) {
+            /* allreduce: every rank checks its block of the sum, together all of it */
             float want = 0;
             for (int q = 0; q < size; ++q) want += value(block * (size_t)rank + i, q, it);
-            if (out[i] != want) ++wrong;
+            if (out[o == 5 ? block * (size_t)rank + i : i] != want) ++wrong;
           } else {
             for (int q = 0; q < size; ++q)
               if (out[(size_t)q * block + i] != value(block * (size_t)rank + i, q, it)) ++wrong;

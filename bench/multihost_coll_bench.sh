@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # multihost_coll_bench.sh: reducescatter, allgather, broadcast, barrier and
-# alltoall across emulated hosts: hora on its tcp ring, hora on Gloo and Open
+# alltoall (and allreduce, if --ops names it) across emulated hosts: hora on its tcp ring, hora on Gloo and Open
 # MPI, in the same run, over the same network namespaces.
 #
 #   bench/multihost_coll_bench.sh [--rate 1gbit] [--hosts 2] [--per-host 1] [--rounds 1]
 #                                 [--ops LIST] [--sizes LIST] [--iters N] [--md FILE]
-#                                 [--modes "ring gloo noinline nooverlap flatring"]
+#                                 [--modes "ring gloo noinline nooverlap flatring nodrive"]
+#                                 [--variant NAME:VAR=VAL[,VAR=VAL...]]...
 #
 # Builds a test bed with bench/netns_bed.sh (HOSTS network + UTS namespaces,
 # links shaped with tbf at RATE), then per round, in an order rotated each
@@ -22,9 +23,13 @@
 #   nooverlap (only if in --modes): the default with HORA_HIER_OVERLAP=0
 #         (hierarchical allgather and reducescatter in one piece, their
 #         stages one after the other);
+#   nodrive (only if in --modes): the default with HORA_CALLER_DRIVES=0
+#         (the control thread alone reads and sends the negotiation);
 #   flatring (only if in --modes): the default with
 #         HORA_HIER_COLLECTIVE_MIN_BYTES at its maximum (with the hierarchy,
 #         allgather and reducescatter on the ring over all ranks);
+#   NAME (each --variant): the default with the variables given (e.g.
+#         --variant spin0:HORA_SPIN_US=0), a column of its own;
 #   mpi:  mpi-coll-bench through mpirun, TCP BTL over the bed's subnet.
 # Float32; every result element is checked by both binaries (a wrong element
 # fails the run). Prints per op and size the median over rounds of each
@@ -44,6 +49,8 @@
 set -u
 
 RATE=1gbit HOSTS=2 PER_HOST=1 ROUNDS=1 MD= ITERS= MODES="ring gloo"
+declare -A VARIANTS=()
+VARIANT_NAMES=
 OPS=reducescatter,allgather,broadcast,barrier,alltoall
 SIZES=64,4K,64K,1M,16M
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
@@ -58,12 +65,19 @@ while [ $# -gt 0 ]; do
     --iters) ITERS=${2:?}; shift 2 ;;
     --md) MD=${2:?}; shift 2 ;;
     --modes) MODES=${2:?}; shift 2 ;;
+    --variant)
+      v=${2:?}; vname=${v%%:*}; vvars=${v#*:}
+      case $vname in ''|*[!a-z0-9_]*) echo "multihost_coll_bench.sh: --variant NAME must be [a-z0-9_]+: $v" >&2; exit 2 ;; esac
+      [ "$vvars" != "$v" ] || { echo "multihost_coll_bench.sh: --variant needs NAME:VAR=VAL: $v" >&2; exit 2; }
+      VARIANTS[$vname]=$vvars; VARIANT_NAMES+=" $vname"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "multihost_coll_bench.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
   esac
 done
 die() { echo "multihost_coll_bench.sh: $*" >&2; exit 2; }
-for m in $MODES; do case $m in ring|gloo|flatring|noinline|nooverlap) ;; *) die "--modes: '$m' is not ring, gloo, flatring, noinline or nooverlap" ;; esac; done
+for m in $MODES; do case $m in ring|gloo|flatring|noinline|nooverlap|nodrive) ;; *) die "--modes: '$m' is not ring, gloo, flatring, noinline, nooverlap or nodrive" ;; esac; done
+for v in $VARIANT_NAMES; do case " $MODES mpi " in *" $v "*) die "--variant $v: the name of a mode" ;; esac; done
+MODES="$MODES$VARIANT_NAMES"
 case " $MODES " in *" ring "*) ;; *) die "--modes must hold ring (the ratios' base)" ;; esac
 [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces)"
 command -v mpirun >/dev/null || die "no mpirun (scripts/install_deps.sh --mpi)"
@@ -96,18 +110,22 @@ echo "# hora: horarun -np $NP -H $HOSTLIST --ssh-command '$RSH {host}' hora-coll
 echo "# mpi:  mpirun ${MPI_ARGS[*]} mpi-coll-bench ${ARGS[*]}"
 
 STATUS=0
-run_hora() {  # mode round
-  local cross=tcp min=${HORA_HIER_COLLECTIVE_MIN_BYTES:-1048576} inl=${HORA_INLINE_MAX_BYTES:--1}
-  local ovl=${HORA_HIER_OVERLAP:-1}
+run_hora() (  # mode round (a subshell: a variant's variables stay in it)
+  local extra=() kv
+  [ -n "${VARIANTS[$1]:-}" ] && IFS=, read -r -a extra <<<"${VARIANTS[$1]}"
+  for kv in "${extra[@]}"; do export "${kv?}"; done  # before the defaults below read them
+  local cross=${HORA_HIER_CROSS:-tcp} min=${HORA_HIER_COLLECTIVE_MIN_BYTES:-1048576} inl=${HORA_INLINE_MAX_BYTES:--1}
+  local ovl=${HORA_HIER_OVERLAP:-1} drv=${HORA_CALLER_DRIVES:-1}
   [ "$1" = gloo ] && cross=gloo
   [ "$1" = flatring ] && min=9223372036854775807
   [ "$1" = noinline ] && inl=0
   [ "$1" = nooverlap ] && ovl=0
-  BENCH_PLANE=$1 HORA_HIER_CROSS=$cross HORA_HIER_COLLECTIVE_MIN_BYTES=$min HORA_INLINE_MAX_BYTES=$inl HORA_HIER_OVERLAP=$ovl \
+  [ "$1" = nodrive ] && drv=0
+  BENCH_PLANE=$1 HORA_HIER_CROSS=$cross HORA_HIER_COLLECTIVE_MIN_BYTES=$min HORA_INLINE_MAX_BYTES=$inl HORA_HIER_OVERLAP=$ovl HORA_CALLER_DRIVES=$drv \
     HORA_LOG_LEVEL=${HORA_LOG_LEVEL:-info} on0 "$HORARUN" \
     -np "$NP" -H "$HOSTLIST" --ssh-command "$RSH {host}" \
     "$HORA_BENCH" "${ARGS[@]}" >"$LOG_DIR/$1.$2.out" 2>"$LOG_DIR/$1.$2.err"
-}
+)
 for ((round = 1; round <= ROUNDS; round++)); do
   order=$(round_order "$MODES mpi" "$round")
   for mode in $order; do

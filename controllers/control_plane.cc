@@ -112,6 +112,9 @@ struct ControlPlane::Peer {
   // them (the lane is a stream of its own: a frame must not overtake it).
   std::deque<std::pair<FrameType, std::string>> afterLane;
   bool writing = false;
+  // Non-blocking since start(): flush() writes what the kernel takes at once
+  // itself (the handshake before it uses blocking reads and writes).
+  bool direct = false;
   bool lost = false;
   bool saidGoodbye = false;
   char hdr[5];
@@ -367,6 +370,9 @@ void ControlPlane::start(ControlPlaneCallbacks callbacks) {
   for (auto& p : peers_)
     if (p) {
       p->lastHeard = SteadyClock::now();
+      boost::system::error_code ec;
+      p->sock.non_blocking(true, ec);
+      p->direct = !ec;
       readHeader(p);
     }
   if (opts_.size > 1) tick();
@@ -376,7 +382,7 @@ void ControlPlane::run() {
   if (lane_)
     runWithLane();
   else
-    io_.run();
+    runWithoutLane();
 }
 
 void ControlPlane::stop() {
@@ -635,6 +641,24 @@ void ControlPlane::pollSent(std::shared_ptr<asio::steady_timer> timer,
 }
 
 void ControlPlane::flush(std::shared_ptr<Peer> p) {
+  // What the kernel takes now is written here, not through an asynchronous
+  // write: Asio would write it at once too, but post its completion, which
+  // from a framework thread driving the set wakes the control thread out of
+  // its epoll wait (the hand-off caller-driving exists to avoid). A failure,
+  // or a full socket, is left to the asynchronous write below, which reports
+  // it from a handler as before.
+  while (p->direct && !p->outq.empty() && !p->lost) {
+    const std::string& f = p->outq.front();
+    boost::system::error_code ec;
+    const size_t n =
+        p->sock.write_some(asio::buffer(f.data() + p->outOff, f.size() - p->outOff), ec);
+    if (ec) break;
+    p->outOff += n;
+    if (p->outOff >= f.size()) {
+      p->outq.pop_front();
+      p->outOff = 0;
+    }
+  }
   if (p->outq.empty() || p->lost) {
     p->writing = false;
     return;

@@ -11,11 +11,10 @@
 //
 // Threads: create() runs on the thread that creates the process set (it
 // drives the io_context itself until every rank is connected). After start(),
-// the io_context belongs to the set's control thread, which calls run(). With
-// the shared-memory lane up (or alone in a set of one rank), a framework
-// thread may do the control thread's work for a moment (tryDrive, driveOnce;
-// drive_lock.h): "the control thread"
-// below means whichever thread holds the drive lock. Every handler runs under
+// the io_context belongs to the set's control thread, which calls run(). A
+// framework thread may do the control thread's work for a moment (tryDrive,
+// driveOnce; drive_lock.h), over the shared-memory lane or the sockets:
+// "the control thread" below means whichever thread holds the drive lock. Every handler runs under
 // it, and every method not marked thread-safe must be called under it (use
 // post() from elsewhere).
 //
@@ -27,9 +26,11 @@
 #include <atomic>
 #include <boost/asio.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -140,22 +141,27 @@ class ControlPlane {
   // now (holds the drive lock).
   bool drivenHere() const { return drive_.heldHere(); }
 
-  // A framework thread submitting work (with the lane up, or in a set of one
-  // rank, which has no peers to hear from; see drive_lock.h): runs `fn` on
-  // the calling thread under the drive lock (with the lane, between two of
-  // its rounds, counted among its pollers), when no thread drives the set
-  // now (nor this one, in a handler); false, running nothing, otherwise.
+  // A framework thread submitting work (see drive_lock.h): runs `fn` on the
+  // calling thread under the drive lock (with the lane, between two of its
+  // rounds, counted among its pollers; over TCP, what it sends goes straight
+  // into the kernel), when no thread drives the set now (nor this one, in a
+  // handler); false, running nothing, otherwise.
   // `*whileDriving`, if given, is true from the lock's taking to its
   // release. Thread-safe.
   bool tryDrive(const std::function<void()>& fn, bool* whileDriving = nullptr);
   // A framework thread doing the control thread's work while it waits for
-  // one of the set's collectives: beginDriving() counts it among the lane's
-  // pollers (peers then need not ring it), driveOnce() does one round if no
-  // other thread is driving (kWorked if anything moved; kHeldElsewhere, doing
-  // nothing, while another thread of this process drives), endDriving()
-  // undoes beginDriving and hands what arrived meanwhile to the control
-  // thread. Thread-safe.
+  // one of the set's collectives (a set with peers: drivable()):
+  // beginDriving() counts it among the lane's pollers (peers then need not
+  // ring it) or, over TCP, takes the sockets from the control thread (which
+  // leaves its epoll wait and sleeps until the last driver ends: a frame that
+  // arrives wakes no thread but the one polling for it), driveOnce() does one
+  // round if no other thread is driving (kWorked if anything moved;
+  // kHeldElsewhere, doing nothing, while another thread of this process
+  // drives), endDriving() undoes beginDriving and hands what arrived
+  // meanwhile (and, the last one, the sockets) back to the control thread.
+  // Thread-safe.
   enum class DriveRound { kWorked, kIdle, kHeldElsewhere };
+  bool drivable() const { return lane_ != nullptr || opts_.size > 1; }
   void beginDriving();
   DriveRound driveOnce();
   void endDriving();
@@ -237,6 +243,12 @@ class ControlPlane {
   bool pollLane();
   // The event loop with the lane: polls both while there is work.
   void runWithLane();
+  // The event loop over TCP: waits in the io_context, or, while framework
+  // threads drive, sleeps (they poll the io_context).
+  void runWithoutLane();
+  // Over TCP, in runWithoutLane: until no framework thread drives or the
+  // loop stopped (or a while has passed).
+  void parkWhileDriven();
   void sendFrame(const std::shared_ptr<Peer>& p, FrameType type, const std::string& payload);
   bool allSent() const;
   void pollSent(std::shared_ptr<boost::asio::steady_timer> timer,
@@ -257,6 +269,13 @@ class ControlPlane {
   // polls the lane, the control thread sleeps instead of racing it for the
   // lock (runWithLane).
   std::atomic<int> drivers_{0};
+  // Over TCP: the control thread is inside io_.run_one() (maybe in epoll,
+  // where a driver's poll cannot reach the sockets: beginDriving wakes it),
+  // or asleep in parkWhileDriven.
+  std::atomic<bool> inLoop_{false};
+  std::atomic<bool> parked_{false};
+  std::mutex parkMu_;
+  std::condition_variable parkCv_;
   uint64_t drivenPostsSeen_ = 0;  // under drive_: posts a driver has polled for
   std::unique_ptr<ShmLane> lane_;
   std::string laneWhyNot_ = "not tried";

@@ -1,6 +1,7 @@
-// ControlPlane's shared-memory lane (shm_lane.h): its set-up through the
-// store and the event loop that polls it (its reads, which need the peers,
-// are in control_plane.cc).
+// ControlPlane's event loops and the framework threads' driving: the
+// shared-memory lane (shm_lane.h), its set-up through the store and the loop
+// that polls it (its reads, which need the peers, are in control_plane.cc),
+// and the loop over TCP that steps aside while a framework thread drives.
 #include <unistd.h>
 
 #include <cstring>
@@ -158,6 +159,42 @@ void ControlPlane::runWithLane() {
   lane_->setPolling(false);
 }
 
+void ControlPlane::runWithoutLane() {
+  // Asio lets only one thread wait in epoll: while this one does, a
+  // framework thread's io_.poll() sees no socket, and every frame wakes this
+  // thread (a context switch on the critical path, often two where the ranks
+  // outnumber the cores). So this thread leaves epoll when a framework thread
+  // begins driving (beginDriving posts a no-op if it is inside) and sleeps
+  // until the last driver ends; the drivers poll the io_context, sockets,
+  // timers and posted handlers alike.
+  while (!io_.stopped()) {
+    if (drivers_.load(std::memory_order_seq_cst) > 0) {
+      parkWhileDriven();
+      continue;
+    }
+    inLoop_.store(true, std::memory_order_seq_cst);
+    // A driver that began before the store above did not see this thread in
+    // the loop and did not wake it: look again (the pair of seq_cst
+    // accesses on each side makes one of the two see the other).
+    if (drivers_.load(std::memory_order_seq_cst) == 0) io_.run_one();
+    inLoop_.store(false, std::memory_order_seq_cst);
+  }
+}
+
+void ControlPlane::parkWhileDriven() {
+  parked_.store(true, std::memory_order_seq_cst);
+  {
+    std::unique_lock<std::mutex> lk(parkMu_);
+    // The bound only backs up the wake-ups (endDriving's, stop's through a
+    // driver's poll): they cannot be lost, but a sleeping event loop must
+    // not be the reason a set hangs.
+    parkCv_.wait_for(lk, std::chrono::milliseconds(20), [this] {
+      return drivers_.load(std::memory_order_seq_cst) == 0 || io_.stopped();
+    });
+  }
+  parked_.store(false, std::memory_order_seq_cst);
+}
+
 void ControlPlane::runSoonQueued() {
   if (!drive_.outermost()) return;
   while (!soon_.empty()) {
@@ -188,7 +225,7 @@ bool ControlPlane::tryDrive(const std::function<void()>& fn, bool* whileDriving)
   // With the lane up; or alone in the set, where there is no peer to hear
   // from and the caller's request is the whole negotiation.
   const bool solo = !lane_ && opts_.size == 1;
-  if ((!lane_ && !solo) || drive_.heldHere() || io_.stopped()) return false;
+  if (drive_.heldHere() || io_.stopped()) return false;
   // Checked again under the lock: stop() runs under it too, and once the
   // loop stopped the set is being torn down (its executor included).
   std::unique_lock<DriveLock> hold(drive_, std::try_to_lock);
@@ -202,7 +239,9 @@ bool ControlPlane::tryDrive(const std::function<void()>& fn, bool* whileDriving)
     }
     bool* f;
   } flag(whileDriving);
-  if (solo) {
+  // Alone, or over TCP: what fn sends goes into the kernel from here
+  // (ControlPlane::flush), waking no thread of this process.
+  if (solo || !lane_) {
     fn();
     runSoonQueued();
     return true;
@@ -220,18 +259,32 @@ bool ControlPlane::tryDrive(const std::function<void()>& fn, bool* whileDriving)
 }
 
 void ControlPlane::beginDriving() {
-  if (!lane_) return;
+  if (!drivable()) return;
   drivers_.fetch_add(1, std::memory_order_seq_cst);
-  lane_->setPolling(true);
+  if (lane_) {
+    lane_->setPolling(true);
+    return;
+  }
+  // The control thread may wait in epoll, where this thread's polls cannot
+  // see the sockets: a no-op (outside the drive lock, which this thread may
+  // hold) makes it leave and sleep (runWithoutLane).
+  if (inLoop_.load(std::memory_order_seq_cst)) boost::asio::post(io_, [] {});
 }
 
 ControlPlane::DriveRound ControlPlane::driveOnce() {
-  if (!lane_ || io_.stopped()) return DriveRound::kIdle;
+  if (!drivable() || io_.stopped()) return DriveRound::kIdle;
   // Checked again under the lock: stop() runs under it too, and once the
   // loop stopped the set is being torn down (its executor included).
   std::unique_lock<DriveLock> hold(drive_, std::try_to_lock);
   if (!hold.owns_lock()) return DriveRound::kHeldElsewhere;
   if (io_.stopped()) return DriveRound::kIdle;
+  if (!lane_) {
+    // Sockets, timers and posted handlers: one epoll_wait that does not
+    // block, then what it found.
+    const bool did = io_.poll() > 0;
+    runSoonQueued();
+    return did ? DriveRound::kWorked : DriveRound::kIdle;
+  }
   bool did = pollLane();
   // Handlers queued by post() (a submission's drain): run here rather than
   // wait for the control thread, which may sleep.
@@ -245,7 +298,17 @@ ControlPlane::DriveRound ControlPlane::driveOnce() {
 }
 
 void ControlPlane::endDriving() {
-  if (!lane_) return;
+  if (!drivable()) return;
+  if (!lane_) {
+    // The last driver hands the sockets back: what arrives from now on is
+    // the control thread's to read.
+    if (drivers_.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
+        parked_.load(std::memory_order_seq_cst)) {
+      std::lock_guard<std::mutex> lk(parkMu_);
+      parkCv_.notify_one();
+    }
+    return;
+  }
   // Uncounted before the last look below: a control thread that saw this
   // thread driving and went to sleep without its own last look relies on it.
   drivers_.fetch_sub(1, std::memory_order_seq_cst);

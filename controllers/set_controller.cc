@@ -126,10 +126,11 @@ Status SetController::enqueue(std::vector<EntryPtr> entries) {
       inbox_.push_back(e);
     }
   }
-  // With the lane up and no thread driving the set, the caller sends its
-  // request itself (and runs what that agrees, e.g. on the coordinator
-  // when it completes the set of requests): the control thread, asleep in
-  // steady state, is not woken for it. Otherwise the control thread drains.
+  // With no thread driving the set, the caller sends its request itself
+  // (through the lane or straight into the socket) and runs what that
+  // agrees, e.g. on the coordinator when it completes the set of requests:
+  // the control thread, asleep in steady state, is not woken for it.
+  // Otherwise the control thread drains.
   if (callerDrives_ && cp_.tryDrive([this] { drainInbox(); }, &submitting_)) return Status::ok();
   if (!drainPosted_.exchange(true)) cp_.post([this] { drainInbox(); });
   return Status::ok();
@@ -137,7 +138,7 @@ Status SetController::enqueue(std::vector<EntryPtr> entries) {
 
 bool SetController::driveWhile(const SpinPolicy& spin, const std::function<bool()>& done,
                                Clock::time_point deadline) {
-  if (!callerDrives_ || stopping_ || cp_.drivenHere() || !cp_.laneUp())
+  if (!callerDrives_ || stopping_ || cp_.drivenHere() || !cp_.drivable())
     return spinUntil(spin, done);
   if (!spin.enabled()) return done();
   // As the control thread's own loop: the window runs from the last work
@@ -153,8 +154,16 @@ bool SetController::driveWhile(const SpinPolicy& spin, const std::function<bool(
   // process (one driving in its stead, the executor running a group) when
   // those may share its core, or when the ranks alone outnumber the cores
   // (core/spin_wait.h: a yield next to another busy process costs a slice).
+  // Over TCP, where the threads outnumber the cores, also every eighth idle
+  // round: the answer comes from a process this thread may be keeping off
+  // the core (a peer's, or on the coordinator the workers' requests wait for
+  // this thread). Measured between emulated hosts on 2 cores
+  // (bench/results/2026-11-29-tcp-caller-drives.md): never yielding made 4
+  // ranks 1.2x slower than the control thread alone, yielding every round
+  // halved the gain at 2 ranks, every eighth was the fastest at both.
   Clock::time_point lastWork = Clock::now();
   bool executorBusy = false;
+  const bool overTcp = !cp_.laneUp();
   // A lone queued group is asked for once per quiet spell: what keeps it
   // (another request pending, a group the runner declines) changes only
   // when something moves.
@@ -186,8 +195,8 @@ bool SetController::driveWhile(const SpinPolicy& spin, const std::function<bool(
     }
     // Launched GPU groups count: the executor must run to reap them.
     if (spin.yield && !spin.yieldToPeers && (i & 7) == 1) executorBusy = queue_.inFlight() > 0;
-    if (spin.yieldToPeers ||
-        (spin.yield && (executorBusy || round == ControlPlane::DriveRound::kHeldElsewhere)))
+    if (spin.yieldToPeers || (spin.yield && ((overTcp && (i & 7) == 0) || executorBusy ||
+                                             round == ControlPlane::DriveRound::kHeldElsewhere)))
       ::sched_yield();
     else
       cpuRelax();

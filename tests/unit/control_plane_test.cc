@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -643,6 +644,101 @@ TEST(ControlPlaneTest, SizeOneLetsTheCallerDriveWithoutALane) {
   std::thread other([&] { EXPECT_FALSE(cp.tryDrive([&] { ran = true; })); });
   other.join();
   EXPECT_FALSE(ran);
+}
+
+// beginDriving()/endDriving() for a scope (a failed assertion must not
+// leave the control thread asleep for a driver that is gone).
+struct Driving {
+  explicit Driving(ControlPlane& cp) : cp(cp) { cp.beginDriving(); }
+  ~Driving() { cp.endDriving(); }
+  ControlPlane& cp;
+};
+
+// Over TCP a framework thread waiting for an answer reads the sockets itself
+// (HORA_CALLER_DRIVES): the control thread leaves its epoll wait when the
+// thread begins driving, so the answers wake no other thread; once it ends,
+// the control thread reads again. Without the hand-over the control thread
+// would take every frame (it waits in epoll, where the driver's polls
+// cannot see the sockets).
+TEST(ControlPlaneTest, AFrameworkThreadDrivingOverTcpReadsTheAnswersItself) {
+  CpSet set(2);
+  set.setFrameHook(0, [](ControlPlane& cp, int from, FrameType type, const std::string& p) {
+    if (type == FrameType::kRequests) cp.send(from, FrameType::kResponses, "re:" + p);
+  });
+  std::mutex mu;
+  std::vector<std::thread::id> readOn;  // the thread that handled each answer on rank 1
+  set.setFrameHook(1, [&](ControlPlane&, int, FrameType, const std::string&) {
+    std::lock_guard<std::mutex> lk(mu);
+    readOn.push_back(std::this_thread::get_id());
+  });
+  ASSERT_TRUE(set.createAll());
+  set.startAll();
+  // start() runs on CpSet's control thread: done once that thread runs handlers.
+  ASSERT_TRUE(set.onControl(1, [](ControlPlane&) {}));
+  ControlPlane& cp = *set.cp(1);
+  ASSERT_FALSE(cp.laneUp());
+  ASSERT_TRUE(cp.drivable());
+  const auto me = std::this_thread::get_id();
+  auto answers = [&] {
+    std::lock_guard<std::mutex> lk(mu);
+    return readOn.size();
+  };
+  const int kRounds = 50;
+  {
+    Driving driving(cp);
+    for (int i = 0; i < kRounds; ++i) {
+      const auto deadline = Clock::now() + kDeadline;
+      // The request goes out from this thread, as hora_*_async sends it (a
+      // control thread still inside a handler refuses: then once more).
+      while (!cp.tryDrive([&] { cp.send(0, FrameType::kRequests, tag("q", 1, i)); })) {
+        ASSERT_LT(Clock::now(), deadline) << "tryDrive refused request " << i;
+        std::this_thread::yield();
+      }
+      while (answers() < static_cast<size_t>(i + 1)) {
+        ASSERT_LT(Clock::now(), deadline) << "no answer to request " << i;
+        if (cp.driveOnce() != ControlPlane::DriveRound::kWorked) std::this_thread::yield();
+      }
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    const auto here = std::count(readOn.begin(), readOn.end(), me);
+    // The first answer may reach the control thread before it has left epoll.
+    EXPECT_GE(here, kRounds - 1) << "answers read by the driving thread";
+  }
+  // The control thread reads again once the driver has gone.
+  ASSERT_TRUE(set.onControl(1, [](ControlPlane& cp) { cp.send(0, FrameType::kRequests, "last"); }));
+  ASSERT_TRUE(set.events(1).waitFor(
+      [&](const Events::Seen& s) { return s.frames.size() == static_cast<size_t>(kRounds + 1); }));
+  std::lock_guard<std::mutex> lk(mu);
+  EXPECT_NE(readOn.back(), me) << "the last answer came after the driver ended";
+}
+
+// A driving thread is the one that sees the coordinator go, and a stop
+// posted meanwhile ends the control thread's loop even though it sleeps
+// while the thread drives.
+TEST(ControlPlaneTest, ADriverOverTcpSeesAPeerLostAndLetsTheLoopStop) {
+  CpSet set(2);
+  ASSERT_TRUE(set.createAll());
+  set.startAll();
+  ASSERT_TRUE(set.onControl(1, [](ControlPlane&) {}));  // start() has run
+  ControlPlane& cp = *set.cp(1);
+  Driving driving(cp);
+  set.destroy(0);
+  const auto deadline = Clock::now() + kDeadline;
+  while (!set.events(1).waitForLoss(0, 0ms)) {
+    ASSERT_LT(Clock::now(), deadline) << "the driver did not see the coordinator go";
+    cp.driveOnce();
+  }
+  EXPECT_TRUE(contains(set.events(1).lossFrom(0).why.message(), nameOf(0)));
+  // stop() posts to the loop; the driver's next rounds run it.
+  std::thread stopper([&] { set.stop(1); });
+  while (!cp.io().stopped()) {
+    ASSERT_LT(Clock::now(), deadline) << "stop() did not reach the driven loop";
+    cp.driveOnce();
+    std::this_thread::yield();
+  }
+  stopper.join();  // run() returned (CpSet::stop aborts after 5 s otherwise)
 }
 
 TEST(ControlPlaneTest, HeartbeatsKeepAnIdleSetAliveAndAreNotDelivered) {
