@@ -1,13 +1,14 @@
 // DriveLock: who runs a process set's control logic right now (issue 20).
 //
 // The set's control thread runs it, and so may a framework thread that waits
-// on one of the set's collectives, or submits one, on a host where the set
-// negotiates through shared memory (ControlPlane::drive): a small allreduce
-// then takes one thread instead of three hand-offs between the framework,
-// control and executor threads, which on a machine whose cores the ranks'
-// threads outnumber cost a context switch each. Whoever holds this lock is
-// "the control thread" for that moment: every event-loop handler, the lane's
-// polling and the controller's state are touched only under it.
+// on one of the set's collectives, or submits one (ControlPlane::tryDrive,
+// driveOnce; through the shared-memory lane on one host, the sockets across
+// hosts): a small collective then takes one thread instead of three
+// hand-offs between the framework, control and executor threads, which on a
+// machine whose cores the ranks' threads outnumber cost a context switch
+// each. Whoever holds this lock is "the control thread" for that moment:
+// every event-loop handler, the lane's polling and the controller's state
+// are touched only under it.
 //
 // Recursive, because handlers that lock it also run from inside the control
 // thread's own locked rounds (io_context::poll). Any thread.

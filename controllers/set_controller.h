@@ -141,7 +141,8 @@ class SetController : public CoordinatorLink::Client {
   // A framework thread waiting for `done` (one of its requests on this
   // set): polls it for up to the spin window like spinUntil, and between
   // polls does the control thread's work when nobody else does (the lane's
-  // frames, the coordinator's decisions, a small group's data plane).
+  // or the sockets' frames, the coordinator's decisions, on one host a small
+  // group's data plane).
   // Returns whether `done` became true.
   // Driving stops at `deadline` too (the caller's own timeout).
   bool driveWhile(const SpinPolicy& spin, const std::function<bool()>& done,

@@ -131,14 +131,14 @@ const std::vector<ParamSpec>& paramRegistry() {
        "Only for sets on the shared-memory data plane (one host); never waits for a peer; 0 "
        "packs when the allreduce runs."},
       {"HORA_CALLER_DRIVES", ParamType::kBool, "1",
-       "When every rank of a process set is on one host (its negotiation goes through shared "
-       "memory), a framework thread that submits a collective sends its request itself, and "
-       "one that waits for a collective does the control thread's work while no other thread "
-       "does (reading the negotiation, running a small allreduce, or a lone one of any size), "
-       "instead of handing each "
-       "step to the set's control thread: no thread hand-off on a small allreduce's path. In a "
-       "process set of one rank the submitting thread negotiates by itself. 0 leaves all of it "
-       "to the control thread."},
+       "A framework thread that submits a collective sends its request itself, and one that "
+       "waits for a collective does the control thread's work while no other thread does, "
+       "instead of handing each step to the set's control thread: no thread hand-off on a "
+       "small collective's path. On one host (negotiation through shared memory) the waiter "
+       "reads the negotiation and runs a small allreduce, or a lone one of any size; across "
+       "hosts (negotiation over TCP) it reads the sockets while the control thread sleeps. In "
+       "a process set of one rank the submitting thread negotiates by itself. 0 leaves all of "
+       "it to the control thread."},
       {"HORA_INLINE_MAX_BYTES", ParamType::kInt, "-1",
        "Collectives of host tensors whose result is up to this size travel inside the "
        "negotiation: each rank's request carries its tensor (a broadcast's only from the root), "
