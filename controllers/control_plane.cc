@@ -393,6 +393,8 @@ void ControlPlane::stop() {
                  if (p) p->sock.close(ec);
                work_.reset();
                io_.stop();
+               // Run by a driver's poll while the control thread sleeps.
+               wakeParked();
              }));
 }
 
@@ -517,14 +519,12 @@ void ControlPlane::broadcast(FrameType type, const std::string& payload) {
 
 bool ControlPlane::laneFlushed() const {
   if (!lane_ || lane_->hasPending()) return false;
-  // Nor anything queued on a socket behind the write in flight: a doorbell
-  // for a peer asleep in its event loop would wait there until this thread
-  // is back. The write in flight itself was already handed to the kernel
-  // (Asio writes at once when nothing is queued ahead), only its completion
-  // is pending.
+  // Nor anything queued on a socket: a doorbell for a peer asleep in its
+  // event loop would wait there until this thread is back. flush() writes
+  // what the kernel takes at once, so a frame still queued is one the
+  // kernel refused (a full socket).
   for (const auto& p : peers_)
-    if (p && !p->lost && (!p->afterLane.empty() || p->outq.size() > (p->writing ? 1u : 0u)))
-      return false;
+    if (p && !p->lost && (!p->afterLane.empty() || !p->outq.empty())) return false;
   return true;
 }
 

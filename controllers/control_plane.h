@@ -153,11 +153,12 @@ class ControlPlane {
   // one of the set's collectives (a set with peers: drivable()):
   // beginDriving() counts it among the lane's pollers (peers then need not
   // ring it) or, over TCP, takes the sockets from the control thread (which
-  // leaves its epoll wait and sleeps until the last driver ends: a frame that
-  // arrives wakes no thread but the one polling for it), driveOnce() does one
-  // round if no other thread is driving (kWorked if anything moved;
-  // kHeldElsewhere, doing nothing, while another thread of this process
-  // drives), endDriving() undoes beginDriving and hands what arrived
+  // leaves its epoll wait and sleeps until the last driver ends: once it
+  // has, a frame that arrives wakes no thread but the one polling for it),
+  // driveOnce() does one round if no other thread is driving (kWorked if
+  // anything moved; kHeldElsewhere, doing nothing, while another thread of
+  // this process drives, or over TCP while the control thread has not left
+  // its wait yet), endDriving() undoes beginDriving and hands what arrived
   // meanwhile (and, the last one, the sockets) back to the control thread.
   // Thread-safe.
   enum class DriveRound { kWorked, kIdle, kHeldElsewhere };
@@ -249,6 +250,8 @@ class ControlPlane {
   // Over TCP, in runWithoutLane: until no framework thread drives or the
   // loop stopped (or a while has passed).
   void parkWhileDriven();
+  // Wakes the control thread from parkWhileDriven, if it sleeps there.
+  void wakeParked();
   void sendFrame(const std::shared_ptr<Peer>& p, FrameType type, const std::string& payload);
   bool allSent() const;
   void pollSent(std::shared_ptr<boost::asio::steady_timer> timer,
@@ -266,8 +269,8 @@ class ControlPlane {
   std::atomic<bool> peersDone_{false};
   std::atomic<uint64_t> posted_{0};  // post() calls so far
   // Framework threads between beginDriving() and endDriving(): while one
-  // polls the lane, the control thread sleeps instead of racing it for the
-  // lock (runWithLane).
+  // polls, the control thread sleeps instead of racing it for the lock
+  // (runWithLane) or for the sockets (runWithoutLane).
   std::atomic<int> drivers_{0};
   // Over TCP: the control thread is inside io_.run_one() (maybe in epoll,
   // where a driver's poll cannot reach the sockets: beginDriving wakes it),

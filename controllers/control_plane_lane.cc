@@ -159,6 +159,12 @@ void ControlPlane::runWithLane() {
   lane_->setPolling(false);
 }
 
+void ControlPlane::wakeParked() {
+  if (!parked_.load(std::memory_order_seq_cst)) return;
+  std::lock_guard<std::mutex> lk(parkMu_);
+  parkCv_.notify_one();
+}
+
 void ControlPlane::runWithoutLane() {
   // Asio lets only one thread wait in epoll: while this one does, a
   // framework thread's io_.poll() sees no socket, and every frame wakes this
@@ -185,9 +191,9 @@ void ControlPlane::parkWhileDriven() {
   parked_.store(true, std::memory_order_seq_cst);
   {
     std::unique_lock<std::mutex> lk(parkMu_);
-    // The bound only backs up the wake-ups (endDriving's, stop's through a
-    // driver's poll): they cannot be lost, but a sleeping event loop must
-    // not be the reason a set hangs.
+    // The bound only backs up the wake-ups (endDriving's, and stop()'s
+    // handler's, run by a driver's poll): a sleeping event loop must not be
+    // the reason a set hangs.
     parkCv_.wait_for(lk, std::chrono::milliseconds(20), [this] {
       return drivers_.load(std::memory_order_seq_cst) == 0 || io_.stopped();
     });
@@ -222,9 +228,6 @@ void ControlPlane::leaveLane() {
 }
 
 bool ControlPlane::tryDrive(const std::function<void()>& fn, bool* whileDriving) {
-  // With the lane up; or alone in the set, where there is no peer to hear
-  // from and the caller's request is the whole negotiation.
-  const bool solo = !lane_ && opts_.size == 1;
   if (drive_.heldHere() || io_.stopped()) return false;
   // Checked again under the lock: stop() runs under it too, and once the
   // loop stopped the set is being torn down (its executor included).
@@ -239,9 +242,10 @@ bool ControlPlane::tryDrive(const std::function<void()>& fn, bool* whileDriving)
     }
     bool* f;
   } flag(whileDriving);
-  // Alone, or over TCP: what fn sends goes into the kernel from here
-  // (ControlPlane::flush), waking no thread of this process.
-  if (solo || !lane_) {
+  // Over TCP what fn sends goes into the kernel from here (flush), waking
+  // no thread of this process; alone in the set there is no peer to hear
+  // from and the caller's request is the whole negotiation.
+  if (!lane_) {
     fn();
     runSoonQueued();
     return true;
@@ -266,13 +270,28 @@ void ControlPlane::beginDriving() {
     return;
   }
   // The control thread may wait in epoll, where this thread's polls cannot
-  // see the sockets: a no-op (outside the drive lock, which this thread may
-  // hold) makes it leave and sleep (runWithoutLane).
-  if (inLoop_.load(std::memory_order_seq_cst)) boost::asio::post(io_, [] {});
+  // see the sockets: a no-op makes it leave and sleep (runWithoutLane).
+  // Not locked(): it only has to end the control thread's run_one(), and
+  // must not wait there for a lock this thread takes to poll. driveOnce
+  // leaves it to the control thread (run by this thread's poll, it would
+  // not end the control thread's wait: Asio goes back to epoll).
+  if (inLoop_.load(std::memory_order_seq_cst)) {
+    try {
+      boost::asio::post(io_, [] {});
+    } catch (...) {
+      // Not counted then: a driver the control thread sleeps for must be one
+      // that ends (endDriving runs only after beginDriving returned).
+      drivers_.fetch_sub(1, std::memory_order_seq_cst);
+      throw;
+    }
+  }
 }
 
 ControlPlane::DriveRound ControlPlane::driveOnce() {
   if (!drivable() || io_.stopped()) return DriveRound::kIdle;
+  // Over TCP, until the control thread has left its run_one() for the
+  // no-op beginDriving posted: polling now would run the no-op here.
+  if (!lane_ && inLoop_.load(std::memory_order_seq_cst)) return DriveRound::kHeldElsewhere;
   // Checked again under the lock: stop() runs under it too, and once the
   // loop stopped the set is being torn down (its executor included).
   std::unique_lock<DriveLock> hold(drive_, std::try_to_lock);
@@ -302,11 +321,7 @@ void ControlPlane::endDriving() {
   if (!lane_) {
     // The last driver hands the sockets back: what arrives from now on is
     // the control thread's to read.
-    if (drivers_.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
-        parked_.load(std::memory_order_seq_cst)) {
-      std::lock_guard<std::mutex> lk(parkMu_);
-      parkCv_.notify_one();
-    }
+    if (drivers_.fetch_sub(1, std::memory_order_seq_cst) == 1) wakeParked();
     return;
   }
   // Uncounted before the last look below: a control thread that saw this

@@ -79,6 +79,7 @@ struct Frame {
 struct Loss {
   int peer;
   Status why;
+  std::thread::id thread;  // the one that reported it
 };
 
 // What one rank's callbacks saw. Written on its control thread, read by the test thread.
@@ -96,7 +97,7 @@ class Events {
   }
   void lost(int peer, Status why) {
     std::lock_guard<std::mutex> lk(mu_);
-    seen_.losses.push_back({peer, std::move(why)});
+    seen_.losses.push_back({peer, std::move(why), std::this_thread::get_id()});
     cv_.notify_all();
   }
   // Waits until pred(seen) holds; false at the deadline.
@@ -111,7 +112,7 @@ class Events {
   Loss lossFrom(int peer) {
     std::lock_guard<std::mutex> lk(mu_);
     const Loss* l = lossOf(seen_, peer);
-    return l ? *l : Loss{-1, Status(Code::kInternal, "no loss of peer reported")};
+    return l ? *l : Loss{-1, Status(Code::kInternal, "no loss of peer reported"), {}};
   }
   Seen snapshot() {
     std::lock_guard<std::mutex> lk(mu_);
@@ -683,28 +684,31 @@ TEST(ControlPlaneTest, AFrameworkThreadDrivingOverTcpReadsTheAnswersItself) {
     std::lock_guard<std::mutex> lk(mu);
     return readOn.size();
   };
-  const int kRounds = 50;
-  {
+  // Each round as a collective between two training steps: the control
+  // thread is back in epoll when the wait begins (1 ms after the last one
+  // ended), and must hand the sockets over for the answer.
+  const int kRounds = 30;
+  for (int i = 0; i < kRounds; ++i) {
+    std::this_thread::sleep_for(1ms);
     Driving driving(cp);
-    for (int i = 0; i < kRounds; ++i) {
-      const auto deadline = Clock::now() + kDeadline;
-      // The request goes out from this thread, as hora_*_async sends it (a
-      // control thread still inside a handler refuses: then once more).
-      while (!cp.tryDrive([&] { cp.send(0, FrameType::kRequests, tag("q", 1, i)); })) {
-        ASSERT_LT(Clock::now(), deadline) << "tryDrive refused request " << i;
-        std::this_thread::yield();
-      }
-      while (answers() < static_cast<size_t>(i + 1)) {
-        ASSERT_LT(Clock::now(), deadline) << "no answer to request " << i;
-        if (cp.driveOnce() != ControlPlane::DriveRound::kWorked) std::this_thread::yield();
-      }
+    const auto deadline = Clock::now() + kDeadline;
+    // The request goes out from this thread, as hora_*_async sends it (a
+    // control thread still inside a handler refuses: then once more).
+    while (!cp.tryDrive([&] { cp.send(0, FrameType::kRequests, tag("q", 1, i)); })) {
+      ASSERT_LT(Clock::now(), deadline) << "tryDrive refused request " << i;
+      std::this_thread::yield();
+    }
+    while (answers() < static_cast<size_t>(i + 1)) {
+      ASSERT_LT(Clock::now(), deadline) << "no answer to request " << i;
+      if (cp.driveOnce() != ControlPlane::DriveRound::kWorked) std::this_thread::yield();
     }
   }
   {
     std::lock_guard<std::mutex> lk(mu);
     const auto here = std::count(readOn.begin(), readOn.end(), me);
-    // The first answer may reach the control thread before it has left epoll.
-    EXPECT_GE(here, kRounds - 1) << "answers read by the driving thread";
+    // An answer that comes before the control thread has left epoll is its
+    // to read (on a loaded machine it may be slow to wake): most are not.
+    EXPECT_GE(here, kRounds * 2 / 3) << "answers read by the driving thread";
   }
   // The control thread reads again once the driver has gone.
   ASSERT_TRUE(set.onControl(1, [](ControlPlane& cp) { cp.send(0, FrameType::kRequests, "last"); }));
@@ -731,14 +735,17 @@ TEST(ControlPlaneTest, ADriverOverTcpSeesAPeerLostAndLetsTheLoopStop) {
     cp.driveOnce();
   }
   EXPECT_TRUE(contains(set.events(1).lossFrom(0).why.message(), nameOf(0)));
+  EXPECT_EQ(set.events(1).lossFrom(0).thread, std::this_thread::get_id())
+      << "the loss was read by the driving thread";
   // stop() posts to the loop; the driver's next rounds run it.
   std::thread stopper([&] { set.stop(1); });
-  while (!cp.io().stopped()) {
-    ASSERT_LT(Clock::now(), deadline) << "stop() did not reach the driven loop";
+  while (!cp.io().stopped() && Clock::now() < deadline) {
     cp.driveOnce();
     std::this_thread::yield();
   }
-  stopper.join();  // run() returned (CpSet::stop aborts after 5 s otherwise)
+  EXPECT_TRUE(cp.io().stopped()) << "stop() did not reach the driven loop";
+  stopper.join();  // CpSet::stop aborts if run() has not returned within 5 s  // run() returned
+                   // (CpSet::stop aborts after 5 s otherwise)
 }
 
 TEST(ControlPlaneTest, HeartbeatsKeepAnIdleSetAliveAndAreNotDelivered) {
