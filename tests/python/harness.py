@@ -41,29 +41,39 @@ def _ephemeral_low():
         return 32768
 
 
-def free_port():
+def _claim_port(port):
+    """The claim free_port() takes on one port: an flock under
+    /tmp/hora-test-ports held for this process's life, and a bind that
+    succeeds now. None if either fails."""
+    import fcntl
+    os.makedirs("/tmp/hora-test-ports", exist_ok=True)
+    f = open("/tmp/hora-test-ports/%d" % port, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+    except OSError:
+        f.close()
+        return None
+    _PORT_CLAIMS.append(f)
+    return f
+
+
+def free_port(count=1):
     """A port for a job's rendezvous store, as the C++ harness picks it
     (tests/common/free_port.h): below the kernel's ephemeral
     range, which any socket may be given between this check and the store's
     bind, and claimed with an flock under /tmp/hora-test-ports so that
-    concurrent tests (C++ or Python) never share one."""
-    import fcntl
+    concurrent tests (C++ or Python) never share one. With count > 1 the
+    first of `count` consecutive ports claimed alike (a launcher whose
+    store listens next to the port it is given: torchrun's MASTER_PORT + 1)."""
     import random
-    lo, hi = 10000, _ephemeral_low()
-    os.makedirs("/tmp/hora-test-ports", exist_ok=True)
+    lo, hi = 10000, _ephemeral_low() - (count - 1)
     for _ in range(10000):
         port = random.randrange(lo, hi)
-        f = open("/tmp/hora-test-ports/%d" % port, "a+")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port))
-        except OSError:
-            f.close()
-            continue
-        _PORT_CLAIMS.append(f)
-        return port
-    raise RuntimeError("no free port in %d..%d" % (lo, hi - 1))
+        if all(_claim_port(port + i) is not None for i in range(count)):
+            return port
+    raise RuntimeError("no %d free consecutive port(s) in %d..%d" % (count, lo, hi - 1))
 
 
 def rank_env(rank, size, port, secret, extra=None):

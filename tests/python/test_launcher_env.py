@@ -140,7 +140,7 @@ def test_under_real_torchrun(tmp_path):
         pytest.skip("torch.distributed.run is not importable here: %s" % e)
     script = tmp_path / "body.py"
     script.write_text(BODY)
-    master_port = free_port()  # torchrun's own store; hora's listens on master_port + 1
+    master_port = free_port(2)  # torchrun's own store; hora's listens on master_port + 1
     env = clean_env({})
     cmd = [PYTHON, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
            "--master_addr", "127.0.0.1", "--master_port", str(master_port), str(script)]
