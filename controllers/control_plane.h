@@ -160,7 +160,9 @@ class ControlPlane {
   // this process drives, or over TCP while the control thread has not left
   // its wait yet), endDriving() undoes beginDriving and hands what arrived
   // meanwhile (and, the last one, the sockets) back to the control thread.
-  // Thread-safe.
+  // driveOnce() only between a thread's own beginDriving() and endDriving()
+  // (over TCP an uncounted poller could run the no-op that ends the control
+  // thread's wait, which then waits again). Thread-safe.
   enum class DriveRound { kWorked, kIdle, kHeldElsewhere };
   bool drivable() const { return lane_ != nullptr || opts_.size > 1; }
   void beginDriving();

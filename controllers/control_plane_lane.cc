@@ -281,7 +281,7 @@ void ControlPlane::beginDriving() {
     } catch (...) {
       // Not counted then: a driver the control thread sleeps for must be one
       // that ends (endDriving runs only after beginDriving returned).
-      drivers_.fetch_sub(1, std::memory_order_seq_cst);
+      if (drivers_.fetch_sub(1, std::memory_order_seq_cst) == 1) wakeParked();
       throw;
     }
   }
