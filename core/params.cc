@@ -172,9 +172,10 @@ const std::vector<ParamSpec>& paramRegistry() {
        "also yields for this long before it sleeps. The executor polls GPU work for 1 ms before "
        "it sleeps, unless this is 0."},
       {"HORA_WAIT_SPIN_US", ParamType::kInt, "2000",
-       "Microseconds a framework thread blocked in hora_wait on a collective of a set "
-       "negotiating through shared memory keeps polling after the last progress, doing the "
-       "set's control work meanwhile, before it sleeps; only while the host's ranks fit its "
+       "Microseconds a framework thread blocked in hora_wait on a collective of a set with "
+       "peers (negotiating through shared memory or over TCP) keeps polling after the last "
+       "progress, doing the set's control work meanwhile, before it sleeps; only while the host's "
+       "ranks fit its "
        "cores, or no other rank's mask holds this rank's CPUs (a launcher's core per rank; "
        "otherwise HORA_SPIN_US). About one scheduler time slice: a peer rank that "
        "another busy process pushed off its core comes back within one, and a waiter that "

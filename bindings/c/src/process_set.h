@@ -165,8 +165,15 @@ class ProcessSet {
   const SpinPolicy& spin() const { return spin_; }
   // A framework thread waiting for `done`: SetController::driveWhile.
   bool driveWhile(const std::function<bool()>& done, Clock::time_point deadline) {
-    // The wider window only where there is a lane to drive.
-    return controller_->driveWhile(cp_->laneUp() ? driveSpin_ : spin_, done, deadline);
+    // The wider window where there is a lane or sockets to drive: with
+    // only 100 us a waiter across hosts often gave up before the answer (a
+    // peer that submitted late) and slept, and the control thread then woke
+    // for the answer and again for it (2 hosts x 1 rank, 64 B: 1.3-1.5x
+    // faster with the wider window in one launch;
+    // bench/results/2026-11-29-tcp-caller-drives.md). Not for a set of one
+    // rank: nothing arrives there, the executor completes its request.
+    const bool drives = cp_->laneUp() || size() > 1;
+    return controller_->driveWhile(drives ? driveSpin_ : spin_, done, deadline);
   }
   bool callerDrives() const { return opts_.callerDrives; }
   // A framework thread about to wait in hora_wait on one of this set's
