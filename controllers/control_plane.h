@@ -203,6 +203,12 @@ class ControlPlane {
   // Control thread only.
   void markAlive();
   const std::string& laneStatus() const { return laneWhyNot_; }
+  // How many of the set's ranks share this rank's kernel (its boot id),
+  // whatever their host names: emulated or containerised hosts on one
+  // machine share its cores. Learnt at the lane's set-up (every rank
+  // reports its host identity there); 0 when unknown (no lane set-up, or a
+  // test's HORA_HOST_ID).
+  int kernelMates() const { return kernelMates_; }
   // An error naming the first peer whose control connection is closed (it
   // died); ok if none is. Only before start(): the event loop, once it runs,
   // owns the connections. The data plane's set-up asks it between slices of
@@ -284,6 +290,7 @@ class ControlPlane {
   uint64_t drivenPostsSeen_ = 0;  // under drive_: posts a driver has polled for
   std::unique_ptr<ShmLane> lane_;
   std::string laneWhyNot_ = "not tried";
+  int kernelMates_ = 0;
   bool inLanePoll_ = false;
   mutable DriveLock drive_;
   std::vector<std::function<void()>> soon_;  // under drive_: runSoon()
@@ -296,6 +303,14 @@ class ControlPlane {
 };
 
 const char* frameTypeName(FrameType t);
+
+// Per rank, how many of `hostIds` (hostIdentity() values as the lane's
+// set-up collects them) share its kernel's boot id; 0 where a value names
+// no boot ("-", a test override). Pure, for tests.
+std::vector<int> kernelMatesByRank(const std::vector<std::string>& hostIds);
+// Rank `rank`'s count from the comma-separated list the coordinator
+// publishes; 0 when it is missing or malformed. Pure, for tests.
+int kernelMatesOf(const std::string& list, int rank);
 
 // The frame codec's two parsers of bytes from the network, standalone so they
 // can be tested and fuzzed. A frame is [u32 length = 1 + payload][u8 type][payload].

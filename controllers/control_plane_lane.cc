@@ -4,6 +4,7 @@
 // and the loop over TCP that steps aside while a framework thread drives.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "controllers/control_plane.h"
@@ -47,14 +48,23 @@ Status ControlPlane::setUpLane(Store& store) {
     if (Status s = store.wait(keys, opts_.startTimeout); !s.isOk())
       return tellWorkers("lane/path", s);
     std::string why;
-    for (int r = 0; r < n && why.empty(); ++r) {
+    std::vector<std::string> hosts(n);
+    for (int r = 0; r < n; ++r) {
       auto h = store.get(keys[r], opts_.startTimeout);
       if (!h.isOk()) return h.status();
+      hosts[r] = h.value();
+      if (!why.empty()) continue;
       if (h.value() == "-")
         why = peerName(r) + " has HORA_SHM_NEGOTIATION=0";
       else if (h.value() != opts_.hostId)
         why = "the ranks run on more than one host";
     }
+    // Before "lane/path", which every worker reads next.
+    const std::vector<int> mates = kernelMatesByRank(hosts);
+    std::string list;
+    for (int r = 0; r < n; ++r) list += (r ? "," : "") + std::to_string(mates[r]);
+    HORA_RETURN_IF_ERROR(store.set("lane/kernels", list));
+    kernelMates_ = mates[0];
     // 2. The coordinator creates the mailbox and names it (or says why not).
     if (why.empty()) {
       auto m = ShmMailbox::create(opts_.laneDir, laneName(), n, opts_.laneRingBytes);
@@ -82,6 +92,10 @@ Status ControlPlane::setUpLane(Store& store) {
   } else {
     auto path = laneValue(store, "lane/path");
     if (!path.isOk()) return path.status();
+    // Set before the path, unless the coordinator gave up before it (then
+    // there is no count: a failed set-up).
+    if (auto k = store.get("lane/kernels", std::chrono::seconds(1)); k.isOk())
+      kernelMates_ = kernelMatesOf(k.value(), opts_.rank);
     if (path.value().rfind("shm ", 0) == 0) {
       auto m = ShmMailbox::open(path.value().substr(4), n);
       if (m.isOk()) mb = m.take();
@@ -157,6 +171,36 @@ void ControlPlane::runWithLane() {
     lastWork = Clock::now();
   }
   lane_->setPolling(false);
+}
+
+std::vector<int> kernelMatesByRank(const std::vector<std::string>& hostIds) {
+  // hostIdentity(): "<hostname>/<boot id>"; "-" (no lane) and the test
+  // overrides ("id:", "address:") say nothing about the kernel.
+  auto boot = [](const std::string& h) -> std::string {
+    if (h == "-" || h.rfind("id:", 0) == 0 || h.rfind("address:", 0) == 0) return "";
+    const size_t slash = h.rfind('/');
+    return slash == std::string::npos ? "" : h.substr(slash + 1);
+  };
+  std::vector<int> out(hostIds.size(), 0);
+  for (size_t r = 0; r < hostIds.size(); ++r) {
+    const std::string b = boot(hostIds[r]);
+    if (b.empty()) continue;
+    for (const auto& h : hostIds) out[r] += boot(h) == b ? 1 : 0;
+  }
+  return out;
+}
+
+int kernelMatesOf(const std::string& list, int rank) {
+  size_t at = 0;
+  for (int r = 0; r < rank; ++r) {
+    at = list.find(',', at);
+    if (at == std::string::npos) return 0;
+    ++at;
+  }
+  const size_t end = std::min(list.find(',', at), list.size());
+  const std::string v = list.substr(at, end - at);
+  if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos) return 0;
+  return std::stoi(v);
 }
 
 void ControlPlane::wakeParked() {

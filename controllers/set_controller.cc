@@ -154,16 +154,14 @@ bool SetController::driveWhile(const SpinPolicy& spin, const std::function<bool(
   // process (one driving in its stead, the executor running a group) when
   // those may share its core, or when the ranks alone outnumber the cores
   // (core/spin_wait.h: a yield next to another busy process costs a slice).
-  // Over TCP, where the threads outnumber the cores, also every eighth idle
-  // round: the answer comes from a process this thread may be keeping off
-  // the core (a peer's, or on the coordinator the workers' requests wait for
-  // this thread). Measured between emulated hosts on 2 cores
-  // (bench/results/2026-11-29-tcp-caller-drives.md): never yielding made 4
-  // ranks 1.2x slower than the control thread alone, yielding every round
-  // halved the gain at 2 ranks, every eighth was the fastest at both.
+  // Over TCP the same: peers that share the cores (on this host, or on
+  // emulated hosts sharing this kernel) count as the ranks outnumbering the
+  // cores (ProcessSet). A yield beside a CPU-bound neighbour hands it a time
+  // slice: yielding every eighth idle round made a 64 B collective across
+  // hosts take 3.4-4.0 ms beside two busy loops, 39-54 us without
+  // (bench/results/2026-11-29-tcp-caller-drives.md).
   Clock::time_point lastWork = Clock::now();
   bool executorBusy = false;
-  const bool overTcp = !cp_.laneUp();
   // A lone queued group is asked for once per quiet spell: what keeps it
   // (another request pending, a group the runner declines) changes only
   // when something moves.
@@ -195,8 +193,8 @@ bool SetController::driveWhile(const SpinPolicy& spin, const std::function<bool(
     }
     // Launched GPU groups count: the executor must run to reap them.
     if (spin.yield && !spin.yieldToPeers && (i & 7) == 1) executorBusy = queue_.inFlight() > 0;
-    if (spin.yieldToPeers || (spin.yield && ((overTcp && (i & 7) == 0) || executorBusy ||
-                                             round == ControlPlane::DriveRound::kHeldElsewhere)))
+    if (spin.yieldToPeers ||
+        (spin.yield && (executorBusy || round == ControlPlane::DriveRound::kHeldElsewhere)))
       ::sched_yield();
     else
       cpuRelax();

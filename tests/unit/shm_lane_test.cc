@@ -367,6 +367,33 @@ TEST(ShmLaneSetUpTest, RanksOnDifferentHostsNegotiateOverTcpAndSayWhy) {
   EXPECT_EQ(set.frames(0)[0].second, "tcp");
 }
 
+// Ranks on "hosts" of their own that share one kernel (network and UTS
+// namespaces, containers: one boot id) share its cores: every rank learns
+// how many of the set do, whether or not the lane comes up.
+TEST(ShmLaneSetUpTest, EveryRankLearnsHowManyRanksShareItsKernel) {
+  LaneSet set(4, [](int r, ControlPlaneOptions& o) {
+    o.hostId = std::string(r < 2 ? "host-a" : "host-b") + "/" + (r == 3 ? "boot-2" : "boot-1");
+  });
+  const int want[4] = {3, 3, 3, 1};
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_FALSE(set.cp(r).laneUp()) << "rank " << r;
+    EXPECT_EQ(set.cp(r).kernelMates(), want[r]) << "rank " << r;
+  }
+}
+
+TEST(ShmLaneSetUpTest, KernelMatesCountBootIdsAndReadTheirListSafely) {
+  EXPECT_EQ(kernelMatesByRank({"h0/a", "h1/a", "h2/b", "-", "id:x", "address:10.0.0.1", "h3/a"}),
+            (std::vector<int>{3, 3, 1, 0, 0, 0, 3}));
+  EXPECT_EQ(kernelMatesOf("3,3,1,0", 0), 3);
+  EXPECT_EQ(kernelMatesOf("3,3,1,0", 2), 1);
+  EXPECT_EQ(kernelMatesOf("3,3,1,0", 3), 0);
+  EXPECT_EQ(kernelMatesOf("3,3,1,0", 4), 0);  // past the list
+  EXPECT_EQ(kernelMatesOf("3,x,1", 1), 0);    // malformed
+  EXPECT_EQ(kernelMatesOf("3,,1", 1), 0);
+  EXPECT_EQ(kernelMatesOf("", 0), 0);
+  EXPECT_EQ(kernelMatesOf("12345678901", 0), 0);  // too long for a count
+}
+
 TEST(ShmLaneSetUpTest, ARankWithTheLaneOffKeepsTheWholeSetOnTcp) {
   LaneSet set(2, [](int r, ControlPlaneOptions& o) {
     if (r == 1) o.hostId.clear();

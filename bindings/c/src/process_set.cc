@@ -137,6 +137,18 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   auto cp = ControlPlane::create(std::make_shared<PrefixStore>(store, "ctrl"), cpo, logger);
   if (!cp.isOk()) return cp.status();
   ps->cp_ = cp.take();
+  // Ranks on other "hosts" that share this kernel (emulated or container
+  // hosts on one machine) share its cores too: counted with the host's own
+  // ranks, so that waits give the core to peers where together they
+  // outnumber the cores (a waiter that kept it made 4 such ranks on 2 cores
+  // 2.3-2.8x slower, bench/results/2026-11-29-tcp-caller-drives.md).
+  if (ps->cp_->kernelMates() > o.localSize) {
+    ps->setSpin(spinPolicyFor(o.spinUs, ps->cp_->kernelMates()));
+    HORA_LOG(logger, kInfo) << "process set " << name << ": " << ps->cp_->kernelMates()
+                            << " of its ranks share this machine's kernel (more than the "
+                            << o.localSize << " of this host): waits yield the core as if "
+                            << "they ran on one host";
+  }
   if (ps->size() > 1)
     HORA_LOG(logger, kInfo) << "process set " << name << ": negotiation "
                             << (ps->cp_->laneUp() ? "through shared memory"
