@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_map>
 
 #include "controllers/control_plane.h"
 #include "core/hmac.h"
@@ -63,7 +64,9 @@ Status ControlPlane::setUpLane(Store& store) {
     const std::vector<int> mates = kernelMatesByRank(hosts);
     std::string list;
     for (int r = 0; r < n; ++r) list += (r ? "," : "") + std::to_string(mates[r]);
-    HORA_RETURN_IF_ERROR(store.set("lane/kernels", list));
+    // Advisory: a failed write costs the workers their count (0, unknown),
+    // not the set-up.
+    (void)store.set("lane/kernels", list);
     kernelMates_ = mates[0];
     // 2. The coordinator creates the mailbox and names it (or says why not).
     if (why.empty()) {
@@ -181,12 +184,16 @@ std::vector<int> kernelMatesByRank(const std::vector<std::string>& hostIds) {
     const size_t slash = h.rfind('/');
     return slash == std::string::npos ? "" : h.substr(slash + 1);
   };
-  std::vector<int> out(hostIds.size(), 0);
+  // Each boot id once, counted in a map: sets of thousands of ranks.
+  std::vector<std::string> boots(hostIds.size());
+  std::unordered_map<std::string, int> count;
   for (size_t r = 0; r < hostIds.size(); ++r) {
-    const std::string b = boot(hostIds[r]);
-    if (b.empty()) continue;
-    for (const auto& h : hostIds) out[r] += boot(h) == b ? 1 : 0;
+    boots[r] = boot(hostIds[r]);
+    if (!boots[r].empty()) ++count[boots[r]];
   }
+  std::vector<int> out(hostIds.size(), 0);
+  for (size_t r = 0; r < hostIds.size(); ++r)
+    if (!boots[r].empty()) out[r] = count[boots[r]];
   return out;
 }
 
