@@ -10,6 +10,7 @@
 
 #include "controllers/control_plane.h"
 #include "core/hmac.h"
+#include "core/host_identity.h"
 
 namespace hora {
 
@@ -177,18 +178,11 @@ void ControlPlane::runWithLane() {
 }
 
 std::vector<int> kernelMatesByRank(const std::vector<std::string>& hostIds) {
-  // hostIdentity(): "<hostname>/<boot id>"; "-" (no lane) and the test
-  // overrides ("id:", "address:") say nothing about the kernel.
-  auto boot = [](const std::string& h) -> std::string {
-    if (h == "-" || h.rfind("id:", 0) == 0 || h.rfind("address:", 0) == 0) return "";
-    const size_t slash = h.rfind('/');
-    return slash == std::string::npos ? "" : h.substr(slash + 1);
-  };
   // Each boot id once, counted in a map: sets of thousands of ranks.
   std::vector<std::string> boots(hostIds.size());
   std::unordered_map<std::string, int> count;
   for (size_t r = 0; r < hostIds.size(); ++r) {
-    boots[r] = boot(hostIds[r]);
+    boots[r] = bootIdOf(hostIds[r]);
     if (!boots[r].empty()) ++count[boots[r]];
   }
   std::vector<int> out(hostIds.size(), 0);

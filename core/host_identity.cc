@@ -24,6 +24,12 @@ std::string hostIdentity(const std::string& override, const std::string& address
   return "id:" + override;
 }
 
+std::string bootIdOf(const std::string& identity) {
+  if (identity.rfind("id:", 0) == 0 || identity.rfind("address:", 0) == 0) return "";
+  const size_t slash = identity.rfind('/');
+  return slash == std::string::npos ? "" : identity.substr(slash + 1);
+}
+
 bool ipv4Interfaces(std::map<std::string, std::string>* out) {
   out->clear();
   ifaddrs* list = nullptr;

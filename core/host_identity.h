@@ -20,6 +20,12 @@ std::string hostIdentity();
 // `address` (the rank's HORA_HOSTNAME), any other non-empty value for itself.
 std::string hostIdentity(const std::string& override, const std::string& address);
 
+// The kernel's boot id inside an identity from hostIdentity(): equal for
+// ranks that share a kernel (and so its cores) whatever their host names,
+// e.g. network/UTS-namespace or container hosts on one machine. Empty for
+// an override, "-" (no identity reported) or anything else without one.
+std::string bootIdOf(const std::string& identity);
+
 // Interface name -> its first IPv4 address ("lo" -> "127.0.0.1"). False when
 // the interfaces cannot be listed (getifaddrs failed).
 bool ipv4Interfaces(std::map<std::string, std::string>* out);

@@ -23,6 +23,9 @@
 // when the thread it waits for may need its core: always when the ranks
 // alone outnumber the cores (a peer rank's thread), and otherwise only while
 // it waits for a thread of its own process (`yield`; the caller knows which).
+// The ranks counted are the host's, or more where ranks on other "hosts"
+// share this kernel (emulated or container hosts on one machine: the lane's
+// set-up counts them, ControlPlane::kernelMates).
 // spinPolicyFor judges by this process's own mask; a process set whose
 // shared-memory set-up finds no other rank on this rank's CPUs (a launcher's
 // core per rank) clears yieldToPeers afterwards (bindings/c process_set.cc).

@@ -18,6 +18,17 @@ TEST(HostIdentityTest, EqualInOneProcessAndOverriddenForTests) {
   EXPECT_NE(hostIdentity("address", "10.0.0.1"), hostIdentity("address", "10.0.0.2"));
 }
 
+TEST(HostIdentityTest, TheBootIdIsSharedByIdentitiesOfOneKernelOnly) {
+  const std::string boot = bootIdOf(hostIdentity());
+  EXPECT_FALSE(boot.empty()) << hostIdentity();
+  EXPECT_EQ(bootIdOf("other-host/" + boot), boot);  // another UTS namespace, same kernel
+  EXPECT_EQ(bootIdOf("h/a/b"), "b");
+  for (const std::string id : {"-", "", "no-slash", "id:h/x", "address:10.0.0.1"})
+    EXPECT_EQ(bootIdOf(id), "") << id;
+  EXPECT_EQ(bootIdOf(hostIdentity("hostA", "10.0.0.1")), "");
+  EXPECT_EQ(bootIdOf(hostIdentity("address", "10.0.0.1")), "");
+}
+
 TEST(Ipv4InterfacesTest, ListsTheLoopbackWithItsAddress) {
   std::map<std::string, std::string> interfaces;
   ASSERT_TRUE(ipv4Interfaces(&interfaces));

@@ -168,12 +168,11 @@ class ProcessSet {
     // The wider window where there is a lane or sockets to drive: with
     // only 100 us a waiter across hosts often gave up before the answer (a
     // peer that submitted late) and slept, and the control thread then woke
-    // for the answer and again for it (2 hosts x 1 rank, 64 B: 1.3-1.5x
-    // faster with the wider window in one launch;
+    // for the answer and again for it (2 hosts x 1 rank, 1.2-1.5x faster
+    // at 64 B and 1.3-1.6x at 4 KiB with the wider window in one launch;
     // bench/results/2026-11-29-tcp-caller-drives.md). Not for a set of one
     // rank: nothing arrives there, the executor completes its request.
-    const bool drives = cp_->laneUp() || size() > 1;
-    return controller_->driveWhile(drives ? driveSpin_ : spin_, done, deadline);
+    return controller_->driveWhile(cp_->drivable() ? driveSpin_ : spin_, done, deadline);
   }
   bool callerDrives() const { return opts_.callerDrives; }
   // A framework thread about to wait in hora_wait on one of this set's
