@@ -4,6 +4,7 @@
 #
 #   bench/multihost_bench.sh [--rate 1gbit] [--hosts 2] [--per-host 2] [--rounds 1]
 #                            [--sizes 4:64M] [--iters N] [--modes "hier flat"] [--md FILE]
+#                            [--variant NAME:VAR=VAL[,VAR=VAL...]]...
 #
 # Builds a test bed with bench/netns_bed.sh (HOSTS network + UTS namespaces on
 # a bridge, links shaped with tbf at RATE), then, RANKS = HOSTS x PER_HOST:
@@ -13,6 +14,9 @@
 #      once per hora mode in --modes: "hier" (HORA_HIER_ALLREDUCE=auto, the
 #      default: the hierarchical allreduce when every host runs several
 #      ranks) and "flat" (HORA_HIER_ALLREDUCE=flat: one Gloo ring over all);
+#      each --variant NAME is "hier" with those variables set (e.g. --variant
+#      noclaim:HORA_SHM_CLAIM_LINES=0), a column of its own with its own ratio
+#      to flat, for A/B runs inside one launch;
 #   2. mpi-allreduce-bench through mpirun on host 0, remote daemons started
 #      through the same wrapper (--mca plm_rsh_agent), TCP BTL only
 #      (--mca btl tcp,self), interfaces limited to the bed's subnet.
@@ -36,6 +40,8 @@
 set -u
 
 RATE=1gbit HOSTS=2 PER_HOST=2 ROUNDS=1 SIZES=4:64M ITERS= MD= MODES="hier flat"
+declare -A VARIANTS=()
+VARIANT_NAMES=
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 while [ $# -gt 0 ]; do
   case $1 in
@@ -47,6 +53,11 @@ while [ $# -gt 0 ]; do
     --iters) ITERS=${2:?}; shift 2 ;;
     --md) MD=${2:?}; shift 2 ;;
     --modes) MODES=${2:?}; shift 2 ;;
+    --variant)
+      v=${2:?}; vname=${v%%:*}; vvars=${v#*:}
+      case $vname in ''|*[!a-z0-9_]*) echo "multihost_bench.sh: --variant NAME must be [a-z0-9_]+: $v" >&2; exit 2 ;; esac
+      [ "$vvars" != "$v" ] || { echo "multihost_bench.sh: --variant needs NAME:VAR=VAL: $v" >&2; exit 2; }
+      VARIANTS[$vname]=$vvars; VARIANT_NAMES+=" $vname"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "multihost_bench.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
   esac
@@ -54,6 +65,8 @@ done
 die() { echo "multihost_bench.sh: $*" >&2; exit 2; }
 for m in $MODES; do case $m in hier|flat) ;; *) die "--modes: '$m' is not hier or flat" ;; esac; done
 [ -n "$MODES" ] || die "--modes is empty"
+for v in $VARIANT_NAMES; do case " hier flat mpi " in *" $v "*) die "--variant $v: the name of a mode" ;; esac; done
+MODES="$MODES$VARIANT_NAMES"
 [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces)"
 command -v mpirun >/dev/null || die "no mpirun (scripts/install_deps.sh --mpi)"
 
@@ -91,13 +104,19 @@ echo "# mpi:  mpirun ${MPI_ARGS[*]} mpi-allreduce-bench ${BENCH_ARGS[*]}"
 STATUS=0
 # hier: HORA_HIER_ALLREDUCE=auto (what a job gets by default); flat: one Gloo ring.
 mode_value() { [ "$1" = flat ] && echo flat || echo auto; }
+run_hora() (  # mode round (a subshell: a variant's variables stay in it)
+  local extra=() kv
+  [ -n "${VARIANTS[$1]:-}" ] && IFS=, read -r -a extra <<<"${VARIANTS[$1]}"
+  for kv in "${extra[@]}"; do export "${kv?}"; done
+  HORA_HIER_ALLREDUCE=$(mode_value "$1") HORA_LOG_LEVEL=${HORA_LOG_LEVEL:-info} on0 "$HORARUN" -np "$NP" -H "$HOSTLIST" \
+    --ssh-command "$RSH {host}" \
+    "$HORA_BENCH" --sections sweep "${BENCH_ARGS[@]}" >"$LOG_DIR/$1.$2.out" 2>"$LOG_DIR/$1.$2.err"
+)
 for ((round = 1; round <= ROUNDS; round++)); do
   order=$(round_order "$MODES" "$round")
   for mode in $order; do
     b0=$(link_total)
-    HORA_HIER_ALLREDUCE=$(mode_value "$mode") HORA_LOG_LEVEL=${HORA_LOG_LEVEL:-info} on0 "$HORARUN" -np "$NP" -H "$HOSTLIST" \
-      --ssh-command "$RSH {host}" \
-      "$HORA_BENCH" --sections sweep "${BENCH_ARGS[@]}" >"$LOG_DIR/$mode.$round.out" 2>"$LOG_DIR/$mode.$round.err"
+    run_hora "$mode" "$round"
     rc=$?
     b1=$(link_total)
     echo "# round $round: hora-bench ($mode, load $(cut -d' ' -f1 /proc/loadavg)) exit $rc, host 0 link rx+tx $(((b1 - b0) >> 20)) MiB"
@@ -161,7 +180,9 @@ for s in sizes:
             wrong += int(run[s]["mpi_wrong"])
     best_us = min([v for v in (r["ring_us"], r["bcube_us"]) if v is not None], default=None)
     lead = modes[0]  # the ratios are of the first mode (hier by default)
-    r["vs_flat"] = ratio(r.get("flat_us"), r.get("hier_us"))
+    for m in modes:
+        if m != "flat":
+            r["vs_flat_" + m] = ratio(r.get("flat_us"), r.get(m + "_us"))
     r["vs_mpi"] = ratio(r["mpi_us"], r[lead + "_us"])
     r["vs_gloo"] = ratio(best_us, r[lead + "_us"])
     rows.append(r)
@@ -180,8 +201,8 @@ for m in modes:
     cols += [(f"{m} us", lambda r, m=m: f(r[m + "_us"], "%.1f")), (m, lambda r, m=m: f(r[m], "%.4f"))]
 cols += [("gloo ring", lambda r: f(r["ring"], "%.4f")), ("gloo bcube", lambda r: f(r["bcube"], "%.4f")),
          ("mpi us", lambda r: f(r["mpi_us"], "%.1f")), ("mpi", lambda r: f(r["mpi"], "%.4f"))]
-if "hier" in modes and "flat" in modes:
-    cols += [("hier/flat", lambda r: f(r["vs_flat"], "%.2f"))]
+if "flat" in modes:
+    cols += [(f"{m}/flat", lambda r, m=m: f(r["vs_flat_" + m], "%.2f")) for m in modes if m != "flat"]
 cols += [(f"{lead}/mpi", lambda r: f(r["vs_mpi"], "%.2f")), (f"{lead}/best gloo", lambda r: f(r["vs_gloo"], "%.2f"))]
 print(" ".join("%12s" % c for c, _ in cols))
 for r in rows:

@@ -114,7 +114,8 @@ const std::vector<ParamSpec>& paramRegistry() {
        "too), of 4 MiB when unset, so that autotune can try chunks from 256 KiB up to 4 MiB. "
        "Unset, the chunk is 256 KiB when every rank on the host has a CPU of its own (the "
        "ranks' affinity masks together hold as many CPUs as the set has ranks) and this default "
-       "when the ranks outnumber the CPUs."},
+       "when the ranks outnumber the CPUs. Across hosts it is also the chunk of the hierarchical "
+       "allreduce (HORA_HIER_ALLREDUCE), whose slots are of one chunk, set or not."},
       {"HORA_RUN_ON_CONTROL_MAX_BYTES", ParamType::kInt, "1048576",
        "Allreduces of host tensors up to this many bytes (a fused group in all) run on the "
        "process set's control thread instead of its executor when the executor is idle, one "
@@ -208,7 +209,8 @@ const std::vector<ParamSpec>& paramRegistry() {
        "On an AMD EPYC VM copying 64 KiB into a slot the peer had read took 7-31 us against "
        "1.6-4.6 us, and 2-rank allreduces from 64 KiB to 4 MiB took 7-62% less time "
        "(bench/results/2026-11-28-claim-lines.md). Where ranks share CPUs it is not done (a "
-       "pure extra pass there). 0: never."},
+       "pure extra pass there), counting the set's ranks on other hosts that share this "
+       "machine's kernel (emulated or container hosts). 0: never."},
       {"HORA_HOME_CALLER", ParamType::kBool, "1",
        "Where a process set's ranks on a host share one CPU mask and outnumber its CPUs evenly "
        "(4 ranks on 2 CPUs, not 3; compared at set-up): a framework thread entering hora_wait on "

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 
+#include "core/cpu_affinity.h"
 #include "core/host_identity.h"
 #include "core/reduce.h"
 
@@ -125,6 +126,8 @@ HierBackend::HierBackend(std::unique_ptr<ShmBackend> local, std::unique_ptr<Back
         myLocal_ = static_cast<int>(l);
       }
   crossThread_ = std::thread([this] { crossLoop(); });
+  // Named as the executor is: `top -H` and profilers tell its TCP work apart.
+  nameThread(crossThread_.native_handle(), "hora-cross");
 }
 
 HierBackend::~HierBackend() {
@@ -330,18 +333,18 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
   const std::string mode = opts.mode == HierMode::kFlat   ? "flat"
                            : opts.mode == HierMode::kHier ? "hier"
                                                           : "auto";
-  // chunk/slot: the cross stage cuts whole slots, and the per-host set-up
-  // compares slots only among the ranks of one host.
+  // The chunk: the cross stage cuts whole slots, which are of one chunk
+  // (round 2), and the per-host set-up compares them only among the ranks
+  // of one host.
   const std::string mine = mode + (opts.shm.enabled ? " shm " : " noshm ") +
-                           std::to_string(opts.shm.chunkBytes) + "/" +
-                           std::to_string(std::max(opts.shm.slotBytes, opts.shm.chunkBytes)) +
+                           std::to_string(opts.shm.chunkBytes) +
                            (opts.overlap ? " overlap/" : " serial/") + opts.cross + "/" +
                            std::to_string(opts.collectiveMinBytes) + "/" +
                            std::to_string(opts.collectivePieceBytes) + " " + hostId;
   auto all =
       exchangeValues(*store, "host", rank, allRanks(size), mine, timeout, "hierarchy set-up");
   if (!all.isOk()) return all.status();
-  // "<mode> <shm|noshm> <chunk/slot bytes> <overlap|serial>/<cross>/<collective min>/<piece>
+  // "<mode> <shm|noshm> <chunk bytes> <overlap|serial>/<cross>/<collective min>/<piece>
   // <host id>": the settings are the first four words, the host id (may contain
   // spaces) the rest.
   auto settingsEnd = [](const std::string& v) {
@@ -384,6 +387,13 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
   localOpts.hostId = hostId;
   // Every host's local stage cuts alike, whatever its CPUs.
   localOpts.chunkBytesWhenRanksFit = 0;
+  // Slots of one chunk: the chunk is the pipeline's unit here (pack, reduce,
+  // cross, gather) and autotune does not move it, so the larger slot a set
+  // on one host keeps for autotune's trials would only make the chunks
+  // larger. At 10 Gbit/s, 2 hosts x 2 ranks, 64 MiB: 1 MiB chunks took
+  // 0.71-0.87 of the time of 4 MiB ones
+  // (bench/results/2026-11-30-hier-kernel-mates.md).
+  localOpts.slotBytes = 0;
   // Its waits for peers' parts follow the cross-host stage, which polling
   // cannot speed up: sleep after the short spin, as before peerSpin.
   localOpts.peerSpin = std::chrono::microseconds(0);

@@ -45,6 +45,20 @@ constexpr size_t kPartAlignBytes = kLineBytes;
 // size (about a microsecond of copying here).
 constexpr size_t kPackAheadPieceBytes = 16 << 10;
 
+// A rank's count of the set's ranks on its kernel, as published at set-up:
+// a positive decimal of at most 7 digits.
+bool parseKernelRanks(const std::string& text, int* out) {
+  if (text.empty() || text.size() > 7) return false;
+  int n = 0;
+  for (char ch : text) {
+    if (ch < '0' || ch > '9') return false;
+    n = n * 10 + (ch - '0');
+  }
+  if (n <= 0) return false;
+  *out = n;
+  return true;
+}
+
 std::string describe(size_t count, DataType dtype, ReduceOp op) {
   return std::string("shm allreduce(count=") + std::to_string(count) +
          ", dtype=" + dataTypeName(dtype) + ", op=" + reduceOpName(op) + ")";
@@ -82,13 +96,13 @@ ShmBackend::ShmBackend(std::vector<std::unique_ptr<ShmSegment>> segments, int ra
   // there a poller keeps the CPU from the peer it waits for. With a core per rank
   // (taskset), 1 MiB at 2 ranks took 136 us sleeping at once against 79
   // polling, 4 MiB 612 against 318 (bench/results/2026-11-28-claim-lines.md).
-  const bool ownMaskHoldsRanks = size_ <= usableCpuCount();
+  const bool ownMaskHoldsRanks = std::max(size_, placement.kernelRanks) <= usableCpuCount();
   spinIterations_ = ownMaskHoldsRanks || placement.ownCpusAlone ? kSpinIterations : 0;
   yieldToOwnThreads_ = !ownMaskHoldsRanks && placement.ownCpusAlone;
   if (spinIterations_ > 0) spinWindow_ = opts_.peerSpin;
   evenShare_ = placement.evenShare;
   claim_ = opts_.claimLines && (placement.ranksFit || opts_.claimLinesAnyPlacement) && size_ > 1;
-  if (placement.evenShare) yieldWindow_ = opts_.peerYield;
+  if (placement.evenShare || placement.matesCrowd) yieldWindow_ = opts_.peerYield;
   // A peer in another pid namespace (containers sharing /dev/shm) has a pid
   // that means nothing here: only watch pids that exist now.
   watchPid_.resize(segs_.size(), false);
@@ -820,7 +834,8 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
         (opts.smallChunkBytesWhenCrowded > 0 ? ":" + std::to_string(opts.smallChunkBytesWhenCrowded)
                                              : std::string()) +
         " " + std::to_string(opts.minBytes) + " " +
-        (opts.hostId.empty() ? hostIdentity() : opts.hostId) + "\t" + formatCpuList(allowedCpus());
+        (opts.hostId.empty() ? hostIdentity() : opts.hostId) + "\t" + formatCpuList(allowedCpus()) +
+        "\t" + std::to_string(std::max(opts.kernelRanks, size));
   }
   auto hosts = exchangeValues(*store, "host", rank, allRanks(size), self, opts.startTimeout,
                               "shared-memory set-up");
@@ -831,6 +846,16 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
   // each when their masks together hold as many CPUs as there are ranks
   // (every mask the whole machine, or a launcher's core per rank); not when
   // a launcher put them all on fewer.
+  // Split off each rank's count of ranks on its kernel; the most counts.
+  int kernelRanks = size;
+  for (int r = 0; r < size; ++r) {
+    std::string& v = hosts.value()[r];
+    const size_t tab = v.rfind('\t');
+    if (tab == std::string::npos) continue;
+    int n = 0;
+    if (parseKernelRanks(v.substr(tab + 1), &n)) kernelRanks = std::max(kernelRanks, n);
+    v.resize(tab);
+  }
   std::set<int> cpusOfAll;
   bool cpusKnown = true, oneMask = true;
   std::vector<std::string> masks;
@@ -862,7 +887,11 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
         ownCpusAlone = false;
   }
   const int cpusHeld = static_cast<int>(cpusOfAll.size());
-  const bool ranksFit = cpusKnown && cpusHeld >= size;
+  // Ranks beyond this communicator on its kernel (emulated or container
+  // hosts) may run on any of its CPUs: their masks are not known here.
+  const bool matesCrowd = kernelRanks > size && (!cpusKnown || kernelRanks > cpusHeld);
+  if (matesCrowd) ownCpusAlone = false;
+  const bool ranksFit = cpusKnown && cpusHeld >= size && !matesCrowd;
   // Every rank on the same CPUs, two or more ranks to each (peerYield).
   const bool evenShare =
       cpusKnown && oneMask && cpusHeld > 0 && size > cpusHeld && size % cpusHeld == 0;
@@ -920,9 +949,11 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
   picked.chunkBytesWhenRanksFit = 0;
   ShmPlacement placement;
   placement.evenShare = evenShare;
-  placement.crowdedUnevenly = cpusKnown && !ranksFit && !evenShare;
+  placement.crowdedUnevenly = cpusKnown && cpusHeld < size && !evenShare;
   placement.ranksFit = ranksFit;
   placement.ownCpusAlone = ownCpusAlone;
+  placement.kernelRanks = kernelRanks;
+  placement.matesCrowd = matesCrowd;
   return std::unique_ptr<Backend>(
       new ShmBackend(std::move(segs), rank, std::move(fallback), picked, placement));
 }

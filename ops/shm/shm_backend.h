@@ -143,6 +143,11 @@ struct ShmBackendOptions {
   // This rank's host identity as its peers must see it (HORA_HOST_ID);
   // empty: hostIdentity().
   std::string hostId;
+  // Ranks of the whole process set that run on this machine's kernel
+  // (ControlPlane::kernelMates): more than this communicator's where
+  // emulated or container hosts share the machine, and then its CPUs too.
+  // 0: this communicator's ranks only. The most any rank reports counts.
+  int kernelRanks = 0;
   // How errors name each rank of this communicator: rankNames[r] is rank
   // r's rank in the process set (HierBackend's host-local communicator);
   // empty: r itself.
@@ -169,6 +174,15 @@ struct ShmPlacement {
   // threads between looks (a peer may wait for one of them). Ranks outside
   // the communicator (another process set, another job) are not seen.
   bool ownCpusAlone = false;
+  // Ranks on this kernel (ShmBackendOptions::kernelRanks, at least the
+  // communicator's size), and whether those beyond the communicator make
+  // the ranks outnumber the CPUs their masks hold. Then no rank counts as
+  // fitting (ranksFit, ownCpusAlone: the mates' masks are not known), and
+  // waits yield as evenShare's do, without homing callers. 2 hosts x 2
+  // ranks emulated on 2 CPUs: line claims took 28% of the executor's
+  // samples at 64 MiB (bench/results/2026-11-30-hier-kernel-mates.md).
+  int kernelRanks = 0;
+  bool matesCrowd = false;
 };
 
 class ShmBackend : public Backend {
@@ -217,6 +231,9 @@ class ShmBackend : public Backend {
   // ranks, or ShmPlacement::ownCpusAlone); set at construction, any thread.
   bool claimsLines() const { return claim_; }
   bool pollsPeers() const { return spinIterations_ > 0; }
+  // Whether its waits yield the CPU before they sleep (evenShare, or
+  // ShmPlacement::matesCrowd). Any thread.
+  bool yieldsToPeers() const { return yieldWindow_.count() > 0; }
   // Chunks up to this many bytes are reduced whole by every rank (set-up's
   // pick: 64 KiB, or smallChunkBytesWhenCrowded). Any thread.
   size_t smallChunkBytes() const { return scratch_.size(); }

@@ -1096,6 +1096,50 @@ TEST(ShmBackendTest, PlacementFollowsEveryRanksMask) {
   }
 }
 
+TEST(ShmBackendTest, KernelMatesBeyondTheCommunicatorShareItsCpus) {
+  // Two ranks whose masks hold two CPUs fit them, unless more of the set's
+  // ranks run on this kernel (emulated or container hosts): then they claim
+  // no lines, do not poll, and yield before they sleep. The most any rank
+  // reports counts, so that one rank that missed the count (0) decides as
+  // the others do. Reduced-whole chunks stay as the communicator's masks say.
+  const std::vector<int> cpus = allowedCpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "one allowed CPU";
+  const std::vector<int> two{cpus[0], cpus[1]};
+  struct Case {
+    std::vector<int> kernelRanks;  // per rank
+    bool crowd;
+  };
+  const Case cases[] = {
+      {{0, 0}, false}, {{2, 2}, false}, {{4, 4}, true}, {{0, 4}, true}, {{3, 0}, true}};
+  for (const Case& c : cases) {
+    ShmWorld w = makeShmWorld(2, [&](int r) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      for (int cpu : two) CPU_SET(cpu, &set);
+      EXPECT_EQ(pthread_setaffinity_np(pthread_self(), sizeof(set), &set), 0);
+      ShmBackendOptions so;
+      so.chunkBytes = 256 << 10;
+      so.peerYield = std::chrono::microseconds(100);
+      so.smallChunkBytesWhenCrowded = 256 << 10;
+      so.kernelRanks = c.kernelRanks[static_cast<size_t>(r)];
+      return so;
+    });
+    const std::string what =
+        "kernel ranks " + std::to_string(c.kernelRanks[0]) + "," + std::to_string(c.kernelRanks[1]);
+    for (int r = 0; r < 2; ++r) {
+      auto* shm = dynamic_cast<ShmBackend*>(w.world[r].get());
+      ASSERT_NE(shm, nullptr) << w.whyNot[r];
+      EXPECT_EQ(shm->claimsLines(), !c.crowd) << what << ", rank " << r;
+      EXPECT_EQ(shm->pollsPeers(), !c.crowd) << what << ", rank " << r;
+      EXPECT_EQ(shm->yieldsToPeers(), c.crowd) << what << ", rank " << r;
+      EXPECT_FALSE(shm->ranksShareCpusEvenly()) << what << ", rank " << r;
+      EXPECT_EQ(shm->smallChunkBytes(), size_t{64} << 10) << what << ", rank " << r;
+    }
+    for (size_t count : {size_t{65536}, size_t{100003}})
+      checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, count);
+  }
+}
+
 TEST(ShmBackendTest, APeerThatGivesUpFailsItsWaitersAtOnceNamingIt) {
   // Rank 2 aborts (its set failed) without ever joining the allreduce; rank
   // 0 waits for rank 2 and rank 1 for both. Neither may wait out the 20 s

@@ -147,7 +147,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
     HORA_LOG(logger, kInfo) << "process set " << name << ": " << ps->cp_->kernelMates()
                             << " of its ranks share this machine's kernel (more than the "
                             << o.localSize << " of this host): waits yield the core as if "
-                            << "they ran on one host";
+                            << "they ran on one host, and shared memory claims no cache lines";
   }
   if (ps->size() > 1)
     HORA_LOG(logger, kInfo) << "process set " << name << ": negotiation "
@@ -198,6 +198,9 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   sho.timeout = o.peerTimeout;
   sho.startTimeout = o.startTimeout;
   sho.hostId = o.hostId;
+  // The hierarchy's host-local stage shares the cores with the kernel mates
+  // too (ShmPlacement::matesCrowd).
+  sho.kernelRanks = ps->cp_->kernelMates();
   // Across hosts with several ranks on each: the hierarchical allreduce
   // (ops/shm/hier_backend.h); on one host: shared memory for the whole set.
   HierBackendOptions ho;
