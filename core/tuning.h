@@ -30,8 +30,9 @@ enum class TuneDim : int {
 };
 constexpr int kTuneDims = 5;
 
-// The shared-memory segments' slots are at least this large whatever chunk a
-// set starts with, so that autotune can try chunks up to it
+// A set on one host makes its shared-memory segments' slots at least this
+// large whatever chunk it starts with (the hierarchy's local stage, which
+// autotune does not tune, makes them of one chunk), so that autotune can try chunks up to it
 // (bench/results/2026-11-25-shm-chunk.md: 1 MiB chunks were faster for the
 // ResNet-50 step and for 2 ranks with a core each, 4 MiB ones for single
 // 4-16 MiB allreduces with more ranks than cores).

@@ -392,7 +392,7 @@ Result<std::unique_ptr<Backend>> createHierBackend(std::shared_ptr<Store> store,
   // on one host keeps for autotune's trials would only make the chunks
   // larger. At 10 Gbit/s, 2 hosts x 2 ranks, 64 MiB: 1 MiB chunks took
   // 0.71-0.87 of the time of 4 MiB ones
-  // (bench/results/2026-11-30-hier-kernel-mates.md).
+  // (bench/results/2026-11-29-hier-kernel-mates.md).
   localOpts.slotBytes = 0;
   // Its waits for peers' parts follow the cross-host stage, which polling
   // cannot speed up: sleep after the short spin, as before peerSpin.

@@ -96,7 +96,7 @@ ShmBackend::ShmBackend(std::vector<std::unique_ptr<ShmSegment>> segments, int ra
   // there a poller keeps the CPU from the peer it waits for. With a core per rank
   // (taskset), 1 MiB at 2 ranks took 136 us sleeping at once against 79
   // polling, 4 MiB 612 against 318 (bench/results/2026-11-28-claim-lines.md).
-  const bool ownMaskHoldsRanks = std::max(size_, placement.kernelRanks) <= usableCpuCount();
+  const bool ownMaskHoldsRanks = !placement.matesCrowd && size_ <= usableCpuCount();
   spinIterations_ = ownMaskHoldsRanks || placement.ownCpusAlone ? kSpinIterations : 0;
   yieldToOwnThreads_ = !ownMaskHoldsRanks && placement.ownCpusAlone;
   if (spinIterations_ > 0) spinWindow_ = opts_.peerSpin;
@@ -587,9 +587,11 @@ Status ShmBackend::shmAllreduceCross(size_t count, DataType dtype, ReduceOp op, 
   const size_t es = dataTypeSize(dtype);
   const ReduceFn reduce = reduceFunction(dtype, op);
   ShmSegment& own = *segs_[rank_];
-  // Whole slots, not the tuned chunk: each chunk also crosses hosts through
-  // Gloo, whose per-call cost across hosts is far above a local round (the
-  // hierarchy was measured with 4 MiB; bench/results/2026-11-24-hier-allreduce.md).
+  // Whole slots, which the hierarchy makes of one chunk (HORA_SHM_CHUNK_BYTES):
+  // each chunk is also one call of the cross stage. 1 MiB beat 4 MiB (the
+  // first measurements, bench/results/2026-11-24-hier-allreduce.md, were with
+  // Gloo across, whose per-call cost was far higher): at 10 Gbit/s 0.71-0.87
+  // of the time (bench/results/2026-11-29-hier-kernel-mates.md).
   const size_t chunkElems = std::max<size_t>(1, own.slotBytes() / es);
   const size_t align = std::max<size_t>(1, kPartAlignBytes / es);
   const size_t n = static_cast<size_t>(size_);
@@ -850,8 +852,10 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
   int kernelRanks = size;
   for (int r = 0; r < size; ++r) {
     std::string& v = hosts.value()[r];
+    // After the CPU mask's tab: a string with one tab only carries no count.
     const size_t tab = v.rfind('\t');
-    if (tab == std::string::npos) continue;
+    if (tab == std::string::npos || tab == 0 || v.rfind('\t', tab - 1) == std::string::npos)
+      continue;
     int n = 0;
     if (parseKernelRanks(v.substr(tab + 1), &n)) kernelRanks = std::max(kernelRanks, n);
     v.resize(tab);
@@ -888,8 +892,11 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
   }
   const int cpusHeld = static_cast<int>(cpusOfAll.size());
   // Ranks beyond this communicator on its kernel (emulated or container
-  // hosts) may run on any of its CPUs: their masks are not known here.
-  const bool matesCrowd = kernelRanks > size && (!cpusKnown || kernelRanks > cpusHeld);
+  // hosts) that, with it, outnumber the machine's CPUs (ShmPlacement::
+  // matesCrowd).
+  const long online =
+      opts.onlineCpusForTests > 0 ? opts.onlineCpusForTests : ::sysconf(_SC_NPROCESSORS_ONLN);
+  const bool matesCrowd = kernelRanks > size && online > 0 && kernelRanks > online;
   if (matesCrowd) ownCpusAlone = false;
   const bool ranksFit = cpusKnown && cpusHeld >= size && !matesCrowd;
   // Every rank on the same CPUs, two or more ranks to each (peerYield).

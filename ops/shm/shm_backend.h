@@ -148,6 +148,8 @@ struct ShmBackendOptions {
   // emulated or container hosts share the machine, and then its CPUs too.
   // 0: this communicator's ranks only. The most any rank reports counts.
   int kernelRanks = 0;
+  // Tests: the machine's online CPUs as seen by the set-up (0: sysconf).
+  int onlineCpusForTests = 0;
   // How errors name each rank of this communicator: rankNames[r] is rank
   // r's rank in the process set (HierBackend's host-local communicator);
   // empty: r itself.
@@ -175,12 +177,15 @@ struct ShmPlacement {
   // the communicator (another process set, another job) are not seen.
   bool ownCpusAlone = false;
   // Ranks on this kernel (ShmBackendOptions::kernelRanks, at least the
-  // communicator's size), and whether those beyond the communicator make
-  // the ranks outnumber the CPUs their masks hold. Then no rank counts as
-  // fitting (ranksFit, ownCpusAlone: the mates' masks are not known), and
-  // waits yield as evenShare's do, without homing callers. 2 hosts x 2
-  // ranks emulated on 2 CPUs: line claims took 28% of the executor's
-  // samples at 64 MiB (bench/results/2026-11-30-hier-kernel-mates.md).
+  // communicator's size), and whether those beyond the communicator
+  // outnumber the machine's online CPUs with it: then some ranks share a
+  // CPU whatever their masks (which are not exchanged beyond the
+  // communicator), so no rank counts as fitting (ranksFit, ownCpusAlone)
+  // nor polls, and waits yield as evenShare's do, without homing callers.
+  // Mates within the machine's CPUs may have CPUs of their own (pods with
+  // exclusive cpusets): not counted. 2 hosts x 2 ranks emulated on 2 CPUs:
+  // line claims took 28% of the executor's samples at 64 MiB
+  // (bench/results/2026-11-29-hier-kernel-mates.md).
   int kernelRanks = 0;
   bool matesCrowd = false;
 };

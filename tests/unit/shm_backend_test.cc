@@ -1098,19 +1098,24 @@ TEST(ShmBackendTest, PlacementFollowsEveryRanksMask) {
 
 TEST(ShmBackendTest, KernelMatesBeyondTheCommunicatorShareItsCpus) {
   // Two ranks whose masks hold two CPUs fit them, unless more of the set's
-  // ranks run on this kernel (emulated or container hosts): then they claim
-  // no lines, do not poll, and yield before they sleep. The most any rank
-  // reports counts, so that one rank that missed the count (0) decides as
-  // the others do. Reduced-whole chunks stay as the communicator's masks say.
+  // ranks run on this kernel (emulated or container hosts) than the machine
+  // has CPUs: then they claim no lines, do not poll, yield before they
+  // sleep, and start with the chunk for ranks that crowd the CPUs. Mates
+  // within the machine's CPUs (pods with CPUs of their own) change nothing.
+  // The most any rank reports counts, so that one rank that missed the
+  // count (0) decides as the others do. Reduced-whole chunks stay as the
+  // communicator's masks say.
   const std::vector<int> cpus = allowedCpus();
   if (cpus.size() < 2) GTEST_SKIP() << "one allowed CPU";
   const std::vector<int> two{cpus[0], cpus[1]};
   struct Case {
     std::vector<int> kernelRanks;  // per rank
+    int online;                    // the machine's CPUs
     bool crowd;
   };
-  const Case cases[] = {
-      {{0, 0}, false}, {{2, 2}, false}, {{4, 4}, true}, {{0, 4}, true}, {{3, 0}, true}};
+  const Case cases[] = {{{0, 0}, 2, false}, {{2, 2}, 2, false}, {{4, 4}, 2, true},
+                        {{0, 4}, 2, true},  {{3, 0}, 2, true},  {{4, 4}, 8, false},
+                        {{8, 8}, 8, false}, {{9, 0}, 8, true}};
   for (const Case& c : cases) {
     ShmWorld w = makeShmWorld(2, [&](int r) {
       cpu_set_t set;
@@ -1121,11 +1126,14 @@ TEST(ShmBackendTest, KernelMatesBeyondTheCommunicatorShareItsCpus) {
       so.chunkBytes = 256 << 10;
       so.peerYield = std::chrono::microseconds(100);
       so.smallChunkBytesWhenCrowded = 256 << 10;
+      so.chunkBytesWhenRanksFit = 128 << 10;
       so.kernelRanks = c.kernelRanks[static_cast<size_t>(r)];
+      so.onlineCpusForTests = c.online;
       return so;
     });
-    const std::string what =
-        "kernel ranks " + std::to_string(c.kernelRanks[0]) + "," + std::to_string(c.kernelRanks[1]);
+    const std::string what = "kernel ranks " + std::to_string(c.kernelRanks[0]) + "," +
+                             std::to_string(c.kernelRanks[1]) + " on " + std::to_string(c.online) +
+                             " CPUs";
     for (int r = 0; r < 2; ++r) {
       auto* shm = dynamic_cast<ShmBackend*>(w.world[r].get());
       ASSERT_NE(shm, nullptr) << w.whyNot[r];
@@ -1134,6 +1142,8 @@ TEST(ShmBackendTest, KernelMatesBeyondTheCommunicatorShareItsCpus) {
       EXPECT_EQ(shm->yieldsToPeers(), c.crowd) << what << ", rank " << r;
       EXPECT_FALSE(shm->ranksShareCpusEvenly()) << what << ", rank " << r;
       EXPECT_EQ(shm->smallChunkBytes(), size_t{64} << 10) << what << ", rank " << r;
+      EXPECT_EQ(shm->initialChunkBytes(), c.crowd ? size_t{256} << 10 : size_t{128} << 10)
+          << what << ", rank " << r;
     }
     for (size_t count : {size_t{65536}, size_t{100003}})
       checkAllreduce(w.world, DataType::kFloat32, ReduceOp::kSum, count);

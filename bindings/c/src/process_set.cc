@@ -147,7 +147,8 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
     HORA_LOG(logger, kInfo) << "process set " << name << ": " << ps->cp_->kernelMates()
                             << " of its ranks share this machine's kernel (more than the "
                             << o.localSize << " of this host): waits yield the core as if "
-                            << "they ran on one host, and shared memory claims no cache lines";
+                            << "they ran on one host (in a hierarchy's shared-memory stage too, "
+                            << "where they outnumber the machine's CPUs)";
   }
   if (ps->size() > 1)
     HORA_LOG(logger, kInfo) << "process set " << name << ": negotiation "

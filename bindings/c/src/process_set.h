@@ -55,8 +55,8 @@ struct SetOptions {
   GlooAlgorithm glooAlgorithm = GlooAlgorithm::kAuto;
   bool shm = true;
   int64_t shmChunkBytes = 1 << 20;
-  // Each of a segment's two slots (runtime.cc: HORA_SHM_CHUNK_BYTES when set,
-  // else max(chunk, kShmMinSlotBytes)).
+  // Each of a segment's two slots on one host (runtime.cc: HORA_SHM_CHUNK_BYTES
+  // when set, else max(chunk, kShmMinSlotBytes)); a hierarchy's are of one chunk.
   int64_t shmSlotBytes = kShmMinSlotBytes;
   // Non-zero: the chunk when every rank on the host has a CPU of its own
   // (ShmBackendOptions::chunkBytesWhenRanksFit); HORA_SHM_CHUNK_BYTES unset.
