@@ -155,16 +155,17 @@ Result<std::unique_ptr<ControlPlane>> ControlPlane::create(std::shared_ptr<Store
     Status s =
         cp->isCoordinator() ? cp->rendezvousCoordinator(*store) : cp->rendezvousWorker(*store);
     if (!s.isOk()) return s;
-    if (cp->opts_.shmLane) {
-      // Its store waits end at once, naming the rank, when a peer's control
-      // connection closes meanwhile (core/store.h); the event loop does not
-      // run yet, so peeking at the connections races with nothing.
-      ControlPlane* raw = cp.get();
-      WatchedStore watched(
-          store, [raw] { return raw->peersStillConnected(); },
-          std::make_shared<std::atomic<bool>>(true));
-      HORA_RETURN_IF_ERROR(cp->setUpLane(watched));
-    }
+    // Run whether or not this rank wants the lane: the set decides together
+    // (a rank with the lane off among ranks with it on would leave them
+    // waiting for its answer), and every rank learns its kernel mates either
+    // way. Its store waits end at once, naming the rank, when a peer's
+    // control connection closes meanwhile (core/store.h); the event loop
+    // does not run yet, so peeking at the connections races with nothing.
+    ControlPlane* raw = cp.get();
+    WatchedStore watched(
+        store, [raw] { return raw->peersStillConnected(); },
+        std::make_shared<std::atomic<bool>>(true));
+    HORA_RETURN_IF_ERROR(cp->setUpLane(watched));
   }
   return cp;
 }

@@ -72,9 +72,11 @@ struct ControlPlaneOptions {
   std::chrono::milliseconds heartbeatInterval{1000};
   std::chrono::milliseconds peerTimeout{30000};
   std::string setName = "global";
-  // The shared-memory lane (shm_lane.h): tried at create() when true and
-  // every rank of the set reports the same host identity; the set
-  // negotiates over TCP otherwise (laneStatus() says why).
+  // The shared-memory lane (shm_lane.h): tried at create() when every rank
+  // of the set has it true and reports the same host identity; the set
+  // negotiates over TCP otherwise (laneStatus() says why). The ranks
+  // exchange `hostId` (hostIdentity()) at create() either way, which also
+  // counts kernelMates().
   bool shmLane = false;
   std::string hostId;
   uint64_t laneRingBytes = 1 << 20;

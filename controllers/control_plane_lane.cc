@@ -34,8 +34,10 @@ Result<std::string> ControlPlane::laneValue(Store& store, const std::string& key
 Status ControlPlane::setUpLane(Store& store) {
   const int n = opts_.size;
   const std::string me = std::to_string(opts_.rank);
-  // 1. Every rank says which host it is on ("-": it will not use the lane).
-  HORA_RETURN_IF_ERROR(store.set("lane/host/" + me, opts_.hostId.empty() ? "-" : opts_.hostId));
+  // 1. Every rank says which host it is on ("-" first: it will not use the
+  // lane, but its host still counts for kernel mates).
+  const bool wants = opts_.shmLane && !opts_.hostId.empty();
+  HORA_RETURN_IF_ERROR(store.set("lane/host/" + me, (wants ? "" : "-") + opts_.hostId));
   std::unique_ptr<ShmMailbox> mb;
   std::string final;
   if (isCoordinator()) {
@@ -54,9 +56,10 @@ Status ControlPlane::setUpLane(Store& store) {
     for (int r = 0; r < n; ++r) {
       auto h = store.get(keys[r], opts_.startTimeout);
       if (!h.isOk()) return h.status();
-      hosts[r] = h.value();
+      const bool refuses = !h.value().empty() && h.value()[0] == '-';
+      hosts[r] = refuses ? h.value().substr(1) : h.value();
       if (!why.empty()) continue;
-      if (h.value() == "-")
+      if (refuses)
         why = peerName(r) + " has HORA_SHM_NEGOTIATION=0";
       else if (h.value() != opts_.hostId)
         why = "the ranks run on more than one host";

@@ -126,6 +126,31 @@ TEST_P(ShmNegotiationSizes, ProcessesOverTcpWhenTheLaneIsOff) {
   }
 }
 
+// HORA_SHM_NEGOTIATION=0 on one rank only: every rank goes over TCP at
+// once and says which rank kept the lane off (that rank once skipped the
+// lane's exchange, and the others waited their start timeout for it).
+TEST(ShmNegotiation, OneRankWithTheLaneOffKeepsTheSetOnTcpAtOnce) {
+  const int size = 3;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto results =
+      runProcesses(size,
+                   [](int rank) -> int {
+                     if (rank == 1) setenv("HORA_SHM_NEGOTIATION", "0", 1);
+                     hora_runtime_t rt;
+                     if (hora_init(nullptr, &rt) != HORA_SUCCESS) return 10;
+                     int rc = smallLoop(rt, rank, size, 50);
+                     if (hora_shutdown(rt) != HORA_SUCCESS) return 11;
+                     return rc;
+                   },
+                   60, nullptr, {{"HORA_LOG_LEVEL", "info"}, {"HORA_START_TIMEOUT_S", "20"}});
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
+  for (int r = 0; r < size; ++r) {
+    EXPECT_EQ(results[r].exitCode, 0) << "rank " << r << ":\n" << results[r].output;
+    EXPECT_NE(results[r].output.find("has HORA_SHM_NEGOTIATION=0"), std::string::npos)
+        << results[r].output;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Sizes, ShmNegotiationSizes, ::testing::Values(1, 2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return "np" + std::to_string(i.param);

@@ -235,6 +235,7 @@ class LaneSet {
     cps_[r].reset();
   }
   ControlPlane& cp(int r) { return *cps_[r]; }
+  bool created(int r) const { return cps_[r] != nullptr; }
   bool onControl(int r, std::function<void(ControlPlane&)> fn) {
     auto done = std::make_shared<std::promise<void>>();
     auto fut = done->get_future();
@@ -403,6 +404,33 @@ TEST(ShmLaneSetUpTest, ARankWithTheLaneOffKeepsTheWholeSetOnTcp) {
       << set.cp(0).laneStatus();
   ASSERT_TRUE(set.onControl(0, [](ControlPlane& cp) { cp.send(1, FrameType::kResponses, "x"); }));
   ASSERT_TRUE(set.waitFrames(1, 1));
+}
+
+// HORA_SHM_NEGOTIATION=0 on one rank only: the set still decides together,
+// at once (that rank once skipped the exchange, and the others waited their
+// start timeout for it), and names the rank; with it off everywhere the
+// ranks still learn their kernel mates.
+TEST(ShmLaneSetUpTest, NegotiationOffOnSomeRanksKeepsTheSetOnTcpAtOnceAndCountsKernelMates) {
+  for (const bool offEverywhere : {false, true}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    LaneSet set(3, [&](int r, ControlPlaneOptions& o) {
+      o.startTimeout = 3s;
+      o.hostId = "host-a/boot-1";
+      if (r == 1 || offEverywhere) o.shmLane = false;
+    });
+    const auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_LT(took, 2s) << "the set-up waited for a rank";
+    for (int r = 0; r < 3; ++r) ASSERT_TRUE(set.created(r)) << "rank " << r;
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_FALSE(set.cp(r).laneUp()) << "rank " << r;
+      EXPECT_NE(set.cp(r).laneStatus().find("HORA_SHM_NEGOTIATION=0"), std::string::npos)
+          << "rank " << r << ": " << set.cp(r).laneStatus();
+      EXPECT_EQ(set.cp(r).kernelMates(), 3) << "rank " << r;
+    }
+    ASSERT_TRUE(
+        set.onControl(2, [](ControlPlane& cp) { cp.send(0, FrameType::kRequests, "tcp"); }));
+    ASSERT_TRUE(set.waitFrames(0, 1));
+  }
 }
 
 // A store for a rank that dies during the lane's set-up: its first write

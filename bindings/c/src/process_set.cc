@@ -132,7 +132,7 @@ Result<std::unique_ptr<ProcessSet>> ProcessSet::create(std::string name,
   cpo.peerTimeout = o.peerTimeout;
   cpo.setName = name;
   cpo.shmLane = o.shmNegotiation;
-  cpo.hostId = o.shmNegotiation ? hostIdentity() : "";
+  cpo.hostId = hostIdentity();  // exchanged either way: kernel mates
   cpo.spin = ps->spin_;
   auto cp = ControlPlane::create(std::make_shared<PrefixStore>(store, "ctrl"), cpo, logger);
   if (!cp.isOk()) return cp.status();
