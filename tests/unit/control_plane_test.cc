@@ -1090,7 +1090,9 @@ TEST(ControlPlaneTest, MalformedCoordinatorAddressInTheStoreIsAProtocolError) {
 
 // ---- fake peers on raw sockets ----
 
-// Rank 1 is played by a raw socket that says a correct hello; returns it welcomed.
+// Rank 1 is played by a raw socket that says a correct hello; returns it
+// welcomed. It also answers the lane's set-up exchange, which every rank
+// runs after the welcome (lane off: "-").
 RawSocket fakeWorker(CpSet& set) {
   CtrlAddress ctrl;
   if (!readCtrlAddress(*set.store(), &ctrl)) return RawSocket();
@@ -1101,6 +1103,7 @@ RawSocket fakeWorker(CpSet& set) {
   std::string payload;
   if (!readFrame(s, &type, &payload) || type != static_cast<uint8_t>(FrameType::kWelcome))
     return RawSocket();
+  if (!set.store()->set("lane/host/1", "-").isOk()) return RawSocket();
   return s;
 }
 
@@ -1202,6 +1205,9 @@ TEST_P(MalformedFrameTest, FromTheCoordinatorMakesAWorkerLoseIt) {
   EXPECT_EQ(rank, 1);
   EXPECT_EQ(token, "tok3n");
   ASSERT_TRUE(fake.sendAll(rawFrame(FrameType::kWelcome, "")));
+  // The lane's set-up, as a coordinator says it stays off.
+  ASSERT_TRUE(set.store()->set("lane/kernels", "0,0").isOk());
+  ASSERT_TRUE(set.store()->set("lane/path", "tcp the fake coordinator has no lane").isOk());
   ASSERT_TRUE(set.finishCreate(1).isOk());
   set.start(1);
   // Started, the worker heartbeats: empty frames of type heartbeat.
