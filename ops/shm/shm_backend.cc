@@ -844,10 +844,6 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
   if (!hosts.isOk()) return hosts.status();
   *whyNot = firstRefusal(hosts.value());
   if (!whyNot->empty()) return fallback;
-  // Split off each rank's CPUs; the rest must match. The ranks have a CPU
-  // each when their masks together hold as many CPUs as there are ranks
-  // (every mask the whole machine, or a launcher's core per rank); not when
-  // a launcher put them all on fewer.
   // Split off each rank's count of ranks on its kernel; the most counts.
   int kernelRanks = size;
   for (int r = 0; r < size; ++r) {
@@ -860,6 +856,10 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
     if (parseKernelRanks(v.substr(tab + 1), &n)) kernelRanks = std::max(kernelRanks, n);
     v.resize(tab);
   }
+  // Split off each rank's CPUs; the rest must match. The ranks have a CPU
+  // each when their masks together hold as many CPUs as there are ranks
+  // (every mask the whole machine, or a launcher's core per rank); not when
+  // a launcher put them all on fewer.
   std::set<int> cpusOfAll;
   bool cpusKnown = true, oneMask = true;
   std::vector<std::string> masks;
