@@ -207,9 +207,9 @@ class ControlPlane {
   const std::string& laneStatus() const { return laneWhyNot_; }
   // How many of the set's ranks share this rank's kernel (its boot id),
   // whatever their host names: emulated or containerised hosts on one
-  // machine share its cores. Learnt at the lane's set-up (every rank
-  // reports its host identity there); 0 when unknown (no lane set-up, or a
-  // test's HORA_HOST_ID).
+  // machine share its cores. Learnt at the lane's set-up, which every rank
+  // of a set runs whether or not it wants the lane; 0 when unknown (a set of
+  // one rank, or an identity without a boot id such as HORA_HOST_ID's).
   int kernelMates() const { return kernelMates_; }
   // An error naming the first peer whose control connection is closed (it
   // died); ok if none is. Only before start(): the event loop, once it runs,

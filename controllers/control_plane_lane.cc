@@ -202,9 +202,8 @@ int kernelMatesOf(const std::string& list, int rank) {
     ++at;
   }
   const size_t end = std::min(list.find(',', at), list.size());
-  const std::string v = list.substr(at, end - at);
-  if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos) return 0;
-  return std::stoi(v);
+  int n = 0;  // 0 also where the coordinator saw no boot id
+  return parseKernelCount(list.substr(at, end - at), &n) ? n : 0;
 }
 
 void ControlPlane::wakeParked() {

@@ -30,6 +30,18 @@ std::string bootIdOf(const std::string& identity) {
   return slash == std::string::npos ? "" : identity.substr(slash + 1);
 }
 
+bool parseKernelCount(const std::string& text, int* out) {
+  if (text.empty() || text.size() > 9) return false;
+  int n = 0;
+  for (char ch : text) {
+    if (ch < '0' || ch > '9') return false;
+    n = n * 10 + (ch - '0');
+  }
+  if (n <= 0) return false;
+  *out = n;
+  return true;
+}
+
 bool ipv4Interfaces(std::map<std::string, std::string>* out) {
   out->clear();
   ifaddrs* list = nullptr;

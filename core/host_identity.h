@@ -25,6 +25,10 @@ std::string hostIdentity(const std::string& override, const std::string& address
 // e.g. network/UTS-namespace or container hosts on one machine. Empty for
 // an override, "-" (no identity reported) or anything else without one.
 std::string bootIdOf(const std::string& identity);
+// A count of ranks sharing a kernel as a set-up exchange carries it: a
+// positive decimal of at most 9 digits. False for anything else (empty,
+// zero, a sign, too long), leaving *out as it was.
+bool parseKernelCount(const std::string& text, int* out);
 
 // Interface name -> its first IPv4 address ("lo" -> "127.0.0.1"). False when
 // the interfaces cannot be listed (getifaddrs failed).

@@ -31,11 +31,11 @@ enum class TuneDim : int {
 constexpr int kTuneDims = 5;
 
 // A set on one host makes its shared-memory segments' slots at least this
-// large whatever chunk it starts with (the hierarchy's local stage, which
-// autotune does not tune, makes them of one chunk), so that autotune can try chunks up to it
-// (bench/results/2026-11-25-shm-chunk.md: 1 MiB chunks were faster for the
+// large whatever chunk it starts with, so that autotune can try chunks up to
+// it (bench/results/2026-11-25-shm-chunk.md: 1 MiB chunks were faster for the
 // ResNet-50 step and for 2 ranks with a core each, 4 MiB ones for single
-// 4-16 MiB allreduces with more ranks than cores).
+// 4-16 MiB allreduces with more ranks than cores). The hierarchy's local
+// stage, which autotune does not tune, makes its slots of one chunk.
 constexpr int64_t kShmMinSlotBytes = int64_t{4} << 20;
 // The default chunk when every rank on the host has a CPU of its own
 // (HORA_SHM_CHUNK_BYTES unset): with the executors bound, 256 KiB chunks ran

@@ -45,20 +45,6 @@ constexpr size_t kPartAlignBytes = kLineBytes;
 // size (about a microsecond of copying here).
 constexpr size_t kPackAheadPieceBytes = 16 << 10;
 
-// A rank's count of the set's ranks on its kernel, as published at set-up:
-// a positive decimal of at most 7 digits.
-bool parseKernelRanks(const std::string& text, int* out) {
-  if (text.empty() || text.size() > 7) return false;
-  int n = 0;
-  for (char ch : text) {
-    if (ch < '0' || ch > '9') return false;
-    n = n * 10 + (ch - '0');
-  }
-  if (n <= 0) return false;
-  *out = n;
-  return true;
-}
-
 std::string describe(size_t count, DataType dtype, ReduceOp op) {
   return std::string("shm allreduce(count=") + std::to_string(count) +
          ", dtype=" + dataTypeName(dtype) + ", op=" + reduceOpName(op) + ")";
@@ -853,7 +839,7 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
     if (tab == std::string::npos || tab == 0 || v.rfind('\t', tab - 1) == std::string::npos)
       continue;
     int n = 0;
-    if (parseKernelRanks(v.substr(tab + 1), &n)) kernelRanks = std::max(kernelRanks, n);
+    if (parseKernelCount(v.substr(tab + 1), &n)) kernelRanks = std::max(kernelRanks, n);
     v.resize(tab);
   }
   // Split off each rank's CPUs; the rest must match. The ranks have a CPU
@@ -959,7 +945,6 @@ Result<std::unique_ptr<Backend>> createShmBackend(std::shared_ptr<Store> store, 
   placement.crowdedUnevenly = cpusKnown && cpusHeld < size && !evenShare;
   placement.ranksFit = ranksFit;
   placement.ownCpusAlone = ownCpusAlone;
-  placement.kernelRanks = kernelRanks;
   placement.matesCrowd = matesCrowd;
   return std::unique_ptr<Backend>(
       new ShmBackend(std::move(segs), rank, std::move(fallback), picked, placement));

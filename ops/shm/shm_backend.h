@@ -176,9 +176,9 @@ struct ShmPlacement {
   // threads between looks (a peer may wait for one of them). Ranks outside
   // the communicator (another process set, another job) are not seen.
   bool ownCpusAlone = false;
-  // Ranks on this kernel (ShmBackendOptions::kernelRanks, at least the
-  // communicator's size), and whether those beyond the communicator
-  // outnumber the machine's online CPUs with it: then some ranks share a
+  // Whether ranks beyond the communicator on this kernel
+  // (ShmBackendOptions::kernelRanks, the most any rank reports) outnumber
+  // the machine's online CPUs with it: then some ranks share a
   // CPU whatever their masks (which are not exchanged beyond the
   // communicator), so no rank counts as fitting (ranksFit, ownCpusAlone)
   // nor polls, and waits yield as evenShare's do, without homing callers.
@@ -186,7 +186,6 @@ struct ShmPlacement {
   // exclusive cpusets): not counted. 2 hosts x 2 ranks emulated on 2 CPUs:
   // line claims took 28% of the executor's samples at 64 MiB
   // (bench/results/2026-11-29-hier-kernel-mates.md).
-  int kernelRanks = 0;
   bool matesCrowd = false;
 };
 

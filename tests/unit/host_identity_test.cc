@@ -29,6 +29,19 @@ TEST(HostIdentityTest, TheBootIdIsSharedByIdentitiesOfOneKernelOnly) {
   EXPECT_EQ(bootIdOf(hostIdentity("address", "10.0.0.1")), "");
 }
 
+TEST(HostIdentityTest, KernelCountsParseAsPositiveDecimalsOnly) {
+  int n = -1;
+  EXPECT_TRUE(parseKernelCount("4", &n));
+  EXPECT_EQ(n, 4);
+  EXPECT_TRUE(parseKernelCount("123456789", &n));
+  EXPECT_EQ(n, 123456789);
+  for (const std::string bad : {"", "0", "-3", "+3", "3 ", "x", "1234567890"}) {
+    n = 7;
+    EXPECT_FALSE(parseKernelCount(bad, &n)) << bad;
+    EXPECT_EQ(n, 7) << bad;
+  }
+}
+
 TEST(Ipv4InterfacesTest, ListsTheLoopbackWithItsAddress) {
   std::map<std::string, std::string> interfaces;
   ASSERT_TRUE(ipv4Interfaces(&interfaces));
